@@ -1,0 +1,1 @@
+"""The rlplane Django project: settings, urls and the ASGI/WSGI entry points."""

@@ -1,0 +1,95 @@
+"""Settings for the rlplane control plane. Everything that differs per install comes from
+the environment:
+
+    RLPLANE_SECRET_KEY     default: generated once into .rlplane/secret_key
+    RLPLANE_DEBUG          1/true/yes/on; default off (manage.py runserver turns it on)
+    RLPLANE_ALLOWED_HOSTS  comma-separated; default localhost,127.0.0.1
+    DATABASE_URL           postgres://...; default SQLite (WAL) at ./db.sqlite3
+"""
+
+import os
+from pathlib import Path
+
+from controlplane.database import parse_database_url, sqlite_database
+from controlplane.secret import load_or_create_secret_key
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = BASE_DIR / ".rlplane"
+
+
+def env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+SECRET_KEY = load_or_create_secret_key(STATE_DIR / "secret_key")
+DEBUG = env_flag("RLPLANE_DEBUG", default=False)
+ALLOWED_HOSTS = [
+    host.strip()
+    for host in os.environ.get("RLPLANE_ALLOWED_HOSTS", "localhost,127.0.0.1").split(",")
+    if host.strip()
+]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+ASGI_APPLICATION = "controlplane.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": parse_database_url(os.environ["DATABASE_URL"])}
+else:
+    DATABASES = {"default": sqlite_database(BASE_DIR / "db.sqlite3")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = STATE_DIR / "collected-static"
