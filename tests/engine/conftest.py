@@ -1,0 +1,37 @@
+import os
+
+import pytest
+
+from engine.config import RunConfig, validate_config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def model_cache(tmp_path_factory):
+    """Models and warm starts are built into a per-session cache (nothing downloaded)."""
+    if "RLPLANE_CACHE" not in os.environ:
+        os.environ["RLPLANE_CACHE"] = str(tmp_path_factory.mktemp("rlplane-cache"))
+    return os.environ["RLPLANE_CACHE"]
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(model_cache):
+    from engine.tinymodel import ensure_base_model
+
+    return ensure_base_model("tiny", 0)
+
+
+def small_run(**overrides) -> RunConfig:
+    """A run small enough for a unit-scale test: random init, 4 prompts x 4 samples."""
+    data = {
+        "name": "t", "steps": 2,
+        "task": {"ops": ["+", "-"], "max_digits": 1, "eval_size": 16},
+        "warm_start": {"steps": 0},
+        "algorithm": {"group_size": 4, "minibatches": 2, "lr": 1e-3},
+        "rollout": {"prompts_per_step": 4, "max_new_tokens": 4},
+    }
+    for section, values in overrides.items():
+        if isinstance(values, dict):
+            data.setdefault(section, {}).update(values)
+        else:
+            data[section] = values
+    return validate_config(data)
