@@ -1,0 +1,54 @@
+"""The rollout seam: what the RL loop needs from an inference engine.
+
+    engine = build_rollout(cfg.rollout, model_dir)      # "torch" or (later) "vllm"
+    out = engine.generate(prompt_ids, params, seed)     # ids + behaviour logprobs
+    report = engine.load_weights(named_tensors, version)  # -> version + fingerprint served
+
+It does not need to know how or where generation runs. Behaviour logprobs are always of
+the distribution actually sampled from: logits / temperature, then top-p renormalized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+    ignore_eos: bool = False  # benchmarks force equal lengths with this
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]          # generated ids, EOS included when it was sampled
+    logprobs: list[float]         # one per token, under the sampling distribution used
+    finished: bool                # True when EOS ended it, False when the budget did
+    version: int                  # policy version that generated it
+
+
+@dataclass(frozen=True)
+class WeightReport:
+    """What a rollout engine says after loading weights: the receiver's own view."""
+    version: int
+    fingerprint: str
+    bytes: int
+    extra: dict = field(default_factory=dict)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seed: int) -> list[Completion]: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                     version: int) -> WeightReport: ...
+
+    def weight_version(self) -> int: ...
+
+    def fingerprint(self) -> str: ...

@@ -1,0 +1,98 @@
+"""A Llama forward pass over a preallocated KV cache, for batched sampling.
+
+It reads the same HF-named tensors as ``LlamaForCausalLM`` (so weight sync speaks one
+naming) and reproduces its math in fp32: RMSNorm, rotary embedding (rotate_half
+convention), SDPA attention, SwiGLU MLP, untied lm_head.
+
+Cache layout, one slot per position of the padded batch:
+
+    slot:      0    1    2    3  | 4    5    6 ...        S-1
+    row 0:   pad  pad   b    7   | x    y   <eos> ...            prompt left-padded
+    row 1:    b    1    2    +   | z   ...                       to P, then P+t per step
+
+A query at slot i attends to the valid slots j <= i of its row (pad slots are never keys).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+
+
+class LlamaKV:
+    def __init__(self, config: LlamaConfig, tensors: dict[str, torch.Tensor]):
+        self.cfg = config
+        self.w = tensors
+        self.n_layers = config.num_hidden_layers
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.eps = config.rms_norm_eps
+        theta = config.rope_parameters["rope_theta"] if getattr(
+            config, "rope_parameters", None) else config.rope_theta
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2,
+                                                       dtype=torch.float32) / self.head_dim))
+
+    def new_cache(self, batch: int, slots: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        shape = (self.n_layers, batch, self.n_kv, slots, self.head_dim)
+        return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * xf.to(x.dtype)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        freqs = positions[..., None].float() * self.inv_freq          # (B, T, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)                       # (B, T, D)
+        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]   # (B, 1, T, D)
+
+    @staticmethod
+    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: tuple[torch.Tensor, ...],
+                start: int, valid: torch.Tensor) -> torch.Tensor:
+        """Logits for ``ids`` (B, T) written at slots [start, start+T).
+
+        ``valid`` (B, S) marks the non-pad slots up to start+T. Returns (B, T, V).
+        """
+        w, (k_cache, v_cache) = self.w, cache
+        B, T = ids.shape
+        end = start + T
+        x = F.embedding(ids, w["model.embed_tokens.weight"])          # (B, T, H)
+        cos, sin = self._rope(positions, x.dtype)
+        q_slots = torch.arange(start, end)[:, None]
+        k_slots = torch.arange(end)[None, :]
+        causal = k_slots <= q_slots                                   # (T, end)
+        mask = causal[None] & valid[:, None, :end]                    # (B, T, end)
+        mask |= (k_slots == q_slots)[None]                            # pad queries see self
+        mask = mask[:, None]                                          # (B, 1, T, end)
+        rep = self.n_heads // self.n_kv
+        for i in range(self.n_layers):
+            p = f"model.layers.{i}."
+            h = self._rms(x, w[p + "input_layernorm.weight"])
+            q = F.linear(h, w[p + "self_attn.q_proj.weight"]).view(B, T, self.n_heads, -1)
+            k = F.linear(h, w[p + "self_attn.k_proj.weight"]).view(B, T, self.n_kv, -1)
+            v = F.linear(h, w[p + "self_attn.v_proj.weight"]).view(B, T, self.n_kv, -1)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # (B, h, T, D)
+            q = q * cos + self._rotate_half(q) * sin
+            k = k * cos + self._rotate_half(k) * sin
+            k_cache[i, :, :, start:end] = k
+            v_cache[i, :, :, start:end] = v
+            keys, vals = k_cache[i, :, :, :end], v_cache[i, :, :, :end]
+            if rep > 1:
+                keys = keys.repeat_interleave(rep, dim=1)
+                vals = vals.repeat_interleave(rep, dim=1)
+            a = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+            a = a.transpose(1, 2).reshape(B, T, -1)
+            x = x + F.linear(a, w[p + "self_attn.o_proj.weight"])
+            h = self._rms(x, w[p + "post_attention_layernorm.weight"])
+            gate = F.linear(h, w[p + "mlp.gate_proj.weight"])
+            up = F.linear(h, w[p + "mlp.up_proj.weight"])
+            x = x + F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
+        x = self._rms(x, w["model.norm.weight"])
+        return F.linear(x, w["lm_head.weight"])                       # (B, T, V)

@@ -1,0 +1,130 @@
+"""Rollout backend "torch": batched sampling over a preallocated KV cache.
+
+The fallback engine and the oracle for other backends. One call:
+
+    prefill all prompts (left-padded to P)  ->  loop t < max_new_tokens:
+        logits (B, V) -> / temperature -> log_softmax -> top-p mask + renormalize
+        -> sample -> record token + its logprob under that distribution
+        -> rows that sampled EOS finish; the batch is compacted as rows finish
+        -> decode one token for the rows still running
+
+Behaviour logprobs are the log-probabilities of the sampled tokens under the distribution
+actually sampled from: temperature-scaled, then truncated to the top-p nucleus and
+renormalized. At temperature 0 decoding is greedy and every logprob is 0 (a point mass).
+The learner recomputes logprobs of the tempered distribution without top-p; with
+top_p < 1 the two differ by design, and TIS accounts for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig
+
+from engine.rollout.base import Completion, SamplingParams, WeightReport
+from engine.rollout.llama_kv import LlamaKV
+from engine.weightsync.fingerprint import fingerprint
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of ``logits`` (B, V). Returns ids (B,), logprobs (B,)."""
+    logits = logits.float()
+    if temperature == 0.0:
+        return logits.argmax(-1), torch.zeros(logits.shape[0])
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_lp, order = logp.sort(dim=-1, descending=True)
+        mass_before = sorted_lp.exp().cumsum(-1) - sorted_lp.exp()
+        drop_sorted = mass_before >= top_p                 # the top token is always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    ids = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
+
+
+class TorchRollout:
+    """Holds its own copy of the weights; ``load_weights`` is the only way they change."""
+
+    def __init__(self, config: LlamaConfig, tensors: dict[str, torch.Tensor],
+                 eos_id: int, pad_id: int, version: int = 0):
+        self.config = config
+        self.tensors = {k: v.detach().clone() for k, v in tensors.items()}
+        self.model = LlamaKV(config, self.tensors)
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self._version = version
+
+    @classmethod
+    def from_pretrained(cls, path: Path, dtype: torch.dtype = torch.float32) -> TorchRollout:
+        from safetensors.torch import load_file
+
+        config = LlamaConfig.from_pretrained(path)
+        tensors = {k: v.to(dtype) for k, v in load_file(Path(path) / "model.safetensors").items()}
+        return cls(config, tensors, config.eos_token_id, config.pad_token_id)
+
+    # ------------------------------------------------------------------ weights
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                     version: int) -> WeightReport:
+        nbytes = 0
+        with torch.no_grad():
+            for name, t in named_tensors:
+                dst = self.tensors[name]          # KeyError names an unknown tensor
+                dst.copy_(t)
+                nbytes += dst.numel() * dst.element_size()
+        self._version = version
+        return WeightReport(version=version, fingerprint=self.fingerprint(), bytes=nbytes)
+
+    def weight_version(self) -> int:
+        return self._version
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.tensors.items())
+
+    # ------------------------------------------------------------------ sampling
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seed: int) -> list[Completion]:
+        gen = torch.Generator().manual_seed(seed)
+        B, P = len(prompts), max(len(p) for p in prompts)
+        S = P + params.max_new_tokens
+        dtype = self.tensors["model.embed_tokens.weight"].dtype
+        ids = torch.full((B, P), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((B, S), dtype=torch.bool)
+        for i, p in enumerate(prompts):
+            ids[i, P - len(p):] = torch.tensor(p)
+            valid[i, P - len(p):P] = True
+        positions = (valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)     # (B, P)
+        next_pos = valid[:, :P].sum(-1)                                    # (B,)
+        cache = self.model.new_cache(B, S, dtype)
+        logits = self.model.forward(ids, positions, cache, 0, valid)[:, -1]  # (B, V)
+
+        out_ids: list[list[int]] = [[] for _ in range(B)]
+        out_lp: list[list[float]] = [[] for _ in range(B)]
+        finished = [False] * B
+        rows = torch.arange(B)            # original row of each live batch row
+        for t in range(params.max_new_tokens):
+            tok, lp = sample_next(logits, params.temperature, params.top_p, gen)
+            for r, i in enumerate(rows.tolist()):
+                out_ids[i].append(int(tok[r]))
+                out_lp[i].append(float(lp[r]))
+            done = tok == self.eos_id
+            if params.ignore_eos:
+                done = torch.zeros_like(done)
+            for i in rows[done].tolist():
+                finished[i] = True
+            if t == params.max_new_tokens - 1 or bool(done.all()):
+                break
+            if bool(done.any()):          # compact: finished rows stop costing compute
+                keep = (~done).nonzero().squeeze(-1)
+                rows, tok, next_pos, valid = rows[keep], tok[keep], next_pos[keep], valid[keep]
+                cache = (cache[0][:, keep], cache[1][:, keep])
+            slot = P + t
+            valid[:, slot] = True
+            logits = self.model.forward(tok[:, None], next_pos[:, None], cache, slot, valid)[:, -1]
+            next_pos = next_pos + 1
+        return [Completion(token_ids=out_ids[i], logprobs=out_lp[i], finished=finished[i],
+                           version=self._version) for i in range(B)]

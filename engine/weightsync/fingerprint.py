@@ -1,0 +1,23 @@
+"""A fast fingerprint of a set of named tensors.
+
+blake2b over (name, dtype, shape, raw bytes) of every tensor in name order. Both sides of a
+weight sync compute it from the tensors they actually hold, so a sync that silently did
+not apply (or applied to a copy the engine does not serve) shows up as a mismatch. It
+reads every byte once: about 1 GB/s on one CPU core, ~10 ms for the tiny model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+import torch
+
+
+def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    h = hashlib.blake2b(digest_size=8)
+    for name, t in sorted(named_tensors, key=lambda kv: kv[0]):
+        t = t.detach()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,101 @@
+"""The torch rollout backend against the learner's teacher-forced recompute (the oracle
+relation every other backend is held to)."""
+
+import pytest
+import torch
+
+from engine.experience import Sample
+from engine.learner.batch import pack, response_logprobs
+from engine.rollout.base import SamplingParams
+from engine.rollout.torch_backend import TorchRollout, sample_next
+from engine.tasks import Problem
+from engine.tinymodel import load_policy, load_tokenizer
+
+PROMPTS = ["12+34=", "1*2=", "987*654=", "rev:abcdefgh=", "5-9="]   # different lengths
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_dir):
+    return TorchRollout.from_pretrained(tiny_dir), load_policy(tiny_dir).eval(), \
+        load_tokenizer(tiny_dir)
+
+
+def _recompute(model, tok, prompts, outs, temperature):
+    samples = [Sample(problem=Problem("", ""), prompt_ids=p, response_ids=o.token_ids,
+                      behaviour_logprobs=o.logprobs, finished=o.finished, version=0, group=0)
+               for p, o in zip(prompts, outs, strict=True)]
+    batch = pack(samples, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, batch, temperature)
+    return logp, batch
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_equal_the_learners_recompute(parts, temperature):
+    engine, model, tok = parts
+    prompts = [tok(p)["input_ids"] for p in PROMPTS] * 4
+    outs = engine.generate(prompts, SamplingParams(temperature=temperature, max_new_tokens=12),
+                           seed=3)
+    learner, batch = _recompute(model, tok, prompts, outs, temperature)
+    behaviour = batch.behaviour_logp
+    mask = batch.response_mask.bool()
+    assert mask.sum() > 40
+    assert (learner - behaviour).abs()[mask].max() < 1e-4
+
+
+def test_logprobs_are_temperature_scaled(parts):
+    engine, model, tok = parts
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    outs = engine.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=6), seed=0)
+    at_one, batch = _recompute(model, tok, prompts, outs, 1.0)
+    mask = batch.response_mask.bool()
+    # An unscaled recompute disagrees: the bug the test above guards against.
+    assert (at_one - batch.behaviour_logp).abs()[mask].max() > 1e-2
+
+
+def test_top_p_samples_inside_the_nucleus_with_renormalized_logprobs():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
+    gen = torch.Generator().manual_seed(0)
+    ids, lp = sample_next(logits, temperature=1.0, top_p=0.75, generator=gen)
+    assert set(ids.tolist()) == {0, 1}                     # 0.5 + 0.3 covers 0.75
+    expected = torch.log(torch.tensor([0.5, 0.3]) / 0.8)
+    assert torch.allclose(lp, expected[ids], atol=1e-6)
+
+
+def test_greedy_is_deterministic_and_has_point_mass_logprobs(parts):
+    engine, _, tok = parts
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    a = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8), seed=1)
+    b = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8), seed=2)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert all(lp == 0.0 for o in a for lp in o.logprobs)
+
+
+def test_padding_does_not_change_a_prompts_completion(parts):
+    engine, _, tok = parts
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    batched = engine.generate(prompts, params, seed=0)
+    for p, o in zip(prompts, batched, strict=True):
+        [alone] = engine.generate([p], params, seed=0)
+        assert alone.token_ids == o.token_ids
+
+
+def test_generation_stops_at_eos_and_reports_why(parts):
+    engine, _, tok = parts
+    prompts = [tok(p)["input_ids"] for p in PROMPTS] * 20
+    outs = engine.generate(prompts, SamplingParams(temperature=1.5, max_new_tokens=16), seed=5)
+    eos = tok.eos_token_id
+    assert any(o.finished for o in outs) and any(not o.finished for o in outs)
+    for o in outs:
+        assert len(o.token_ids) == len(o.logprobs) <= 16
+        assert eos not in o.token_ids[:-1]
+        assert o.finished == (o.token_ids[-1] == eos)
+        assert o.finished or len(o.token_ids) == 16
+
+
+def test_ignore_eos_forces_the_full_budget(parts):
+    engine, _, tok = parts
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=9, ignore_eos=True), seed=0)
+    assert all(len(o.token_ids) == 9 for o in outs)

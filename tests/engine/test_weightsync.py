@@ -1,0 +1,92 @@
+import time
+
+import pytest
+import torch
+
+from engine.config import GrpoConfig
+from engine.experience import Sample
+from engine.learner.batch import pack
+from engine.learner.learner import Learner
+from engine.rollout.base import SamplingParams, WeightReport
+from engine.rollout.torch_backend import TorchRollout
+from engine.tasks import Problem
+from engine.tinymodel import load_policy, load_tokenizer
+from engine.weightsync.fingerprint import fingerprint
+from engine.weightsync.inplace import InPlaceTransport
+
+
+def _learner_and_engine(tiny_dir):
+    learner = Learner(load_policy(tiny_dir), GrpoConfig(lr=1e-2, minibatches=1), 1.0, seed=0)
+    engine = TorchRollout.from_pretrained(tiny_dir)
+    return learner, engine, load_tokenizer(tiny_dir)
+
+
+def _one_update(learner, engine, tok):
+    prompts = [tok(p)["input_ids"] for p in ["1+2=", "3*4="] for _ in range(4)]
+    outs = engine.generate(prompts, SamplingParams(max_new_tokens=4), seed=learner.step)
+    samples = [Sample(Problem("", ""), p, o.token_ids, o.logprobs, o.finished, o.version, 0,
+                      advantage=(1.0 if i % 2 else -1.0))
+               for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
+    learner.update(pack(samples, tok.pad_token_id))
+
+
+def test_fingerprints_match_after_every_sync(tiny_dir):
+    learner, engine, tok = _learner_and_engine(tiny_dir)
+    transport = InPlaceTransport(engine)
+    seen = set()
+    for _ in range(3):
+        _one_update(learner, engine, tok)
+        res = transport.push(learner.named_tensors(), learner.version, learner.fingerprint(),
+                             time.time())
+        assert res.matched
+        assert res.version_rollout == learner.version
+        assert res.fingerprint_rollout == engine.fingerprint() == learner.fingerprint()
+        seen.add(res.fingerprint_rollout)
+    assert len(seen) == 3          # the weights really changed each step
+
+
+def test_a_corrupted_rollout_tensor_changes_the_fingerprint(tiny_dir):
+    learner, engine, _ = _learner_and_engine(tiny_dir)
+    InPlaceTransport(engine).push(learner.named_tensors(), 0, learner.fingerprint(), time.time())
+    assert engine.fingerprint() == learner.fingerprint()
+    engine.tensors["model.layers.2.mlp.up_proj.weight"][3, 7] += 1e-3
+    assert engine.fingerprint() != learner.fingerprint()
+
+
+class _DropsWeights:
+    """A rollout engine that acknowledges a sync but keeps serving the old weights."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def load_weights(self, named_tensors, version):
+        list(named_tensors)
+        self.engine._version = version
+        return WeightReport(version, self.engine.fingerprint(), 0)
+
+    def weight_version(self):
+        return self.engine.weight_version()
+
+
+def test_a_sync_that_silently_did_not_apply_is_reported_as_a_mismatch(tiny_dir):
+    learner, engine, tok = _learner_and_engine(tiny_dir)
+    _one_update(learner, engine, tok)
+    res = InPlaceTransport(_DropsWeights(engine)).push(
+        learner.named_tensors(), learner.version, learner.fingerprint(), time.time())
+    assert res.version_rollout == learner.version     # the version alone would lie...
+    assert not res.matched                            # ...the fingerprint does not
+
+
+def test_fingerprint_depends_on_names_values_and_dtype():
+    a = [("w", torch.ones(3))]
+    assert fingerprint(a) == fingerprint([("w", torch.ones(3))])
+    assert fingerprint(a) != fingerprint([("v", torch.ones(3))])
+    assert fingerprint(a) != fingerprint([("w", torch.ones(3, dtype=torch.float64))])
+    assert fingerprint([("a", torch.zeros(1)), ("b", torch.ones(1))]) == \
+        fingerprint([("b", torch.ones(1)), ("a", torch.zeros(1))])
+
+
+def test_loading_an_unknown_tensor_name_fails_loudly(tiny_dir):
+    engine = TorchRollout.from_pretrained(tiny_dir)
+    with pytest.raises(KeyError):
+        engine.load_weights([("model.nope.weight", torch.zeros(1))], 1)
