@@ -1,0 +1,58 @@
+"""Samples and the experience buffer that joins rollout + reward to the learner.
+
+    rollout -> Sample(prompt, response, behaviour logprobs, version) -> reward fills .reward
+            -> buffer.put(group) ... learner: buffer.take(n_groups, learner_version)
+
+A sample keeps the policy version that generated it; staleness at update time is
+learner_version - sample.version. Groups (the group_size completions of one prompt) enter
+and leave the buffer whole, because GRPO normalizes advantages within a group.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.tasks.base import Problem
+
+
+@dataclass
+class Sample:
+    problem: Problem
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]   # per response token, from the rollout engine
+    finished: bool                    # EOS inside the budget
+    version: int                      # policy version that generated it
+    group: int                        # index of its prompt group within the step
+    text: str = ""
+    reward: float = 0.0
+    advantage: float = 0.0
+
+
+class ExperienceBuffer:
+    """FIFO of whole groups, with an optional staleness bound enforced at take time."""
+
+    def __init__(self, max_staleness: int | None = None):
+        self.max_staleness = max_staleness
+        self._groups: deque[list[Sample]] = deque()
+        self.dropped_stale = 0
+
+    def put(self, group: list[Sample]) -> None:
+        self._groups.append(group)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def take(self, n_groups: int, learner_version: int) -> list[list[Sample]]:
+        """Up to n_groups oldest groups; groups older than the staleness bound are dropped
+        (and counted) instead of being trained on."""
+        out: list[list[Sample]] = []
+        while self._groups and len(out) < n_groups:
+            g = self._groups.popleft()
+            stale = learner_version - g[0].version
+            if self.max_staleness is not None and stale > self.max_staleness:
+                self.dropped_stale += 1
+                continue
+            out.append(g)
+        return out

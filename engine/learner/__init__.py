@@ -1,0 +1,1 @@
+"""Learner: the policy update (GRPO), its losses, the warm start and checkpoints."""

@@ -1,0 +1,64 @@
+"""Checkpoints: everything needed to continue a run bit-for-bit.
+
+    <run>/checkpoints/step_000012/
+        config.json model.safetensors tokenizer.json ...   HF dir: vLLM / a fork loads it
+        optimizer.pt                                       AdamW state
+        rng.pt                                             python, numpy, torch RNG states
+        state.json                                         step, weight version, fingerprint
+
+A directory is written under a temp name and renamed, so a crash never leaves a half
+checkpoint that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.tinymodel import atomic_dir, load_tokenizer
+
+
+def save_checkpoint(root: Path, learner, model_dir: Path, keep_last: int) -> Path:
+    final = root / f"step_{learner.step:06d}"
+    if final.exists():
+        shutil.rmtree(final)
+
+    def write(d: Path) -> None:
+        learner.policy.save_pretrained(d, safe_serialization=True)
+        load_tokenizer(model_dir).save_pretrained(d)
+        torch.save(learner.optimizer.state_dict(), d / "optimizer.pt")
+        torch.save({"python": random.getstate(), "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state()}, d / "rng.pt")
+        (d / "state.json").write_text(json.dumps({
+            "step": learner.step, "version": learner.version,
+            "fingerprint": learner.fingerprint()}))
+
+    atomic_dir(final, write)
+    for old in sorted(root.glob("step_*"))[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    done = sorted(p for p in root.glob("step_*") if (p / "state.json").exists())
+    return done[-1] if done else None
+
+
+def restore_checkpoint(path: Path, learner) -> dict:
+    """Load optimizer, counters and RNG into ``learner`` (whose policy was already loaded
+    from ``path``). Returns state.json."""
+    state = json.loads((path / "state.json").read_text())
+    learner.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    learner.step, learner.version = state["step"], state["version"]
+    if learner.fingerprint() != state["fingerprint"]:
+        raise RuntimeError(f"checkpoint {path} weights do not match their recorded fingerprint")
+    return state
