@@ -1,0 +1,83 @@
+"""``python -m engine run CONFIG.toml [--steps N] [--out DIR] [--resume]``
+
+Runs the driver in this process with a live progress bar (reward, step time), then prints
+a summary table. Exit status: 0 succeeded or stopped, 1 failed, 2 bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from engine.config import ConfigError, load_config
+
+KEY_METRICS = [
+    "reward/mean", "reward/accuracy", "response_length/p50", "response_length/p99",
+    "time/step_s", "rollout_share", "bubble", "throughput/tokens_per_s",
+    "logprob_gap/mean", "logprob_gap/max", "tis/clip_frac", "staleness/max",
+    "weight_sync/latency_s", "weight_sync/matched", "learner/loss", "learner/entropy",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run an RL job from a TOML config")
+    run.add_argument("config", type=Path)
+    run.add_argument("--steps", type=int, default=None, help="override the config's steps")
+    run.add_argument("--out", type=Path, default=None, help="run directory (default runs/NAME)")
+    run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    args = parser.parse_args(argv)
+
+    try:
+        cfg = load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.steps is not None and args.steps < 1:
+        print("error: --steps must be >= 1", file=sys.stderr)
+        return 2
+    out = args.out or Path("runs") / cfg.name
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from engine.api import run_local
+
+    console = Console()
+    total = args.steps or cfg.steps
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                  console=console) as bar:
+        task = bar.add_task(cfg.name, total=total, info="warm start / eval ...")
+
+        def progress(step: int, total: int, m: dict[str, float]) -> None:
+            bar.update(task, completed=step, info=(
+                f"reward {m['reward/mean']:+.3f}  acc {m['reward/accuracy']:.2f}  "
+                f"step {m['time/step_s']:.2f}s"))
+
+        try:
+            summary = run_local(cfg, out, steps=args.steps, resume=args.resume,
+                                progress=progress)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/]")
+            return 130
+        except Exception as exc:  # the run failed: say why, exit non-zero
+            console.print(f"[red]run failed:[/] {type(exc).__name__}: {exc}")
+            return 1
+
+    table = Table(title=f"{cfg.name}: {summary.status} after {summary.steps_done} steps "
+                        f"({summary.wall_s:.0f}s) -> {out}")
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    for k in sorted(summary.eval_after):
+        table.add_row(k, f"{summary.eval_before.get(k, float('nan')):.3f}",
+                      f"{summary.eval_after[k]:.3f}")
+    for k in KEY_METRICS:
+        if k in summary.last_metrics:
+            table.add_row(k, "", f"{summary.last_metrics[k]:.4g}")
+    console.print(table)
+    return 0 if summary.status in ("succeeded", "stopped") else 1

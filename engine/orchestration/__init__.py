@@ -1,0 +1,1 @@
+"""Orchestration: placement, the rollout producer, async policies and the run driver."""

@@ -1,0 +1,237 @@
+"""The run driver: builds the parts from a RunConfig and runs the RL loop.
+
+    warm start (cached) -> learner + rollout engine -> initial weight sync (version 0)
+    eval (held-out) ->
+    for step:
+        groups  = policy.next_batch(step, version)       rollout + reward   [spans]
+        adv     = group_advantages(rewards)
+        metrics = learner.update(pack(groups))            version += 1       [span]
+        result  = transport.push(weights, version, fp)    rollout reports fp [span]
+        emit metrics.append (spans -> bubble, rollout_share), weight_sync.report
+    eval -> final checkpoint -> run.status
+
+It is what a Ray job runs (and what the CLI runs in process). A SIGTERM or a STOP file in
+the run directory makes it checkpoint after the step in progress and exit "stopped".
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.api import (
+    EventSink,
+    LogEvent,
+    MetricsEvent,
+    RunStatusEvent,
+    RunSummary,
+    WeightSyncEvent,
+)
+from engine.config import RunConfig, dump_config
+from engine.experience import ExperienceBuffer, Sample
+from engine.learner.batch import pack
+from engine.learner.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+from engine.learner.learner import Learner
+from engine.learner.losses import group_advantages
+from engine.learner.warmstart import ensure_warm_start
+from engine.orchestration.evaluation import evaluate
+from engine.orchestration.placement import layout_for
+from engine.orchestration.policies import SyncPolicy
+from engine.orchestration.producer import RolloutProducer, step_seed
+from engine.reward import build_reward
+from engine.rollout.base import SamplingParams
+from engine.rollout.torch_backend import TorchRollout
+from engine.tasks import build_task
+from engine.telemetry.recorder import Telemetry
+from engine.telemetry.sinks import FanoutSink, JsonlSink, MemorySink
+from engine.tinymodel import load_policy, load_tokenizer
+from engine.weightsync.inplace import InPlaceTransport
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def percentile(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q))
+
+
+class RunDriver:
+    def __init__(self, cfg: RunConfig, out_dir: Path, sink: EventSink | None = None,
+                 progress=None):
+        self.cfg, self.out_dir, self.progress = cfg, Path(out_dir), progress
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.memory = MemorySink()
+        jsonl = JsonlSink(self.out_dir / "events.jsonl") if cfg.telemetry.jsonl else None
+        self.layout = layout_for(cfg.placement)
+        self.tel = Telemetry(FanoutSink(self.memory, jsonl, sink), self.layout.devices)
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ setup
+
+    def status(self, status: str, message: str = "") -> None:
+        self.tel.emit(RunStatusEvent(status=status, message=message))
+
+    def _build(self, resume: bool) -> None:
+        cfg = self.cfg
+        random.seed(cfg.model.seed)
+        np.random.seed(cfg.model.seed)
+        torch.manual_seed(cfg.model.seed)
+        (self.out_dir / "config.toml").write_text(dump_config(cfg))
+        self.status("warm_start")
+        self.model_dir = ensure_warm_start(cfg, log=self.tel.log)
+        self.ckpt_root = self.out_dir / "checkpoints"
+        ckpt = latest_checkpoint(self.ckpt_root) if resume else None
+        policy_dir = ckpt or self.model_dir
+        dtype = DTYPES[cfg.model.dtype]
+        self.tok = load_tokenizer(self.model_dir)
+        alg = cfg.algorithm
+        reference = load_policy(self.model_dir, dtype) if alg.kl_coef > 0 else None
+        self.learner = Learner(load_policy(policy_dir, dtype), alg, cfg.rollout.temperature,
+                               cfg.model.seed, reference=reference)
+        if ckpt is not None:
+            restore_checkpoint(ckpt, self.learner)
+            self.tel.log(f"resumed from {ckpt.name} (step {self.learner.step}, "
+                         f"version {self.learner.version})")
+        self.engine = TorchRollout.from_pretrained(policy_dir, dtype)
+        self.transport = InPlaceTransport(self.engine)
+        self.task = build_task(cfg.task)
+        self.params = SamplingParams(temperature=cfg.rollout.temperature,
+                                     top_p=cfg.rollout.top_p,
+                                     max_new_tokens=cfg.rollout.max_new_tokens)
+        producer = RolloutProducer(
+            self.engine, self.task, build_reward(cfg.reward, self.task), self.tok, self.params,
+            cfg.rollout.prompts_per_step, alg.group_size, cfg.model.seed, self.layout, self.tel)
+        self.buffer = ExperienceBuffer()
+        self.policy = SyncPolicy(producer, self.buffer)
+        self._sync(self.learner.step, time.time())       # the engine serves version N
+
+    def _sync(self, step: int, ready_at: float):
+        with self.tel.phase("weight_sync", self.layout.devices, step, self.learner.version):
+            res = self.transport.push(self.learner.named_tensors(), self.learner.version,
+                                      self.learner.fingerprint(), ready_at)
+        self.tel.emit(WeightSyncEvent(
+            step=step, transport=res.transport, version_learner=res.version_learner,
+            version_rollout=res.version_rollout, fingerprint_learner=res.fingerprint_learner,
+            fingerprint_rollout=res.fingerprint_rollout, matched=res.matched,
+            latency_s=res.latency_s, bytes=res.bytes))
+        if not res.matched:
+            self.tel.log(f"weight sync v{res.version_learner} did not apply: rollout serves "
+                         f"v{res.version_rollout} fingerprint {res.fingerprint_rollout}, "
+                         f"learner sent {res.fingerprint_learner}", level="error")
+        return res
+
+    def _eval(self, step: int) -> dict[str, float]:
+        t = self.cfg.telemetry.eval_temperature
+        temp = self.cfg.rollout.temperature if t is None else t
+        values = evaluate(self.engine, self.task, self.tok, temp,
+                          self.cfg.rollout.max_new_tokens, seed=step_seed(self.cfg.model.seed, -1),
+                          samples=self.cfg.telemetry.eval_samples)
+        self.tel.emit(MetricsEvent(step=step, values=values))
+        return values
+
+    # ------------------------------------------------------------------ the loop
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def _stop_requested(self) -> bool:
+        return self._stop.is_set() or (self.out_dir / "STOP").exists()
+
+    def _step(self, step: int) -> dict[str, float]:
+        t0 = time.time()
+        version_at_update = self.learner.version
+        groups = self.policy.next_batch(step, version_at_update)
+        samples: list[Sample] = [s for g in groups for s in g]
+        rewards = torch.tensor([s.reward for s in samples])
+        adv = group_advantages(rewards, self.cfg.algorithm.group_size,
+                               self.cfg.algorithm.normalize_std)
+        for s, a in zip(samples, adv.tolist(), strict=True):
+            s.advantage = a
+        with self.tel.phase("learner", self.layout.learner, step, version_at_update):
+            m = self.learner.update(pack(samples, self.tok.pad_token_id))
+        res = self._sync(step, time.time())
+        t1 = time.time()
+        m.update(self.tel.step_metrics(t0, t1))
+        lengths = [len(s.response_ids) for s in samples]
+        staleness = [version_at_update - s.version for s in samples]
+        tokens = sum(lengths)
+        m.update({
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std(unbiased=False)),
+            "reward/accuracy": float((rewards == 1.0).float().mean()),
+            "response_length/mean": statistics.fmean(lengths),
+            "response_length/p50": percentile(lengths, 50),
+            "response_length/p99": percentile(lengths, 99),
+            "response_length/max": float(max(lengths)),
+            "response/finished_frac": sum(s.finished for s in samples) / len(samples),
+            "throughput/tokens_per_s": tokens / m["time/step_s"],
+            "rollout/tokens_per_s": tokens / max(m["time/rollout_s"], 1e-9),
+            "staleness/mean": statistics.fmean(staleness),
+            "staleness/max": float(max(staleness)),
+            "buffer/dropped_stale": float(self.buffer.dropped_stale),
+            "weight_sync/latency_s": res.latency_s,
+            "weight_sync/bytes": float(res.bytes),
+            "weight_sync/gbps": res.bytes * 8 / 1e9 / max(res.latency_s, 1e-9),
+            "weight_sync/version_learner": float(res.version_learner),
+            "weight_sync/version_rollout": float(res.version_rollout),
+            "weight_sync/matched": float(res.matched),
+        })
+        self.tel.emit(MetricsEvent(step=step, values=m))
+        return m
+
+    def run(self, steps: int | None = None, resume: bool = False) -> RunSummary:
+        cfg, start = self.cfg, time.time()
+        total = steps if steps is not None else cfg.steps
+        prev = signal.getsignal(signal.SIGTERM) if _main_thread() else None
+        if prev is not None:
+            signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
+        self.status("starting")
+        status, last, eval_before, eval_after = "failed", {}, {}, {}
+        try:
+            self._build(resume)
+            self.status("running")
+            eval_before = self._eval(self.learner.step)
+            rl_start = time.time()
+            while self.learner.step < total:
+                step = self.learner.step
+                last = self._step(step)
+                if self.progress:
+                    self.progress(step + 1, total, last)
+                every = cfg.telemetry.eval_every_steps
+                if every and (step + 1) % every == 0 and step + 1 < total:
+                    self._eval(step + 1)
+                if cfg.checkpoint.every_steps and (step + 1) % cfg.checkpoint.every_steps == 0:
+                    save_checkpoint(self.ckpt_root, self.learner, self.model_dir,
+                                    cfg.checkpoint.keep_last)
+                if self._stop_requested():
+                    break
+                if cfg.max_seconds is not None and time.time() - rl_start > cfg.max_seconds:
+                    self.tel.log(f"max_seconds={cfg.max_seconds} reached after step {step + 1}")
+                    break
+            eval_after = self._eval(self.learner.step)
+            save_checkpoint(self.ckpt_root, self.learner, self.model_dir, cfg.checkpoint.keep_last)
+            status = "stopped" if self._stop_requested() else "succeeded"
+        except KeyboardInterrupt:
+            status = "stopped"
+            raise
+        except Exception as exc:
+            self.tel.emit(LogEvent(level="error", message=f"{type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            self.status(status)
+            self.tel.sink.close()
+            if prev is not None:
+                signal.signal(signal.SIGTERM, prev)
+        return RunSummary(status=status, steps_done=self.learner.step, eval_before=eval_before,
+                          eval_after=eval_after, last_metrics=last, out_dir=str(self.out_dir),
+                          wall_s=time.time() - start)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,27 @@
+"""Held-out evaluation through the rollout engine (the weights it actually serves).
+
+Reports the mean reward and accuracy of ``samples`` completions per prompt at the eval
+temperature (the policy as it is trained and served), and greedy accuracy, on the task's
+fixed held-out split.
+"""
+
+from __future__ import annotations
+
+from engine.rollout.base import RolloutEngine, SamplingParams
+from engine.tasks import Task
+
+
+def evaluate(engine: RolloutEngine, task: Task, tokenizer, temperature: float,
+             max_new_tokens: int, seed: int, samples: int = 1) -> dict[str, float]:
+    held_out = task.eval_problems()
+    out: dict[str, float] = {}
+    for label, temp, n in (("", temperature, samples), ("greedy_", 0.0, 1)):
+        problems = [p for p in held_out for _ in range(n)]
+        prompts = [tokenizer(p.prompt)["input_ids"] for p in problems]
+        comps = engine.generate(prompts, SamplingParams(temperature=temp,
+                                                        max_new_tokens=max_new_tokens), seed)
+        rewards = [task.score(p, tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                              c.finished) for p, c in zip(problems, comps, strict=True)]
+        out[f"eval/{label}reward_mean"] = sum(rewards) / len(rewards)
+        out[f"eval/{label}accuracy"] = sum(r == 1.0 for r in rewards) / len(rewards)
+    return out

@@ -1,0 +1,1 @@
+"""Telemetry: phase spans and the metrics derived from them, and the event sinks."""

@@ -1,0 +1,58 @@
+"""Event sinks. A sink takes events in order; the driver owns it and closes it.
+
+The control plane adds an HTTP sink (batched, spooled to disk when unreachable).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.api import Event, event_from_dict
+
+
+class MemorySink:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+    def of_type(self, cls: type[Event]) -> list:
+        return [e for e in self.events if isinstance(e, cls)]
+
+
+class JsonlSink:
+    """One JSON object per line, flushed per event so a crash loses at most one line."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = path.open("a", encoding="utf-8")
+
+    def emit(self, event: Event) -> None:
+        self._f.write(json.dumps(event.to_dict()) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class FanoutSink:
+    def __init__(self, *sinks) -> None:
+        self.sinks = [s for s in sinks if s is not None]
+
+    def emit(self, event: Event) -> None:
+        for s in self.sinks:
+            s.emit(event)
+
+    def close(self) -> None:
+        for s in self.sinks:
+            s.close()
+
+
+def read_jsonl(path: Path) -> list[Event]:
+    with path.open(encoding="utf-8") as f:
+        return [event_from_dict(json.loads(line)) for line in f if line.strip()]

@@ -1,0 +1,65 @@
+"""Phase spans and the step metrics computed from them.
+
+A span says "this logical device was busy with this phase from start to end". Over a
+step's window [t0, t1] on D devices:
+
+    wall           = t1 - t0
+    busy(d)        = length of the union of d's spans, clipped to the window
+    bubble         = 1 - sum_d busy(d) / (D * wall)
+    rollout_share  = length of the union of rollout spans / wall
+    time/<phase>_s = length of the union of that phase's spans (any device)
+    time/idle_s    = mean over devices of (wall - busy(d))
+    device/utilization/<d> = busy(d) / wall
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+PHASES = ("rollout", "reward", "learner", "weight_sync")
+
+
+@dataclass(frozen=True)
+class Span:
+    device: str
+    phase: str
+    start: float
+    end: float
+    step: int = 0
+    version: int = 0
+
+
+def union_length(intervals: Iterable[tuple[float, float]], t0: float, t1: float) -> float:
+    clipped = sorted((max(a, t0), min(b, t1)) for a, b in intervals if b > t0 and a < t1)
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in clipped:
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def phase_metrics(spans: list[Span], devices: list[str], t0: float, t1: float) -> dict[str, float]:
+    wall = t1 - t0
+    if wall <= 0 or not devices:
+        raise ValueError("a step window needs t1 > t0 and at least one device")
+    out: dict[str, float] = {"time/step_s": wall}
+    busy_total, idle = 0.0, 0.0
+    for d in devices:
+        busy = union_length(((s.start, s.end) for s in spans if s.device == d), t0, t1)
+        busy_total += busy
+        idle += wall - busy
+        out[f"device/utilization/{d}"] = busy / wall
+    for phase in PHASES:
+        out[f"time/{phase}_s"] = union_length(
+            ((s.start, s.end) for s in spans if s.phase == phase), t0, t1)
+    out["time/idle_s"] = idle / len(devices)
+    out["bubble"] = 1.0 - busy_total / (len(devices) * wall)
+    out["rollout_share"] = out["time/rollout_s"] / wall
+    return out

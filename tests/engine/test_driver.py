@@ -1,0 +1,116 @@
+"""The sync loop end to end on the tiny model (random init, a few steps)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.api import (
+    MetricsEvent,
+    RunStatusEvent,
+    SpanEvent,
+    WeightSyncEvent,
+    event_from_dict,
+    run_local,
+)
+from engine.config import dump_config
+from engine.telemetry.sinks import MemorySink, read_jsonl
+
+from .conftest import small_run
+
+CANONICAL = [
+    "reward/mean", "reward/std", "response_length/mean", "response_length/p50",
+    "response_length/p99", "response_length/max", "time/step_s", "time/rollout_s",
+    "time/reward_s", "time/learner_s", "time/weight_sync_s", "time/idle_s", "rollout_share",
+    "bubble", "throughput/tokens_per_s", "staleness/mean", "staleness/max",
+    "logprob_gap/mean", "logprob_gap/max", "logprob_gap/k3", "tis/clip_frac",
+    "weight_sync/latency_s", "weight_sync/bytes", "weight_sync/gbps",
+    "weight_sync/version_learner", "weight_sync/version_rollout", "learner/loss",
+    "learner/grad_norm", "learner/kl_ref", "learner/entropy", "device/utilization/cpu:0",
+]
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory, model_cache):
+    out = tmp_path_factory.mktemp("run")
+    sink = MemorySink()
+    summary = run_local(small_run(), out, sink=sink)
+    return summary, sink.events, out
+
+
+def test_a_run_succeeds_and_emits_ordered_events(two_step_run):
+    summary, events, _ = two_step_run
+    assert summary.status == "succeeded" and summary.steps_done == 2
+    seqs = [e.seq for e in events]
+    assert seqs == list(range(1, len(events) + 1))
+    statuses = [e.status for e in events if isinstance(e, RunStatusEvent)]
+    assert statuses == ["starting", "warm_start", "running", "succeeded"]
+
+
+def test_every_step_reports_the_canonical_metrics(two_step_run):
+    _, events, _ = two_step_run
+    steps = [e for e in events if isinstance(e, MetricsEvent) and "reward/mean" in e.values]
+    assert [e.step for e in steps] == [0, 1]
+    for e in steps:
+        missing = [k for k in CANONICAL if k not in e.values]
+        assert not missing
+        v = e.values
+        assert v["staleness/max"] == 0                       # sync loop
+        assert 0 < v["rollout_share"] < 1 and 0 <= v["bubble"] < 0.2
+        assert v["logprob_gap/max"] < 1e-4                   # same weights, fp32
+        assert v["weight_sync/version_learner"] == v["weight_sync/version_rollout"] == e.step + 1
+        phases = sum(v[f"time/{p}_s"] for p in ("rollout", "reward", "learner", "weight_sync"))
+        assert phases <= v["time/step_s"] + 1e-6
+
+
+def test_spans_cover_every_phase_of_every_step(two_step_run):
+    _, events, _ = two_step_run
+    spans = [e for e in events if isinstance(e, SpanEvent)]
+    for step in (0, 1):
+        phases = {s.phase for s in spans if s.step == step}
+        assert phases == {"rollout", "reward", "learner", "weight_sync"}
+    assert all(s.end >= s.start and s.device == "cpu:0" for s in spans)
+
+
+def test_every_sync_reports_matching_fingerprints(two_step_run):
+    _, events, _ = two_step_run
+    syncs = [e for e in events if isinstance(e, WeightSyncEvent)]
+    assert [s.version_learner for s in syncs] == [0, 1, 2]
+    assert all(s.matched and s.fingerprint_learner == s.fingerprint_rollout for s in syncs)
+
+
+def test_the_jsonl_file_holds_the_same_events(two_step_run):
+    _, events, out = two_step_run
+    on_disk = read_jsonl(out / "events.jsonl")
+    assert [e.to_dict() for e in on_disk] == [e.to_dict() for e in events]
+    line = json.loads((out / "events.jsonl").read_text().splitlines()[0])
+    assert line["type"] == "run.status" and event_from_dict(line).seq == 1
+
+
+def test_the_run_directory_has_its_config_and_a_final_checkpoint(two_step_run):
+    _, _, out = two_step_run
+    assert (out / "config.toml").read_text() == dump_config(small_run())
+    ckpt = out / "checkpoints" / "step_000002"
+    for f in ("model.safetensors", "config.json", "tokenizer.json", "optimizer.pt", "state.json"):
+        assert (ckpt / f).exists(), f
+
+
+def test_the_cli_rejects_a_bad_config_naming_the_field(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rollout]\ntemperature = 9\n")
+    proc = subprocess.run([sys.executable, "-m", "engine", "run", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "rollout.temperature" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_cli_runs_a_config_and_prints_a_summary(tmp_path, model_cache):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(dump_config(small_run(steps=1)))
+    proc = subprocess.run([sys.executable, "-m", "engine", "run", str(cfg), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "succeeded after 1 steps" in proc.stdout
+    assert "eval/reward_mean" in proc.stdout

@@ -1,0 +1,34 @@
+"""GRPO learns: a shortened demo run, fixed seed, held-out reward before vs after.
+
+The demo (configs/demo_arithmetic.toml) is the same recipe for 5 minutes; here 40 steps.
+Measured on a 2-core machine: held-out mean reward 0.53 -> 0.71 at step 40 (and -> 0.86
+after the demo's 5 minutes). The margin below is under half the measured gain.
+"""
+
+import statistics
+
+import pytest
+
+from engine.api import MetricsEvent, run_local
+from engine.config import load_config
+from engine.telemetry.sinks import MemorySink
+
+from .test_config import CONFIGS
+
+
+@pytest.mark.slow
+def test_grpo_raises_held_out_reward_from_the_warm_start(tmp_path, model_cache):
+    [demo] = [p for p in CONFIGS if p.name == "demo_arithmetic.toml"]
+    cfg = load_config(demo).model_copy(update={"steps": 40, "max_seconds": None})
+    sink = MemorySink()
+    summary = run_local(cfg, tmp_path, sink=sink)
+
+    before = summary.eval_before["eval/reward_mean"]
+    after = summary.eval_after["eval/reward_mean"]
+    assert 0.05 < before < 0.95, "the warm start should leave room to learn"
+    assert after - before >= 0.08, (before, after)
+
+    rewards = [e.values["reward/mean"] for e in sink.of_type(MetricsEvent)
+               if "reward/mean" in e.values]
+    assert len(rewards) == 40
+    assert statistics.fmean(rewards[-10:]) > statistics.fmean(rewards[:10])
