@@ -1,0 +1,16 @@
+"""The benchmark scripts keep working (they are run by hand; here at toy sizes)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_rollout_throughput_bench_prints_both_rates_and_their_ratio(model_cache):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "rollout_throughput.py"), "--batch", "4",
+         "--new", "4", "--rounds", "1"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens/s" in proc.stdout
+    assert "ratio torch / hf_generate" in proc.stdout
