@@ -134,8 +134,8 @@ class WarmStartConfig(_Section):
     """Supervised steps on the task's own examples before RL (0 = start from init)."""
     batch_size: int = Field(default=64, ge=1, le=1024)
     """Examples per supervised step."""
-    lr: float = Field(default=3e-3, gt=0.0, le=1.0)
-    """AdamW learning rate of the warm start."""
+    lr: float = Field(default=1e-3, gt=0.0, le=1.0)
+    """AdamW learning rate of the warm start (linear warmup over 5% of steps, then flat)."""
     max_seconds: float = Field(default=90.0, gt=0.0, le=3600.0)
     """Wall-clock bound: the warm start stops early when it passes this."""
 
@@ -243,6 +243,8 @@ class TelemetryConfig(_Section):
     """Run the held-out eval every N steps (0 = only before and after the run)."""
     eval_temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     """Temperature of eval sampling; None uses the rollout temperature."""
+    eval_samples: int = Field(default=4, ge=1, le=64)
+    """Samples per held-out prompt at the eval temperature (more = less noisy mean)."""
     jsonl: bool = True
     """Write every event to events.jsonl in the run directory."""
 
