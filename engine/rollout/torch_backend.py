@@ -102,20 +102,19 @@ class TorchRollout:
         cache = self.model.new_cache(B, S, dtype)
         logits = self.model.forward(ids, positions, cache, 0, valid)[:, -1]  # (B, V)
 
-        out_ids: list[list[int]] = [[] for _ in range(B)]
-        out_lp: list[list[float]] = [[] for _ in range(B)]
-        finished = [False] * B
+        out_tok = torch.full((B, params.max_new_tokens), self.pad_id, dtype=torch.long)
+        out_lp = torch.zeros((B, params.max_new_tokens))
+        lengths = torch.zeros(B, dtype=torch.long)
+        finished = torch.zeros(B, dtype=torch.bool)
         rows = torch.arange(B)            # original row of each live batch row
         for t in range(params.max_new_tokens):
             tok, lp = sample_next(logits, params.temperature, params.top_p, gen)
-            for r, i in enumerate(rows.tolist()):
-                out_ids[i].append(int(tok[r]))
-                out_lp[i].append(float(lp[r]))
+            out_tok[rows, t], out_lp[rows, t] = tok, lp
+            lengths[rows] = t + 1
             done = tok == self.eos_id
             if params.ignore_eos:
                 done = torch.zeros_like(done)
-            for i in rows[done].tolist():
-                finished[i] = True
+            finished[rows[done]] = True
             if t == params.max_new_tokens - 1 or bool(done.all()):
                 break
             if bool(done.any()):          # compact: finished rows stop costing compute
@@ -126,5 +125,7 @@ class TorchRollout:
             valid[:, slot] = True
             logits = self.model.forward(tok[:, None], next_pos[:, None], cache, slot, valid)[:, -1]
             next_pos = next_pos + 1
-        return [Completion(token_ids=out_ids[i], logprobs=out_lp[i], finished=finished[i],
-                           version=self._version) for i in range(B)]
+        ids, lps, n = out_tok.tolist(), out_lp.tolist(), lengths.tolist()
+        return [Completion(token_ids=ids[i][:n[i]], logprobs=lps[i][:n[i]],
+                           finished=bool(finished[i]), version=self._version)
+                for i in range(B)]
