@@ -114,3 +114,10 @@ def test_the_cli_runs_a_config_and_prints_a_summary(tmp_path, model_cache):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "succeeded after 1 steps" in proc.stdout
     assert "eval/reward_mean" in proc.stdout
+
+
+def test_a_stop_file_checkpoints_after_the_step_in_progress(tmp_path, model_cache):
+    (tmp_path / "STOP").touch()
+    summary = run_local(small_run(steps=5), tmp_path)
+    assert summary.status == "stopped" and summary.steps_done == 1
+    assert (tmp_path / "checkpoints" / "step_000001" / "state.json").exists()

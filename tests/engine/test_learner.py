@@ -1,0 +1,65 @@
+import copy
+
+import pytest
+import torch
+
+from engine.config import GrpoConfig
+from engine.experience import Sample
+from engine.learner.batch import pack
+from engine.learner.learner import Learner
+from engine.rollout.base import SamplingParams
+from engine.rollout.torch_backend import TorchRollout
+from engine.tasks import Problem
+from engine.tinymodel import load_policy, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def rollout_batch(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    engine = TorchRollout.from_pretrained(tiny_dir)
+    prompts = [tok(p)["input_ids"] for p in ["12+3=", "4*5=", "rev:ab="] for _ in range(4)]
+    outs = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=5), seed=0)
+    samples = [Sample(Problem("", ""), p, o.token_ids, o.logprobs, o.finished, 0, i // 4,
+                      advantage=(1.0 if i % 2 else -1.0))
+               for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
+    return samples, tok.pad_token_id
+
+
+def test_behaviour_logprobs_from_the_same_weights_give_no_gap_and_no_tis_clipping(
+        tiny_dir, rollout_batch):
+    samples, pad = rollout_batch
+    learner = Learner(load_policy(tiny_dir), GrpoConfig(), 1.0, seed=0)
+    m = learner.update(pack(samples, pad))
+    assert m["logprob_gap/max"] < 1e-4 and m["tis/clip_frac"] == 0.0
+
+
+def test_mis_scaled_behaviour_logprobs_show_up_as_gap_and_tis_clipping(tiny_dir, rollout_batch):
+    samples, pad = rollout_batch
+    skewed = [copy.copy(s) for s in samples]
+    for s in skewed:                       # the engine claims each token was 20x less likely
+        s.behaviour_logprobs = [lp - 3.0 for lp in s.behaviour_logprobs]
+    learner = Learner(load_policy(tiny_dir), GrpoConfig(tis_cap=2.0), 1.0, seed=0)
+    m = learner.update(pack(skewed, pad))
+    assert m["logprob_gap/mean"] == pytest.approx(3.0, abs=1e-3)
+    assert m["tis/clip_frac"] == 1.0
+    assert m["logprob_gap/k3"] > 1.0
+
+
+def test_kl_to_the_reference_starts_at_zero_and_grows(tiny_dir, rollout_batch):
+    samples, pad = rollout_batch
+    cfg = GrpoConfig(kl_coef=0.1, lr=1e-2, minibatches=1)
+    learner = Learner(load_policy(tiny_dir), cfg, 1.0, seed=0, reference=load_policy(tiny_dir))
+    kls = [learner.update(pack(samples, pad))["learner/kl_ref"] for _ in range(3)]
+    assert kls[0] == pytest.approx(0.0, abs=1e-9)
+    assert kls[2] > 1e-4
+
+
+def test_every_epoch_and_minibatch_is_an_optimizer_step(tiny_dir, rollout_batch):
+    samples, pad = rollout_batch
+    learner = Learner(load_policy(tiny_dir), GrpoConfig(epochs=2, minibatches=3), 1.0, seed=0)
+    before = {n: p.detach().clone() for n, p in learner.policy.named_parameters()}
+    learner.update(pack(samples, pad))
+    state = next(iter(learner.optimizer.state.values()))
+    assert int(state["step"]) == 6
+    assert learner.version == 1 and learner.step == 1
+    assert any(not torch.equal(before[n], p) for n, p in learner.policy.named_parameters())
