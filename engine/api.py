@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Protocol
 from engine.config import ConfigError, RunConfig, load_config, validate_config
 
 __all__ = [
-    "ConfigError", "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig",
+    "CheckpointEvent", "ConfigError", "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig",
     "RunStatusEvent", "RunSummary", "SpanEvent", "WeightSyncEvent", "event_from_dict",
     "load_config", "run_local", "validate",
 ]
@@ -81,6 +81,16 @@ class WeightSyncEvent(Event):
 
 
 @dataclass
+class CheckpointEvent(Event):
+    """A checkpoint the driver finished writing (a fork or resume can start from it)."""
+    type: ClassVar[str] = "checkpoint.saved"
+    step: int = 0
+    version: int = 0
+    path: str = ""
+    fingerprint: str = ""
+
+
+@dataclass
 class LogEvent(Event):
     type: ClassVar[str] = "log"
     level: str = "info"
@@ -88,7 +98,8 @@ class LogEvent(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    c.type: c for c in (RunStatusEvent, MetricsEvent, SpanEvent, WeightSyncEvent, LogEvent)
+    c.type: c for c in (RunStatusEvent, MetricsEvent, SpanEvent, WeightSyncEvent,
+                        CheckpointEvent, LogEvent)
 }
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from engine.api import (
+    CheckpointEvent,
     EventSink,
     LogEvent,
     MetricsEvent,
@@ -135,6 +136,12 @@ class RunDriver:
         self.tel.emit(MetricsEvent(step=step, values=values))
         return values
 
+    def _checkpoint(self) -> None:
+        path = save_checkpoint(self.ckpt_root, self.learner, self.model_dir,
+                               self.cfg.checkpoint.keep_last)
+        self.tel.emit(CheckpointEvent(step=self.learner.step, version=self.learner.version,
+                                      path=str(path), fingerprint=self.learner.fingerprint()))
+
     # ------------------------------------------------------------------ the loop
 
     def request_stop(self) -> None:
@@ -207,15 +214,14 @@ class RunDriver:
                 if every and (step + 1) % every == 0 and step + 1 < total:
                     self._eval(step + 1)
                 if cfg.checkpoint.every_steps and (step + 1) % cfg.checkpoint.every_steps == 0:
-                    save_checkpoint(self.ckpt_root, self.learner, self.model_dir,
-                                    cfg.checkpoint.keep_last)
+                    self._checkpoint()
                 if self._stop_requested():
                     break
                 if cfg.max_seconds is not None and time.time() - rl_start > cfg.max_seconds:
                     self.tel.log(f"max_seconds={cfg.max_seconds} reached after step {step + 1}")
                     break
             eval_after = self._eval(self.learner.step)
-            save_checkpoint(self.ckpt_root, self.learner, self.model_dir, cfg.checkpoint.keep_last)
+            self._checkpoint()
             status = "stopped" if self._stop_requested() else "succeeded"
         except KeyboardInterrupt:
             status = "stopped"

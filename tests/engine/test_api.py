@@ -3,6 +3,7 @@ import json
 import pytest
 
 from engine.api import (
+    CheckpointEvent,
     LogEvent,
     MetricsEvent,
     RunStatusEvent,
@@ -21,6 +22,7 @@ from engine.config import ConfigError
     WeightSyncEvent(seq=4, ts=3.0, step=3, transport="in_place", version_learner=4,
                     version_rollout=4, fingerprint_learner="ab", fingerprint_rollout="ab"),
     LogEvent(seq=5, ts=3.5, level="error", message="boom"),
+    CheckpointEvent(seq=6, ts=4.0, step=3, version=3, path="/r/checkpoints/step_000003"),
 ])
 def test_events_round_trip_through_json(event):
     data = json.loads(json.dumps(event.to_dict()))

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from engine.api import (
+    CheckpointEvent,
     MetricsEvent,
     RunStatusEvent,
     SpanEvent,
@@ -92,6 +93,8 @@ def test_the_run_directory_has_its_config_and_a_final_checkpoint(two_step_run):
     _, _, out = two_step_run
     assert (out / "config.toml").read_text() == dump_config(small_run())
     ckpt = out / "checkpoints" / "step_000002"
+    saved = [e for e in two_step_run[1] if isinstance(e, CheckpointEvent)]
+    assert [(e.step, e.path) for e in saved] == [(2, str(ckpt))]
     for f in ("model.safetensors", "config.json", "tokenizer.json", "optimizer.pt", "state.json"):
         assert (ckpt / f).exists(), f
 
