@@ -1,0 +1,46 @@
+from django.contrib import admin
+
+from jobs.models import Checkpoint, MetricPoint, PhaseSpan, Preset, Run, RunEvent
+
+
+@admin.register(Preset)
+class PresetAdmin(admin.ModelAdmin):
+    list_display = ["name", "description", "updated_at"]
+    search_fields = ["name"]
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "status", "created_by", "created_at", "finished_at"]
+    list_filter = ["status"]
+    search_fields = ["name", "ray_submission_id"]
+    raw_id_fields = ["parent"]
+    # Status moves only through Run.transition_to; the token hash is never edited by hand.
+    readonly_fields = ["status", "status_reason", "started_at", "finished_at",
+                       "ingest_token_hash"]
+
+
+@admin.register(RunEvent)
+class RunEventAdmin(admin.ModelAdmin):
+    list_display = ["run", "seq", "type", "ts"]
+    list_filter = ["type"]
+    raw_id_fields = ["run"]
+
+
+@admin.register(MetricPoint)
+class MetricPointAdmin(admin.ModelAdmin):
+    list_display = ["run", "step", "name", "value"]
+    search_fields = ["name"]
+    raw_id_fields = ["run"]
+
+
+@admin.register(PhaseSpan)
+class PhaseSpanAdmin(admin.ModelAdmin):
+    list_display = ["run", "step", "device", "phase", "start", "end", "version"]
+    raw_id_fields = ["run"]
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(admin.ModelAdmin):
+    list_display = ["run", "step", "version", "path", "created_at"]
+    raw_id_fields = ["run"]

@@ -1,4 +1,0 @@
-"""Runs, run configs, metric series, phase spans, alerts and clusters.
-
-Empty for now: the control-plane issue fills it in.
-"""

@@ -1,0 +1,19 @@
+"""The operator's world as tables, one topic per module:
+
+    preset.py   Preset        a named, validated RunConfig
+    run.py      Run           one run: config, status machine, ingest token
+    status.py   RunStatus     the run's states and the transitions between them
+    series.py   MetricPoint   per-step metric values; PhaseSpan: device busy intervals
+    events.py   RunEvent      every engine event, unique by (run, seq); Checkpoint
+"""
+
+from jobs.models.events import Checkpoint, RunEvent
+from jobs.models.preset import Preset
+from jobs.models.run import Run
+from jobs.models.series import MetricPoint, PhaseSpan
+from jobs.models.status import TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
+
+__all__ = [
+    "TERMINAL", "TRANSITIONS", "Checkpoint", "InvalidTransition", "MetricPoint", "PhaseSpan",
+    "Preset", "Run", "RunEvent", "RunStatus",
+]

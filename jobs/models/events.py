@@ -1,0 +1,45 @@
+from django.db import models
+from django.utils import timezone
+
+
+class RunEvent(models.Model):
+    """One engine event as it arrived. (run, seq) is the idempotency key of ingest and the
+    order in which a reconnecting page is backfilled."""
+
+    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="events")
+    seq = models.BigIntegerField()
+    type = models.CharField(max_length=40)
+    ts = models.FloatField()  # unix seconds, the engine's clock
+    payload = models.JSONField()  # event.to_dict(), non-finite numbers as null
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="run_event_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} #{self.seq} {self.type}"
+
+    @classmethod
+    def backfill(cls, run, after_seq: int = 0):
+        """The run's events after ``after_seq``, in seq order (whatever order they came in)."""
+        return cls.objects.filter(run=run, seq__gt=after_seq).order_by("seq")
+
+
+class Checkpoint(models.Model):
+    """A checkpoint the driver finished writing; a fork starts from one."""
+
+    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.BigIntegerField()
+    version = models.BigIntegerField()
+    path = models.TextField()
+    fingerprint = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", "step"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step"], name="checkpoint_unique_step"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step} ({self.path})"

@@ -1,0 +1,94 @@
+import hashlib
+import hmac
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from jobs.models.status import TERMINAL, InvalidTransition, RunStatus, sources_of
+from jobs.models.validators import normalized_config, validate_run_config
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Run(models.Model):
+    name = models.CharField(max_length=200)
+    config = models.JSONField(validators=[validate_run_config])
+    status = models.CharField(
+        max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED, db_index=True
+    )
+    status_reason = models.TextField(blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
+    )
+    source_checkpoint = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="runs",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    ray_submission_id = models.CharField(max_length=200, blank=True)
+    # sha256 hex of the ingest token; the raw token exists only in the driver's environment.
+    ingest_token_hash = models.CharField(max_length=64, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk}, {self.status})"
+
+    def save(self, *args, **kwargs):
+        update_fields = kwargs.get("update_fields")
+        if update_fields is None or "config" in update_fields:
+            self.config = normalized_config(self.config)
+        super().save(*args, **kwargs)
+
+    @property
+    def group_name(self) -> str:
+        """The channel group that ingest broadcasts this run's events to."""
+        return f"run.{self.pk}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def transition_to(self, new: str, reason: str = "") -> None:
+        """Move to ``new`` if the stored status allows it, else raise InvalidTransition.
+
+        One conditional UPDATE, so two workers racing on the same run cannot both win
+        and a stale in-memory status cannot overwrite a newer one.
+        """
+        new = RunStatus(new)
+        now = timezone.now()
+        changes: dict = {"status": new, "status_reason": reason}
+        if new == RunStatus.RUNNING:
+            changes["started_at"] = now
+        if new in TERMINAL:
+            changes["finished_at"] = now
+        updated = Run.objects.filter(pk=self.pk, status__in=sources_of(new)).update(**changes)
+        if updated != 1:
+            current = Run.objects.filter(pk=self.pk).values_list("status", flat=True).first()
+            if current is not None:
+                self.status = current
+            raise InvalidTransition(self.pk, current, new)
+        for field, value in changes.items():
+            setattr(self, field, value)
+
+    def issue_ingest_token(self) -> str:
+        """A fresh ingest token: returned once, only its hash is kept (and saved if the run
+        is already in the database). Issuing again revokes the previous token."""
+        token = secrets.token_urlsafe(32)
+        self.ingest_token_hash = hash_token(token)
+        if self.pk is not None:
+            Run.objects.filter(pk=self.pk).update(ingest_token_hash=self.ingest_token_hash)
+        return token
+
+    def has_ingest_token(self, token: str) -> bool:
+        if not self.ingest_token_hash:
+            return False
+        return hmac.compare_digest(hash_token(token), self.ingest_token_hash)

@@ -1,0 +1,48 @@
+"""The run's life as an explicit state machine. Terminal states are final.
+
+    queued --> submitting --> running --> stopping --> stopped
+      |            |            |            |
+      |            |            +------------+-------> succeeded
+      +------------+------------+------------+-------> failed | lost
+"""
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    SUBMITTING = "submitting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+
+S = RunStatus
+TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    S.QUEUED: frozenset({S.SUBMITTING, S.FAILED, S.LOST}),
+    S.SUBMITTING: frozenset({S.RUNNING, S.FAILED, S.LOST}),
+    S.RUNNING: frozenset({S.STOPPING, S.SUCCEEDED, S.FAILED, S.LOST}),
+    S.STOPPING: frozenset({S.STOPPED, S.SUCCEEDED, S.FAILED, S.LOST}),
+}
+TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.LOST})
+
+
+def sources_of(new: RunStatus) -> list[str]:
+    """The states from which a run may move to ``new``."""
+    return sorted(old for old, targets in TRANSITIONS.items() if new in targets)
+
+
+class InvalidTransition(Exception):
+    def __init__(self, run_id: int, current: str | None, new: str):
+        self.run_id, self.current, self.new = run_id, current, new
+        if current is None:
+            message = f"run {run_id} does not exist"
+        elif current in TERMINAL:
+            message = f"run {run_id} is {current}, which is final; it cannot become {new}"
+        else:
+            allowed = ", ".join(sorted(TRANSITIONS[RunStatus(current)]))
+            message = f"run {run_id} cannot go from {current} to {new} (allowed: {allowed})"
+        super().__init__(message)

@@ -1,0 +1,43 @@
+import uuid
+
+import pytest
+from channels.layers import get_channel_layer
+
+from jobs.models import Run, RunStatus
+
+CONFIG = {"name": "t", "steps": 3}
+
+
+@pytest.fixture
+def make_run(db):
+    def make(status: str = RunStatus.RUNNING, **fields) -> Run:
+        run = Run.objects.create(name=fields.pop("name", "test run"), config=CONFIG, **fields)
+        # Setup puts the run straight into the state a test starts from.
+        Run.objects.filter(pk=run.pk).update(status=status)
+        run.refresh_from_db()
+        return run
+
+    return make
+
+
+@pytest.fixture
+def run(make_run) -> Run:
+    return make_run()
+
+
+@pytest.fixture
+def token(run) -> str:
+    return run.issue_ingest_token()
+
+
+@pytest.fixture
+def channel_layer(settings):
+    """The real Redis channel layer, under a prefix of its own so that concurrent test
+    runs on the same Redis (run ids repeat) never see each other's messages."""
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [settings.REDIS_URL], "prefix": f"test-{uuid.uuid4().hex}"},
+        },
+    }
+    return get_channel_layer()

@@ -1,0 +1,102 @@
+import pytest
+
+from jobs.models import TERMINAL, TRANSITIONS, InvalidTransition, Run, RunStatus
+
+S = RunStatus
+LEGAL = sorted((old, new) for old, targets in TRANSITIONS.items() for new in targets)
+ILLEGAL = sorted(
+    (old, new) for old in S for new in S
+    if old != new and new not in TRANSITIONS.get(old, ())
+)
+
+
+def stored_status(run: Run) -> str:
+    return Run.objects.values_list("status", flat=True).get(pk=run.pk)
+
+
+def test_a_run_walks_from_queued_to_succeeded_and_records_when_it_started_and_finished(make_run):
+    run = make_run(S.QUEUED)
+
+    run.transition_to(S.SUBMITTING)
+    run.transition_to(S.RUNNING)
+    assert run.started_at is not None and run.finished_at is None
+    run.transition_to(S.STOPPING, "operator asked")
+    run.transition_to(S.SUCCEEDED, "finished its last step")
+
+    run.refresh_from_db()
+    assert (run.status, run.status_reason) == (S.SUCCEEDED, "finished its last step")
+    assert run.finished_at >= run.started_at
+
+
+@pytest.mark.parametrize(("old", "new"), LEGAL)
+def test_every_legal_transition_is_applied(make_run, old, new):
+    run = make_run(old)
+
+    run.transition_to(new, reason="because")
+
+    assert stored_status(run) == new
+    assert run.status == new and run.status_reason == "because"
+
+
+@pytest.mark.parametrize(("old", "new"), ILLEGAL)
+def test_every_illegal_transition_is_refused_and_changes_nothing(make_run, old, new):
+    run = make_run(old, status_reason="kept")
+
+    with pytest.raises(InvalidTransition, match=f"run {run.pk}"):
+        run.transition_to(new)
+
+    run.refresh_from_db()
+    assert (run.status, run.status_reason) == (old, "kept")
+
+
+@pytest.mark.parametrize("terminal", sorted(TERMINAL))
+def test_a_terminal_state_is_final_and_the_error_says_so(make_run, terminal):
+    run = make_run(terminal)
+
+    with pytest.raises(InvalidTransition, match=f"is {terminal}, which is final"):
+        run.transition_to(S.RUNNING)
+
+
+def test_the_error_for_a_wrong_step_names_the_steps_that_are_allowed(make_run):
+    run = make_run(S.QUEUED)
+
+    with pytest.raises(InvalidTransition, match=r"from queued to running \(allowed: "
+                                                r"failed, lost, submitting\)"):
+        run.transition_to(S.RUNNING)
+
+
+def test_a_stale_copy_of_a_run_cannot_overwrite_a_newer_status(make_run):
+    run = make_run(S.SUBMITTING)
+    stale = Run.objects.get(pk=run.pk)
+    run.transition_to(S.LOST, "ray job vanished")
+
+    with pytest.raises(InvalidTransition):
+        stale.transition_to(S.RUNNING)
+
+    assert stored_status(run) == S.LOST
+    assert stale.status == S.LOST  # the refusal tells the stale copy where the run is
+
+
+def test_a_transition_of_a_deleted_run_says_it_does_not_exist(make_run):
+    run = make_run(S.QUEUED)
+    Run.objects.filter(pk=run.pk).delete()
+
+    with pytest.raises(InvalidTransition, match="does not exist"):
+        run.transition_to(S.SUBMITTING)
+
+
+def test_an_unknown_status_is_a_value_error(make_run):
+    with pytest.raises(ValueError):
+        make_run(S.QUEUED).transition_to("paused")
+
+
+def test_every_state_is_reachable_from_queued_and_nothing_leaves_a_terminal_state():
+    reachable, frontier = {S.QUEUED}, [S.QUEUED]
+    while frontier:
+        for new in TRANSITIONS.get(frontier.pop(), ()):
+            if new not in reachable:
+                reachable.add(new)
+                frontier.append(new)
+
+    assert reachable == set(S)
+    assert not TERMINAL & set(TRANSITIONS)
