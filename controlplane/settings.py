@@ -5,6 +5,7 @@ the environment:
     RLPLANE_DEBUG          1/true/yes/on; default off (manage.py runserver turns it on)
     RLPLANE_ALLOWED_HOSTS  comma-separated; default localhost,127.0.0.1
     DATABASE_URL           postgres://...; default SQLite (WAL) at ./db.sqlite3
+    REDIS_URL              channel layer; default redis://127.0.0.1:6379/0
 """
 
 import os
@@ -39,6 +40,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "channels",
     "jobs",
 ]
 
@@ -75,6 +77,14 @@ if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": parse_database_url(os.environ["DATABASE_URL"])}
 else:
     DATABASES = {"default": sqlite_database(BASE_DIR / "db.sqlite3")}
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    },
+}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -1,0 +1,138 @@
+"""Side effects, in one place. Each do_* saves first and announces on commit, so nothing
+is announced that did not commit."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.db.models import Max
+
+from engine.api import CheckpointEvent, Event, MetricsEvent, RunStatusEvent, SpanEvent
+from jobs.event_batch import json_safe
+from jobs.models import (
+    Checkpoint,
+    InvalidTransition,
+    MetricPoint,
+    PhaseSpan,
+    Run,
+    RunEvent,
+    RunStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+# The engine's run.status values -> the control plane's state machine.
+ENGINE_STATUS = {
+    "starting": RunStatus.RUNNING,
+    "warm_start": RunStatus.RUNNING,
+    "running": RunStatus.RUNNING,
+    "succeeded": RunStatus.SUCCEEDED,
+    "failed": RunStatus.FAILED,
+    "stopped": RunStatus.STOPPED,
+}
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    stored: int      # events new to this run
+    duplicates: int  # events whose seq was already stored (a replay), or repeated in the batch
+    last_seq: int    # the highest seq stored for the run, 0 when none
+
+
+def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
+    """Store the events that are new by (run, seq), derive metric points, spans,
+    checkpoints and status from them, and group_send them to ``run.<id>`` on commit."""
+    with transaction.atomic():
+        # Serialize concurrent ingests of one run (a retry racing its original request),
+        # so "which seqs are new" stays true until we insert them. On SQLite the
+        # IMMEDIATE transaction already holds the write lock.
+        Run.objects.select_for_update().filter(pk=run.pk).first()
+        by_seq: dict[int, Event] = {}
+        for event in events:
+            by_seq.setdefault(event.seq, event)
+        stored_seqs = set(
+            RunEvent.objects.filter(run=run, seq__in=list(by_seq)).values_list("seq", flat=True)
+        )
+        new = [by_seq[seq] for seq in sorted(by_seq) if seq not in stored_seqs]
+        payloads = [json_safe(event.to_dict()) for event in new]
+        RunEvent.objects.bulk_create(
+            [RunEvent(run=run, seq=p["seq"], type=p["type"], ts=p["ts"], payload=p)
+             for p in payloads],
+            ignore_conflicts=True,
+        )
+        derive_rows(run, new)
+        for event in new:
+            if isinstance(event, RunStatusEvent):
+                apply_engine_status(run, event)
+        last_seq = RunEvent.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
+        if payloads:
+            # robust: the events are stored either way; a page that missed the broadcast
+            # backfills from the database.
+            transaction.on_commit(partial(broadcast_events, run.pk, payloads), robust=True)
+    return IngestResult(stored=len(new), duplicates=len(events) - len(new), last_seq=last_seq)
+
+
+def derive_rows(run: Run, events: Sequence[Event]) -> None:
+    """Metric points, phase spans and checkpoints from newly stored events (in seq order).
+
+    A (name, step) or checkpoint step reported again -- a resumed run redoing a step --
+    takes the later value, hence update_conflicts rather than ignore.
+    """
+    points: dict[tuple[str, int], MetricPoint] = {}
+    spans: list[PhaseSpan] = []
+    checkpoints: dict[int, Checkpoint] = {}
+    for e in events:
+        if isinstance(e, MetricsEvent):
+            for name, value in json_safe(e.values).items():
+                points[name, e.step] = MetricPoint(run=run, step=e.step, name=name, value=value)
+        elif isinstance(e, SpanEvent):
+            spans.append(PhaseSpan(run=run, device=e.device, phase=e.phase, start=e.start,
+                                   end=e.end, step=e.step, version=e.version))
+        elif isinstance(e, CheckpointEvent):
+            checkpoints[e.step] = Checkpoint(
+                run=run, step=e.step, version=e.version, path=e.path,
+                fingerprint=e.fingerprint, created_at=datetime.fromtimestamp(e.ts, UTC),
+            )
+    MetricPoint.objects.bulk_create(
+        points.values(), update_conflicts=True, unique_fields=["run", "name", "step"],
+        update_fields=["value"],
+    )
+    PhaseSpan.objects.bulk_create(spans)
+    Checkpoint.objects.bulk_create(
+        checkpoints.values(), update_conflicts=True, unique_fields=["run", "step"],
+        update_fields=["version", "path", "fingerprint", "created_at"],
+    )
+
+
+def apply_engine_status(run: Run, event: RunStatusEvent) -> None:
+    """Follow the engine's status where the state machine allows it.
+
+    A status the machine refuses (a late "running" after the run was marked lost, a replay
+    after a stop) leaves the run as it is: its status_reason explains the state it is in,
+    and the event itself is kept in RunEvent. An engine that stopped without a stop request
+    (STOP file, SIGTERM) goes through stopping, so the history stays a legal path.
+    """
+    target = ENGINE_STATUS[event.status]
+    run.refresh_from_db(fields=["status"])
+    if run.status == target:
+        return
+    try:
+        if target == RunStatus.STOPPED and run.status == RunStatus.RUNNING:
+            run.transition_to(RunStatus.STOPPING, "the engine stopped without a stop request")
+        run.transition_to(target, event.message)
+    except InvalidTransition as exc:
+        logger.warning("run %s: ignored engine status %r (seq %s): %s",
+                       run.pk, event.status, event.seq, exc)
+
+
+def broadcast_events(run_id: int, events: list[dict]) -> None:
+    """Send newly stored events, in seq order, to the run's channel group."""
+    message = {"type": "run.events", "run_id": run_id, "events": events}
+    async_to_sync(get_channel_layer().group_send)(f"run.{run_id}", message)

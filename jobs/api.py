@@ -1,0 +1,48 @@
+"""HTTP API for the engine: the ingest endpoint, authenticated by the run's own token."""
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from jobs.actions import do_ingest_events
+from jobs.event_batch import MalformedBatch, parse_event_batch
+from jobs.models import Run
+
+
+def bearer_token(request) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def error(status: int, message: str, **headers) -> JsonResponse:
+    return JsonResponse({"error": message}, status=status, headers=headers)
+
+
+@csrf_exempt  # token-authenticated, no cookies: CSRF does not apply
+@require_POST
+def ingest_events(request, run_id: int):
+    """POST {"events": [...]} -> 200 {stored, duplicates, last_seq}; a partly bad batch
+    stores the good events and answers 400 with the same counts plus errors."""
+    token = bearer_token(request)
+    if token is None:
+        return error(401, "send the run's ingest token as 'Authorization: Bearer <token>'",
+                     **{"WWW-Authenticate": "Bearer"})
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return error(404, f"run {run_id} does not exist")
+    if not run.has_ingest_token(token):
+        return error(403, f"this token is not run {run_id}'s ingest token")
+    try:
+        batch = parse_event_batch(request.body)
+    except RequestDataTooBig:
+        return error(413, "the batch is too large; send fewer events per request")
+    except MalformedBatch as exc:
+        return error(exc.status, str(exc))
+    result = do_ingest_events(run, batch.events)
+    body = {"stored": result.stored, "duplicates": result.duplicates,
+            "last_seq": result.last_seq}
+    if batch.errors:
+        return JsonResponse({**body, "errors": batch.errors}, status=400)
+    return JsonResponse(body)

@@ -1,0 +1,38 @@
+"""Events and requests for ingest tests."""
+
+import json
+
+from engine.api import CheckpointEvent, LogEvent, MetricsEvent, RunStatusEvent, SpanEvent
+
+
+def post_events(client, run, token, events, **extra):
+    body = {"events": [e if isinstance(e, dict) else e.to_dict() for e in events]}
+    return post_body(client, run.pk, json.dumps(body), token=token, **extra)
+
+
+def post_body(client, run_id, body, token=None, **extra):
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    return client.post(f"/api/runs/{run_id}/events", data=body,
+                       content_type="application/json", headers=headers, **extra)
+
+
+def metrics(seq, step, **values):
+    return MetricsEvent(seq=seq, ts=1000.0 + seq, step=step, values=values)
+
+
+def span(seq, step, device="cpu:0", phase="rollout"):
+    return SpanEvent(seq=seq, ts=1000.0 + seq, device=device, phase=phase,
+                     start=10.0 + step, end=10.5 + step, step=step, version=step)
+
+
+def status(seq, value, message=""):
+    return RunStatusEvent(seq=seq, ts=1000.0 + seq, status=value, message=message)
+
+
+def log(seq, message="hello"):
+    return LogEvent(seq=seq, ts=1000.0 + seq, message=message)
+
+
+def checkpoint(seq, step, path="/ckpt"):
+    return CheckpointEvent(seq=seq, ts=1000.0 + seq, step=step, version=step,
+                           path=f"{path}/step_{step:06d}", fingerprint=f"fp{step}")
