@@ -1,0 +1,279 @@
+"""An EventSink that delivers events to the control plane's ingest endpoint.
+
+    emit(event) -> queue -> sender thread, one request in flight at a time:
+
+        loop:
+            if the spool file exists:   move what is queued to its end, then replay it
+                                        oldest first, batch by batch; delete it once all
+                                        of it is delivered
+            else:                       send the next batch from the queue (batch_size
+                                        events, or what arrived within flush_interval_s)
+            on failure:                 append the undelivered events to the spool and back
+                                        off (doubling up to max_backoff_s), spooling what
+                                        arrives meanwhile
+
+    POST <url>  Authorization: Bearer <token>  {"events": [event.to_dict(), ...]}
+        200                   delivered
+        400 with "errors"     delivered; the server stored the valid events and named the
+                              bad ones, which are logged and dropped (never retried)
+        400 with "error", 413 the server refuses the batch as a whole (malformed, too
+                              large): it is split in halves, and a single event refused
+                              alone is logged and dropped
+        anything else         (no connection, timeout, 5xx, 401/403/404, a 400 that is not
+                              the ingest's own JSON, e.g. a host check) retried with backoff
+
+Delivery guarantee: at least once, in emit order. A batch whose answer was lost is sent
+again, and the server drops what it already has by (run, seq). While the control plane is
+unreachable, events are in the spool file (JSON lines, flushed per write), so they survive
+the process dying; a new HttpSink on the same spool path replays them first. Only events
+emitted less than flush_interval_s before a crash, while the server is reachable, are in
+memory alone. close(timeout_s) delivers what it can in that time and leaves the rest in
+the spool.
+
+Standard library only: this runs inside the Ray job, next to the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.client import HTTPException
+from pathlib import Path
+from typing import Any
+
+from engine.api import Event
+
+logger = logging.getLogger(__name__)
+
+_WAKE = object()  # put on the queue by close() so a waiting sender notices at once
+
+
+class HttpSink:
+    def __init__(self, url: str, token: str, spool_path: str | Path, *, batch_size: int = 200,
+                 flush_interval_s: float = 0.5, max_backoff_s: float = 30.0,
+                 min_backoff_s: float = 0.1, request_timeout_s: float = 10.0):
+        self.url = url
+        self.spool_path = Path(spool_path)
+        self._token = token
+        self._batch_size = batch_size
+        self._flush_interval_s = flush_interval_s
+        self._max_backoff_s = max_backoff_s
+        self._min_backoff_s = min(min_backoff_s, max_backoff_s)
+        self._request_timeout_s = request_timeout_s
+        # The control plane is reached directly; an HTTP proxy from the environment would
+        # only add a hop that can fail.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._spool_pos = 0  # bytes of the spool already delivered
+        self._deadline: float | None = None  # set by close()
+        self._closed = False
+        self.delivered_all = False
+        self._repair_spool()
+        self._thread = threading.Thread(target=self._run, name="http-sink", daemon=True)
+        self._thread.start()
+
+    # --- EventSink ------------------------------------------------------------------------
+
+    def emit(self, event: Event) -> None:
+        if self._closed:
+            raise RuntimeError("HttpSink.emit after close()")
+        if not self._thread.is_alive():
+            raise RuntimeError("HttpSink's sender thread died; its error is in the log")
+        self._queue.put(event.to_dict())  # a snapshot: later changes to the event don't leak
+
+    def close(self, timeout_s: float = 30.0) -> bool:
+        """Deliver what can be delivered within ``timeout_s``; the rest stays in the spool.
+        True when every event was delivered (and the spool removed)."""
+        if not self._closed:
+            self._closed = True
+            self._deadline = time.monotonic() + timeout_s
+            self._queue.put(_WAKE)
+        self._thread.join(timeout_s + self._request_timeout_s + 1.0)
+        if self._thread.is_alive():
+            logger.error("HttpSink: sender still busy after close(%.1fs)", timeout_s)
+        return self.delivered_all
+
+    # --- sender thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while not self._past_deadline():
+            if self.spool_path.exists():
+                self._spool_queued()  # newer events go behind the spooled ones
+                ok = self._replay_spool()
+            else:
+                batch = self._take_batch()
+                if not batch:
+                    if self._closed:
+                        break
+                    continue
+                done = self._deliver(batch)
+                ok = done == len(batch)
+                if not ok:
+                    self._append_to_spool(batch[done:])
+            if ok:
+                backoff = 0.0
+            else:
+                backoff = min(max(2 * backoff, self._min_backoff_s), self._max_backoff_s)
+                self._wait_spooling(backoff)
+        self._spool_queued()
+        self.delivered_all = not self.spool_path.exists()
+
+    def _past_deadline(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def _take_batch(self) -> list[dict]:
+        """Up to batch_size events, or what arrives within flush_interval_s."""
+        batch: list[dict] = []
+        flush_at = time.monotonic() + self._flush_interval_s
+        while len(batch) < self._batch_size:
+            timeout = 0.0 if self._closed else max(flush_at - time.monotonic(), 0.0)
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                break
+            if item is not _WAKE:
+                batch.append(item)
+        return batch
+
+    def _wait_spooling(self, seconds: float) -> None:
+        """Back off, moving whatever is emitted meanwhile into the spool (so it survives
+        the process dying). close() cuts the wait short to try once more."""
+        end = time.monotonic() + seconds
+        if self._deadline is not None:
+            end = min(end, self._deadline)
+        while (remaining := end - time.monotonic()) > 0:
+            try:
+                item = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                return
+            if item is _WAKE:
+                return
+            self._append_to_spool([item, *self._drain_queue()])
+
+    def _drain_queue(self) -> list[dict]:
+        items = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return items
+            if item is not _WAKE:
+                items.append(item)
+
+    # --- delivery -------------------------------------------------------------------------
+
+    def _deliver(self, events: list[dict]) -> int:
+        """Send events in order; returns how many from the front are done with (delivered,
+        or dropped because the server refused them). The rest are to be retried."""
+        try:
+            status, body = self._post(events)
+        except (OSError, HTTPException) as exc:  # URLError, timeouts, resets are OSErrors
+            logger.warning("HttpSink: %s unreachable (%s); will retry", self.url, exc)
+            return 0
+        if status == 200:
+            return len(events)
+        if status == 400 and isinstance(body.get("errors"), list):
+            for error in body["errors"]:
+                logger.error("HttpSink: the server refused event %s: %s; dropped",
+                             error.get("seq"), error.get("error"))
+            return len(events)
+        if status == 413 or status == 400 and "error" in body:
+            if len(events) == 1:
+                logger.error("HttpSink: the server refused event %s (%s: %s); dropped",
+                             events[0].get("seq"), status, body.get("error"))
+                return 1
+            half = len(events) // 2
+            done = self._deliver(events[:half])
+            return done if done < half else half + self._deliver(events[half:])
+        logger.warning("HttpSink: %s answered %s (%s); will retry",
+                       self.url, status, body.get("error"))
+        return 0
+
+    def _post(self, events: list[dict]) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            self.url, method="POST", data=json.dumps({"events": events}).encode(),
+            headers={"Authorization": f"Bearer {self._token}",
+                     "Content-Type": "application/json"},
+        )
+        timeout = self._request_timeout_s
+        if self._deadline is not None:
+            timeout = max(0.1, min(timeout, self._deadline - time.monotonic()))
+        try:
+            with self._opener.open(request, timeout=timeout) as response:
+                return response.status, _json_object(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, _json_object(exc.read())
+
+    # --- spool ----------------------------------------------------------------------------
+
+    def _repair_spool(self) -> None:
+        """A process that died mid-write may leave a partial last line; end it, so the
+        next append starts a line of its own (the partial one is skipped on replay)."""
+        if self.spool_path.exists() and self.spool_path.stat().st_size:
+            with self.spool_path.open("rb+") as f:
+                f.seek(-1, 2)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+
+    def _append_to_spool(self, events: list[dict]) -> None:
+        if not events:
+            return
+        self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.spool_path.open("a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(e) + "\n" for e in events))
+
+    def _spool_queued(self) -> None:
+        self._append_to_spool(self._drain_queue())
+
+    def _replay_spool(self) -> bool:
+        """Send the spool from where delivery stopped; True once all of it is delivered
+        and the file removed. Only this thread writes the spool, so reaching its end means
+        nothing is left."""
+        while not self._past_deadline():
+            lines = self._read_spool()
+            if not lines:
+                self.spool_path.unlink()
+                self._spool_pos = 0
+                return True
+            events = [event for event, _ in lines if event is not None]
+            done = self._deliver(events) if events else 0
+            left = done
+            for event, size in lines:  # advance past the delivered (and torn) lines
+                if event is not None:
+                    if left == 0:
+                        break
+                    left -= 1
+                self._spool_pos += size
+            if done < len(events):
+                return False
+            self._spool_queued()
+        return False
+
+    def _read_spool(self) -> list[tuple[dict | None, int]]:
+        """Up to batch_size lines from the delivery position: (event, byte size) each, with
+        None for a line that is not JSON (a torn write), which is logged and skipped."""
+        lines: list[tuple[dict | None, int]] = []
+        with self.spool_path.open("rb") as f:
+            f.seek(self._spool_pos)
+            while len(lines) < self._batch_size and (line := f.readline()):
+                try:
+                    lines.append((json.loads(line), len(line)))
+                except ValueError:
+                    logger.error("HttpSink: skipping a torn line in %s: %r",
+                                 self.spool_path, line[:200])
+                    lines.append((None, len(line)))
+        return lines
+
+
+def _json_object(raw: bytes) -> dict:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
