@@ -47,15 +47,14 @@ from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import SyncPolicy
 from engine.orchestration.producer import RolloutProducer, step_seed
 from engine.reward import build_reward
+from engine.rollout import DTYPES, build_rollout
 from engine.rollout.base import SamplingParams
-from engine.rollout.torch_backend import TorchRollout
+from engine.rollout.preflight import PreflightError, check_logprob_semantics
 from engine.tasks import build_task
 from engine.telemetry.recorder import Telemetry
-from engine.telemetry.sinks import FanoutSink, JsonlSink, MemorySink
+from engine.telemetry.sinks import FanoutSink, JsonlSink, MemorySink, read_jsonl
 from engine.tinymodel import load_policy, load_tokenizer
 from engine.weightsync.inplace import InPlaceTransport
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -99,7 +98,7 @@ class RunDriver:
             restore_checkpoint(ckpt, self.learner)
             self.tel.log(f"resumed from {ckpt.name} (step {self.learner.step}, "
                          f"version {self.learner.version})")
-        self.engine = TorchRollout.from_pretrained(policy_dir, dtype)
+        self.engine = build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed)
         self.transport = InPlaceTransport(self.engine)
         self.task = build_task(cfg.task)
         self.params = SamplingParams(temperature=cfg.rollout.temperature,
@@ -111,6 +110,28 @@ class RunDriver:
         self.buffer = ExperienceBuffer()
         self.policy = SyncPolicy(producer, self.buffer)
         self._sync(self.learner.step, time.time())       # the engine serves version N
+        self._preflight()
+
+    def _preflight(self) -> None:
+        prompts = [p.prompt for p in self.task.train_problems(-1, 8, stream="preflight")]
+        params = SamplingParams(temperature=self.params.temperature, top_p=self.params.top_p,
+                                max_new_tokens=min(8, self.params.max_new_tokens))
+        res = check_logprob_semantics(self.engine, self.learner.policy, self.tok, prompts,
+                                      params, self.tok.pad_token_id, self.cfg.model.seed)
+        if res.skipped:
+            return
+        msg = (f"preflight at T={params.temperature}: engine logprobs differ from the learner's "
+               f"tempered recompute by <= {res.gap_tempered:.2e}, untempered by <= "
+               f"{res.gap_untempered:.2e}")
+        if res.scaled:
+            self.tel.log(msg)
+            return
+        fix = ('set rollout.logprobs_mode = "processed_logprobs"'
+               if self.cfg.rollout.type == "vllm" else "the rollout backend returns raw logprobs")
+        text = f"{msg}: logprobs are NOT temperature-scaled; {fix}"
+        if self.cfg.rollout.preflight == "error":
+            raise PreflightError(text + ' (rollout.preflight = "warn" only warns)')
+        self.tel.log(text, level="warning")
 
     def _sync(self, step: int, ready_at: float):
         with self.tel.phase("weight_sync", self.layout.devices, step, self.learner.version):
@@ -198,6 +219,10 @@ class RunDriver:
         prev = signal.getsignal(signal.SIGTERM) if _main_thread() else None
         if prev is not None:
             signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
+        if resume:
+            # A resumed run is the same run to its consumers, which dedup by seq: continue
+            # the sequence instead of restarting it (or every new event reads as a replay).
+            self.tel.seq = last_seq(self.out_dir / "events.jsonl")
         self.status("starting")
         status, last, eval_before, eval_after = "failed", {}, {}, {}
         try:
@@ -237,6 +262,13 @@ class RunDriver:
         return RunSummary(status=status, steps_done=self.learner.step, eval_before=eval_before,
                           eval_after=eval_after, last_metrics=last, out_dir=str(self.out_dir),
                           wall_s=time.time() - start)
+
+
+def last_seq(path: Path) -> int:
+    """The highest seq in an events.jsonl (0 when there is none)."""
+    if not path.exists():
+        return 0
+    return max((e.seq for e in read_jsonl(path)), default=0)
 
 
 def _main_thread() -> bool:

@@ -30,3 +30,5 @@ def test_resumed_step_matches_the_uninterrupted_run(tmp_path, model_cache):
     assert list(_losses(resumed)) == [2]
     assert _losses(resumed)[2] == _losses(straight)[2]
     assert _losses(straight)[2] != _losses(straight)[1]      # the loss is not a constant
+    # The resumed driver continues the run's event sequence: consumers dedup by seq.
+    assert resumed.events[0].seq == first.events[-1].seq + 1
