@@ -1,6 +1,6 @@
-"""ASGI entry point (`uvicorn controlplane.asgi:application`).
-
-Plain Django for now; websocket routing through Channels is added with the control plane.
+"""ASGI entry point (`uvicorn controlplane.asgi:application`): HTTP through Django, and
+websockets through Channels, where the session cookie gives the consumers their user and
+the Origin header must be one of ALLOWED_HOSTS (a page elsewhere cannot use the cookie).
 """
 
 import os
@@ -9,4 +9,17 @@ from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
-application = get_asgi_application()
+# Django must be set up before anything imports models (the consumers do).
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from jobs.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter({
+    "http": django_asgi_app,
+    "websocket": AllowedHostsOriginValidator(
+        AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+})

@@ -28,6 +28,8 @@ from jobs.models import (
 
 logger = logging.getLogger(__name__)
 
+RUNS_GROUP = "runs"  # the runs list page: one summary per ingested batch
+
 # The engine's run.status values -> the control plane's state machine.
 ENGINE_STATUS = {
     "starting": RunStatus.RUNNING,
@@ -75,7 +77,8 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         if payloads:
             # robust: the events are stored either way; a page that missed the broadcast
             # backfills from the database.
-            transaction.on_commit(partial(broadcast_events, run.pk, payloads), robust=True)
+            transaction.on_commit(
+                partial(broadcast_events, run.pk, payloads, run_summary(run, new)), robust=True)
     return IngestResult(stored=len(new), duplicates=len(events) - len(new), last_seq=last_seq)
 
 
@@ -132,7 +135,24 @@ def apply_engine_status(run: Run, event: RunStatusEvent) -> None:
                        run.pk, event.status, event.seq, exc)
 
 
-def broadcast_events(run_id: int, events: list[dict]) -> None:
-    """Send newly stored events, in seq order, to the run's channel group."""
+def run_summary(run: Run, events: Sequence[Event]) -> dict:
+    """What the runs list shows of a run after these events: status and latest metrics
+    (None where this batch reported none, so the list keeps what it shows)."""
+    latest: dict[str, float | None] = {}
+    step = None
+    for event in events:
+        if isinstance(event, MetricsEvent):
+            step = event.step
+            latest.update(json_safe(event.values))
+    return {"type": "runs.summary", "run_id": run.pk, "status": run.status, "step": step,
+            "reward_mean": latest.get("reward/mean"), "step_s": latest.get("time/step_s")}
+
+
+def broadcast_events(run_id: int, events: list[dict], summary: dict | None = None) -> None:
+    """Send newly stored events, in seq order, to the run's channel group, and the run's
+    summary to the runs list's group."""
     message = {"type": "run.events", "run_id": run_id, "events": events}
-    async_to_sync(get_channel_layer().group_send)(f"run.{run_id}", message)
+    layer = get_channel_layer()
+    async_to_sync(layer.group_send)(f"run.{run_id}", message)
+    if summary is not None:
+        async_to_sync(layer.group_send)(RUNS_GROUP, summary)

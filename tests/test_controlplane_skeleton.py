@@ -11,8 +11,8 @@ def test_healthz_answers_ok(client):
     assert response.json() == {"ok": True}
 
 
-def test_the_index_page_renders(client):
-    response = client.get("/")
+def test_the_index_page_renders_for_a_logged_in_user(admin_client):
+    response = admin_client.get("/")
 
     assert response.status_code == 200
     assert b"rlplane" in response.content

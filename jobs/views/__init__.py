@@ -1,7 +1,5 @@
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+"""Views: pages.py (runs list, run detail); launch.py (new run, stop, fork)."""
 
+from jobs.views.pages import index, run_detail
 
-@require_GET
-def index(request):
-    return render(request, "jobs/index.html")
+__all__ = ["index", "run_detail"]

@@ -1,0 +1,167 @@
+"""What the run page plots. One spec per chart serves both the first render (from
+MetricPoint / PhaseSpan rows) and the live updates (from events), so the traces that
+`Plotly.newPlot` draws and the points that `Plotly.extendTraces` appends always line up:
+
+    steps = [(step, {metric: value}), ...]      spans = [{device, phase, start, end}, ...]
+    metric_figures(steps)  -> [{id, title, traces: [{name, x, y, ...}], layout}]   page load
+    metric_updates(steps)  -> {chart id: {indices, x: [[...]], y: [[...]]}}        websocket
+    timeline_figure(spans) / timeline_update(spans)  the device Gantt, bars per phase
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+Values = dict[str, float | None]
+
+TIMELINE_STEPS = 20  # the device timeline keeps roughly this many recent steps
+PHASES = ("rollout", "reward", "learner", "weight_sync")
+PHASE_COLORS = {"rollout": "#4c78a8", "reward": "#f58518", "learner": "#54a24b",
+                "weight_sync": "#e45756", "idle": "#bab0ac"}
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    reads: tuple[str, ...]  # the metrics ``value`` combines
+    value: Callable[[Values], float | None]
+    style: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Chart:
+    id: str
+    title: str
+    traces: tuple[Trace, ...]
+    layout: dict = field(default_factory=dict)
+
+
+def metric(name: str, label: str | None = None, **style) -> Trace:
+    return Trace(label or name, (name,), lambda values: values.get(name), style)
+
+
+def offset(name: str, by: str, sign: int, label: str, **style) -> Trace:
+    """name +- by, for a band; None unless both were reported."""
+    def value(values: Values) -> float | None:
+        center, spread = values.get(name), values.get(by)
+        return None if center is None or spread is None else center + sign * spread
+    return Trace(label, (name, by), value, style)
+
+
+BAND = {"mode": "lines", "line": {"width": 0}, "showlegend": False, "hoverinfo": "skip"}
+
+METRIC_CHARTS: tuple[Chart, ...] = (
+    Chart("reward", "Reward (mean, ±1 std)", (
+        offset("reward/mean", "reward/std", -1, "mean - std", **BAND),
+        offset("reward/mean", "reward/std", +1, "mean + std", **BAND, fill="tonexty",
+               fillcolor="rgba(76,120,168,0.2)"),
+        metric("reward/mean", "mean", line={"color": "#4c78a8"}),
+    )),
+    Chart("step_time", "Step time by phase (s)", tuple(
+        metric(f"time/{phase}_s", phase, stackgroup="time", line={"color": PHASE_COLORS[phase]})
+        for phase in (*PHASES, "idle")
+    )),
+    Chart("share", "Rollout share and bubble", (
+        metric("rollout_share"), metric("bubble"),
+    ), {"yaxis": {"range": [0, 1]}}),
+    Chart("staleness", "Staleness (policy versions)", (
+        metric("staleness/mean", "mean"), metric("staleness/max", "max"),
+    )),
+    Chart("logprob_gap", "Logprob gap |behaviour - learner|", (
+        metric("logprob_gap/mean", "mean"), metric("logprob_gap/max", "max"),
+    )),
+    Chart("weight_sync", "Weight sync: latency and versions", (
+        metric("weight_sync/latency_s", "latency (s)"),
+        metric("weight_sync/version_learner", "learner version", yaxis="y2",
+               line={"dash": "dot"}),
+        metric("weight_sync/version_rollout", "rollout version", yaxis="y2",
+               line={"dash": "dash"}),
+    ), {"yaxis2": {"overlaying": "y", "side": "right", "title": {"text": "version"}}}),
+    Chart("throughput", "Throughput (tokens/s)", (metric("throughput/tokens_per_s", "tokens/s"),)),
+    Chart("response_length", "Response length (tokens)", (
+        metric("response_length/p50", "p50"), metric("response_length/p99", "p99"),
+    )),
+)
+
+BASE_LAYOUT = {"margin": {"l": 50, "r": 50, "t": 36, "b": 36}, "height": 260,
+               "legend": {"orientation": "h"}, "xaxis": {"title": {"text": "step"}}}
+
+
+def points(chart: Chart, steps: Iterable[tuple[int, Values]]) -> tuple[list, list]:
+    """Per trace, the (x, y) arrays of the steps that trace has a value for."""
+    xs: list[list] = [[] for _ in chart.traces]
+    ys: list[list] = [[] for _ in chart.traces]
+    for step, values in steps:
+        for i, trace in enumerate(chart.traces):
+            y = trace.value(values)
+            if y is not None:
+                xs[i].append(step)
+                ys[i].append(y)
+    return xs, ys
+
+
+def metric_figures(steps: list[tuple[int, Values]]) -> list[dict]:
+    figures = []
+    for chart in METRIC_CHARTS:
+        xs, ys = points(chart, steps)
+        traces = [{"name": t.name, "type": "scatter", "mode": "lines", **t.style, "x": x, "y": y}
+                  for t, x, y in zip(chart.traces, xs, ys, strict=True)]
+        figures.append({"id": chart.id, "title": chart.title, "traces": traces,
+                        "layout": {**BASE_LAYOUT, **chart.layout,
+                                   "title": {"text": chart.title}}})
+    return figures
+
+
+def metric_updates(steps: list[tuple[int, Values]]) -> dict[str, dict]:
+    """Only the charts and traces that gained points, in extendTraces' shape."""
+    updates = {}
+    for chart in METRIC_CHARTS:
+        xs, ys = points(chart, steps)
+        indices = [i for i, x in enumerate(xs) if x]
+        if indices:
+            updates[chart.id] = {"indices": indices, "x": [xs[i] for i in indices],
+                                 "y": [ys[i] for i in indices]}
+    return updates
+
+
+def metric_names() -> set[str]:
+    """Every metric some chart reads (what the page loads from MetricPoint)."""
+    return {name for chart in METRIC_CHARTS for trace in chart.traces for name in trace.reads}
+
+
+def timeline_bars(spans: Iterable[dict]) -> dict[str, dict[str, list]]:
+    """Per phase, Gantt bars on a date axis: base = start (epoch ms), x = duration (ms)."""
+    bars: dict[str, dict[str, list]] = {p: {"x": [], "y": [], "base": []} for p in PHASES}
+    for span in spans:
+        bar = bars.get(span["phase"])
+        if bar is None:  # a phase this page does not know how to colour
+            continue
+        bar["base"].append(span["start"] * 1000.0)
+        bar["x"].append((span["end"] - span["start"]) * 1000.0)
+        bar["y"].append(span["device"])
+    return bars
+
+
+def timeline_figure(spans: list[dict]) -> dict:
+    devices = {span["device"] for span in spans}
+    traces = [{"name": phase, "type": "bar", "orientation": "h",
+               "marker": {"color": PHASE_COLORS[phase]}, **bar}
+              for phase, bar in timeline_bars(spans).items()]
+    return {"id": "timeline", "title": "Device timeline", "traces": traces,
+            # extendTraces drops the oldest bars beyond this many per phase.
+            "max_points": TIMELINE_STEPS * max(1, len(devices)),
+            "layout": {**BASE_LAYOUT, "barmode": "overlay",
+                       "title": {"text": f"Device timeline (last {TIMELINE_STEPS} steps)"},
+                       "xaxis": {"type": "date", "title": {"text": "time"}},
+                       "yaxis": {"type": "category"}}}
+
+
+def timeline_update(spans: list[dict]) -> dict | None:
+    bars = timeline_bars(spans)
+    indices = [i for i, bar in enumerate(bars.values()) if bar["x"]]
+    if not indices:
+        return None
+    chosen = [list(bars.values())[i] for i in indices]
+    return {"indices": indices, **{key: [bar[key] for bar in chosen]
+                                   for key in ("x", "y", "base")}}

@@ -1,0 +1,138 @@
+"""Websockets for the live pages. Login required: an anonymous socket is closed (4401).
+
+    ws/runs/<id>/   client -> {"last_seq": N}
+                    server -> {"last_seq", "events", "charts", "swap", "append"}, ...
+    ws/runs/        server -> {"run_id", "status", "step", "reward_mean", "step_s", "swap"}
+
+A run socket joins the group ``run.<id>`` before it reads the database, and ingest
+announces events only after they commit, so every event is either in the backfill or in
+a later group message (or both). The consumer handles one message at a time and remembers
+the last seq it sent: anything at or below it is dropped, and a live message that starts
+past ``last_sent + 1`` (two ingests whose broadcasts crossed) is filled from the database.
+So a client sees each seq once, in order, with no gap.
+"""
+
+from __future__ import annotations
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.template.loader import render_to_string
+
+from jobs import charts
+from jobs.actions import RUNS_GROUP
+from jobs.models import Run, RunEvent
+
+BACKFILL_CHUNK = 500  # events per message while catching up
+
+
+def run_update(events: list[dict], status: tuple[str, str] | None) -> dict:
+    """One message for the run page: raw events, extendTraces data, HTML fragments."""
+    steps = [(e["step"], e["values"]) for e in events if e["type"] == "metrics.append"]
+    spans = [e for e in events if e["type"] == "span"]
+    updates = charts.metric_updates(steps)
+    timeline = charts.timeline_update(spans)
+    if timeline:
+        updates["timeline"] = timeline
+    append = {}
+    logs = [e for e in events if e["type"] == "log"]
+    if logs:
+        append["run-logs"] = render_to_string("jobs/_log_lines.html", {"logs": logs})
+    checkpoints = [e for e in events if e["type"] == "checkpoint.saved"]
+    if checkpoints:
+        append["run-checkpoints"] = render_to_string(
+            "jobs/_checkpoint_rows.html", {"checkpoints": checkpoints})
+    swap = {}
+    if status is not None:
+        swap["run-status"] = render_to_string(
+            "jobs/_status_badge.html", {"status": status[0], "reason": status[1],
+                                        "badge_id": "run-status"})
+    return {"last_seq": events[-1]["seq"], "events": events, "charts": updates,
+            "append": append, "swap": swap}
+
+
+class RunConsumer(AsyncJsonWebsocketConsumer):
+    last_sent: int | None = None  # None until the client said where it is
+
+    async def connect(self):
+        if not self.scope["user"].is_authenticated:
+            await self.close(code=4401)
+            return
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        if not await database_sync_to_async(Run.objects.filter(pk=self.run_id).exists)():
+            await self.close(code=4404)
+            return
+        self.group = f"run.{self.run_id}"
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs):
+        last_seq = content.get("last_seq") if isinstance(content, dict) else None
+        if not isinstance(last_seq, int) or isinstance(last_seq, bool) or last_seq < 0:
+            await self.send_json({"error": 'send {"last_seq": N}, N >= 0 (0 for everything)'})
+            await self.close(code=4400)
+            return
+        if self.last_sent is not None:
+            return  # already streaming; the position is ours to track now
+        self.last_sent = last_seq
+        await self.send_backfill()
+
+    async def run_events(self, message):
+        if self.last_sent is None:
+            return  # committed before it was announced: the backfill will include it
+        events = [e for e in message["events"] if e["seq"] > self.last_sent]
+        if not events:
+            return
+        if events[0]["seq"] != self.last_sent + 1:
+            await self.send_backfill()  # an earlier broadcast may still be on its way
+            return
+        await self.send_events(events)
+
+    async def send_backfill(self):
+        while True:
+            events = await database_sync_to_async(self.backfill_chunk)(self.last_sent)
+            if events:
+                await self.send_events(events)
+            if len(events) < BACKFILL_CHUNK:
+                return
+
+    def backfill_chunk(self, after_seq: int) -> list[dict]:
+        rows = RunEvent.backfill(self.run_id, after_seq).values_list("payload", flat=True)
+        return list(rows[:BACKFILL_CHUNK])
+
+    async def send_events(self, events: list[dict]):
+        status = None
+        if any(e["type"] == "run.status" for e in events):
+            status = await database_sync_to_async(self.current_status)()
+        await self.send_json(run_update(events, status))
+        self.last_sent = events[-1]["seq"]
+
+    def current_status(self) -> tuple[str, str]:
+        """The control plane's status (what the badge shows), not the engine's word."""
+        return Run.objects.values_list("status", "status_reason").get(pk=self.run_id)
+
+
+class RunsConsumer(AsyncJsonWebsocketConsumer):
+    """The runs list: one summary per ingested batch, for rows to update in place."""
+
+    async def connect(self):
+        if not self.scope["user"].is_authenticated:
+            await self.close(code=4401)
+            return
+        await self.channel_layer.group_add(RUNS_GROUP, self.channel_name)
+        self.joined = True
+        await self.accept()
+
+    async def disconnect(self, code):
+        if getattr(self, "joined", False):
+            await self.channel_layer.group_discard(RUNS_GROUP, self.channel_name)
+
+    async def runs_summary(self, message):
+        run_id = message["run_id"]
+        badge = render_to_string("jobs/_status_badge.html", {
+            "status": message["status"], "run_id": run_id})
+        await self.send_json({**{k: v for k, v in message.items() if k != "type"},
+                              "swap": {f"run-{run_id}-status": badge}})

@@ -1,0 +1,48 @@
+"""The read-only pages. Each view serves its full page, or only its live part when htmx
+asks (the polling fallback and in-page refreshes)."""
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, render
+from django.urls import NoReverseMatch, reverse
+from django.views.decorators.http import require_GET
+
+from jobs.auth import is_operator
+from jobs.models import Run
+from jobs.views import run_page
+
+
+def url_or(name: str, run_id: int, fallback: str) -> str:
+    """The named URL, or ``fallback`` while the view behind it does not exist yet."""
+    try:
+        return reverse(name, args=[run_id])
+    except NoReverseMatch:
+        return fallback
+
+
+@require_GET
+@login_required
+def index(request):
+    """The runs list."""
+    context = {"runs": run_page.runs_with_latest_metrics()}
+    if request.htmx:
+        return render(request, "jobs/_runs_table.html", context)
+    return render(request, "jobs/index.html", context)
+
+
+@require_GET
+@login_required
+def run_detail(request, run_id: int):
+    run = get_object_or_404(Run, pk=run_id)
+    context = {
+        "run": run,
+        "logs": run_page.recent_logs(run),
+        "checkpoints": run.checkpoints.order_by("step"),
+        "config_toml": run_page.config_toml(run),
+        "operator": is_operator(request.user),
+        "stop_url": url_or("run-stop", run.pk, f"/runs/{run.pk}/stop"),
+        "fork_url": url_or("run-fork", run.pk, f"/runs/{run.pk}/fork"),
+    }
+    if request.htmx:
+        return render(request, "jobs/_run_panels.html", context)
+    context["data"] = run_page.chart_data(run)
+    return render(request, "jobs/run_detail.html", context)

@@ -1,0 +1,76 @@
+"""What the run pages load from the database, read in one snapshot so that the charts
+and ``last_seq`` (where the websocket resumes) describe the same moment."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from django.db import connection, transaction
+from django.db.models import Max, OuterRef, Subquery
+
+from engine.config import dump_config, validate_config
+from jobs import charts
+from jobs.models import MetricPoint, PhaseSpan, Run, RunEvent
+
+LOG_LINES = 200  # the newest log lines a page starts with
+
+
+@contextmanager
+def snapshot():
+    """Postgres reads each statement at its own moment by default; REPEATABLE READ pins
+    them to the first. (SQLite's transaction already reads one snapshot.)"""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
+
+
+def latest_metric(name: str, field: str = "value") -> Subquery:
+    rows = MetricPoint.objects.filter(run=OuterRef("pk"), name=name).order_by("-step")
+    return Subquery(rows.values(field)[:1])
+
+
+def runs_with_latest_metrics():
+    return Run.objects.annotate(
+        reward_mean=latest_metric("reward/mean"), step_s=latest_metric("time/step_s"),
+        step=latest_metric("time/step_s", "step"),
+    )
+
+
+def metric_steps(run: Run) -> list[tuple[int, dict]]:
+    """[(step, {metric: value})] in step order, for the metrics some chart reads."""
+    rows = (MetricPoint.objects.filter(run=run, name__in=charts.metric_names())
+            .order_by("step").values_list("step", "name", "value"))
+    steps: dict[int, dict] = {}
+    for step, name, value in rows:
+        steps.setdefault(step, {})[name] = value
+    return list(steps.items())
+
+
+def recent_spans(run: Run) -> list[dict]:
+    last = PhaseSpan.objects.filter(run=run).aggregate(m=Max("step"))["m"]
+    if last is None:
+        return []
+    rows = PhaseSpan.objects.filter(run=run, step__gt=last - charts.TIMELINE_STEPS)
+    return list(rows.order_by("start").values("device", "phase", "start", "end"))
+
+
+def chart_data(run: Run) -> dict:
+    """The json_script the run page draws from, and the seq its websocket resumes after."""
+    with snapshot():
+        last_seq = RunEvent.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
+        figures = charts.metric_figures(metric_steps(run))
+        figures.append(charts.timeline_figure(recent_spans(run)))
+    return {"run_id": run.pk, "last_seq": last_seq, "ws_path": f"/ws/runs/{run.pk}/",
+            "charts": figures}
+
+
+def recent_logs(run: Run) -> list[dict]:
+    rows = RunEvent.objects.filter(run=run, type="log").order_by("-seq")[:LOG_LINES]
+    return [row.payload for row in reversed(rows)]
+
+
+def config_toml(run: Run) -> str:
+    return dump_config(validate_config(run.config))

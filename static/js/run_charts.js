@@ -1,0 +1,47 @@
+// Run page: draw every chart once from the page's json_script, then extend the traces in
+// place from ws/runs/<id>/ (Plotly.extendTraces; a chart's container is never replaced).
+// On reconnect the socket resumes after the last seq applied, so nothing repeats or is lost.
+(function () {
+  "use strict";
+  const data = JSON.parse(document.getElementById("run-data").textContent);
+  const plotConfig = {responsive: true, displaylogo: false};
+  const maxPoints = {};  // per chart; undefined keeps every point
+  const MAX_LOG_LINES = 500;
+  let lastSeq = data.last_seq;
+  let retryMs = 1000;
+
+  for (const fig of data.charts) {
+    maxPoints[fig.id] = fig.max_points;
+    Plotly.newPlot("chart-" + fig.id, fig.traces, fig.layout, plotConfig);
+  }
+
+  function apply(msg) {
+    if (msg.error) { console.error("run socket:", msg.error); return; }
+    if (msg.last_seq <= lastSeq) return;  // the server never resends; belt and braces
+    for (const [id, u] of Object.entries(msg.charts)) {
+      const update = {x: u.x, y: u.y};
+      if (u.base) update.base = u.base;
+      Plotly.extendTraces("chart-" + id, update, u.indices, maxPoints[id]);
+    }
+    for (const [id, html] of Object.entries(msg.swap)) {
+      const el = document.getElementById(id);
+      if (el) el.outerHTML = html;
+    }
+    for (const [id, html] of Object.entries(msg.append)) {
+      const el = document.getElementById(id);
+      if (!el) continue;
+      el.insertAdjacentHTML("beforeend", html);
+      while (el.children.length > MAX_LOG_LINES) el.firstElementChild.remove();
+    }
+    lastSeq = msg.last_seq;
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const ws = new WebSocket(scheme + location.host + data.ws_path);
+    ws.onopen = () => { retryMs = 1000; ws.send(JSON.stringify({last_seq: lastSeq})); };
+    ws.onmessage = (e) => apply(JSON.parse(e.data));
+    ws.onclose = () => { setTimeout(connect, retryMs); retryMs = Math.min(retryMs * 2, 30000); };
+  }
+  connect();
+})();

@@ -1,0 +1,32 @@
+// Runs list: rows update in place from ws/runs/ (one summary per ingested batch). A run the
+// table does not show yet makes htmx reload the table (it also reloads every 30 s).
+(function () {
+  "use strict";
+  let retryMs = 1000;
+
+  function setText(row, cls, text) {
+    const cell = row.querySelector("." + cls);
+    if (cell) cell.textContent = text;
+  }
+
+  function apply(msg) {
+    const row = document.getElementById("run-" + msg.run_id);
+    if (!row) { htmx.trigger("#runs", "runs-changed"); return; }
+    for (const [id, html] of Object.entries(msg.swap)) {
+      const el = document.getElementById(id);
+      if (el) el.outerHTML = html;
+    }
+    if (msg.step !== null) setText(row, "step", msg.step);
+    if (msg.reward_mean !== null) setText(row, "reward", msg.reward_mean.toFixed(3));
+    if (msg.step_s !== null) setText(row, "step-s", msg.step_s.toFixed(2) + " s");
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const ws = new WebSocket(scheme + location.host + "/ws/runs/");
+    ws.onopen = () => { retryMs = 1000; };
+    ws.onmessage = (e) => apply(JSON.parse(e.data));
+    ws.onclose = () => { setTimeout(connect, retryMs); retryMs = Math.min(retryMs * 2, 30000); };
+  }
+  connect();
+})();

@@ -1,0 +1,248 @@
+"""The live sockets, through the real ASGI stack (origin check, session auth, routing) and
+the real Redis channel layer; events enter through do_ingest_events as ingest stores them."""
+
+import sys
+import types
+from pathlib import Path
+
+import channels
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from django.test import Client
+
+from controlplane.asgi import application
+from jobs import actions
+from jobs.actions import do_ingest_events
+from jobs.consumers import run_update
+
+from .helpers import checkpoint, log, metrics, span, status
+
+
+def websocket_communicator_class():
+    """channels' own WebsocketCommunicator. Its package __init__ also imports daphne (for
+    ChannelsLiveServerTestCase, unused here), which this project does not install; then
+    the package is registered bare, so its websocket module loads on its own."""
+    try:
+        from channels.testing import WebsocketCommunicator
+    except ModuleNotFoundError as exc:
+        if exc.name != "daphne":
+            raise
+        package = types.ModuleType("channels.testing")
+        package.__path__ = [str(Path(channels.__file__).parent / "testing")]
+        sys.modules["channels.testing"] = package
+        from channels.testing.websocket import WebsocketCommunicator
+    return WebsocketCommunicator
+
+
+WebsocketCommunicator = websocket_communicator_class()
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORIGIN = (b"origin", b"http://localhost")
+
+
+@pytest.fixture
+def session_cookie(django_user_model):
+    user = django_user_model.objects.create_user("viewer")
+    client = Client()
+    client.force_login(user)
+    return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
+
+
+def run_async(scenario):
+    return async_to_sync(scenario)()
+
+
+ingest = database_sync_to_async(do_ingest_events)
+
+
+async def open_socket(path, *headers):
+    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, *headers])
+    connected, code = await communicator.connect(timeout=10)
+    return communicator, connected, code
+
+
+async def received_until(communicator, last_seq) -> list[dict]:
+    """Every message up to the one that carries ``last_seq``."""
+    messages = []
+    while not messages or messages[-1]["last_seq"] < last_seq:
+        messages.append(await communicator.receive_json_from(timeout=10))
+    return messages
+
+
+def seqs(messages) -> list[int]:
+    return [event["seq"] for message in messages for event in message["events"]]
+
+
+def test_an_anonymous_socket_is_closed(run, channel_layer):
+    async def scenario():
+        return await open_socket(f"/ws/runs/{run.pk}/")
+
+    communicator, connected, code = run_async(scenario)
+
+    assert (connected, code) == (False, 4401)
+
+
+def test_an_anonymous_runs_list_socket_is_closed(channel_layer):
+    async def scenario():
+        return await open_socket("/ws/runs/")
+
+    _, connected, code = run_async(scenario)
+
+    assert (connected, code) == (False, 4401)
+
+
+def test_a_socket_from_another_origin_is_refused(run, channel_layer, session_cookie):
+    async def scenario():
+        communicator = WebsocketCommunicator(
+            application, f"/ws/runs/{run.pk}/",
+            headers=[(b"origin", b"http://evil.example"), session_cookie])
+        return await communicator.connect(timeout=10)
+
+    connected, _ = run_async(scenario)
+
+    assert not connected
+
+
+def test_a_socket_for_an_unknown_run_is_closed(run, channel_layer, session_cookie):
+    async def scenario():
+        return await open_socket(f"/ws/runs/{run.pk + 1000}/", session_cookie)
+
+    _, connected, code = run_async(scenario)
+
+    assert (connected, code) == (False, 4404)
+
+
+def test_a_first_message_without_last_seq_gets_an_error_and_a_close(
+        run, channel_layer, session_cookie):
+    async def scenario():
+        communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        await communicator.send_json_to({"last": 3})
+        reply = await communicator.receive_json_from(timeout=10)
+        closed = await communicator.receive_output(timeout=10)
+        return reply, closed
+
+    reply, closed = run_async(scenario)
+
+    assert "last_seq" in reply["error"]
+    assert closed == {"type": "websocket.close", "code": 4400}
+
+
+def test_a_client_is_backfilled_with_the_events_after_its_last_seq(
+        run, channel_layer, session_cookie):
+    do_ingest_events(run, [metrics(seq, seq, **{"reward/mean": seq / 10}) for seq in (1, 2, 3)]
+                     + [log(4, "step done")])
+
+    async def scenario():
+        communicator, connected, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        assert connected
+        await communicator.send_json_to({"last_seq": 1})
+        messages = await received_until(communicator, 4)
+        await communicator.disconnect(timeout=10)
+        return messages
+
+    messages = run_async(scenario)
+
+    assert seqs(messages) == [2, 3, 4]
+    reward = messages[0]["charts"]["reward"]
+    assert reward["indices"] == [2] and reward["x"] == [[2, 3]] and reward["y"] == [[0.2, 0.3]]
+    assert "step done" in messages[0]["append"]["run-logs"]
+
+
+def test_a_reconnecting_client_gets_only_what_it_missed(run, channel_layer, session_cookie):
+    do_ingest_events(run, [log(1), log(2)])
+
+    async def scenario():
+        first, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        await first.send_json_to({"last_seq": 0})
+        before = await received_until(first, 2)
+        await first.disconnect(timeout=10)
+        await ingest(run, [log(3), log(4)])  # while the page was away
+        second, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        await second.send_json_to({"last_seq": before[-1]["last_seq"]})
+        after = await received_until(second, 4)
+        await second.disconnect(timeout=10)
+        return before, after
+
+    before, after = run_async(scenario)
+
+    assert seqs(before) == [1, 2]
+    assert seqs(after) == [3, 4]
+
+
+def test_live_events_follow_the_backfill_with_no_duplicate_or_gap(
+        run, channel_layer, session_cookie):
+    async def scenario():
+        communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        # Announced before the client said where it is: they must come from the backfill.
+        await ingest(run, [metrics(1, 1, **{"reward/mean": 0.1}), log(2)])
+        await communicator.send_json_to({"last_seq": 0})
+        await ingest(run, [span(3, 1), status(4, "running")])
+        await ingest(run, [log(2), span(3, 1), metrics(5, 2, **{"reward/mean": 0.2})])  # replay
+        await ingest(run, [checkpoint(6, 2)])
+        messages = await received_until(communicator, 6)
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect(timeout=10)
+        return messages
+
+    messages = run_async(scenario)
+
+    assert seqs(messages) == [1, 2, 3, 4, 5, 6]
+    merged = {k: v for m in messages for k, v in {**m["swap"], **m["append"]}.items()}
+    assert 'id="run-status"' in merged["run-status"] and "running" in merged["run-status"]
+    assert "step_000002" in merged["run-checkpoints"]
+
+
+def test_broadcasts_that_cross_are_delivered_in_seq_order_once(
+        run, channel_layer, session_cookie, monkeypatch):
+    real_broadcast = database_sync_to_async(actions.broadcast_events)
+    held = []
+    monkeypatch.setattr(actions, "broadcast_events", lambda *args: held.append(args))
+
+    async def scenario():
+        communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        await communicator.send_json_to({"last_seq": 0})
+        await ingest(run, [log(1)])
+        await ingest(run, [log(2)])
+        # Two ingests' announcements arrive the wrong way round: 2 before 1.
+        await real_broadcast(*held[1])
+        await real_broadcast(*held[0])
+        messages = await received_until(communicator, 2)
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect(timeout=10)
+        return messages
+
+    assert seqs(run_async(scenario)) == [1, 2]
+
+
+def test_the_runs_list_socket_gets_each_runs_status_and_latest_metrics(
+        run, channel_layer, session_cookie):
+    async def scenario():
+        communicator, connected, _ = await open_socket("/ws/runs/", session_cookie)
+        assert connected
+        await ingest(run, [status(1, "running"),
+                           metrics(2, 7, **{"reward/mean": 0.5, "time/step_s": 1.25})])
+        message = await communicator.receive_json_from(timeout=10)
+        await communicator.disconnect(timeout=10)
+        return message
+
+    message = run_async(scenario)
+
+    assert message["run_id"] == run.pk
+    assert (message["status"], message["step"]) == ("running", 7)
+    assert (message["reward_mean"], message["step_s"]) == (0.5, 1.25)
+    assert f'id="run-{run.pk}-status"' in message["swap"][f"run-{run.pk}-status"]
+
+
+def test_an_update_carries_extend_traces_data_for_the_timeline():
+    events = [span(1, 1, device="cpu:0", phase="rollout").to_dict(),
+              span(2, 1, device="cpu:1", phase="learner").to_dict()]
+
+    update = run_update(events, status=None)
+
+    timeline = update["charts"]["timeline"]
+    assert timeline["indices"] == [0, 2]  # rollout, learner among the phases
+    assert timeline["y"] == [["cpu:0"], ["cpu:1"]]
+    assert timeline["base"] == [[11000.0], [11000.0]] and timeline["x"] == [[500.0], [500.0]]
+    assert update["last_seq"] == 2

@@ -1,0 +1,161 @@
+"""The read-only pages: runs list and run detail, as full pages and as htmx fragments."""
+
+import json
+
+import pytest
+from django.contrib.auth.models import Group
+
+from jobs.actions import do_ingest_events
+from jobs.auth import OPERATOR_GROUP
+from jobs.models import RunStatus
+
+from .helpers import checkpoint, log, metrics, span
+
+HTMX = {"HX-Request": "true"}
+
+
+@pytest.fixture
+def viewer(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("viewer"))
+    return client
+
+
+@pytest.fixture
+def operator(client, django_user_model):
+    user = django_user_model.objects.create_user("operator")
+    user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
+    client.force_login(user)
+    return client
+
+
+def run_data(response) -> dict:
+    html, marker = response.content.decode(), '<script id="run-data" type="application/json">'
+    start = html.index(marker) + len(marker)
+    return json.loads(html[start:html.index("</script>", start)])
+
+
+def chart(data, chart_id) -> dict:
+    return next(c for c in data["charts"] if c["id"] == chart_id)
+
+
+@pytest.mark.parametrize("path", ["/", "/runs/1"])
+def test_an_anonymous_visitor_is_sent_to_the_login_page(client, db, path):
+    response = client.get(path)
+
+    assert response.status_code == 302
+    assert response["Location"] == f"/login?next={path}"
+
+
+def test_the_login_page_logs_a_user_in(client, django_user_model):
+    django_user_model.objects.create_user("ada", password="a-long-password-1")
+
+    page = client.get("/login")
+    response = client.post("/login", {"username": "ada", "password": "a-long-password-1"})
+
+    assert page.status_code == 200 and b'name="password"' in page.content
+    assert response.status_code == 302 and response["Location"] == "/"
+
+
+def test_the_runs_list_shows_each_runs_status_latest_reward_and_step_time(viewer, make_run):
+    run = make_run(name="grpo-demo")
+    make_run(name="queued one", status=RunStatus.QUEUED)
+    do_ingest_events(run, [metrics(1, 1, **{"reward/mean": 0.25, "time/step_s": 2.0}),
+                           metrics(2, 2, **{"reward/mean": 0.5, "time/step_s": 1.5})])
+
+    response = viewer.get("/")
+
+    html = response.content.decode()
+    assert [t.name for t in response.templates][:2] == ["jobs/index.html", "base.html"]
+    assert f'href="/runs/{run.pk}"' in html and "grpo-demo" in html
+    assert f'id="run-{run.pk}-status" class="badge badge-running"' in html
+    assert "0.500" in html and "1.50 s" in html
+    assert "badge-queued" in html
+    assert "js/runs_list.js" in html and "vendor/htmx-2.0.4.min.js" in html
+
+
+def test_an_htmx_request_for_the_runs_list_gets_only_the_table(viewer, run):
+    response = viewer.get("/", headers=HTMX)
+
+    html = response.content.decode()
+    assert '<table id="runs"' in html and "<html" not in html
+    assert [t.name for t in response.templates][0] == "jobs/_runs_table.html"
+
+
+def test_the_run_page_draws_its_charts_from_the_stored_metrics(viewer, run):
+    do_ingest_events(run, [
+        metrics(1, 1, **{"reward/mean": 0.2, "reward/std": 0.1, "time/rollout_s": 0.7}),
+        span(2, 1), log(3),
+        metrics(4, 2, **{"reward/mean": 0.4, "reward/std": 0.1, "time/rollout_s": 0.6}),
+    ])
+
+    data = run_data(viewer.get(f"/runs/{run.pk}"))
+
+    assert data["last_seq"] == 4 and data["ws_path"] == f"/ws/runs/{run.pk}/"
+    lower, upper, mean = chart(data, "reward")["traces"]
+    assert (mean["x"], mean["y"]) == ([1, 2], [0.2, 0.4])
+    assert lower["y"] == pytest.approx([0.1, 0.3]) and upper["y"] == pytest.approx([0.3, 0.5])
+    assert upper["fill"] == "tonexty"
+    rollout = chart(data, "step_time")["traces"][0]
+    assert rollout["name"] == "rollout" and rollout["y"] == [0.7, 0.6]
+    bars = chart(data, "timeline")["traces"][0]
+    assert bars["y"] == ["cpu:0"] and bars["base"] == [11000.0] and bars["x"] == [500.0]
+    assert {c["id"] for c in data["charts"]} == {
+        "reward", "step_time", "share", "staleness", "logprob_gap", "weight_sync",
+        "throughput", "response_length", "timeline"}
+
+
+def test_the_run_page_shows_the_config_as_toml_the_logs_and_the_checkpoints(viewer, run):
+    do_ingest_events(run, [log(1, "warm start done"), checkpoint(2, 5)])
+
+    response = viewer.get(f"/runs/{run.pk}")
+
+    html = response.content.decode()
+    assert 'name = &quot;t&quot;' in html and "steps = 3" in html
+    assert "warm start done" in html
+    assert "/ckpt/step_000005" in html
+    assert 'id="run-status" class="badge badge-running"' in html
+    assert "vendor/plotly-2.35.2.min.js" in html and "js/run_charts.js" in html
+
+
+def test_an_htmx_request_for_the_run_page_gets_its_panels_but_never_its_charts(viewer, run):
+    do_ingest_events(run, [log(1, "hello there")])
+
+    response = viewer.get(f"/runs/{run.pk}", headers=HTMX)
+
+    html = response.content.decode()
+    assert 'id="run-panels"' in html and "hello there" in html
+    assert "chart-reward" not in html and "run-data" not in html and "<html" not in html
+
+
+def test_a_viewer_sees_no_stop_or_fork_button(viewer, run):
+    html = viewer.get(f"/runs/{run.pk}").content.decode()
+
+    assert f"/runs/{run.pk}/stop" not in html and f"/runs/{run.pk}/fork" not in html
+
+
+def test_an_operator_can_stop_a_live_run_and_fork_it(operator, run):
+    html = operator.get(f"/runs/{run.pk}").content.decode()
+
+    assert f'<form method="post" action="/runs/{run.pk}/stop">' in html
+    assert f'href="/runs/{run.pk}/fork"' in html
+
+
+def test_a_finished_run_offers_fork_but_not_stop(operator, make_run):
+    run = make_run(status=RunStatus.SUCCEEDED)
+
+    html = operator.get(f"/runs/{run.pk}").content.decode()
+
+    assert f"/runs/{run.pk}/stop" not in html and f'href="/runs/{run.pk}/fork"' in html
+
+
+def test_an_unknown_run_is_404(viewer, db):
+    assert viewer.get("/runs/999").status_code == 404
+
+
+@pytest.mark.parametrize("path", ["vendor/htmx-2.0.4.min.js", "vendor/plotly-2.35.2.min.js",
+                                  "js/run_charts.js", "rlplane.css"])
+def test_static_files_are_served_locally_without_collectstatic(client, path):
+    response = client.get(f"/static/{path}")
+
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content)
