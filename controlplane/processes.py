@@ -169,6 +169,19 @@ def stack_processes(record: StackRecord | None, state_dir: str) -> set[int]:
     return {p for p in pids if p != me and p not in ancestors(me) and is_alive(p)}
 
 
+def sweep(record: StackRecord | None, state_dir: str, grace_s: float, rounds: int = 5) -> set[int]:
+    """Terminate the stack's processes until none is left. More than one round because a
+    dying Ray can still fork (a raylet starting a worker) between the snapshot and the
+    signal. Returns what survived, normally nothing."""
+    left: set[int] = set()
+    for _ in range(rounds):
+        pids = stack_processes(record, state_dir)
+        if not pids:
+            return set()
+        left = terminate(pids, grace_s)
+    return left | stack_processes(record, state_dir)
+
+
 def ancestors(pid: int) -> set[int]:
     try:
         return {p.pid for p in psutil.Process(pid).parents()}

@@ -273,8 +273,7 @@ class Supervisor:
             time.sleep(1.0)
 
     def shutdown(self) -> None:
-        left = proc.terminate(proc.stack_processes(self.record, self.config.marker),
-                              self.config.grace_s)
+        left = proc.sweep(self.record, self.config.marker, self.config.grace_s)
         for child in self.children.values():
             try:
                 child.wait(timeout=1)
@@ -302,9 +301,11 @@ def stop_stack(config: StackConfig) -> str:
         proc.send([record.supervisor_pid], signal.SIGTERM)
         hung = proc.wait_gone({record.supervisor_pid}, config.grace_s + 15)
         stopped.append(f"the stack of supervisor pid {record.supervisor_pid}")
-    leftovers = proc.stack_processes(record, config.marker) | hung
+    if hung:
+        proc.terminate(hung, config.grace_s)
+    leftovers = proc.stack_processes(record, config.marker)
     if leftovers:
-        proc.terminate(leftovers, config.grace_s)
+        proc.sweep(record, config.marker, config.grace_s)
         stopped.append(f"{len(leftovers)} leftover processes")
     if record is not None and not proc.is_alive(record.supervisor_pid,
                                                record.supervisor_create_time):
