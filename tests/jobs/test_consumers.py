@@ -67,7 +67,7 @@ async def received_until(communicator, last_seq) -> list[dict]:
     """Every message up to the one that carries ``last_seq``."""
     messages = []
     while not messages or messages[-1]["last_seq"] < last_seq:
-        messages.append(await communicator.receive_json_from(timeout=10))
+        messages.append(await communicator.receive_json_from(timeout=20))
     return messages
 
 
@@ -119,7 +119,7 @@ def test_a_first_message_without_last_seq_gets_an_error_and_a_close(
     async def scenario():
         communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
         await communicator.send_json_to({"last": 3})
-        reply = await communicator.receive_json_from(timeout=10)
+        reply = await communicator.receive_json_from(timeout=20)
         closed = await communicator.receive_output(timeout=10)
         return reply, closed
 
@@ -223,7 +223,7 @@ def test_the_runs_list_socket_gets_each_runs_status_and_latest_metrics(
         assert connected
         await ingest(run, [status(1, "running"),
                            metrics(2, 7, **{"reward/mean": 0.5, "time/step_s": 1.25})])
-        message = await communicator.receive_json_from(timeout=10)
+        message = await communicator.receive_json_from(timeout=20)
         await communicator.disconnect(timeout=10)
         return message
 
