@@ -12,6 +12,7 @@ No torch or ray import happens at import time; ``run_local`` imports the driver 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -133,9 +134,10 @@ def validate(data: dict[str, Any]) -> RunConfig:
 
 def run_local(cfg: RunConfig, out_dir: str | Path, *, steps: int | None = None,
               sink: EventSink | None = None, resume: bool = False,
-              progress=None) -> RunSummary:
-    """Run the engine driver in this process (the CLI and Ray jobs both end here)."""
+              progress=None, stop_requested: Callable[[], bool] | None = None) -> RunSummary:
+    """Run the engine driver in this process (the CLI and Ray jobs both end here).
+    ``stop_requested`` is asked after each step; True checkpoints and stops the run."""
     from engine.orchestration.driver import RunDriver
 
-    return RunDriver(cfg, Path(out_dir), sink=sink, progress=progress).run(
-        steps=steps, resume=resume)
+    return RunDriver(cfg, Path(out_dir), sink=sink, progress=progress,
+                     stop_requested=stop_requested).run(steps=steps, resume=resume)

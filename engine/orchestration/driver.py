@@ -10,8 +10,9 @@
         emit metrics.append (spans -> bubble, rollout_share), weight_sync.report
     eval -> final checkpoint -> run.status
 
-It is what a Ray job runs (and what the CLI runs in process). A SIGTERM or a STOP file in
-the run directory makes it checkpoint after the step in progress and exit "stopped".
+It is what a Ray job runs (and what the CLI runs in process). A SIGTERM, a STOP file in
+the run directory or a ``stop_requested()`` callback answering True makes it checkpoint
+after the step in progress and exit "stopped".
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import signal
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -63,8 +65,9 @@ def percentile(xs: list[float], q: float) -> float:
 
 class RunDriver:
     def __init__(self, cfg: RunConfig, out_dir: Path, sink: EventSink | None = None,
-                 progress=None):
+                 progress=None, stop_requested: Callable[[], bool] | None = None):
         self.cfg, self.out_dir, self.progress = cfg, Path(out_dir), progress
+        self._stop_hook = stop_requested  # asked after each step, like the STOP file
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.memory = MemorySink()
         jsonl = JsonlSink(self.out_dir / "events.jsonl") if cfg.telemetry.jsonl else None
@@ -169,7 +172,12 @@ class RunDriver:
         self._stop.set()
 
     def _stop_requested(self) -> bool:
-        return self._stop.is_set() or (self.out_dir / "STOP").exists()
+        if self._stop.is_set() or (self.out_dir / "STOP").exists():
+            return True
+        if self._stop_hook is not None and self._stop_hook():
+            self._stop.set()  # the answer is final: the end-of-run status must agree
+            return True
+        return False
 
     def _step(self, step: int) -> dict[str, float]:
         t0 = time.time()

@@ -1,0 +1,170 @@
+"""The entry point a Ray job runs: one RunConfig, events to the control plane, stop on request.
+
+    python -m engine.driver (--config RUN.toml | --config-json JSON) --run-dir DIR
+        --ingest-url URL --token-env RLPLANE_INGEST_TOKEN
+        [--stop-url URL] [--stop-poll-s S] [--resume] [--from-checkpoint CKPT_DIR]
+
+    events -> RunDriver -> FanoutSink(memory, DIR/events.jsonl, HttpSink -> POST ingest-url)
+                                                      (DIR/ingest-spool.jsonl while down)
+    stop   <- STOP file in DIR, SIGTERM, or a poller thread: GET stop-url every
+              stop-poll-s with the run's token -> {"stop": true} -> checkpoint, "stopped"
+    fork   <- --from-checkpoint copies a parent's step_NNNNNN/ into DIR/checkpoints/ and
+              resumes from it; a retried job (same DIR) resumes from its own latest one
+
+The token is read from the environment (the Ray job's runtime_env), never from argv,
+which shows up in process lists and the Ray dashboard. Exit status: 0 succeeded or
+stopped, 1 failed, 2 bad arguments or config.
+
+Standard library + engine only: this runs inside the Ray job, next to the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+from engine.config import ConfigError, RunConfig, load_config, validate_config
+
+logger = logging.getLogger("engine.driver")
+
+
+class StopPoller:
+    """Asks the control plane whether the run should stop, every ``interval_s``, in a
+    daemon thread; ``__call__`` answers from the last reply without blocking the loop.
+    Unreachable or odd answers count as "no": a control plane outage must not stop a run."""
+
+    def __init__(self, url: str, token: str, interval_s: float = 2.0,
+                 timeout_s: float = 5.0):
+        self.url, self._token = url, token
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self._requested = threading.Event()
+        self._done = threading.Event()
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._thread = threading.Thread(target=self._run, name="stop-poller", daemon=True)
+
+    def start(self) -> StopPoller:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._done.set()
+
+    def __call__(self) -> bool:
+        return self._requested.is_set()
+
+    def poll_once(self) -> bool:
+        request = urllib.request.Request(
+            self.url, headers={"Authorization": f"Bearer {self._token}"})
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                answer = json.loads(response.read())
+        except (OSError, ValueError) as exc:  # URLError, HTTPError, timeouts; bad JSON
+            logger.warning("stop poll %s failed (%s); the run goes on", self.url, exc)
+            return False
+        if isinstance(answer, dict) and answer.get("stop") is True:
+            self._requested.set()
+        return self._requested.is_set()
+
+    def _run(self) -> None:
+        while not self._done.is_set() and not self.poll_once():
+            self._done.wait(self.interval_s)
+
+
+def seed_checkpoint(source: Path, run_dir: Path) -> Path:
+    """Copy a checkpoint directory into ``run_dir/checkpoints/`` under its own name, so the
+    driver's resume finds it. Copied (not linked): the parent keeps pruning its own.
+    Written under a temp name and renamed, so a crash never leaves a half copy."""
+    if not (source / "state.json").exists():
+        raise FileNotFoundError(f"{source} is not a finished checkpoint (no state.json)")
+    target = run_dir / "checkpoints" / source.name
+    if not target.exists():
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source, partial)
+        partial.rename(target)
+    return target
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m engine.driver")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="run config, TOML")
+    source.add_argument("--config-json", help="run config, JSON text")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--ingest-url", required=True, help="POST events here")
+    parser.add_argument("--token-env", default="RLPLANE_INGEST_TOKEN",
+                        help="environment variable that holds the run's ingest token")
+    parser.add_argument("--stop-url", help="GET -> {\"stop\": bool}, with the run's token")
+    parser.add_argument("--stop-poll-s", type=float, default=2.0)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint in RUN_DIR/checkpoints")
+    parser.add_argument("--from-checkpoint", type=Path,
+                        help="start from this checkpoint directory (a fork); implies --resume")
+    return parser.parse_args(argv)
+
+
+def load_run_config(args: argparse.Namespace) -> RunConfig:
+    if args.config is not None:
+        return load_config(args.config)
+    try:
+        data = json.loads(args.config_json)
+    except ValueError as exc:
+        raise ConfigError([("(json)", f"--config-json is not valid JSON: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([("(json)", "--config-json must be a JSON object")])
+    return validate_config(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse_args(argv)
+    try:
+        cfg = load_run_config(args)
+    except (ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    token = os.environ.get(args.token_env, "")
+    if not token:
+        print(f"error: the ingest token is not in ${args.token_env}", file=sys.stderr)
+        return 2
+    run_dir: Path = args.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resume = args.resume
+    if args.from_checkpoint is not None:
+        try:
+            seeded = seed_checkpoint(args.from_checkpoint, run_dir)
+        except OSError as exc:
+            print(f"error: --from-checkpoint: {exc}", file=sys.stderr)
+            return 2
+        logger.info("starting from checkpoint %s (copied to %s)", args.from_checkpoint, seeded)
+        resume = True
+
+    from engine.api import run_local
+    from engine.telemetry.http_sink import HttpSink
+
+    sink = HttpSink(args.ingest_url, token, run_dir / "ingest-spool.jsonl")
+    poller = None
+    if args.stop_url:
+        poller = StopPoller(args.stop_url, token, args.stop_poll_s).start()
+    try:
+        summary = run_local(cfg, run_dir, sink=sink, resume=resume, stop_requested=poller)
+    except Exception:
+        logger.exception("run failed")
+        return 1
+    finally:
+        if poller is not None:
+            poller.close()
+    logger.info("run %s: %s after %d steps (%.0fs)", cfg.name, summary.status,
+                summary.steps_done, summary.wall_s)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
