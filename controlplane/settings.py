@@ -115,3 +115,28 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns at startup wh
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "index"
 LOGOUT_REDIRECT_URL = "login"
+
+# --- Celery: short tasks only (submit, reconcile, stop); the run itself is a Ray job.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_IGNORE_RESULT = True  # nothing reads task results; no result backend needed
+CELERY_TASK_ACKS_LATE = False  # a redelivered long task would run twice; ours are short
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "sync-runs": {"task": "jobs.tasks.sync_runs", "schedule": 10.0},
+}
+
+# --- Ray: where runs go. RAY_ADDRESS is the GCS (host:port) for ray.init-style clients;
+# jobs are submitted to the dashboard's HTTP address. Ray 2.60 clusters require a token
+# (RAY_AUTH_MODE=token): RAY_AUTH_TOKEN holds it, or RAY_AUTH_TOKEN_PATH names its file.
+RAY_ADDRESS = os.environ.get("RAY_ADDRESS", "127.0.0.1:6379")
+RAY_DASHBOARD_ADDRESS = os.environ.get("RAY_DASHBOARD_ADDRESS", "http://127.0.0.1:8265")
+RAY_AUTH_TOKEN_PATH = os.environ.get(
+    "RAY_AUTH_TOKEN_PATH", str(Path.home() / ".ray" / "auth_token"))
+
+# --- What a run's driver needs: where to write its run directory (on the Ray node), and
+# the control plane's URL as the driver reaches it (ingest, stop poll).
+RLPLANE_RUNS_DIR = Path(os.environ.get("RLPLANE_RUNS_DIR", BASE_DIR / "runs"))
+RLPLANE_URL = os.environ.get("RLPLANE_URL", "http://127.0.0.1:8000")
+# How long a driver has to checkpoint and exit after a stop request before its Ray job is
+# stopped (which kills it after a short grace period).
+RLPLANE_STOP_TIMEOUT_S = float(os.environ.get("RLPLANE_STOP_TIMEOUT_S", "120"))

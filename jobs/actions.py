@@ -25,6 +25,7 @@ from jobs.models import (
     RunEvent,
     RunStatus,
 )
+from jobs.tasks import stop_run, submit_run
 
 logger = logging.getLogger(__name__)
 
@@ -156,3 +157,36 @@ def broadcast_events(run_id: int, events: list[dict], summary: dict | None = Non
     async_to_sync(layer.group_send)(f"run.{run_id}", message)
     if summary is not None:
         async_to_sync(layer.group_send)(RUNS_GROUP, summary)
+
+
+# --- launch, stop, fork -------------------------------------------------------------------
+
+def do_launch_run(user, name: str, config: dict) -> Run:
+    """Save a queued run; submit it to Ray once the row is committed."""
+    with transaction.atomic():
+        run = Run.objects.create(name=name, config=config, created_by=user)
+        transaction.on_commit(lambda: submit_run.delay(run.pk))
+    return run
+
+
+def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict) -> Run:
+    """A new run that starts from one of ``parent``'s checkpoints with ``config``."""
+    if checkpoint.run_id != parent.pk:
+        raise ValueError(f"checkpoint {checkpoint.pk} belongs to run {checkpoint.run_id}, "
+                         f"not to run {parent.pk}")
+    with transaction.atomic():
+        run = Run.objects.create(name=config.get("name") or parent.name, config=config,
+                                 created_by=user, parent=parent,
+                                 source_checkpoint=checkpoint.path)
+        transaction.on_commit(lambda: submit_run.delay(run.pk))
+    return run
+
+
+def do_stop_run(user, run: Run) -> None:
+    """Ask the run's driver to checkpoint and exit. The flag is in the database, where the
+    driver polls it, before any task runs; the task only stops the Ray job if the driver
+    has not exited in time. Raises InvalidTransition when the run cannot be stopped."""
+    with transaction.atomic():
+        run.request_stop(f"stop requested by {user}")
+        transaction.on_commit(lambda: stop_run.delay(run.pk))
+

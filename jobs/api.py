@@ -1,9 +1,13 @@
-"""HTTP API for the engine: the ingest endpoint, authenticated by the run's own token."""
+"""HTTP API for the engine, authenticated by the run's own token:
+
+    POST /api/runs/<id>/events   ingest a batch of events
+    GET  /api/runs/<id>/stop     {"stop": bool}: the driver polls it, checkpoints and exits
+"""
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from jobs.actions import do_ingest_events
 from jobs.event_batch import MalformedBatch, parse_event_batch
@@ -20,11 +24,8 @@ def error(status: int, message: str, **headers) -> JsonResponse:
     return JsonResponse({"error": message}, status=status, headers=headers)
 
 
-@csrf_exempt  # token-authenticated, no cookies: CSRF does not apply
-@require_POST
-def ingest_events(request, run_id: int):
-    """POST {"events": [...]} -> 200 {stored, duplicates, last_seq}; a partly bad batch
-    stores the good events and answers 400 with the same counts plus errors."""
+def run_for_token(request, run_id: int) -> Run | JsonResponse:
+    """The run whose own ingest token the request carries, or the error response to send."""
     token = bearer_token(request)
     if token is None:
         return error(401, "send the run's ingest token as 'Authorization: Bearer <token>'",
@@ -34,6 +35,17 @@ def ingest_events(request, run_id: int):
         return error(404, f"run {run_id} does not exist")
     if not run.has_ingest_token(token):
         return error(403, f"this token is not run {run_id}'s ingest token")
+    return run
+
+
+@csrf_exempt  # token-authenticated, no cookies: CSRF does not apply
+@require_POST
+def ingest_events(request, run_id: int):
+    """POST {"events": [...]} -> 200 {stored, duplicates, last_seq}; a partly bad batch
+    stores the good events and answers 400 with the same counts plus errors."""
+    run = run_for_token(request, run_id)
+    if isinstance(run, JsonResponse):
+        return run
     try:
         batch = parse_event_batch(request.body)
     except RequestDataTooBig:
@@ -46,3 +58,12 @@ def ingest_events(request, run_id: int):
     if batch.errors:
         return JsonResponse({**body, "errors": batch.errors}, status=400)
     return JsonResponse(body)
+
+
+@require_GET
+def stop_request(request, run_id: int):
+    """GET -> {"stop": true} once an operator asked the run to stop."""
+    run = run_for_token(request, run_id)
+    if isinstance(run, JsonResponse):
+        return run
+    return JsonResponse({"stop": run.stop_requested_at is not None})

@@ -1,9 +1,14 @@
 from django.urls import path
 
 from jobs import api, views
+from jobs.views import launch
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("runs/<int:run_id>", views.run_detail, name="run-detail"),
     path("api/runs/<int:run_id>/events", api.ingest_events, name="ingest-events"),
+    path("api/runs/<int:run_id>/stop", api.stop_request, name="stop-request"),
+    path("runs/new", launch.run_new, name="run-new"),
+    path("runs/<int:run_id>/stop", launch.run_stop, name="run-stop"),
+    path("runs/<int:run_id>/fork", launch.run_fork, name="run-fork"),
 ]

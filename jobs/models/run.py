@@ -33,6 +33,9 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     ray_submission_id = models.CharField(max_length=200, blank=True)
+    # Set by a stop request; the driver polls it (GET /api/runs/<id>/stop), checkpoints
+    # and exits. Only a driver that does not answer in time gets its Ray job stopped.
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
     # sha256 hex of the ingest token; the raw token exists only in the driver's environment.
     ingest_token_hash = models.CharField(max_length=64, blank=True, editable=False)
 
@@ -78,6 +81,19 @@ class Run(models.Model):
             raise InvalidTransition(self.pk, current, new)
         for field, value in changes.items():
             setattr(self, field, value)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the driver to checkpoint and exit: running -> stopping, and the flag it polls.
+        A run still being submitted keeps its status (the engine reports "running" first)
+        and sees the flag at its first poll. Raises InvalidTransition for any other state."""
+        if self.status == RunStatus.RUNNING:
+            self.transition_to(RunStatus.STOPPING, reason)
+        elif self.status not in (RunStatus.SUBMITTING, RunStatus.STOPPING):
+            raise InvalidTransition(self.pk, self.status, RunStatus.STOPPING)
+        if self.stop_requested_at is None:
+            self.stop_requested_at = timezone.now()
+            Run.objects.filter(pk=self.pk, stop_requested_at=None).update(
+                stop_requested_at=self.stop_requested_at)
 
     def issue_ingest_token(self) -> str:
         """A fresh ingest token: returned once, only its hash is kept (and saved if the run

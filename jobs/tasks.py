@@ -1,0 +1,223 @@
+"""Celery tasks: short ones only. The run itself is a Ray job that outlives any worker.
+
+    submit_run(id)    queued -> submitting; mint the ingest token; submit
+                      `python -m engine.driver ...` as Ray job "rlplane-run-<id>"
+                      (the engine's own "running" event moves the run on, through ingest)
+    sync_runs()       beat, every 10 s: each live run vs its Ray job's status;
+                      a job Ray no longer knows -> lost; a run never submitted -> again
+    stop_run(id)      running -> stopping + the flag the driver polls; enforce_stop later
+    enforce_stop(id)  still not exited after the timeout: stop the Ray job
+
+The submission id is derived from the run id, so a retried submit_run finds the job it
+already started instead of starting a second copy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from jobs.models import InvalidTransition, Run, RunStatus
+
+logger = logging.getLogger(__name__)
+
+SUBMISSION_PREFIX = "rlplane-run-"
+TOKEN_ENV = "RLPLANE_INGEST_TOKEN"
+LIVE = (RunStatus.SUBMITTING, RunStatus.RUNNING, RunStatus.STOPPING)
+STUCK_AFTER_S = 120  # a queued run that no submission reached by then gets another
+
+
+def submission_id(run: Run) -> str:
+    return f"{SUBMISSION_PREFIX}{run.pk}"
+
+
+def ray_auth_headers() -> dict[str, str]:
+    """The cluster's token as a header, looked up as Ray does it: $RAY_AUTH_TOKEN, else
+    the file RAY_AUTH_TOKEN_PATH (default ~/.ray/auth_token). Read per call, so a token
+    written after the control plane started is picked up. None found: no header (a
+    cluster with RAY_AUTH_MODE=disabled)."""
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if not token:
+        path = Path(settings.RAY_AUTH_TOKEN_PATH)
+        token = path.read_text().strip() if path.is_file() else ""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def ray_jobs():
+    """A JobSubmissionClient for the cluster (ray is imported here, not with the web app)."""
+    from ray.job_submission import JobSubmissionClient
+
+    # Explicit headers, rather than Ray's own token loader: that one reads RAY_AUTH_MODE
+    # once per process, and this process (a Celery worker) is no Ray node.
+    return JobSubmissionClient(settings.RAY_DASHBOARD_ADDRESS, headers=ray_auth_headers())
+
+
+def job_not_found(exc: Exception) -> bool:
+    # JobSubmissionClient raises a bare RuntimeError with the HTTP status in its text.
+    return isinstance(exc, RuntimeError) and "does not exist" in str(exc)
+
+
+def driver_entrypoint(run: Run) -> str:
+    """The shell command of the Ray job: this checkout, this Python, the engine driver."""
+    base = settings.RLPLANE_URL.rstrip("/")
+    run_dir = Path(settings.RLPLANE_RUNS_DIR) / f"run-{run.pk}"
+    args = [
+        sys.executable, "-m", "engine.driver",
+        "--config-json", json.dumps(run.config, separators=(",", ":")),
+        "--run-dir", str(run_dir),
+        "--ingest-url", f"{base}/api/runs/{run.pk}/events",
+        "--stop-url", f"{base}/api/runs/{run.pk}/stop",
+        "--token-env", TOKEN_ENV,
+        # A job that Ray restarts for the same run continues from its own checkpoints.
+        "--resume",
+    ]
+    if run.source_checkpoint:
+        args += ["--from-checkpoint", run.source_checkpoint]
+    return f"cd {shlex.quote(str(settings.BASE_DIR))} && exec {shlex.join(args)}"
+
+
+def driver_env(token: str) -> dict[str, str]:
+    env = {TOKEN_ENV: token}
+    if "RLPLANE_CACHE" in os.environ:  # the same model cache as the control plane
+        env["RLPLANE_CACHE"] = os.environ["RLPLANE_CACHE"]
+    return env
+
+
+@shared_task(bind=True, max_retries=3)
+def submit_run(self, run_id: int) -> None:
+    run = Run.objects.get(pk=run_id)
+    if run.status == RunStatus.QUEUED:
+        run.transition_to(RunStatus.SUBMITTING)
+    elif run.status != RunStatus.SUBMITTING:
+        logger.info("submit_run: run %s is %s; nothing to submit", run.pk, run.status)
+        return
+    sid = submission_id(run)
+    try:
+        submit_once(run, ray_jobs())
+    except Exception as exc:
+        if self.request.called_directly or self.request.retries >= self.max_retries:
+            run.transition_to(RunStatus.FAILED, f"could not submit the Ray job {sid}: {exc}")
+            return
+        raise self.retry(exc=exc, countdown=2 ** self.request.retries) from exc
+
+
+def submit_once(run: Run, client) -> None:
+    """Submit the run's driver unless its job exists. A job that exists (a retry after a
+    crash, a lost acknowledgement, a racing twin) holds the token minted back then:
+    minting another would lock that driver out of ingest."""
+    sid = submission_id(run)
+    try:
+        client.get_job_info(sid)
+        Run.objects.filter(pk=run.pk).update(ray_submission_id=sid)
+        return
+    except RuntimeError as exc:
+        if not job_not_found(exc):
+            raise
+    token = run.issue_ingest_token()
+    try:
+        client.submit_job(
+            entrypoint=driver_entrypoint(run), submission_id=sid,
+            runtime_env={"env_vars": driver_env(token)},
+            metadata={"rlplane_run_id": str(run.pk), "rlplane_run_name": run.name},
+        )
+    except RuntimeError as exc:
+        if "already exists" not in str(exc):  # else a racing twin submitted it: done
+            raise
+    # Recorded only once Ray has the job: sync_runs takes a recorded id that Ray does
+    # not know for a lost job.
+    Run.objects.filter(pk=run.pk).update(ray_submission_id=sid)
+
+
+@shared_task
+def sync_runs() -> None:
+    """Follow each live run's Ray job. The engine's own status events are the main path;
+    this catches what they cannot say: a driver that died, a job stopped or lost."""
+    resubmit_stuck_runs()
+    runs = list(Run.objects.filter(status__in=LIVE).exclude(ray_submission_id=""))
+    if not runs:
+        return
+    from ray.job_submission import JobStatus
+
+    client = ray_jobs()
+    for run in runs:
+        try:
+            info = client.get_job_info(run.ray_submission_id)
+        except RuntimeError as exc:
+            if not job_not_found(exc):
+                raise
+            follow(run, RunStatus.LOST, f"Ray has no job {run.ray_submission_id} any more "
+                                        "(the cluster restarted, or the job was deleted)")
+            continue
+        if info.status == JobStatus.SUCCEEDED:
+            # The driver exited 0 after its final status; if that event never arrived
+            # (spooled while the control plane was down), say what the job says.
+            stopped = run.stop_requested_at is not None
+            follow(run, RunStatus.STOPPED if stopped else RunStatus.SUCCEEDED,
+                   f"the Ray job {run.ray_submission_id} exited 0")
+        elif info.status == JobStatus.FAILED:
+            follow(run, RunStatus.FAILED, f"the Ray job failed: {info.message}")
+        elif info.status == JobStatus.STOPPED:
+            follow(run, RunStatus.STOPPED, f"the Ray job was stopped: {info.message}")
+
+
+def resubmit_stuck_runs() -> None:
+    """Queue submit_run again for runs that no submission reached (a message lost with
+    the broker or a worker): submit_run is idempotent per run, so a late twin is harmless."""
+    cutoff = timezone.now() - timedelta(seconds=STUCK_AFTER_S)
+    stuck = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.SUBMITTING],
+                               ray_submission_id="", created_at__lt=cutoff)
+    for run_id in stuck.values_list("pk", flat=True):
+        logger.warning("sync_runs: run %s was never submitted; queueing submit_run again",
+                       run_id)
+        submit_run.delay(run_id)
+
+
+def follow(run: Run, target: RunStatus, reason: str) -> None:
+    """Move a live run to a final state along legal transitions: a submitting run passes
+    through running, a running one through stopping on its way to stopped."""
+    run.refresh_from_db(fields=["status"])
+    path = []
+    if target in (RunStatus.SUCCEEDED, RunStatus.STOPPED) and run.status == RunStatus.SUBMITTING:
+        path.append(RunStatus.RUNNING)
+    if target == RunStatus.STOPPED and run.status != RunStatus.STOPPING:
+        path.append(RunStatus.STOPPING)
+    try:
+        for status in [*path, target]:
+            run.transition_to(status, reason)
+    except InvalidTransition as exc:  # ingest (or another worker) got there first
+        logger.info("sync_runs: %s", exc)
+
+
+@shared_task
+def stop_run(run_id: int, timeout_s: float | None = None) -> None:
+    """Ask the driver to checkpoint and exit; stop its Ray job if it has not after
+    ``timeout_s`` (RLPLANE_STOP_TIMEOUT_S by default)."""
+    run = Run.objects.get(pk=run_id)
+    if run.is_terminal:
+        return
+    run.request_stop("stop requested")
+    timeout_s = settings.RLPLANE_STOP_TIMEOUT_S if timeout_s is None else timeout_s
+    enforce_stop.apply_async((run.pk,), countdown=timeout_s)
+
+
+@shared_task
+def enforce_stop(run_id: int) -> None:
+    run = Run.objects.get(pk=run_id)
+    if run.is_terminal or not run.ray_submission_id:
+        return
+    try:
+        ray_jobs().stop_job(run.ray_submission_id)
+    except RuntimeError as exc:
+        if not job_not_found(exc):
+            raise
+    follow(run, RunStatus.STOPPED, "the driver did not exit after the stop request; "
+                                   f"its Ray job {run.ray_submission_id} was stopped")

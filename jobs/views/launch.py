@@ -1,0 +1,85 @@
+"""Operator pages that change runs: new run, stop, fork.
+
+    GET  /runs/new[?preset=ID]           the run form, from a preset (or the defaults)
+    POST /runs/new                       valid -> do_launch_run -> the run page
+    POST /runs/<id>/stop                 do_stop_run -> the run page
+    GET  /runs/<id>/fork[?checkpoint=ID] the run form from the parent's config
+    POST /runs/<id>/fork                 valid -> the diff against the parent; posted again
+                                         unchanged -> do_fork_run -> the fork's page
+"""
+
+from django.contrib import messages
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from engine.config import RunConfig, validate_config
+from jobs.actions import do_fork_run, do_launch_run, do_stop_run
+from jobs.auth import operator_required
+from jobs.forms import ForkForm, RunConfigForm, initial_for
+from jobs.models import InvalidTransition, Preset, Run
+
+
+@operator_required
+@require_http_methods(["GET", "POST"])
+def run_new(request):
+    presets = Preset.objects.all()
+    preset = None
+    if request.method == "POST":
+        form = RunConfigForm(request.POST)
+        if form.is_valid():
+            run = do_launch_run(request.user, form.run_config.name, form.config_data())
+            return redirect("run-detail", run_id=run.pk)
+    else:
+        preset_id = request.GET.get("preset", "")
+        if preset_id.isdigit():
+            preset = get_object_or_404(Preset, pk=preset_id)
+        cfg = validate_config(preset.config) if preset else RunConfig()
+        form = RunConfigForm(initial=initial_for(cfg))
+    return render(request, "jobs/launch/new.html",
+                  {"form": form, "presets": presets, "preset": preset})
+
+
+@operator_required
+@require_POST
+def run_stop(request, run_id: int):
+    run = get_object_or_404(Run, pk=run_id)
+    try:
+        do_stop_run(request.user, run)
+    except InvalidTransition as exc:
+        messages.error(request, f"Not stopped: {exc}")
+    else:
+        messages.info(request, "Stop requested: the driver checkpoints after the step in "
+                               "progress, then exits.")
+    return redirect("run-detail", run_id=run.pk)
+
+
+@operator_required
+@require_http_methods(["GET", "POST"])
+def run_fork(request, run_id: int):
+    parent = get_object_or_404(Run, pk=run_id)
+    if not parent.checkpoints.exists():
+        return render(request, "jobs/launch/fork.html", {"parent": parent, "form": None},
+                      status=409)
+    diff = None
+    if request.method == "POST":
+        form = ForkForm(parent, request.POST)
+        if form.is_valid():
+            if form.is_reviewed():
+                run = do_fork_run(request.user, parent, form.cleaned_data["checkpoint"],
+                                  form.config_data())
+                return redirect("run-detail", run_id=run.pk)
+            diff = form.diff()
+            data = request.POST.copy()
+            data["reviewed"] = form.digest()  # the next submit launches this config
+            form = ForkForm(parent, data)
+            form.is_valid()
+    else:
+        cfg = validate_config(parent.config)
+        cfg = cfg.model_copy(update={"name": f"{cfg.name}-fork"[:100]})
+        checkpoints = parent.checkpoints.order_by("-step")
+        wanted = request.GET.get("checkpoint", "")
+        chosen = checkpoints.filter(pk=wanted).first() if wanted.isdigit() else None
+        form = ForkForm(parent, initial={**initial_for(cfg),
+                                         "checkpoint": chosen or checkpoints.first()})
+    return render(request, "jobs/launch/fork.html",
+                  {"parent": parent, "form": form, "diff": diff})

@@ -1,0 +1,263 @@
+"""New run, stop and fork: operator-only forms that validate through RunConfig and queue
+nothing until the config is valid."""
+
+import tomllib
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.contrib.messages import get_messages
+
+from engine.config import RunConfig, dump_config, validate_config
+from jobs import tasks
+from jobs.auth import OPERATOR_GROUP
+from jobs.forms import RunConfigForm
+from jobs.models import Checkpoint, Preset, Run, RunStatus
+
+pytestmark = pytest.mark.django_db
+
+GOOD = {"name": "demo", "steps": 5, "warm_start": {"steps": 0}}
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    """The Celery tasks the actions queue on commit: recorded here, never sent."""
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(tasks.submit_run, "delay", lambda run_id: calls.append(("submit", run_id)))
+    monkeypatch.setattr(tasks.stop_run, "delay", lambda run_id: calls.append(("stop", run_id)))
+    return calls
+
+
+@pytest.fixture
+def operator(client):
+    user = User.objects.create_user("olga", password="pw")
+    user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
+    client.force_login(user)
+    return user
+
+
+@pytest.fixture
+def viewer(client):
+    user = User.objects.create_user("vic", password="pw")
+    client.force_login(user)
+    return user
+
+
+def form_data(config: dict | str, placement="colocated", async_policy="sync", **extra):
+    text = config if isinstance(config, str) else dump_config(validate_config(config))
+    return {"config": text, "placement": placement, "async_policy": async_policy, **extra}
+
+
+def post_new(client, data, capture):
+    with capture(execute=True):
+        return client.post("/runs/new", data)
+
+
+def test_the_new_run_form_starts_from_a_preset(client, operator):
+    preset = Preset.objects.create(name="tiny demo", config={**GOOD, "steps": 7})
+
+    page = client.get(f"/runs/new?preset={preset.pk}")
+
+    assert page.status_code == 200
+    form = page.context["form"]
+    assert validate_config(tomllib.loads(form.initial["config"])).steps == 7
+    assert form.initial["placement"] == "colocated" and form.initial["async_policy"] == "sync"
+    html = page.content.decode()
+    assert html.index('name="placement"') < html.index('name="config"')  # choices on top
+    assert "tiny demo" in html and "csrfmiddlewaretoken" in html
+
+
+def test_a_valid_config_launches_a_run_and_queues_its_submission(
+        client, operator, queued, django_capture_on_commit_callbacks):
+    response = post_new(client, form_data(GOOD), django_capture_on_commit_callbacks)
+
+    run = Run.objects.get()
+    assert response.status_code == 302 and response.url == f"/runs/{run.pk}"
+    assert (run.name, run.status, run.created_by) == ("demo", RunStatus.QUEUED, operator)
+    assert run.config["steps"] == 5
+    assert queued == [("submit", run.pk)]
+
+
+def test_each_bad_field_is_named_next_to_its_path_and_nothing_is_queued(
+        client, operator, queued, django_capture_on_commit_callbacks):
+    bad = '''name = "demo"
+[rollout]
+temperature = 9
+[algorithm]
+group_size = 1
+[placement]
+devices = 0
+'''
+    response = post_new(client, form_data(bad), django_capture_on_commit_callbacks)
+
+    assert response.status_code == 200
+    form = response.context["form"]
+    paths = [path for path, _ in form.config_errors]
+    assert set(paths) == {"rollout.temperature", "algorithm.group_size", "placement.devices"}
+    assert any("rollout.temperature" in e for e in form.errors["config"])
+    assert any("placement.devices" in e for e in form.errors["placement"])  # on its select
+    html = response.content.decode()
+    assert 'data-path="rollout.temperature"' in html and "(got 9)" in html
+    assert Run.objects.count() == 0 and queued == []
+
+
+def test_text_that_is_not_toml_is_a_form_error(client, operator, queued,
+                                                django_capture_on_commit_callbacks):
+    response = post_new(client, form_data("steps = = 3"), django_capture_on_commit_callbacks)
+
+    assert "not valid TOML" in response.content.decode()
+    assert Run.objects.count() == 0 and queued == []
+
+
+def test_an_unknown_placement_type_is_refused(client, operator, queued,
+                                              django_capture_on_commit_callbacks):
+    response = post_new(client, form_data(GOOD, placement="moon"),
+                        django_capture_on_commit_callbacks)
+
+    assert "placement" in response.context["form"].errors
+    assert Run.objects.count() == 0 and queued == []
+
+
+def test_the_placement_choice_overrides_the_tables_type(client, operator):
+    form = RunConfigForm(form_data('[placement]\ntype = "colocated"\ndevices = 2\n'))
+
+    assert form.is_valid(), form.errors
+    assert form.run_config.placement.devices == 2
+    assert [t for t, _ in form.fields["placement"].choices] == ["colocated"]
+
+
+def test_viewers_cannot_launch_stop_or_fork(client, viewer, make_run, queued):
+    run = make_run()
+    assert client.get("/runs/new").status_code == 403
+    assert client.post("/runs/new", form_data(GOOD)).status_code == 403
+    assert client.post(f"/runs/{run.pk}/stop").status_code == 403
+    assert client.get(f"/runs/{run.pk}/fork").status_code == 403
+    assert Run.objects.count() == 1 and queued == []
+
+
+def test_anonymous_users_are_sent_to_log_in(client):
+    response = client.get("/runs/new")
+    assert response.status_code == 302 and "login" in response.url
+
+
+def test_the_forms_check_csrf(operator):
+    from django.test import Client
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(operator)
+    assert strict.post("/runs/new", form_data(GOOD)).status_code == 403
+
+
+def test_stop_asks_the_driver_and_queues_the_stop_task(
+        client, operator, make_run, queued, django_capture_on_commit_callbacks):
+    run = make_run(RunStatus.RUNNING)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(f"/runs/{run.pk}/stop")
+
+    assert response.status_code == 302 and response.url == f"/runs/{run.pk}"
+    run.refresh_from_db()
+    assert run.status == RunStatus.STOPPING and run.stop_requested_at is not None
+    assert queued == [("stop", run.pk)]
+
+
+def test_stopping_a_finished_run_says_why_and_queues_nothing(
+        client, operator, make_run, queued, django_capture_on_commit_callbacks):
+    run = make_run(RunStatus.SUCCEEDED)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(f"/runs/{run.pk}/stop")
+
+    assert response.status_code == 302
+    notes = [str(m) for m in get_messages(response.wsgi_request)]
+    assert any("which is final" in note for note in notes)
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and run.stop_requested_at is None
+    assert queued == []
+
+
+def test_stop_only_accepts_post(client, operator, make_run):
+    assert client.get(f"/runs/{make_run().pk}/stop").status_code == 405
+
+
+@pytest.fixture
+def parent(make_run):
+    run = make_run(RunStatus.STOPPED, name="parent")
+    Run.objects.filter(pk=run.pk).update(config=validate_config(GOOD).model_dump(mode="json"))
+    run.refresh_from_db()
+    for step in (2, 4):
+        Checkpoint.objects.create(run=run, step=step, version=step,
+                                  path=f"/runs/run-{run.pk}/checkpoints/step_{step:06d}")
+    return run
+
+
+def test_the_fork_form_starts_from_the_parent_with_its_latest_checkpoint(client, operator,
+                                                                         parent):
+    page = client.get(f"/runs/{parent.pk}/fork")
+
+    assert page.status_code == 200
+    form = page.context["form"]
+    assert form.initial["checkpoint"].step == 4
+    cfg = validate_config(tomllib.loads(form.initial["config"]))
+    assert cfg.name == "demo-fork" and cfg.steps == 5
+    html = page.content.decode()
+    assert 'class="field field-placement highlight"' in html
+    assert 'class="field field-async_policy highlight"' in html
+
+
+def test_a_fork_shows_the_diff_before_it_launches(
+        client, operator, parent, queued, django_capture_on_commit_callbacks):
+    checkpoint = parent.checkpoints.get(step=2)
+    changed = {**GOOD, "name": "demo-fork", "steps": 9}
+    data = form_data(changed, checkpoint=checkpoint.pk)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        review = client.post(f"/runs/{parent.pk}/fork", data)
+
+    assert review.status_code == 200 and Run.objects.count() == 1 and queued == []
+    diff = review.context["diff"]
+    assert "-steps = 5" in diff and "+steps = 9" in diff and '+name = "demo-fork"' in diff
+    assert 'id="config-diff"' in review.content.decode()
+
+    reviewed = review.context["form"]["reviewed"].value()
+    with django_capture_on_commit_callbacks(execute=True):
+        launch = client.post(f"/runs/{parent.pk}/fork", {**data, "reviewed": reviewed})
+
+    fork = Run.objects.exclude(pk=parent.pk).get()
+    assert launch.status_code == 302 and launch.url == f"/runs/{fork.pk}"
+    assert (fork.parent, fork.source_checkpoint) == (parent, checkpoint.path)
+    assert fork.config["steps"] == 9
+    assert queued == [("submit", fork.pk)]
+
+
+def test_a_config_changed_after_the_review_is_shown_again(
+        client, operator, parent, queued, django_capture_on_commit_callbacks):
+    data = form_data({**GOOD, "steps": 9}, checkpoint=parent.checkpoints.first().pk)
+    review = client.post(f"/runs/{parent.pk}/fork", data)
+    reviewed = review.context["form"]["reviewed"].value()
+
+    edited = {**form_data({**GOOD, "steps": 11}), "checkpoint": data["checkpoint"],
+              "reviewed": reviewed}
+    with django_capture_on_commit_callbacks(execute=True):
+        again = client.post(f"/runs/{parent.pk}/fork", edited)
+
+    assert again.status_code == 200 and "+steps = 11" in again.context["diff"]
+    assert Run.objects.count() == 1 and queued == []
+
+
+def test_a_run_without_checkpoints_cannot_be_forked(client, operator, make_run):
+    response = client.get(f"/runs/{make_run().pk}/fork")
+    assert response.status_code == 409 and "no checkpoint" in response.content.decode()
+
+
+def test_a_checkpoint_of_another_run_is_not_a_choice(client, operator, parent, make_run,
+                                                     queued):
+    other = make_run()
+    foreign = Checkpoint.objects.create(run=other, step=1, version=1, path="/x/step_000001")
+    response = client.post(f"/runs/{parent.pk}/fork", form_data(GOOD, checkpoint=foreign.pk))
+    assert "checkpoint" in response.context["form"].errors
+    assert queued == []
+
+
+def test_defaults_fill_the_form_when_there_is_no_preset(client, operator):
+    form = client.get("/runs/new").context["form"]
+    assert form.initial["config"] == dump_config(RunConfig())

@@ -1,0 +1,413 @@
+"""Celery tasks against a real local Ray head (token auth on), called directly (eagerly).
+
+The head is started once for the module with `ray start --head --block` in a session of
+its own, on free ports and in its own temp dir, and killed by that session at teardown.
+The end-to-end tests run the real `python -m engine.driver` as a Ray job that posts to the
+ingest endpoint of pytest-django's live_server.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import OperationalError
+from django.utils import timezone
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+from jobs import tasks
+from jobs.actions import do_fork_run
+from jobs.models import Checkpoint, MetricPoint, Run, RunEvent, RunStatus
+
+RAY = str(Path(sys.executable).with_name("ray"))
+TERMINAL_JOB = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
+
+# A run that takes seconds, not minutes: random init, tiny eval, 2 prompts x 2 samples.
+TINY = {
+    "name": "ray-e2e", "steps": 1,
+    "task": {"ops": ["+", "-"], "max_digits": 1, "eval_size": 8},
+    "warm_start": {"steps": 0},
+    "algorithm": {"group_size": 2, "minibatches": 1, "lr": 1e-3},
+    "rollout": {"prompts_per_step": 2, "max_new_tokens": 4},
+    "telemetry": {"eval_samples": 1},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RayHead:
+    def __init__(self):
+        # Short: Ray's unix socket paths must stay under ~107 characters.
+        self.dir = Path(tempfile.mkdtemp(prefix="rlr", dir="/tmp"))
+        self.token_path = self.dir / "token"
+        self.token_path.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
+        self.dashboard = f"http://127.0.0.1:{free_port()}"
+        env = {**os.environ, "RAY_AUTH_MODE": "token",
+               "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+        env.pop("RAY_AUTH_TOKEN", None)
+        env.pop("RAY_ADDRESS", None)
+        self.log = (self.dir / "head.log").open("w")
+        self.proc = subprocess.Popen(
+            [RAY, "start", "--head", "--block", "--port=0", "--num-cpus=2",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
+             f"--ray-client-server-port={free_port()}",
+             f"--dashboard-agent-listen-port={free_port()}",
+             f"--temp-dir={self.dir / 'ray'}", "--disable-usage-stats"],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        request = urllib.request.Request(f"{self.dashboard}/api/version", headers={
+            "Authorization": f"Bearer {self.token_path.read_text()}"})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with opener.open(request, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"the Ray head did not come up:\n{(self.dir / 'head.log').read_text()}")
+
+    def client(self) -> JobSubmissionClient:
+        return JobSubmissionClient(self.dashboard, headers={
+            "Authorization": f"Bearer {self.token_path.read_text()}"})
+
+    def stop(self) -> None:
+        """SIGKILL every process of the head's session (SIGTERM makes Ray drain for 30 s).
+        Job drivers run in sessions of their own; Ray's watcher kills each one within a
+        second of its supervisor dying, and the jobs were stopped before this anyway."""
+        sid = self.proc.pid
+        for _ in range(3):
+            for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+                try:
+                    if os.getsid(pid) == sid:
+                        os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.3)
+        self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    head = RayHead()
+    head.wait_ready()
+    yield head
+    client = head.client()
+    for job in client.list_jobs():
+        if job.status not in TERMINAL_JOB:
+            client.stop_job(job.submission_id)
+    head.stop()
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory):
+    """The drivers build the tiny model into a per-module cache (nothing downloaded)."""
+    previous = os.environ.get("RLPLANE_CACHE")
+    if previous is None:
+        os.environ["RLPLANE_CACHE"] = str(tmp_path_factory.mktemp("rlplane-cache"))
+    yield os.environ["RLPLANE_CACHE"]
+    if previous is None:
+        del os.environ["RLPLANE_CACHE"]
+
+
+@pytest.fixture
+def cluster(ray_head, settings, monkeypatch, tmp_path):
+    """The control plane's settings pointed at the test head."""
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    settings.RAY_DASHBOARD_ADDRESS = ray_head.dashboard
+    settings.RAY_AUTH_TOKEN_PATH = str(ray_head.token_path)
+    settings.RLPLANE_RUNS_DIR = tmp_path / "runs"
+    return ray_head.client()
+
+
+@pytest.fixture
+def scheduled(monkeypatch):
+    """Tasks scheduled for later (apply_async with a countdown): recorded, not sent."""
+    calls: list[tuple[str, tuple, float]] = []
+    monkeypatch.setattr(tasks.enforce_stop, "apply_async", lambda args, countdown: calls.append(
+        ("enforce_stop", tuple(args), countdown)))
+    return calls
+
+
+def submit_raw(client, entrypoint: str) -> str:
+    """A Ray job that is not the engine driver (a driver that hangs, one that crashes)."""
+    return client.submit_job(entrypoint=entrypoint,
+                             submission_id=f"rlplane-test-{uuid.uuid4().hex[:8]}")
+
+
+def wait_for(predicate, timeout_s: float, every_s: float = 0.5, what: str = ""):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
+
+
+def job_log(client, sid: str) -> str:
+    try:
+        return client.get_job_logs(sid)[-4000:]
+    except RuntimeError as exc:
+        return str(exc)
+
+
+# --- the stop poll endpoint (no Ray needed) ------------------------------------------------
+
+@pytest.mark.django_db
+def test_the_stop_poll_answers_the_run_token_with_the_stop_flag(client, make_run):
+    run = make_run(RunStatus.RUNNING)
+    token = run.issue_ingest_token()
+    headers = {"Authorization": f"Bearer {token}"}
+
+    assert client.get(f"/api/runs/{run.pk}/stop", headers=headers).json() == {"stop": False}
+    run.request_stop("operator asked")
+    assert client.get(f"/api/runs/{run.pk}/stop", headers=headers).json() == {"stop": True}
+
+
+@pytest.mark.django_db
+def test_the_stop_poll_refuses_other_tokens(client, make_run):
+    run, other = make_run(), make_run()
+    run.issue_ingest_token()
+    other_token = other.issue_ingest_token()
+
+    assert client.get(f"/api/runs/{run.pk}/stop").status_code == 401
+    response = client.get(f"/api/runs/{run.pk}/stop",
+                          headers={"Authorization": f"Bearer {other_token}"})
+    assert response.status_code == 403
+    assert client.post(f"/api/runs/{run.pk}/stop").status_code == 405
+
+
+# --- submit_run ----------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_submit_run_marks_the_run_failed_when_ray_cannot_be_reached(make_run, settings):
+    settings.RAY_DASHBOARD_ADDRESS = f"http://127.0.0.1:{free_port()}"
+    run = make_run(RunStatus.QUEUED)
+
+    tasks.submit_run(run.pk)
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "could not submit the Ray job rlplane-run-" in run.status_reason
+
+
+@pytest.mark.django_db
+def test_submit_run_leaves_a_run_that_is_past_submission_alone(make_run, settings):
+    settings.RAY_DASHBOARD_ADDRESS = f"http://127.0.0.1:{free_port()}"  # never reached
+    run = make_run(RunStatus.STOPPED)
+    tasks.submit_run(run.pk)
+    run.refresh_from_db()
+    assert run.status == RunStatus.STOPPED and run.ray_submission_id == ""
+
+
+@pytest.mark.django_db
+def test_the_driver_command_uses_this_python_checkout_and_checkpoint(make_run, settings):
+    settings.RLPLANE_URL = "http://cp.example:8000/"
+    run = make_run(RunStatus.QUEUED, source_checkpoint="/runs/run-1/checkpoints/step_000004")
+
+    command = tasks.driver_entrypoint(run)
+
+    assert command.startswith(f"cd {settings.BASE_DIR} && exec {sys.executable} -m engine.driver")
+    assert f"--ingest-url http://cp.example:8000/api/runs/{run.pk}/events" in command
+    assert f"--stop-url http://cp.example:8000/api/runs/{run.pk}/stop" in command
+    assert "--from-checkpoint /runs/run-1/checkpoints/step_000004" in command
+    assert "--token-env RLPLANE_INGEST_TOKEN" in command and "--resume" in command
+
+
+@pytest.mark.django_db
+def test_sync_runs_queues_runs_that_no_submission_reached_again(make_run, monkeypatch):
+    queued = []
+    monkeypatch.setattr(tasks.submit_run, "delay", queued.append)
+    stuck, fresh = make_run(RunStatus.QUEUED), make_run(RunStatus.QUEUED)
+    half_submitted = make_run(RunStatus.SUBMITTING)
+    Run.objects.filter(pk__in=[stuck.pk, half_submitted.pk]).update(
+        created_at=timezone.now() - timedelta(minutes=5))
+
+    tasks.sync_runs()
+
+    assert sorted(queued) == sorted([stuck.pk, half_submitted.pk]) and fresh.pk not in queued
+
+
+# --- sync_runs and stop_run against the real head --------------------------------------------
+
+@pytest.mark.django_db
+def test_sync_runs_marks_a_run_whose_job_vanished_lost(cluster, make_run):
+    run = make_run(RunStatus.RUNNING, ray_submission_id="rlplane-run-never-submitted")
+
+    tasks.sync_runs()
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.LOST
+    assert "Ray has no job rlplane-run-never-submitted" in run.status_reason
+
+
+@pytest.mark.django_db
+def test_sync_runs_marks_a_run_failed_when_its_job_failed(cluster, make_run):
+    sid = submit_raw(cluster, "echo engine exploded; exit 3")
+    run = make_run(RunStatus.SUBMITTING, ray_submission_id=sid)
+    wait_for(lambda: cluster.get_job_status(sid) in TERMINAL_JOB, 60, what="the job to end")
+
+    tasks.sync_runs()
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "the Ray job failed" in run.status_reason and "exit code 3" in run.status_reason
+
+
+@pytest.mark.django_db
+def test_stop_run_stops_the_job_of_a_driver_that_does_not_answer(cluster, make_run, scheduled):
+    sid = submit_raw(cluster, "sleep 600")
+    run = make_run(RunStatus.RUNNING, ray_submission_id=sid)
+    wait_for(lambda: cluster.get_job_status(sid) == JobStatus.RUNNING, 60, what="RUNNING")
+
+    tasks.stop_run(run.pk, timeout_s=5)
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.STOPPING and run.stop_requested_at is not None
+    assert scheduled == [("enforce_stop", (run.pk,), 5)]
+    tasks.sync_runs()  # the job still runs: nothing to change
+    assert Run.objects.get(pk=run.pk).status == RunStatus.STOPPING
+
+    tasks.enforce_stop(run.pk)
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.STOPPED and "was stopped" in run.status_reason
+    wait_for(lambda: cluster.get_job_status(sid) == JobStatus.STOPPED, 30, what="STOPPED")
+
+
+@pytest.mark.django_db
+def test_enforce_stop_leaves_a_run_that_already_stopped_alone(cluster, make_run):
+    run = make_run(RunStatus.STOPPED, ray_submission_id="rlplane-run-gone")
+    tasks.enforce_stop(run.pk)
+    assert Run.objects.get(pk=run.pk).status == RunStatus.STOPPED
+
+
+# --- end to end: the engine driver as a Ray job, posting to ingest -------------------------
+
+@pytest.fixture
+def e2e(cluster, live_server, settings, model_cache):
+    settings.RLPLANE_URL = live_server.url
+    return cluster
+
+
+def unlocked(fn, *args, **kwargs):
+    """fn(), retried while SQLite says "database table is locked". The test database is
+    in memory with a shared cache, where a writer (the live server's ingest thread) locks
+    tables without a busy timeout; a file database in WAL mode, as deployed, waits instead.
+    Ingest's own failures are retried by the driver's sink."""
+    for _ in range(100):
+        try:
+            return fn(*args, **kwargs)
+        except OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            time.sleep(0.1)
+    return fn(*args, **kwargs)
+
+
+def run_to_end(client, run: Run, timeout_s: float = 300) -> None:
+    """Reconcile like beat does until the Ray job has ended, then once more."""
+    sid = tasks.submission_id(run)
+
+    def ended():
+        unlocked(tasks.sync_runs)
+        return client.get_job_status(sid) in TERMINAL_JOB
+
+    try:
+        wait_for(ended, timeout_s, every_s=1.0, what=f"job {sid} to end")
+    except AssertionError:
+        raise AssertionError(f"job {sid} did not end; its log:\n{job_log(client, sid)}") from None
+    tasks.sync_runs()
+    run.refresh_from_db()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_submitted_run_runs_the_engine_driver_on_ray_and_succeeds(e2e):
+    run = Run.objects.create(name="e2e", config=TINY)
+
+    unlocked(tasks.submit_run, run.pk)
+    unlocked(run.refresh_from_db)
+    assert run.status == RunStatus.SUBMITTING
+    assert run.ray_submission_id == f"rlplane-run-{run.pk}"
+    token_hash = run.ingest_token_hash
+
+    unlocked(tasks.submit_run, run.pk)  # a retry: the same job and token, no second copy
+    unlocked(run.refresh_from_db)
+    assert run.ingest_token_hash == token_hash
+    assert [j.submission_id for j in e2e.list_jobs()].count(run.ray_submission_id) == 1
+
+    run_to_end(e2e, run)
+
+    assert run.status == RunStatus.SUCCEEDED, (run.status_reason,
+                                               job_log(e2e, run.ray_submission_id))
+    assert e2e.get_job_status(run.ray_submission_id) == JobStatus.SUCCEEDED
+    seqs = list(RunEvent.objects.filter(run=run).values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))       # every event, no gap
+    statuses = [e.payload["status"] for e in RunEvent.objects.filter(run=run, type="run.status")]
+    assert statuses == ["starting", "warm_start", "running", "succeeded"]
+    assert MetricPoint.objects.filter(run=run, name="reward/mean", step=0).exists()
+    assert Checkpoint.objects.filter(run=run, step=1).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_run_checkpoints_and_its_fork_continues_from_there(e2e, scheduled,
+                                                                     monkeypatch):
+    run = Run.objects.create(name="e2e-stop", config={**TINY, "steps": 1000})
+    tasks.submit_run(run.pk)
+    wait_for(lambda: unlocked(MetricPoint.objects.filter(run=run, name="reward/mean").exists),
+             240, every_s=1.0, what="the first step's metrics")
+
+    unlocked(tasks.stop_run, run.pk, timeout_s=60)
+    assert unlocked(Run.objects.get, pk=run.pk).status == RunStatus.STOPPING
+    run_to_end(e2e, run)
+
+    assert run.status == RunStatus.STOPPED, (run.status_reason,
+                                             job_log(e2e, run.ray_submission_id))
+    assert e2e.get_job_status(run.ray_submission_id) == JobStatus.SUCCEEDED  # exited itself
+    checkpoint = Checkpoint.objects.filter(run=run).latest("step")
+    assert 1 <= checkpoint.step < 1000
+    assert json.loads((Path(checkpoint.path) / "state.json").read_text())["step"] == \
+        checkpoint.step
+    assert scheduled == [("enforce_stop", (run.pk,), 60)]
+    tasks.enforce_stop(run.pk)  # comes too late: the run is already stopped
+    assert Run.objects.get(pk=run.pk).status == RunStatus.STOPPED
+
+    # Fork it with another sampling temperature; the Celery task runs eagerly on commit.
+    monkeypatch.setattr(tasks.submit_run, "delay", lambda run_id: tasks.submit_run(run_id))
+    operator = User.objects.create_user("olga")
+    config = {**TINY, "name": "e2e-fork", "steps": checkpoint.step + 1,
+              "rollout": {**TINY["rollout"], "temperature": 0.7}}
+    fork = do_fork_run(operator, run, checkpoint, config)
+    run_to_end(e2e, fork)
+
+    assert fork.status == RunStatus.SUCCEEDED, (fork.status_reason,
+                                                job_log(e2e, fork.ray_submission_id))
+    steps = MetricPoint.objects.filter(run=fork, name="reward/mean").values_list("step",
+                                                                                 flat=True)
+    assert list(steps) == [checkpoint.step]     # it went on from the parent's checkpoint
+    assert RunEvent.objects.filter(run=fork).order_by("seq").first().seq == 1
