@@ -29,7 +29,7 @@ def queued(monkeypatch):
 
 @pytest.fixture
 def operator(client):
-    user = User.objects.create_user("olga", password="pw")
+    user = User.objects.create_user("olga")
     user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
     client.force_login(user)
     return user
@@ -37,7 +37,7 @@ def operator(client):
 
 @pytest.fixture
 def viewer(client):
-    user = User.objects.create_user("vic", password="pw")
+    user = User.objects.create_user("vic")
     client.force_login(user)
     return user
 
