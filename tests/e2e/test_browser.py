@@ -1,0 +1,224 @@
+"""End to end in a real browser: Playwright drives Debian's chromium against the stack the
+main command starts (controlplane.stack --no-demo, free port, temp state dir).
+
+    log in -> new run form -> run page: the reward chart grows without a reload
+    -> Stop -> badge "stopped", a checkpoint listed (screenshot) -> Fork from it with a
+    changed config -> review the diff -> Launch fork -> the fork's badge reaches "running"
+    -> Stop it too
+
+No browser is ever downloaded: chromium comes from Debian (scripts/setup installs it as
+root). Without it this test fails, saying how to install it; it is never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from controlplane import processes as proc
+from controlplane.processes import StackRecord
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+PASSWORD = "e2e-operator-password"
+
+# Starts in seconds (no warm start, a tiny model, a few prompts per step) and would run
+# for many minutes: the test stops it.
+RUN_TOML = """\
+name = "e2e-browser"
+steps = 5000
+
+[model]
+size = "tiny"
+
+[task]
+type = "arithmetic"
+ops = ["+"]
+min_digits = 1
+max_digits = 1
+eval_size = 8
+
+[warm_start]
+steps = 0
+
+[algorithm]
+group_size = 2
+minibatches = 1
+
+[rollout]
+temperature = 1.0
+max_new_tokens = 4
+prompts_per_step = 4
+"""
+
+
+def chromium() -> Path:
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: the browser tests drive Debian's chromium. "
+                    "Install it with `sudo apt-get install -y chromium` (scripts/setup does "
+                    "this when run as root); never a Playwright browser download.")
+    return CHROMIUM
+
+
+def start_stack(state: Path) -> subprocess.Popen:
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{state / 'db.sqlite3'}",
+           "RLPLANE_RUNS_DIR": str(state / "runs"), "RLPLANE_RAY_CPUS": "1",
+           "RLPLANE_RAY_OBJECT_STORE_MB": "256", "RLPLANE_ADMIN_USER": "operator",
+           "RLPLANE_ADMIN_PASSWORD": PASSWORD}
+    env.pop(proc.STACK_MARKER, None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "controlplane.stack", "start", "--state-dir", str(state),
+         "--port", str(proc.free_port()), "--no-demo"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def wait_ready(state: Path, supervisor: subprocess.Popen, timeout_s: float = 120) -> StackRecord:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = proc.read_pid_file(state / "stack" / "stack.json")
+        if record and record.ready and record.supervisor_pid == supervisor.pid:
+            return record
+        if supervisor.poll() is not None:
+            pytest.fail(f"the stack exited ({supervisor.returncode}):\n{supervisor.stdout.read()}")
+        time.sleep(0.3)
+    pytest.fail("the stack was not ready in time")
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """The real stack, started once for the module; stopped at the end, leaving nothing."""
+    chromium()
+    # A short path: Ray's unix sockets live under its temp dir (107-byte limit).
+    state = Path(tempfile.mkdtemp(prefix="rle2e", dir="/tmp"))
+    supervisor = start_stack(state)
+    try:
+        record = wait_ready(state, supervisor)
+        yield record.urls["web"].rstrip("/")
+    finally:
+        if supervisor.poll() is None:
+            supervisor.send_signal(signal.SIGTERM)
+            try:
+                supervisor.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                supervisor.kill()
+                supervisor.wait()
+        proc.terminate(proc.marked_processes(str(state / "stack")), grace_s=2)
+        left = proc.marked_processes(str(state / "stack"))
+        shutil.rmtree(state, ignore_errors=True)
+        assert left == set(), f"the stack left processes behind: {sorted(left)}"
+
+
+@pytest.fixture(scope="module")
+def browser(stack):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium()), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def reward_points(page) -> int:
+    """Points in the reward chart's mean trace, as Plotly holds them (no reload)."""
+    return page.evaluate("""() => {
+        const div = document.getElementById("chart-reward");
+        const mean = (div && div.data || []).find(t => t.name === "mean");
+        return mean ? mean.x.length : -1;
+    }""")
+
+
+def wait_for_growth(page, times: int, deadline_s: float) -> list[int]:
+    seen = [reward_points(page)]
+    deadline = time.monotonic() + deadline_s
+    while len(seen) <= times:
+        assert time.monotonic() < deadline, f"the reward chart grew only {seen} in {deadline_s}s"
+        page.wait_for_timeout(250)
+        n = reward_points(page)
+        if n > seen[-1]:
+            seen.append(n)
+    return seen
+
+
+def expect_status(page, status: str, timeout_s: float) -> None:
+    from playwright.sync_api import expect
+
+    expect(page.locator("#run-status")).to_have_text(status, timeout=timeout_s * 1000)
+
+
+def stop_from_page(page) -> None:
+    page.locator("form button.stop").click()
+    page.wait_for_load_state()
+    expect_status(page, "stopped", 60)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_launch_watch_stop_and_fork_a_run_in_the_browser(stack, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(30_000)
+
+    # 1. Log in (every page requires it).
+    page.goto(stack + "/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", PASSWORD)
+    page.click("form.login button[type=submit]")
+    page.wait_for_url(stack + "/")
+
+    # 2. Launch a run from the new-run form.
+    page.goto(stack + "/runs/new")
+    page.fill("#id_config", RUN_TOML)
+    page.click("form.run-form button[type=submit]")
+    page.wait_for_url(re.compile(r"/runs/\d+$"))
+    run_url = page.url
+    expect_status(page, "running", 90)
+
+    # 3. The reward chart gains points from the websocket, without a reload.
+    growth = wait_for_growth(page, times=2, deadline_s=60)
+    assert page.url == run_url
+    print(f"reward chart points, live: {growth}")
+
+    # 4-5. Stop it from the page: the badge becomes "stopped", a checkpoint is listed.
+    stop_from_page(page)
+    rows = page.locator("#run-checkpoints tr")
+    rows.first.wait_for()
+    assert rows.count() >= 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "run_page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"run page screenshot: {shot}")
+
+    # 6. Fork it from that checkpoint with a changed config. The issue asks for another
+    # async policy, but "sync" is the only one today (and "colocated" the only placement)
+    # until issue 5 lands, so the fork changes rollout.temperature instead.
+    page.click("a.button:has-text('Fork')")
+    page.wait_for_url(re.compile(r"/runs/\d+/fork"))
+    assert page.locator("#id_checkpoint option").count() >= 1
+    config = page.input_value("#id_config")
+    changed = re.sub(r"(?m)^temperature = .*$", "temperature = 0.7", config, count=1)
+    assert changed != config
+    page.fill("#id_config", changed)
+    page.click("form.fork-form button[type=submit]")
+    diff = page.locator("#config-diff pre.diff")
+    assert "+temperature = 0.7" in diff.inner_text()
+    page.click("form.fork-form button[name=launch]")
+    page.wait_for_url(lambda url: re.search(r"/runs/\d+$", url) and url != run_url)
+    assert page.locator(".fork-of").inner_text().startswith("fork of")
+    expect_status(page, "running", 90)
+    stop_from_page(page)
+    page.close()
