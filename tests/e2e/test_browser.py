@@ -172,6 +172,19 @@ def stop_from_page(page) -> None:
 def test_launch_watch_stop_and_fork_a_run_in_the_browser(stack, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(30_000)
+    try:
+        operate(page, stack)
+    except BaseException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / "failure.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print(f"the page when the test failed ({page.url}): {shot}")
+        raise
+    finally:
+        page.close()
+
+
+def operate(page, stack: str) -> None:
 
     # 1. Log in (every page requires it).
     page.goto(stack + "/")
@@ -221,4 +234,3 @@ def test_launch_watch_stop_and_fork_a_run_in_the_browser(stack, browser):
     assert page.locator(".fork-of").inner_text().startswith("fork of")
     expect_status(page, "running", 90)
     stop_from_page(page)
-    page.close()
