@@ -1,7 +1,7 @@
 from django.urls import path
 
 from jobs import api, views
-from jobs.views import launch
+from jobs.views import cluster, launch
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -11,4 +11,5 @@ urlpatterns = [
     path("runs/new", launch.run_new, name="run-new"),
     path("runs/<int:run_id>/stop", launch.run_stop, name="run-stop"),
     path("runs/<int:run_id>/fork", launch.run_fork, name="run-fork"),
+    path("cluster", cluster.cluster_page, name="cluster"),
 ]

@@ -1,0 +1,21 @@
+"""The cluster page: Ray nodes, their resources, which runs hold what, and utilization.
+htmx polls the same view for its live part every few seconds."""
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from jobs import cluster
+
+POLL_S = 3
+
+
+@require_GET
+@login_required
+def cluster_page(request):
+    view = cluster.cluster_view()
+    context = {"cluster": view, "utilization": cluster.utilization(view.runs),
+               "poll_s": POLL_S}
+    if request.htmx:
+        return render(request, "jobs/_cluster_panels.html", context)
+    return render(request, "jobs/cluster.html", context)

@@ -1,0 +1,172 @@
+"""The cluster page: nodes, resources, which runs hold what, utilization; page and htmx
+fragment. Ray is faked at jobs.cluster.fetch_json for the shapes, and real (a local head
+with two logical GPUs) for one test."""
+
+import os
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from jobs import cluster
+
+from .test_tasks import RAY, RayHead, free_port
+
+HTMX = {"HX-Request": "true"}
+NODE_ID = "ab12cd34ef56" + "0" * 44
+
+
+@pytest.fixture
+def viewer(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("viewer"))
+    return client
+
+
+def ray_answers(run_id: int, gpus=()) -> dict:
+    """What a one-node cluster's dashboard answers, trimmed to the fields the page reads."""
+    job = {"type": "SUBMISSION", "job_id": "02000000", "submission_id": f"rlplane-run-{run_id}",
+           "status": "RUNNING", "driver_node_id": NODE_ID, "driver_info": {"pid": 999999999},
+           "entrypoint_num_cpus": 1}
+    return {
+        "/nodes?view=summary": {"data": {"summary": [{
+            "hostname": "gpu-box", "ip": "10.0.0.5", "cpu": 42.0, "mem": [16e9, 8e9, 50.0, 8e9],
+            "gpus": list(gpus),
+            "raylet": {"nodeId": NODE_ID, "isHeadNode": True, "state": "ALIVE",
+                       "resourcesTotal": {"CPU": 8.0, "GPU": 2.0, "node:10.0.0.5": 1.0}}}]}},
+        "/api/cluster_status": {"data": {"clusterStatus": {"loadMetricsReport": {
+            "usageByNode": {NODE_ID: {"CPU": [3.0, 8.0], "GPU": [1.0, 2.0]}}}}}},
+        "/api/jobs/": [job, {"submission_id": "someone-else", "status": "RUNNING"}],
+        "/api/v0/actors?detail=1&limit=10000": {"data": {"result": {"result": [
+            {"state": "ALIVE", "job_id": "02000000", "placement_group_id": None,
+             "required_resources": {"GPU": 1.0, "CPU": 1.0}}]}}},
+        "/api/v0/placement_groups?detail=1&limit=10000": {"data": {"result": {"result": []}}},
+    }
+
+
+@pytest.fixture
+def fake_ray(monkeypatch, make_run):
+    run = make_run(name="on-ray")
+    answers = ray_answers(run.pk)
+    monkeypatch.setattr(cluster, "fetch_json", lambda path: answers[path])
+    return run, answers
+
+
+def test_an_anonymous_visitor_is_sent_to_the_login_page(client, db):
+    response = client.get("/cluster")
+
+    assert response.status_code == 302 and response["Location"] == "/login?next=/cluster"
+
+
+def test_the_page_shows_nodes_their_resources_and_the_runs_that_hold_them(viewer, fake_ray):
+    run, _ = fake_ray
+
+    response = viewer.get("/cluster")
+
+    html = response.content.decode()
+    assert response.status_code == 200 and "<html" in html
+    assert "gpu-box" in html and "10.0.0.5" in html
+    assert "GPU (logical, num_gpus): 1 / 2" in html and "CPU: 3 / 8" in html
+    assert f'href="/runs/{run.pk}"' in html and f"rlplane-run-{run.pk}" in html
+    # The run's holdings: its entrypoint's CPU plus its actor's CPU and GPU.
+    assert "CPU: 2, GPU: 1" in html
+    assert "1 other live Ray job" in html
+    assert 'href="/cluster"' in html  # the nav links here
+
+
+def test_the_htmx_fragment_is_the_live_part_only(viewer, fake_ray):
+    response = viewer.get("/cluster", headers=HTMX)
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "<html" not in html
+    assert 'id="cluster"' in html and 'hx-trigger="every 3s"' in html and "gpu-box" in html
+
+
+def test_without_gpus_utilization_is_cpu_and_processes_clearly_labelled(viewer, fake_ray):
+    html = viewer.get("/cluster", headers=HTMX).content.decode()
+
+    assert "Utilization: CPU/process (no GPUs)" in html and "cpu0:" in html
+
+
+def test_physical_gpus_that_ray_reports_are_listed_per_node(viewer, monkeypatch, make_run):
+    answers = ray_answers(make_run().pk, gpus=[{
+        "index": 0, "name": "NVIDIA H200", "utilizationGpu": 87, "memoryUsed": 1024,
+        "memoryTotal": 143771}])
+    monkeypatch.setattr(cluster, "fetch_json", lambda path: answers[path])
+
+    html = viewer.get("/cluster").content.decode()
+
+    assert "#0 NVIDIA H200: 87 %, 1024 / 143771 MiB" in html
+
+
+def test_an_unreachable_ray_is_said_plainly_instead_of_an_error(viewer, settings):
+    settings.RAY_DASHBOARD_ADDRESS = f"http://127.0.0.1:{free_port()}"  # nothing listens
+
+    page = viewer.get("/cluster")
+    fragment = viewer.get("/cluster", headers=HTMX)
+
+    for response in (page, fragment):
+        html = response.content.decode()
+        assert response.status_code == 200
+        assert "Ray is unreachable" in html and settings.RAY_DASHBOARD_ADDRESS in html
+        assert "CPU/process (no GPUs)" in html  # this host's utilization still shows
+
+
+class GpuRayHead(RayHead):
+    """test_tasks' head, declaring two logical GPUs (num_gpus) on this GPU-less host."""
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="rlg", dir="/tmp"))
+        self.token_path = self.dir / "token"
+        self.token_path.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
+        self.dashboard = f"http://127.0.0.1:{free_port()}"
+        env = {**os.environ, "RAY_AUTH_MODE": "token",
+               "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+        env.pop("RAY_AUTH_TOKEN", None)
+        env.pop("RAY_ADDRESS", None)
+        self.log = (self.dir / "head.log").open("w")
+        self.proc = subprocess.Popen(
+            [RAY, "start", "--head", "--block", "--port=0", "--num-cpus=2", "--num-gpus=2",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
+             f"--ray-client-server-port={free_port()}",
+             f"--dashboard-agent-listen-port={free_port()}",
+             f"--temp-dir={self.dir / 'ray'}", "--disable-usage-stats"],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def gpu_ray_head():
+    head = GpuRayHead()
+    head.wait_ready()
+    yield head
+    head.stop()  # kills the head's session; the job below was stopped before
+
+
+@pytest.mark.slow
+def test_a_real_ray_head_shows_its_logical_gpus_and_a_runs_job(
+        viewer, gpu_ray_head, settings, monkeypatch, make_run):
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    settings.RAY_DASHBOARD_ADDRESS = gpu_ray_head.dashboard
+    settings.RAY_AUTH_TOKEN_PATH = str(gpu_ray_head.token_path)
+    run = make_run(name="real-ray")
+    client = gpu_ray_head.client()
+    sid = client.submit_job(entrypoint="sleep 120", submission_id=f"rlplane-run-{run.pk}")
+    try:
+        deadline = time.monotonic() + 60
+        while client.get_job_status(sid) != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        html = ""
+        while time.monotonic() < deadline:  # the node registers a moment after the API
+            html = viewer.get("/cluster").content.decode()
+            if "GPU (logical, num_gpus)" in html:
+                break
+            time.sleep(0.5)
+    finally:
+        client.stop_job(sid)
+
+    assert "Ray is unreachable" not in html
+    assert "GPU (logical, num_gpus): 0 / 2" in html and "CPU: 0 / 2" in html
+    assert "head" in html and f'href="/runs/{run.pk}"' in html and sid in html
