@@ -26,6 +26,7 @@ def index(request):
     context = {"runs": run_page.runs_with_latest_metrics()}
     if request.htmx:
         return render(request, "jobs/_runs_table.html", context)
+    context["operator"] = is_operator(request.user)
     return render(request, "jobs/index.html", context)
 
 
