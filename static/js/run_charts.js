@@ -7,6 +7,7 @@
   const plotConfig = {responsive: true, displaylogo: false};
   const maxPoints = {};  // per chart; undefined keeps every point
   const MAX_LOG_LINES = 500;
+  const TERMINAL = ["succeeded", "failed", "stopped", "lost"];
   let lastSeq = data.last_seq;
   let retryMs = 1000;
 
@@ -27,6 +28,10 @@
       const el = document.getElementById(id);
       if (el) el.outerHTML = html;
     }
+    // A run that ended live has nothing left to stop.
+    const badge = document.getElementById("run-status");
+    const stopForm = document.getElementById("stop-form");
+    if (badge && stopForm && TERMINAL.includes(badge.textContent.trim())) stopForm.remove();
     for (const [id, html] of Object.entries(msg.append)) {
       const el = document.getElementById(id);
       if (!el) continue;
