@@ -136,7 +136,7 @@ def test_a_viewer_sees_no_stop_or_fork_button(viewer, run):
 def test_an_operator_can_stop_a_live_run_and_fork_it(operator, run):
     html = operator.get(f"/runs/{run.pk}").content.decode()
 
-    assert f'<form method="post" action="/runs/{run.pk}/stop">' in html
+    assert f'<form id="stop-form" method="post" action="/runs/{run.pk}/stop">' in html
     assert f'href="/runs/{run.pk}/fork"' in html
 
 
