@@ -22,6 +22,8 @@ from controlplane import processes as proc
 from controlplane.processes import ChildRecord, StackRecord
 from controlplane.stack import RAY_TEMP_DIR_MAX_LEN, StackConfig, parse_args
 
+from .stack_helpers import start_stack, wait_ready
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -117,27 +119,6 @@ def test_stopping_finds_the_session_and_the_marked_escapees(tmp_path):
 
 # -- the real stack ---------------------------------------------------------------------
 
-def start_stack(state: Path, db: Path) -> subprocess.Popen:
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", "RLPLANE_RAY_CPUS": "1",
-           "RLPLANE_RAY_OBJECT_STORE_MB": "256"}
-    env.pop(proc.STACK_MARKER, None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "controlplane.stack", "start", "--state-dir", str(state),
-         "--port", str(proc.free_port()), "--no-demo"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-
-
-def wait_ready(state: Path, supervisor: subprocess.Popen, timeout_s: float = 120) -> StackRecord:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        record = proc.read_pid_file(state / "stack" / "stack.json")
-        if record and record.ready and record.supervisor_pid == supervisor.pid:
-            return record
-        if supervisor.poll() is not None:
-            pytest.fail(f"the stack exited ({supervisor.returncode}):\n{supervisor.stdout.read()}")
-        time.sleep(0.3)
-    pytest.fail("the stack was not ready in time")
 
 
 def redis_pong(url: str) -> bytes:

@@ -12,12 +12,10 @@ root). Without it this test fails, saying how to install it; it is never skipped
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from controlplane import processes as proc
-from controlplane.processes import StackRecord
+
+from ..stack_helpers import start_stack, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -72,29 +71,6 @@ def chromium() -> Path:
     return CHROMIUM
 
 
-def start_stack(state: Path) -> subprocess.Popen:
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{state / 'db.sqlite3'}",
-           "RLPLANE_RUNS_DIR": str(state / "runs"), "RLPLANE_RAY_CPUS": "1",
-           "RLPLANE_RAY_OBJECT_STORE_MB": "256", "RLPLANE_ADMIN_USER": "operator",
-           "RLPLANE_ADMIN_PASSWORD": PASSWORD}
-    env.pop(proc.STACK_MARKER, None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "controlplane.stack", "start", "--state-dir", str(state),
-         "--port", str(proc.free_port()), "--no-demo"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-
-
-def wait_ready(state: Path, supervisor: subprocess.Popen, timeout_s: float = 120) -> StackRecord:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        record = proc.read_pid_file(state / "stack" / "stack.json")
-        if record and record.ready and record.supervisor_pid == supervisor.pid:
-            return record
-        if supervisor.poll() is not None:
-            pytest.fail(f"the stack exited ({supervisor.returncode}):\n{supervisor.stdout.read()}")
-        time.sleep(0.3)
-    pytest.fail("the stack was not ready in time")
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +79,8 @@ def stack():
     chromium()
     # A short path: Ray's unix sockets live under its temp dir (107-byte limit).
     state = Path(tempfile.mkdtemp(prefix="rle2e", dir="/tmp"))
-    supervisor = start_stack(state)
+    supervisor = start_stack(state, state / "db.sqlite3", RLPLANE_RUNS_DIR=str(state / "runs"),
+                             RLPLANE_ADMIN_USER="operator", RLPLANE_ADMIN_PASSWORD=PASSWORD)
     try:
         record = wait_ready(state, supervisor)
         yield record.urls["web"].rstrip("/")
