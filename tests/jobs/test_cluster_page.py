@@ -2,18 +2,13 @@
 fragment. Ray is faked at jobs.cluster.fetch_json for the shapes, and real (a local head
 with two logical GPUs) for one test."""
 
-import os
-import subprocess
-import tempfile
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 
 from jobs import cluster
 
-from .test_tasks import RAY, RayHead, free_port
+from .test_tasks import RayHead, free_port
 
 HTMX = {"HX-Request": "true"}
 NODE_ID = "ab12cd34ef56" + "0" * 44
@@ -115,31 +110,9 @@ def test_an_unreachable_ray_is_said_plainly_instead_of_an_error(viewer, settings
         assert "CPU/process (no GPUs)" in html  # this host's utilization still shows
 
 
-class GpuRayHead(RayHead):
-    """test_tasks' head, declaring two logical GPUs (num_gpus) on this GPU-less host."""
-
-    def __init__(self):
-        self.dir = Path(tempfile.mkdtemp(prefix="rlg", dir="/tmp"))
-        self.token_path = self.dir / "token"
-        self.token_path.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
-        self.dashboard = f"http://127.0.0.1:{free_port()}"
-        env = {**os.environ, "RAY_AUTH_MODE": "token",
-               "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
-        env.pop("RAY_AUTH_TOKEN", None)
-        env.pop("RAY_ADDRESS", None)
-        self.log = (self.dir / "head.log").open("w")
-        self.proc = subprocess.Popen(
-            [RAY, "start", "--head", "--block", "--port=0", "--num-cpus=2", "--num-gpus=2",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
-             f"--ray-client-server-port={free_port()}",
-             f"--dashboard-agent-listen-port={free_port()}",
-             f"--temp-dir={self.dir / 'ray'}", "--disable-usage-stats"],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
 @pytest.fixture(scope="module")
 def gpu_ray_head():
-    head = GpuRayHead()
+    head = RayHead(num_gpus=2)   # two logical GPUs declared on this GPU-less host
     head.wait_ready()
     yield head
     head.stop()  # kills the head's session; the job below was stopped before

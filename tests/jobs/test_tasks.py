@@ -51,7 +51,7 @@ def free_port() -> int:
 
 
 class RayHead:
-    def __init__(self):
+    def __init__(self, num_gpus: int = 0):
         # Short: Ray's unix socket paths must stay under ~107 characters.
         self.dir = Path(tempfile.mkdtemp(prefix="rlr", dir="/tmp"))
         self.token_path = self.dir / "token"
@@ -64,7 +64,8 @@ class RayHead:
         self.log = (self.dir / "head.log").open("w")
         self.proc = subprocess.Popen(
             [RAY, "start", "--head", "--block", "--port=0", "--num-cpus=2",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
+             f"--num-gpus={num_gpus}", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
              f"--ray-client-server-port={free_port()}",
              f"--dashboard-agent-listen-port={free_port()}",
              f"--temp-dir={self.dir / 'ray'}", "--disable-usage-stats"],
