@@ -228,23 +228,92 @@ RolloutConfig = _choice(TorchRolloutConfig, VllmRolloutConfig)
 
 # --------------------------------------------------------------------------- placement
 
-class ColocatedPlacementConfig(_Section):
+BundleStrategy = Literal["PACK", "SPREAD", "STRICT_PACK"]
+
+
+class _PlacementCommon(_Section):
+    strategy: BundleStrategy = "PACK"
+    """Ray placement-group strategy for the bundles: PACK (as few nodes as possible),
+    SPREAD (across nodes where possible) or STRICT_PACK (all on one node, or refuse)."""
+    threads_per_actor: int = Field(default=1, ge=1, le=256)
+    """torch CPU threads in each Ray actor. On a CPU box give each actor its own cores:
+    more threads than cores makes overlapping actors slow each other down."""
+    ready_timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+    """Longest wait for Ray to grant the placement group before the run fails (a
+    placement that cannot fit the cluster is refused at once, before this wait)."""
+
+
+class ColocatedPlacementConfig(_PlacementCommon):
+    """Rollout and learner time-share the same devices."""
+
     type: Literal["colocated"] = "colocated"
     devices: int = Field(default=1, ge=1, le=1024)
-    """Logical devices shared by rollout and learner, which take turns on them."""
+    """Logical devices shared by rollout and learner, which take turns on them. On Ray,
+    each device is a bundle with one rollout worker; the learner shares device 0."""
+    ray: bool = False
+    """Place the rollout workers and the learner as Ray actors that share each device's
+    bundle (True), or run both in the driver's process with no Ray at all (False, the
+    default: fastest start; async policies then keep their schedule without overlap)."""
 
 
-PlacementConfig = _choice(ColocatedPlacementConfig)
+class DisaggregatedPlacementConfig(_PlacementCommon):
+    """Rollout workers and the learner on separate bundles, as Ray actors."""
+
+    type: Literal["disaggregated"] = "disaggregated"
+    rollout_workers: int = Field(default=1, ge=1, le=1024)
+    """Data-parallel rollout workers, each a Ray actor with its own bundle."""
+    devices_per_worker: int = Field(default=1, ge=1, le=64)
+    """Devices (GPUs; logical GPUs on a CPU box) in each rollout worker's bundle."""
+    learner_devices: int = Field(default=1, ge=1, le=1024)
+    """Devices in the learner's bundle."""
+
+
+PlacementConfig = _choice(ColocatedPlacementConfig, DisaggregatedPlacementConfig)
 
 
 # --------------------------------------------------------------------------- async policy
 
 class SyncPolicyConfig(_Section):
-    type: Literal["sync"] = "sync"
     """Rollout, reward, learner, weight sync in strict sequence; staleness is always 0."""
 
+    type: Literal["sync"] = "sync"
 
-AsyncPolicyConfig = _choice(SyncPolicyConfig)
+
+class OneStepOffPolicyConfig(_Section):
+    """Generation of step k+1 overlaps training of step k; staleness is at most 1."""
+
+    type: Literal["one_step_off"] = "one_step_off"
+
+
+class PartialRolloutPolicyConfig(_Section):
+    """APRIL: over-provision prompts, stop generating once the step's groups are complete,
+    and continue the unfinished generations next step under the new weights."""
+
+    type: Literal["partial_rollout"] = "partial_rollout"
+    over_provision: float = Field(default=1.5, ge=1.0, le=8.0)
+    """Prompts started per step as a multiple of rollout.prompts_per_step."""
+    max_staleness: int = Field(default=1, ge=0, le=64)
+    """Recycled groups whose oldest tokens are more versions old than this at update time
+    are dropped (and counted)."""
+
+
+class FullyAsyncPolicyConfig(_Section):
+    """Rollout workers generate continuously; the learner trains on what has arrived."""
+
+    type: Literal["fully_async"] = "fully_async"
+    max_staleness: int = Field(default=2, ge=0, le=64)
+    """The staleness bound eta, in policy versions: no sample trains more than eta
+    versions after the version that generated it."""
+    on_stale: Literal["wait", "drop"] = "wait"
+    """"wait": a worker starts a batch only when it cannot exceed eta; "drop": workers
+    never wait, and groups older than eta are dropped at update time (and counted)."""
+    prompts_per_call: int = Field(default=0, ge=0, le=4096)
+    """Prompts per generate call of a worker; smaller calls stream experience sooner. 0
+    means rollout.prompts_per_step split evenly across the rollout workers."""
+
+
+AsyncPolicyConfig = _choice(SyncPolicyConfig, OneStepOffPolicyConfig,
+                            PartialRolloutPolicyConfig, FullyAsyncPolicyConfig)
 
 
 # --------------------------------------------------------------------------- weight sync
@@ -307,9 +376,11 @@ class RunConfig(_Section):
     rollout: RolloutConfig = TorchRolloutConfig()
     """The inference engine that generates completions and its sampling settings."""
     placement: PlacementConfig = ColocatedPlacementConfig()
-    """Where rollout and learner run ("colocated": they take turns on shared devices)."""
+    """Where rollout and learner run: "colocated" (they take turns on shared devices) or
+    "disaggregated" (separate Ray bundles)."""
     async_policy: AsyncPolicyConfig = SyncPolicyConfig()
-    """When rollouts run relative to learner updates ("sync")."""
+    """When rollouts run relative to learner updates: "sync", "one_step_off",
+    "partial_rollout" or "fully_async"."""
     weight_sync: WeightSyncConfig = InPlaceSyncConfig()
     """How new weights reach the rollout engine ("in_place")."""
     reward: RewardConfig = RuleRewardConfig()

@@ -4,8 +4,10 @@
             -> buffer.put(group) ... learner: buffer.take(n_groups, learner_version)
 
 A sample keeps the policy version that generated it; staleness at update time is
-learner_version - sample.version. Groups (the group_size completions of one prompt) enter
-and leave the buffer whole, because GRPO normalizes advantages within a group.
+learner_version - sample.version, checked against the policy's bound every step. A
+partial rollout continued under newer weights mixes versions: ``version`` is then the
+oldest (its staleness), ``last_version`` the newest. Groups (the group_size completions
+of one prompt) enter and leave the buffer whole: GRPO normalizes advantages in a group.
 """
 
 from __future__ import annotations
@@ -23,11 +25,33 @@ class Sample:
     response_ids: list[int]
     behaviour_logprobs: list[float]   # per response token, from the rollout engine
     finished: bool                    # EOS inside the budget
-    version: int                      # policy version that generated it
+    version: int                      # (oldest) policy version that generated it
     group: int                        # index of its prompt group within the step
     text: str = ""
     reward: float = 0.0
     advantage: float = 0.0
+    last_version: int | None = None   # newest version, when continued under new weights
+    recycled: int = 0                 # steps it was carried over unfinished
+
+    @property
+    def mixes_versions(self) -> bool:
+        return self.last_version is not None and self.last_version != self.version
+
+
+class StalenessError(RuntimeError):
+    """A sample newer than the learner (a versioning bug) or older than the bound."""
+
+
+def check_staleness(samples: list[Sample], learner_version: int, bound: int) -> list[int]:
+    """Per-sample staleness at update time; raises when one is negative or over bound."""
+    stale = [learner_version - s.version for s in samples]
+    if min(stale) < 0:
+        raise StalenessError(f"negative staleness {min(stale)}: a sample claims version "
+                             f"{learner_version - min(stale)} but the learner is at "
+                             f"{learner_version}")
+    if max(stale) > bound:
+        raise StalenessError(f"staleness {max(stale)} exceeds the bound {bound}")
+    return stale
 
 
 class ExperienceBuffer:

@@ -1,14 +1,22 @@
 """The run driver: builds the parts from a RunConfig and runs the RL loop.
 
-    warm start (cached) -> learner + rollout engine -> initial weight sync (version 0)
-    eval (held-out) ->
+    warm start (cached) -> placement: learner + rollout workers -> weight sync (version N)
+    preflight, eval (held-out) ->
     for step:
-        groups  = policy.next_batch(step, version)       rollout + reward   [spans]
+        groups  = policy.next_batch(step, version)  rollout + reward on the workers [spans]
+        check staleness <= the policy's bound       (negative: error event, run fails)
         adv     = group_advantages(rewards)
-        metrics = learner.update(pack(groups))            version += 1       [span]
-        result  = transport.push(weights, version, fp)    rollout reports fp [span]
-        emit metrics.append (spans -> bubble, rollout_share), weight_sync.report
+        metrics = learner.update(samples)           version += 1                   [span]
+        weights -> every rollout worker             each reports (version, fp)     [spans]
+        emit metrics.append (every actor's spans -> bubble, utilization per device)
     eval -> final checkpoint -> run.status
+
+Where the workers run follows the placement (engine.orchestration.placement):
+colocated with ``ray = false`` (the default) runs the learner and one rollout worker in
+this process, with no Ray and the in-place weight sync; any other placement reserves a
+Ray placement group, refused up front when it cannot fit, and runs each worker as a Ray
+actor on its bundle, weights through the Ray object store. Every policy runs either way;
+only on Ray do generation and training overlap.
 
 It is what a Ray job runs (and what the CLI runs in process). A SIGTERM, a STOP file in
 the run directory or a ``stop_requested()`` callback answering True makes it checkpoint
@@ -23,6 +31,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,30 +46,33 @@ from engine.api import (
     RunSummary,
     WeightSyncEvent,
 )
-from engine.config import RunConfig, dump_config
-from engine.experience import ExperienceBuffer, Sample
-from engine.learner.batch import pack
-from engine.learner.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
-from engine.learner.learner import Learner
+from engine.config import FullyAsyncPolicyConfig, PartialRolloutPolicyConfig, RunConfig, dump_config
+from engine.experience import ExperienceBuffer, Sample, StalenessError, check_staleness
+from engine.learner.checkpoint import latest_checkpoint
 from engine.learner.losses import group_advantages
 from engine.learner.warmstart import ensure_warm_start
-from engine.orchestration.evaluation import evaluate
-from engine.orchestration.placement import layout_for
-from engine.orchestration.policies import SyncPolicy
-from engine.orchestration.producer import RolloutProducer, step_seed
-from engine.reward import build_reward
-from engine.rollout import DTYPES, build_rollout
-from engine.rollout.base import SamplingParams
-from engine.rollout.preflight import PreflightError, check_logprob_semantics
+from engine.orchestration.actors import LocalActor, RayActor
+from engine.orchestration.placement import Layout, layout_for, reserve
+from engine.orchestration.policies import Experience, build_policy
+from engine.orchestration.producer import step_seed
+from engine.orchestration.workers import LearnerWorker, RolloutWorker
+from engine.rollout.preflight import PreflightError
 from engine.tasks import build_task
 from engine.telemetry.recorder import Telemetry
 from engine.telemetry.sinks import FanoutSink, JsonlSink, MemorySink, read_jsonl
-from engine.tinymodel import load_policy, load_tokenizer
-from engine.weightsync.inplace import InPlaceTransport
+from engine.weightsync.base import SyncResult
 
 
 def percentile(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs, dtype=np.float64), q))
+
+
+@dataclass
+class PendingSync:
+    step: int
+    ready_at: float       # when the learner's new version existed
+    meta: object          # future -> WeightMeta
+    served: list          # futures -> Served, one per rollout worker
 
 
 class RunDriver:
@@ -71,9 +83,15 @@ class RunDriver:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.memory = MemorySink()
         jsonl = JsonlSink(self.out_dir / "events.jsonl") if cfg.telemetry.jsonl else None
-        self.layout = layout_for(cfg.placement)
+        self.layout: Layout = layout_for(cfg.placement)
         self.tel = Telemetry(FanoutSink(self.memory, jsonl, sink), self.layout.devices)
         self._stop = threading.Event()
+        self._pg, self._ray_started = None, False
+        self.learner = None
+        self.workers: list = []
+        self.step = self.version = 0
+        self.pending: list[PendingSync] = []
+        self.last_sync: SyncResult | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -90,40 +108,67 @@ class RunDriver:
         self.model_dir = ensure_warm_start(cfg, log=self.tel.log)
         self.ckpt_root = self.out_dir / "checkpoints"
         ckpt = latest_checkpoint(self.ckpt_root) if resume else None
-        policy_dir = ckpt or self.model_dir
-        dtype = DTYPES[cfg.model.dtype]
-        self.tok = load_tokenizer(self.model_dir)
-        alg = cfg.algorithm
-        reference = load_policy(self.model_dir, dtype) if alg.kl_coef > 0 else None
-        self.learner = Learner(load_policy(policy_dir, dtype), alg, cfg.rollout.temperature,
-                               cfg.model.seed, reference=reference)
+        self.policy_dir = ckpt or self.model_dir
+        self._place(ckpt)
+        self.step, self.version = self.learner.call("state").result()
         if ckpt is not None:
-            restore_checkpoint(ckpt, self.learner)
-            self.tel.log(f"resumed from {ckpt.name} (step {self.learner.step}, "
-                         f"version {self.learner.version})")
-        self.engine = build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed)
-        self.transport = InPlaceTransport(self.engine)
-        self.task = build_task(cfg.task)
-        self.params = SamplingParams(temperature=cfg.rollout.temperature,
-                                     top_p=cfg.rollout.top_p,
-                                     max_new_tokens=cfg.rollout.max_new_tokens)
-        producer = RolloutProducer(
-            self.engine, self.task, build_reward(cfg.reward, self.task), self.tok, self.params,
-            cfg.rollout.prompts_per_step, alg.group_size, cfg.model.seed, self.layout, self.tel)
-        self.buffer = ExperienceBuffer()
-        self.policy = SyncPolicy(producer, self.buffer)
-        self._sync(self.learner.step, time.time())       # the engine serves version N
+            self.tel.log(f"resumed from {ckpt.name} (step {self.step}, "
+                         f"version {self.version})")
+        self.buffer = ExperienceBuffer(max_staleness=_drop_bound(cfg))
+        self.experience = Experience(self.workers, build_task(cfg.task), self.buffer,
+                                     cfg.rollout.prompts_per_step, cfg.model.seed)
+        self.policy = build_policy(cfg.async_policy, self.experience, self.version)
+        self._sync(self.step)                  # every worker serves version N
+        self._settle_syncs(wait=True)
         self._preflight()
 
+    def _place(self, ckpt: Path | None) -> None:
+        """Start the learner and the rollout workers where the layout puts them."""
+        cfg, lay = self.cfg, self.layout
+        learner_args = (cfg, self.policy_dir, self.model_dir, lay.learner.devices, ckpt)
+        if not lay.on_ray:
+            self.learner = LocalActor(LearnerWorker(*learner_args))
+            self.workers = [LocalActor(RolloutWorker(cfg, self.policy_dir, self.model_dir,
+                                                     w.devices)) for w in lay.workers]
+            self.transport = "in_place"
+            return
+        import ray
+
+        if not ray.is_initialized():
+            ray.init()
+            self._ray_started = True
+        self._pg = reserve(lay, cfg.placement.ready_timeout_s)
+        threads = cfg.placement.threads_per_actor
+        self.tel.log(f"placed on Ray: {len(lay.workers)} rollout worker(s) + learner in "
+                     f"bundles {lay.bundles} ({lay.strategy}), {threads} torch thread(s) "
+                     f"per actor")
+        self.learner = RayActor.start(LearnerWorker, (*learner_args, threads),
+                                      lay.learner.gpus, self._pg, lay.learner.bundle)
+        self.workers = [
+            RayActor.start(RolloutWorker, (cfg, self.policy_dir, self.model_dir, w.devices,
+                                           threads), w.gpus, self._pg, w.bundle)
+            for w in lay.workers]
+        self.transport = "ray_object_store"
+
+    def _teardown(self) -> None:
+        for h in [self.learner, *self.workers]:
+            if h is not None:
+                h.kill()
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+        if self._ray_started:
+            import ray
+
+            ray.shutdown()
+
     def _preflight(self) -> None:
-        prompts = [p.prompt for p in self.task.train_problems(-1, 8, stream="preflight")]
-        params = SamplingParams(temperature=self.params.temperature, top_p=self.params.top_p,
-                                max_new_tokens=min(8, self.params.max_new_tokens))
-        res = check_logprob_semantics(self.engine, self.learner.policy, self.tok, prompts,
-                                      params, self.tok.pad_token_id, self.cfg.model.seed)
+        res = self.workers[0].call("preflight", self.policy_dir, self.cfg.model.seed).result()
         if res.skipped:
             return
-        msg = (f"preflight at T={params.temperature}: engine logprobs differ from the learner's "
+        temp = self.cfg.rollout.temperature
+        msg = (f"preflight at T={temp}: engine logprobs differ from the learner's "
                f"tempered recompute by <= {res.gap_tempered:.2e}, untempered by <= "
                f"{res.gap_untempered:.2e}")
         if res.scaled:
@@ -136,10 +181,35 @@ class RunDriver:
             raise PreflightError(text + ' (rollout.preflight = "warn" only warns)')
         self.tel.log(text, level="warning")
 
-    def _sync(self, step: int, ready_at: float):
-        with self.tel.phase("weight_sync", self.layout.devices, step, self.learner.version):
-            res = self.transport.push(self.learner.named_tensors(), self.learner.version,
-                                      self.learner.fingerprint(), ready_at)
+    # ------------------------------------------------------------------ weight sync
+
+    def _sync(self, step: int) -> None:
+        """Queue the learner's current weights to every worker (behind the calls already
+        queued on it); reports are collected by _settle_syncs."""
+        ready_at = time.time()
+        meta, tensors = self.learner.call("publish", step, num_returns=2)
+        served = [w.call("receive_weights", self.version, tensors, step) for w in self.workers]
+        self.pending.append(PendingSync(step, ready_at, meta, served))
+        self.policy.weights_sent(self.version)
+
+    def _settle_syncs(self, wait: bool) -> None:
+        """Report the syncs whose every worker has answered (all of them when ``wait``)."""
+        while self.pending and (wait or all(f.done() for f in self.pending[0].served)):
+            p = self.pending.pop(0)
+            meta = p.meta.result()
+            served = [f.result() for f in p.served]
+            fps = [s.report.fingerprint for s in served]
+            odd = next((fp for fp in fps if fp != meta.fingerprint), fps[0])
+            res = SyncResult(
+                transport=self.transport, version_learner=meta.version,
+                version_rollout=min(s.report.version for s in served),
+                fingerprint_learner=meta.fingerprint, fingerprint_rollout=odd,
+                bytes=sum(s.report.bytes for s in served),
+                latency_s=max(s.at for s in served) - p.ready_at)
+            self._report_sync(p.step, res)
+
+    def _report_sync(self, step: int, res: SyncResult) -> None:
+        self.last_sync = res
         self.tel.emit(WeightSyncEvent(
             step=step, transport=res.transport, version_learner=res.version_learner,
             version_rollout=res.version_rollout, fingerprint_learner=res.fingerprint_learner,
@@ -149,22 +219,24 @@ class RunDriver:
             self.tel.log(f"weight sync v{res.version_learner} did not apply: rollout serves "
                          f"v{res.version_rollout} fingerprint {res.fingerprint_rollout}, "
                          f"learner sent {res.fingerprint_learner}", level="error")
-        return res
+
+    def _drain_spans(self) -> None:
+        futures = [h.call("drain_spans") for h in [self.learner, *self.workers]]
+        for f in futures:
+            self.tel.ingest(*f.result())
 
     def _eval(self, step: int) -> dict[str, float]:
         t = self.cfg.telemetry.eval_temperature
         temp = self.cfg.rollout.temperature if t is None else t
-        values = evaluate(self.engine, self.task, self.tok, temp,
-                          self.cfg.rollout.max_new_tokens, seed=step_seed(self.cfg.model.seed, -1),
-                          samples=self.cfg.telemetry.eval_samples)
+        values = self.workers[0].call("evaluate", temp, step_seed(self.cfg.model.seed, -1),
+                                      self.cfg.telemetry.eval_samples).result()
         self.tel.emit(MetricsEvent(step=step, values=values))
         return values
 
     def _checkpoint(self) -> None:
-        path = save_checkpoint(self.ckpt_root, self.learner, self.model_dir,
-                               self.cfg.checkpoint.keep_last)
-        self.tel.emit(CheckpointEvent(step=self.learner.step, version=self.learner.version,
-                                      path=str(path), fingerprint=self.learner.fingerprint()))
+        path, step, version, fp = self.learner.call(
+            "save_checkpoint", self.ckpt_root, self.cfg.checkpoint.keep_last).result()
+        self.tel.emit(CheckpointEvent(step=step, version=version, path=path, fingerprint=fp))
 
     # ------------------------------------------------------------------ the loop
 
@@ -180,23 +252,32 @@ class RunDriver:
         return False
 
     def _step(self, step: int) -> dict[str, float]:
-        t0 = time.time()
-        version_at_update = self.learner.version
-        groups = self.policy.next_batch(step, version_at_update)
+        t0, version = time.time(), self.version
+        # The learner's own devices wait for experience (shared ones are busy generating).
+        waiting = [d for d in self.layout.learner.devices if d not in self.layout.rollout]
+        with self.tel.phase("waiting", waiting, step, version):
+            groups = self.policy.next_batch(step, version)
         samples: list[Sample] = [s for g in groups for s in g]
+        try:
+            staleness = check_staleness(samples, version, self.policy.max_staleness)
+        except StalenessError as exc:
+            self.tel.emit(LogEvent(level="error", message=f"step {step}: {exc}"))
+            raise
         rewards = torch.tensor([s.reward for s in samples])
         adv = group_advantages(rewards, self.cfg.algorithm.group_size,
                                self.cfg.algorithm.normalize_std)
         for s, a in zip(samples, adv.tolist(), strict=True):
             s.advantage = a
-        with self.tel.phase("learner", self.layout.learner, step, version_at_update):
-            m = self.learner.update(pack(samples, self.tok.pad_token_id))
-        res = self._sync(step, time.time())
+        m = self.learner.call("update", samples, step).result()
+        self.step, self.version = self.step + 1, self.version + 1
+        self._sync(step)
+        self._settle_syncs(wait=not self.policy.overlaps)
+        self._drain_spans()
         t1 = time.time()
         m.update(self.tel.step_metrics(t0, t1))
         lengths = [len(s.response_ids) for s in samples]
-        staleness = [version_at_update - s.version for s in samples]
         tokens = sum(lengths)
+        res = self.last_sync
         m.update({
             "reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std(unbiased=False)),
@@ -207,10 +288,13 @@ class RunDriver:
             "response_length/max": float(max(lengths)),
             "response/finished_frac": sum(s.finished for s in samples) / len(samples),
             "throughput/tokens_per_s": tokens / m["time/step_s"],
+            "throughput/samples_per_s": len(samples) / m["time/step_s"],
             "rollout/tokens_per_s": tokens / max(m["time/rollout_s"], 1e-9),
             "staleness/mean": statistics.fmean(staleness),
             "staleness/max": float(max(staleness)),
             "buffer/dropped_stale": float(self.buffer.dropped_stale),
+            "buffer/recycled": float(self.experience.recycled),
+            "samples/mixed_versions": float(sum(s.mixes_versions for s in samples)),
             "weight_sync/latency_s": res.latency_s,
             "weight_sync/bytes": float(res.bytes),
             "weight_sync/gbps": res.bytes * 8 / 1e9 / max(res.latency_s, 1e-9),
@@ -236,10 +320,10 @@ class RunDriver:
         try:
             self._build(resume)
             self.status("running")
-            eval_before = self._eval(self.learner.step)
+            eval_before = self._eval(self.step)
             rl_start = time.time()
-            while self.learner.step < total:
-                step = self.learner.step
+            while self.step < total:
+                step = self.step
                 last = self._step(step)
                 if self.progress:
                     self.progress(step + 1, total, last)
@@ -253,7 +337,9 @@ class RunDriver:
                 if cfg.max_seconds is not None and time.time() - rl_start > cfg.max_seconds:
                     self.tel.log(f"max_seconds={cfg.max_seconds} reached after step {step + 1}")
                     break
-            eval_after = self._eval(self.learner.step)
+            self.policy.close()
+            self._settle_syncs(wait=True)
+            eval_after = self._eval(self.step)
             self._checkpoint()
             status = "stopped" if self._stop_requested() else "succeeded"
         except KeyboardInterrupt:
@@ -263,11 +349,13 @@ class RunDriver:
             self.tel.emit(LogEvent(level="error", message=f"{type(exc).__name__}: {exc}"))
             raise
         finally:
+            self._teardown()
             self.status(status)
             self.tel.sink.close()
             if prev is not None:
                 signal.signal(signal.SIGTERM, prev)
-        return RunSummary(status=status, steps_done=self.learner.step, eval_before=eval_before,
+        return RunSummary(status=status, steps_done=self.step,
+                          eval_before=eval_before,
                           eval_after=eval_after, last_metrics=last, out_dir=str(self.out_dir),
                           wall_s=time.time() - start)
 
@@ -281,3 +369,11 @@ def last_seq(path: Path) -> int:
 
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
+
+
+def _drop_bound(cfg: RunConfig) -> int | None:
+    """Staleness beyond which the buffer drops groups: the policies that may outrun it."""
+    p = cfg.async_policy
+    if isinstance(p, FullyAsyncPolicyConfig | PartialRolloutPolicyConfig):
+        return p.max_staleness
+    return None

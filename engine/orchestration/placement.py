@@ -1,29 +1,102 @@
-"""Logical devices and which roles run on them.
+"""Where the run's actors go: bundles, which actor sits on which, and the logical devices.
 
-    colocated, devices=2:   cpu:0 [rollout | reward | learner | sync]   (roles take turns)
-                            cpu:1 [rollout | reward | learner | sync]
+    colocated, devices=2, in process (ray = false):
+        cpu:0 cpu:1   [rollout | reward | learner | sync]       (roles take turns)
+    colocated, devices=2, on Ray:      bundle 0 {GPU: 1}        bundle 1 {GPU: 1}
+        gpu:0  rollout worker 0 (0.5) + learner (0.5)      gpu:1  rollout worker 1 (0.5)
+    disaggregated, rollout_workers=2, devices_per_worker=1, learner_devices=1:
+        bundle 0 {GPU: 1}  gpu:0  rollout worker 0
+        bundle 1 {GPU: 1}  gpu:1  rollout worker 1
+        bundle 2 {GPU: 1}  gpu:2  learner
 
-Spans are recorded per logical device, so bubble and utilization mean the same thing
-whether a device is a CPU slot here or a GPU in a Ray placement group.
+Device names number the placement's devices (gpu:<k>), not the node's. Spans are recorded
+per logical device, so bubble and utilization mean the same on a CPU slot, a logical GPU
+(``ray.init(num_gpus=N)`` on a CPU box) or a real GPU. A placement that cannot fit the
+cluster is refused before anything launches (PlacementError: asked vs available).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import ColocatedPlacementConfig
+from engine.config import ColocatedPlacementConfig, DisaggregatedPlacementConfig
+
+
+class PlacementError(RuntimeError):
+    """The placement cannot be granted by this cluster."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    bundle: int            # index into Layout.bundles
+    gpus: float            # of that bundle's GPUs this actor takes
+    devices: list[str]
 
 
 @dataclass(frozen=True)
 class Layout:
-    rollout: list[str]
-    learner: list[str]
+    workers: list[Slot]    # one per rollout worker
+    learner: Slot
+    bundles: list[dict[str, float]]
+    strategy: str
+    on_ray: bool
+
+    @property
+    def rollout(self) -> list[str]:
+        return [d for w in self.workers for d in w.devices]
 
     @property
     def devices(self) -> list[str]:
-        return list(dict.fromkeys(self.rollout + self.learner))
+        return list(dict.fromkeys(self.rollout + self.learner.devices))
 
 
-def layout_for(cfg: ColocatedPlacementConfig) -> Layout:
-    devices = [f"cpu:{i}" for i in range(cfg.devices)]
-    return Layout(rollout=devices, learner=devices)
+def layout_for(cfg: ColocatedPlacementConfig | DisaggregatedPlacementConfig) -> Layout:
+    if isinstance(cfg, DisaggregatedPlacementConfig):
+        per, n = cfg.devices_per_worker, cfg.rollout_workers
+        workers = [Slot(i, per, [f"gpu:{i * per + j}" for j in range(per)]) for i in range(n)]
+        learner = Slot(n, cfg.learner_devices,
+                       [f"gpu:{n * per + j}" for j in range(cfg.learner_devices)])
+        bundles = [{"GPU": float(per)}] * n + [{"GPU": float(cfg.learner_devices)}]
+        return Layout(workers, learner, bundles, cfg.strategy, on_ray=True)
+    if not cfg.ray:
+        devices = [f"cpu:{i}" for i in range(cfg.devices)]
+        return Layout([Slot(0, 0, devices)], Slot(0, 0, devices), [], cfg.strategy,
+                      on_ray=False)
+    workers = [Slot(i, 0.5, [f"gpu:{i}"]) for i in range(cfg.devices)]
+    return Layout(workers, Slot(0, 0.5, ["gpu:0"]), [{"GPU": 1.0}] * cfg.devices,
+                  cfg.strategy, on_ray=True)
+
+
+def check_fits(layout: Layout, nodes: list[dict[str, float]]) -> None:
+    """Refuse, naming what was asked and what is there, a layout no grant can satisfy.
+    ``nodes`` are the alive nodes' total resources."""
+    asked = sum(b.get("GPU", 0.0) for b in layout.bundles)
+    have = sum(n.get("GPU", 0.0) for n in nodes)
+    shape = " + ".join(f"{b['GPU']:g}" for b in layout.bundles)
+    per_node = ", ".join(f"{n.get('GPU', 0.0):g}" for n in nodes) or "no nodes"
+    what = (f"placement asks for {asked:g} GPUs in {len(layout.bundles)} bundles ({shape}, "
+            f"{layout.strategy}); the cluster has {have:g} GPUs (per node: {per_node})")
+    if asked > have:
+        raise PlacementError(f"{what}. Lower the placement's devices or add GPUs.")
+    biggest = max((n.get("GPU", 0.0) for n in nodes), default=0.0)
+    if any(b["GPU"] > biggest for b in layout.bundles):
+        raise PlacementError(f"{what}: a bundle is larger than any node.")
+    if layout.strategy == "STRICT_PACK" and asked > biggest:
+        raise PlacementError(f"{what}: STRICT_PACK needs them all on one node; use PACK.")
+
+
+def reserve(layout: Layout, timeout_s: float):
+    """A ready Ray placement group for ``layout`` (Ray must be initialized)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    check_fits(layout, [n["Resources"] for n in ray.nodes() if n["Alive"]])
+    pg = placement_group(layout.bundles, strategy=layout.strategy)
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(pg)
+        raise PlacementError(f"Ray did not grant the placement group {layout.bundles} "
+                             f"({layout.strategy}) within {timeout_s:g} s "
+                             f"(placement.ready_timeout_s); available now: "
+                             f"{ray.available_resources()}")
+    return pg

@@ -1,39 +1,170 @@
 """Async policies: when rollouts run relative to learner updates.
 
-The driver's loop is fixed -- ``groups = policy.next_batch(step, learner_version)``, then
-learner update, then weight sync. A policy decides where those groups come from:
+The driver's loop is fixed -- ``groups = policy.next_batch(step, learner_version)``, learner
+update, ``policy.weights_sent(version)`` after the sync is queued. A policy decides when
+each rollout worker generates what; all of them go through one ExperienceBuffer of
+versioned groups, and ``max_staleness`` is the bound the driver checks every step:
 
-    sync            produce(step) with the current weights, train on it   (staleness 0)
-    one-step-off    (later) produce(step+1) while the learner trains on step
-    fully async     (later) producers fill the buffer; take() enforces the staleness bound
+    sync          all workers produce the step's groups with the current weights   eta = 0
+    one_step_off  a worker starts step k+1 as soon as step k's groups are taken,
+                  so generation of k+1 overlaps training of k                      eta = 1
+    fully_async   every worker always generates; "wait" starts a call only if its
+                  groups cannot train more than eta versions later, "drop" never
+                  waits and the buffer drops (and counts) groups older than eta     eta
+    (partial_rollout lives in engine.orchestration.partial)
+
+Workers are handles (engine.orchestration.actors): in the driver's process a call runs
+when submitted, so the schedules hold (same staleness) without overlap; on Ray they run
+concurrently with the learner. Calls to one worker run in submit order, so a weight
+sync queued before a produce call is what that call generates with.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from engine.config import (
+    AsyncPolicyConfig,
+    FullyAsyncPolicyConfig,
+    OneStepOffPolicyConfig,
+    PartialRolloutPolicyConfig,
+)
 from engine.experience import ExperienceBuffer, Sample
-from engine.orchestration.producer import RolloutProducer
+from engine.orchestration.actors import wait_any
+from engine.orchestration.producer import step_seed
+from engine.tasks import Task
 
 
 class AsyncPolicy(Protocol):
     name: str
+    max_staleness: int
+    overlaps: bool        # False: the driver waits for each weight sync before going on
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]: ...
+
+    def weights_sent(self, version: int) -> None: ...
 
     def close(self) -> None: ...
 
 
-class SyncPolicy:
-    name = "sync"
+class Experience:
+    """What every policy draws on: the workers, the task's problem stream, the buffer."""
 
-    def __init__(self, producer: RolloutProducer, buffer: ExperienceBuffer):
-        self.producer, self.buffer = producer, buffer
+    def __init__(self, workers: list, task: Task, buffer: ExperienceBuffer,
+                 n_prompts: int, seed: int):
+        self.workers, self.task, self.buffer = workers, task, buffer
+        self.n_prompts, self.seed = n_prompts, seed
+        self.recycled = 0                 # groups carried into a later step unfinished
+
+    def submit(self, worker: int, index: int, n: int, step: int, part: int = 0):
+        """Worker ``worker`` generates ``n`` groups: the task's problems for ``index``."""
+        problems = self.task.train_problems(index, n)
+        return self.workers[worker].call("produce", step, problems,
+                                         step_seed(self.seed, index) + part)
+
+
+def split(n: int, parts: int) -> list[int]:
+    return [n // parts + (i < n % parts) for i in range(parts)]
+
+
+class SyncPolicy:
+    name, max_staleness, overlaps = "sync", 0, False
+
+    def __init__(self, exp: Experience):
+        self.exp = exp
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
-        for group in self.producer.produce(step):
-            self.buffer.put(group)
-        return self.buffer.take(self.producer.n_prompts, learner_version)
+        exp = self.exp
+        problems = exp.task.train_problems(step, exp.n_prompts)
+        futures, at = [], 0
+        for w, n in enumerate(split(exp.n_prompts, len(exp.workers))):
+            if n:
+                futures.append(exp.workers[w].call("produce", step, problems[at:at + n],
+                                                   step_seed(exp.seed, step) + w))
+            at += n
+        for f in futures:
+            for group in f.result():
+                exp.buffer.put(group)
+        return exp.buffer.take(exp.n_prompts, learner_version)
+
+    def weights_sent(self, version: int) -> None:
+        pass
 
     def close(self) -> None:
         pass
+
+
+class StreamingPolicy:
+    """Keeps workers generating ahead of the learner, within the staleness bound.
+
+    Call c of the stream fills groups [g_c, g_c + n_c); with steps of N groups its last
+    group trains at update (g_c + n_c - 1) // N, i.e. at learner version start + that.
+    A worker whose weights are at version v may start it ("wait") only if
+    start + (g_c + n_c - 1) // N - v <= eta.
+    """
+
+    overlaps = True
+
+    def __init__(self, exp: Experience, name: str, eta: int, wait: bool, per_call: int,
+                 start_version: int):
+        self.exp, self.name, self.max_staleness, self.wait = exp, name, eta, wait
+        self.per_call = per_call
+        self.start = start_version
+        self.sent = [start_version] * len(exp.workers)   # version each worker will serve
+        self.inflight: dict[int, object] = {}             # worker -> its produce future
+        self.calls = 0
+        self.planned = 0                                   # groups asked for so far
+
+    def _feed(self, step: int) -> None:
+        for w in range(len(self.exp.workers)):
+            if w in self.inflight:
+                continue
+            trains_at = self.start + (self.planned + self.per_call - 1) // self.exp.n_prompts
+            if self.wait and trains_at - self.sent[w] > self.max_staleness:
+                continue
+            self.inflight[w] = self.exp.submit(w, self.calls, self.per_call, step)
+            self.calls += 1
+            self.planned += self.per_call
+
+    def _collect(self) -> None:
+        done = wait_any(list(self.inflight.values()))
+        for w, f in list(self.inflight.items()):
+            if f in done:
+                del self.inflight[w]
+                for group in f.result():
+                    self.exp.buffer.put(group)
+
+    def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
+        n, out = self.exp.n_prompts, []
+        while len(out) < n:
+            self._feed(step)
+            out += self.exp.buffer.take(n - len(out), learner_version)
+            if len(out) < n:
+                if not self.inflight:
+                    raise RuntimeError(f"{self.name}: no generation in flight and "
+                                       f"{len(out)}/{n} groups; the schedule is stuck")
+                self._collect()
+        self._feed(step)              # generate the next groups while the learner trains
+        return out
+
+    def weights_sent(self, version: int) -> None:
+        self.sent = [version] * len(self.sent)
+
+    def close(self) -> None:
+        for f in self.inflight.values():
+            f.result()                # let the workers finish before they are torn down
+        self.inflight.clear()
+
+
+def build_policy(cfg: AsyncPolicyConfig, exp: Experience, start_version: int) -> AsyncPolicy:
+    per_worker = -(-exp.n_prompts // len(exp.workers))
+    if isinstance(cfg, OneStepOffPolicyConfig):
+        return StreamingPolicy(exp, cfg.type, 1, True, per_worker, start_version)
+    if isinstance(cfg, FullyAsyncPolicyConfig):
+        return StreamingPolicy(exp, cfg.type, cfg.max_staleness, cfg.on_stale == "wait",
+                               cfg.prompts_per_call or per_worker, start_version)
+    if isinstance(cfg, PartialRolloutPolicyConfig):
+        from engine.orchestration.partial import PartialRolloutPolicy
+
+        return PartialRolloutPolicy(exp, cfg)
+    return SyncPolicy(exp)

@@ -1,19 +1,18 @@
-"""Produces a step's experience: prompts -> rollout engine -> reward -> groups.
+"""Turns problems into experience: rollout engine -> reward -> groups of samples.
 
-    problems = task.train_problems(step, prompts_per_step)
-    each prompt x group_size -> engine.generate(...)        [span: rollout]
+    rows = each problem x group_size
+    engine.generate(rows, params, seed)                     [span: rollout]
     decode, reward.score(...)                               [span: reward]
-    -> one group (list[Sample]) per prompt, tagged with the engine's weight version
+    -> one group (list[Sample]) per problem, tagged with the engine's weight version
 """
 
 from __future__ import annotations
 
 from engine.experience import Sample
-from engine.orchestration.placement import Layout
 from engine.reward import RewardFn
 from engine.rollout.base import RolloutEngine, SamplingParams
-from engine.tasks import Task
-from engine.telemetry.recorder import Telemetry
+from engine.tasks.base import Problem
+from engine.telemetry.recorder import SpanRecorder
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -21,29 +20,25 @@ def step_seed(seed: int, step: int) -> int:
 
 
 class RolloutProducer:
-    def __init__(self, engine: RolloutEngine, task: Task, reward: RewardFn, tokenizer,
-                 params: SamplingParams, prompts_per_step: int, group_size: int, seed: int,
-                 layout: Layout, telemetry: Telemetry):
-        self.engine, self.task, self.reward, self.tok = engine, task, reward, tokenizer
-        self.params, self.n_prompts, self.group_size = params, prompts_per_step, group_size
-        self.seed, self.layout, self.tel = seed, layout, telemetry
+    def __init__(self, engine: RolloutEngine, reward: RewardFn, tokenizer,
+                 params: SamplingParams, group_size: int, recorder: SpanRecorder):
+        self.engine, self.reward, self.tok, self.params = engine, reward, tokenizer, params
+        self.group_size, self.rec = group_size, recorder
 
-    def produce(self, step: int) -> list[list[Sample]]:
-        problems = self.task.train_problems(step, self.n_prompts)
-        prompt_ids = [self.tok(p.prompt)["input_ids"] for p in problems]
-        batch = [ids for ids in prompt_ids for _ in range(self.group_size)]
+    def produce(self, step: int, problems: list[Problem], seed: int) -> list[list[Sample]]:
+        g = self.group_size
+        owners = [p for p in problems for _ in range(g)]
+        batch = [self.tok(p.prompt)["input_ids"] for p in owners]
         version = self.engine.weight_version()
-        with self.tel.phase("rollout", self.layout.rollout, step, version):
-            outs = self.engine.generate(batch, self.params, seed=step_seed(self.seed, step))
-        with self.tel.phase("reward", self.layout.rollout, step, version):
+        with self.rec.phase("rollout", step, version):
+            outs = self.engine.generate(batch, self.params, seed=seed)
+        with self.rec.phase("reward", step, version):
             texts = [self.tok.decode(o.token_ids, skip_special_tokens=True) for o in outs]
-            owners = [p for p in problems for _ in range(self.group_size)]
             rewards = self.reward.score(owners, texts, [o.finished for o in outs])
         samples = [
             Sample(problem=owners[i], prompt_ids=batch[i], response_ids=o.token_ids,
                    behaviour_logprobs=o.logprobs, finished=o.finished, version=o.version,
-                   group=i // self.group_size, text=texts[i], reward=rewards[i])
+                   group=i // g, text=texts[i], reward=rewards[i])
             for i, o in enumerate(outs)
         ]
-        g = self.group_size
         return [samples[i:i + g] for i in range(0, len(samples), g)]

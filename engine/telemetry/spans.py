@@ -10,6 +10,10 @@ step's window [t0, t1] on D devices:
     time/<phase>_s = length of the union of that phase's spans (any device)
     time/idle_s    = mean over devices of (wall - busy(d))
     device/utilization/<d> = busy(d) / wall
+    device/utilization/<d>/<phase> = length of the union of d's <phase> spans / wall
+
+"waiting" spans (an actor blocked on another: the learner on experience, a worker on
+the staleness bound) are reported as time/waiting_s and never count as busy.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-PHASES = ("rollout", "reward", "learner", "weight_sync")
+PHASES = ("rollout", "reward", "learner", "weight_sync")   # busy
+WAITING = "waiting"
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,17 @@ def phase_metrics(spans: list[Span], devices: list[str], t0: float, t1: float) -
         raise ValueError("a step window needs t1 > t0 and at least one device")
     out: dict[str, float] = {"time/step_s": wall}
     busy_total, idle = 0.0, 0.0
+    busy_spans = [s for s in spans if s.phase != WAITING]
     for d in devices:
-        busy = union_length(((s.start, s.end) for s in spans if s.device == d), t0, t1)
+        mine = [s for s in busy_spans if s.device == d]
+        busy = union_length(((s.start, s.end) for s in mine), t0, t1)
         busy_total += busy
         idle += wall - busy
         out[f"device/utilization/{d}"] = busy / wall
-    for phase in PHASES:
+        for phase in PHASES:
+            out[f"device/utilization/{d}/{phase}"] = union_length(
+                ((s.start, s.end) for s in mine if s.phase == phase), t0, t1) / wall
+    for phase in (*PHASES, WAITING):
         out[f"time/{phase}_s"] = union_length(
             ((s.start, s.end) for s in spans if s.phase == phase), t0, t1)
     out["time/idle_s"] = idle / len(devices)

@@ -1,0 +1,150 @@
+"""The two kinds of actor a run places: rollout workers and the learner.
+
+    RolloutWorker(cfg, policy_dir, model_dir, devices)   engine + reward + tokenizer
+        .produce(step, problems, seed) -> groups           [spans: rollout, reward]
+        .receive_weights(version, tensors) -> Served       [span: weight_sync]
+        .evaluate(...), .preflight(...), .sleep(), .wake_up()
+    LearnerWorker(cfg, policy_dir, model_dir, devices, checkpoint)
+        .update(samples, step) -> metrics                  [span: learner]  version += 1
+        .publish(step) -> (WeightMeta, tensors)            [span: weight_sync]
+        .save_checkpoint(root, keep)
+    both: .drain_spans() -> (closed, running)             (its own clock and devices)
+
+Plain classes: the driver runs them in its own process or as Ray actors on their
+placement-group bundles (engine.orchestration.actors), unchanged. This module is the one
+place the rollout engine and the reward are built (a fault-injecting wrapper is one line
+in RolloutWorker.__init__).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.config import RunConfig
+from engine.experience import Sample
+from engine.learner.batch import pack
+from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
+from engine.learner.learner import Learner
+from engine.orchestration.evaluation import evaluate
+from engine.orchestration.producer import RolloutProducer
+from engine.reward import build_reward
+from engine.rollout import DTYPES, build_rollout
+from engine.rollout.base import SamplingParams, WeightReport
+from engine.rollout.preflight import check_logprob_semantics
+from engine.tasks import build_task
+from engine.tasks.base import Problem
+from engine.telemetry.recorder import SpanRecorder
+from engine.tinymodel import load_policy, load_tokenizer
+
+
+def sampling_params(cfg: RunConfig) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p,
+                          max_new_tokens=r.max_new_tokens)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A rollout worker's report after loading weights, and when it began serving them."""
+    report: WeightReport
+    at: float
+
+
+@dataclass(frozen=True)
+class WeightMeta:
+    version: int
+    fingerprint: str
+
+
+class RolloutWorker:
+    def __init__(self, cfg: RunConfig, policy_dir: Path, model_dir: Path, devices: list[str],
+                 threads: int | None = None):
+        if threads is not None:
+            torch.set_num_threads(threads)
+        torch.manual_seed(cfg.model.seed)
+        self.cfg, self.rec = cfg, SpanRecorder(devices)
+        self.tok = load_tokenizer(model_dir)
+        self.task = build_task(cfg.task)
+        self.engine = build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed)
+        reward = build_reward(cfg.reward, self.task)
+        self.producer = RolloutProducer(self.engine, reward, self.tok, sampling_params(cfg),
+                                        cfg.algorithm.group_size, self.rec)
+
+    def produce(self, step: int, problems: list[Problem], seed: int) -> list[list[Sample]]:
+        return self.producer.produce(step, problems, seed)
+
+    def receive_weights(self, version: int, tensors: list[tuple[str, torch.Tensor]],
+                        step: int) -> Served:
+        with self.rec.phase("weight_sync", step, version):
+            report = self.engine.load_weights(tensors, version)
+        return Served(report, time.time())
+
+    def evaluate(self, temperature: float, seed: int, samples: int) -> dict[str, float]:
+        return evaluate(self.engine, self.task, self.tok, temperature,
+                        self.cfg.rollout.max_new_tokens, seed=seed, samples=samples)
+
+    def preflight(self, policy_dir: Path, seed: int):
+        """Compare this engine's logprobs with a recompute by the policy in ``policy_dir``
+        (the weights both start from)."""
+        prompts = [p.prompt for p in self.task.train_problems(-1, 8, stream="preflight")]
+        full = sampling_params(self.cfg)
+        params = SamplingParams(temperature=full.temperature, top_p=full.top_p,
+                                max_new_tokens=min(8, full.max_new_tokens))
+        policy = load_policy(policy_dir, DTYPES[self.cfg.model.dtype])
+        return check_logprob_semantics(self.engine, policy, self.tok, prompts, params,
+                                       self.tok.pad_token_id, seed)
+
+    def sleep(self) -> None:
+        """Colocated: free the engine's memory while the learner trains, where the backend
+        can (vLLM sleep mode on GPU); a no-op for backends without it."""
+        if hasattr(self.engine, "sleep"):
+            self.engine.sleep()
+
+    def wake_up(self) -> None:
+        if hasattr(self.engine, "wake_up"):
+            self.engine.wake_up()
+
+    def drain_spans(self):
+        return self.rec.drain()
+
+
+class LearnerWorker:
+    def __init__(self, cfg: RunConfig, policy_dir: Path, model_dir: Path, devices: list[str],
+                 checkpoint: Path | None = None, threads: int | None = None):
+        if threads is not None:
+            torch.set_num_threads(threads)
+        torch.manual_seed(cfg.model.seed)
+        dtype = DTYPES[cfg.model.dtype]
+        alg = cfg.algorithm
+        reference = load_policy(model_dir, dtype) if alg.kl_coef > 0 else None
+        self.learner = Learner(load_policy(policy_dir, dtype), alg, cfg.rollout.temperature,
+                               cfg.model.seed, reference=reference)
+        if checkpoint is not None:
+            restore_checkpoint(checkpoint, self.learner)
+        self.pad_id = load_tokenizer(model_dir).pad_token_id
+        self.model_dir, self.rec = model_dir, SpanRecorder(devices)
+
+    def state(self) -> tuple[int, int]:
+        return self.learner.step, self.learner.version
+
+    def update(self, samples: list[Sample], step: int) -> dict[str, float]:
+        with self.rec.phase("learner", step, self.learner.version):
+            return self.learner.update(pack(samples, self.pad_id))
+
+    def publish(self, step: int) -> tuple[WeightMeta, list[tuple[str, torch.Tensor]]]:
+        """The weights to send and what they are. In process these are the learner's own
+        tensors (the in-place copy reads them); through Ray, the object store's copy."""
+        with self.rec.phase("weight_sync", step, self.learner.version):
+            meta = WeightMeta(self.learner.version, self.learner.fingerprint())
+            return meta, self.learner.named_tensors()
+
+    def save_checkpoint(self, root: Path, keep_last: int) -> tuple[str, int, int, str]:
+        path = save_checkpoint(root, self.learner, self.model_dir, keep_last)
+        return str(path), self.learner.step, self.learner.version, self.learner.fingerprint()
+
+    def drain_spans(self):
+        return self.rec.drain()
