@@ -122,7 +122,7 @@ def test_the_placement_choice_overrides_the_tables_type(client, operator):
 
     assert form.is_valid(), form.errors
     assert form.run_config.placement.devices == 2
-    assert [t for t, _ in form.fields["placement"].choices] == ["colocated"]
+    assert [t for t, _ in form.fields["placement"].choices] == ["colocated", "disaggregated"]
 
 
 def test_viewers_cannot_launch_stop_or_fork(client, viewer, make_run, queued):
