@@ -116,7 +116,8 @@ class RunDriver:
                          f"version {self.version})")
         self.buffer = ExperienceBuffer(max_staleness=_drop_bound(cfg))
         self.experience = Experience(self.workers, build_task(cfg.task), self.buffer,
-                                     cfg.rollout.prompts_per_step, cfg.model.seed)
+                                     cfg.rollout.prompts_per_step, cfg.algorithm.group_size,
+                                     cfg.model.seed)
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
         self._sync(self.step)                  # every worker serves version N
         self._settle_syncs(wait=True)
@@ -131,6 +132,7 @@ class RunDriver:
             self.workers = [LocalActor(RolloutWorker(cfg, self.policy_dir, self.model_dir,
                                                      w.devices)) for w in lay.workers]
             self.transport = "in_place"
+            self.sharing = self.workers
             return
         import ray
 
@@ -149,6 +151,8 @@ class RunDriver:
                                            threads), w.gpus, self._pg, w.bundle)
             for w in lay.workers]
         self.transport = "ray_object_store"
+        self.sharing = [h for h, w in zip(self.workers, lay.workers, strict=True)
+                        if set(w.devices) & set(lay.learner.devices)]
 
     def _teardown(self) -> None:
         for h in [self.learner, *self.workers]:
@@ -268,7 +272,11 @@ class RunDriver:
                                self.cfg.algorithm.normalize_std)
         for s, a in zip(samples, adv.tolist(), strict=True):
             s.advantage = a
+        for w in self.sharing:            # colocated: the engine yields the device
+            w.call("sleep")
         m = self.learner.call("update", samples, step).result()
+        for w in self.sharing:
+            w.call("wake_up")
         self.step, self.version = self.step + 1, self.version + 1
         self._sync(step)
         self._settle_syncs(wait=not self.policy.overlaps)

@@ -51,20 +51,19 @@ class Experience:
     """What every policy draws on: the workers, the task's problem stream, the buffer."""
 
     def __init__(self, workers: list, task: Task, buffer: ExperienceBuffer,
-                 n_prompts: int, seed: int):
+                 n_prompts: int, group_size: int, seed: int):
         self.workers, self.task, self.buffer = workers, task, buffer
-        self.n_prompts, self.seed = n_prompts, seed
+        self.n_prompts, self.group_size, self.seed = n_prompts, group_size, seed
         self.recycled = 0                 # groups carried into a later step unfinished
 
-    def submit(self, worker: int, index: int, n: int, step: int, part: int = 0):
+    def seed_for(self, index: int, worker: int) -> int:
+        return step_seed(self.seed, index) + worker
+
+    def submit(self, worker: int, index: int, n: int, step: int):
         """Worker ``worker`` generates ``n`` groups: the task's problems for ``index``."""
         problems = self.task.train_problems(index, n)
         return self.workers[worker].call("produce", step, problems,
-                                         step_seed(self.seed, index) + part)
-
-
-def split(n: int, parts: int) -> list[int]:
-    return [n // parts + (i < n % parts) for i in range(parts)]
+                                         self.seed_for(index, worker))
 
 
 class SyncPolicy:
@@ -76,12 +75,11 @@ class SyncPolicy:
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
         exp = self.exp
         problems = exp.task.train_problems(step, exp.n_prompts)
-        futures, at = [], 0
-        for w, n in enumerate(split(exp.n_prompts, len(exp.workers))):
-            if n:
-                futures.append(exp.workers[w].call("produce", step, problems[at:at + n],
-                                                   step_seed(exp.seed, step) + w))
-            at += n
+        futures = []
+        for w, mine in enumerate(split(problems, len(exp.workers))):
+            if mine:
+                futures.append(exp.workers[w].call("produce", step, mine,
+                                                   exp.seed_for(step, w)))
         for f in futures:
             for group in f.result():
                 exp.buffer.put(group)
@@ -168,3 +166,10 @@ def build_policy(cfg: AsyncPolicyConfig, exp: Experience, start_version: int) ->
 
         return PartialRolloutPolicy(exp, cfg)
     return SyncPolicy(exp)
+
+
+def split(items: list, parts: int) -> list[list]:
+    """``items`` in ``parts`` contiguous slices whose sizes differ by at most one."""
+    k, r = divmod(len(items), parts)
+    bounds = [i * k + min(i, r) for i in range(parts + 1)]
+    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]

@@ -2,6 +2,7 @@
 
     RolloutWorker(cfg, policy_dir, model_dir, devices)   engine + reward + tokenizer
         .produce(step, problems, seed) -> groups           [spans: rollout, reward]
+        .continue_groups(step, groups, target, seed)       partial rollout (APRIL)
         .receive_weights(version, tensors) -> Served       [span: weight_sync]
         .evaluate(...), .preflight(...), .sleep(), .wake_up()
     LearnerWorker(cfg, policy_dir, model_dir, devices, checkpoint)
@@ -30,6 +31,7 @@ from engine.learner.batch import pack
 from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
 from engine.learner.learner import Learner
 from engine.orchestration.evaluation import evaluate
+from engine.orchestration.partial import PartialGroup, continue_groups
 from engine.orchestration.producer import RolloutProducer
 from engine.reward import build_reward
 from engine.rollout import DTYPES, build_rollout
@@ -70,12 +72,18 @@ class RolloutWorker:
         self.tok = load_tokenizer(model_dir)
         self.task = build_task(cfg.task)
         self.engine = build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed)
-        reward = build_reward(cfg.reward, self.task)
-        self.producer = RolloutProducer(self.engine, reward, self.tok, sampling_params(cfg),
+        self.reward = build_reward(cfg.reward, self.task)
+        self.params = sampling_params(cfg)
+        self.producer = RolloutProducer(self.engine, self.reward, self.tok, self.params,
                                         cfg.algorithm.group_size, self.rec)
 
     def produce(self, step: int, problems: list[Problem], seed: int) -> list[list[Sample]]:
         return self.producer.produce(step, problems, seed)
+
+    def continue_groups(self, step: int, groups: list[PartialGroup], target: int,
+                        seed: int) -> tuple[list[list[Sample]], list[PartialGroup]]:
+        return continue_groups(self.engine, self.reward, self.tok, self.params, groups,
+                               target, seed, step, self.rec)
 
     def receive_weights(self, version: int, tensors: list[tuple[str, torch.Tensor]],
                         step: int) -> Served:
@@ -98,15 +106,13 @@ class RolloutWorker:
         return check_logprob_semantics(self.engine, policy, self.tok, prompts, params,
                                        self.tok.pad_token_id, seed)
 
-    def sleep(self) -> None:
-        """Colocated: free the engine's memory while the learner trains, where the backend
-        can (vLLM sleep mode on GPU); a no-op for backends without it."""
-        if hasattr(self.engine, "sleep"):
-            self.engine.sleep()
+    def sleep(self) -> bool:
+        """Colocated: free the engine's device memory while the learner trains, where the
+        backend can (vLLM sleep mode on GPU; the torch sampler holds nothing)."""
+        return self.engine.sleep()
 
     def wake_up(self) -> None:
-        if hasattr(self.engine, "wake_up"):
-            self.engine.wake_up()
+        self.engine.wake_up()
 
     def drain_spans(self):
         return self.rec.drain()

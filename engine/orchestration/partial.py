@@ -1,0 +1,150 @@
+"""Partial rollout (APRIL): stop at the batch target, carry the long tail into the next step.
+
+    step k:  groups = carried (unfinished) + fresh problems, ceil(N x over_provision) in all
+             worker: generate every unfinished row (prompt + its tokens so far), and stop
+                     as soon as N groups have all their rows done    (on_complete -> True)
+             complete groups -> reward -> buffer;  the rest -> carried into step k+1
+    step k+1: a carried row continues under the new weights; its sample then mixes
+             versions: version = the oldest (its staleness), last_version = the newest
+
+A row's remaining budget is max_new_tokens minus the tokens it has; rows are generated in
+one call with the full budget and cut to their own. Carried groups that would train more
+than max_staleness versions after their oldest tokens are dropped (and counted) before
+they cost more generation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from engine.config import PartialRolloutPolicyConfig
+from engine.experience import Sample
+from engine.orchestration.policies import split
+from engine.reward import RewardFn
+from engine.rollout.base import Completion, RolloutEngine, SamplingParams
+from engine.tasks.base import Problem
+from engine.telemetry.recorder import SpanRecorder
+
+
+@dataclass
+class Row:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    version: int | None = None        # oldest version among its tokens (None: no tokens)
+    last_version: int | None = None
+    done: bool = False                # EOS or budget reached
+    finished: bool = False            # EOS
+
+    def extend(self, c: Completion, budget: int) -> Row:
+        room = budget - len(self.token_ids)
+        ids, lps = c.token_ids[:room], c.logprobs[:room]
+        if not ids:
+            return self
+        finished = c.finished and len(c.token_ids) <= room
+        return Row(self.token_ids + ids, self.logprobs + lps,
+                   c.version if self.version is None else self.version, c.version,
+                   done=not c.aborted or len(self.token_ids) + len(ids) >= budget,
+                   finished=finished)
+
+
+@dataclass
+class PartialGroup:
+    problem: Problem
+    rows: list[Row]
+    recycled: int = 0                 # steps it has been carried over
+
+    @property
+    def oldest(self) -> int | None:
+        return min((r.version for r in self.rows if r.version is not None), default=None)
+
+
+def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: SamplingParams,
+                    groups: list[PartialGroup], target: int, seed: int, step: int,
+                    rec: SpanRecorder) -> tuple[list[list[Sample]], list[PartialGroup]]:
+    """Generate until ``target`` groups are complete; returns (complete groups as samples,
+    the unfinished groups to carry)."""
+    prompt = [tok(g.problem.prompt)["input_ids"] for g in groups]
+    todo = [(gi, ri) for gi, g in enumerate(groups) for ri, r in enumerate(g.rows) if not r.done]
+    left = [sum(not r.done for r in g.rows) for g in groups]
+    complete = sum(n == 0 for n in left)
+    budget = params.max_new_tokens
+
+    def on_complete(i: int, c: Completion) -> bool:
+        nonlocal complete
+        gi = todo[i][0]
+        left[gi] -= 1
+        complete += left[gi] == 0
+        return complete >= target
+
+    rows = [list(g.rows) for g in groups]
+    if todo and complete < target:
+        inputs = [prompt[gi] + groups[gi].rows[ri].token_ids for gi, ri in todo]
+        with rec.phase("rollout", step, engine.weight_version()):
+            outs = engine.generate(inputs, params, seed, on_complete=on_complete)
+        for (gi, ri), c in zip(todo, outs, strict=True):
+            rows[gi][ri] = rows[gi][ri].extend(c, budget)
+    done = [gi for gi in range(len(groups)) if all(r.done for r in rows[gi])]
+    with rec.phase("reward", step, engine.weight_version()):
+        owners = [groups[gi].problem for gi in done for _ in rows[gi]]
+        flat = [r for gi in done for r in rows[gi]]
+        texts = [tok.decode(r.token_ids, skip_special_tokens=True) for r in flat]
+        rewards = reward.score(owners, texts, [r.finished for r in flat]) if flat else []
+    samples, k = [], 0
+    for n, gi in enumerate(done):
+        group = []
+        for r in rows[gi]:
+            group.append(Sample(
+                problem=groups[gi].problem, prompt_ids=prompt[gi], response_ids=r.token_ids,
+                behaviour_logprobs=r.logprobs, finished=r.finished, version=r.version,
+                group=n, text=texts[k], reward=rewards[k], recycled=groups[gi].recycled,
+                last_version=r.last_version))
+            k += 1
+        samples.append(group)
+    finished_groups = set(done)
+    carry = [replace(groups[gi], rows=rows[gi], recycled=groups[gi].recycled + 1)
+             for gi in range(len(groups)) if gi not in finished_groups]
+    return samples, carry
+
+
+class PartialRolloutPolicy:
+    name, overlaps = "partial_rollout", False
+
+    def __init__(self, exp, cfg: PartialRolloutPolicyConfig):
+        self.exp, self.max_staleness = exp, cfg.max_staleness
+        self.started = math.ceil(exp.n_prompts * cfg.over_provision)
+        self.carry: list[PartialGroup] = []
+
+    def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
+        exp, n, out = self.exp, self.exp.n_prompts, []
+        while len(out) < n:
+            keep = [g for g in self.carry if g.oldest is None
+                    or learner_version - g.oldest <= self.max_staleness]
+            exp.buffer.dropped_stale += len(self.carry) - len(keep)
+            fresh = exp.task.train_problems(step, max(0, self.started - len(keep)))
+            groups = keep + [PartialGroup(p, [Row() for _ in range(exp.group_size)])
+                             for p in fresh]
+            self.carry = []
+            futures = []
+            shares = split(groups, len(exp.workers))
+            targets = split(list(range(n - len(out))), len(exp.workers))
+            for w, (mine, tgt) in enumerate(zip(shares, targets, strict=True)):
+                if mine:
+                    futures.append(exp.workers[w].call("continue_groups", step, mine,
+                                                       min(len(tgt), len(mine)),
+                                                       exp.seed_for(step, w)))
+            for f in futures:
+                complete, carry = f.result()
+                for group in complete:
+                    exp.buffer.put(group)
+                self.carry += carry
+            exp.recycled += len(self.carry)
+            out += exp.buffer.take(n - len(out), learner_version)
+        return out
+
+    def weights_sent(self, version: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
