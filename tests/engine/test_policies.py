@@ -1,0 +1,170 @@
+"""Async policy schedules and partial rollout, in process, with fakes at the worker and
+engine seams (the real engine runs in test_async_ray.py)."""
+
+import pytest
+
+from engine.api import LogEvent, run_local
+from engine.config import FullyAsyncPolicyConfig, OneStepOffPolicyConfig
+from engine.experience import ExperienceBuffer, Sample, StalenessError, check_staleness
+from engine.orchestration.actors import LocalActor
+from engine.orchestration.partial import PartialGroup, Row, continue_groups
+from engine.orchestration.policies import Experience, build_policy, split
+from engine.orchestration.producer import RolloutProducer
+from engine.rollout.base import Completion, SamplingParams
+from engine.tasks.base import Problem
+from engine.telemetry.recorder import SpanRecorder
+from engine.telemetry.sinks import MemorySink
+
+from .conftest import small_run
+
+N, G = 4, 2          # groups per step, samples per group
+
+
+class FakeTask:
+    def train_problems(self, step, n, stream="rl"):
+        return [Problem(prompt=f"{step}:{i}", answer="x") for i in range(n)]
+
+
+class VersionedWorker:
+    """Produces groups tagged with the weight version it was last sent."""
+
+    def __init__(self):
+        self.version = 0
+
+    def produce(self, step, problems, seed):
+        return [[Sample(problem=p, prompt_ids=[1], response_ids=[2], behaviour_logprobs=[0.0],
+                        finished=True, version=self.version, group=i) for _ in range(G)]
+                for i, p in enumerate(problems)]
+
+
+def drive(policy_cfg, steps=6, bound=None):
+    """The driver's loop without a learner: returns per-step staleness lists."""
+    worker = VersionedWorker()
+    buffer = ExperienceBuffer(max_staleness=bound)
+    exp = Experience([LocalActor(worker)], FakeTask(), buffer, N, G, seed=0)
+    policy = build_policy(policy_cfg, exp, start_version=0)
+    seen = []
+    for step in range(steps):
+        groups = policy.next_batch(step, step)
+        assert len(groups) == N
+        seen.append(check_staleness([s for g in groups for s in g], step, policy.max_staleness))
+        worker.version = step + 1           # the sync lands before later produce calls
+        policy.weights_sent(step + 1)
+    return seen, buffer
+
+
+def test_one_step_off_trains_on_weights_exactly_one_version_old():
+    seen, buffer = drive(OneStepOffPolicyConfig())
+    assert max(seen[0]) == 0
+    assert all(set(s) == {1} for s in seen[1:])
+    assert buffer.dropped_stale == 0
+
+
+@pytest.mark.parametrize("eta", [0, 1, 3])
+def test_fully_async_waiting_never_exceeds_eta_and_drops_nothing(eta):
+    cfg = FullyAsyncPolicyConfig(max_staleness=eta, on_stale="wait", prompts_per_call=1)
+    seen, buffer = drive(cfg, bound=eta)
+    assert max(max(s) for s in seen) <= eta
+    assert buffer.dropped_stale == 0
+
+
+def test_fully_async_dropping_counts_every_group_older_than_eta():
+    cfg = FullyAsyncPolicyConfig(max_staleness=0, on_stale="drop")
+    seen, buffer = drive(cfg, bound=0)
+    assert all(set(s) == {0} for s in seen)
+    assert buffer.dropped_stale == N * 5      # the batch made during each update goes stale
+
+
+def test_staleness_check_refuses_negative_and_over_bound():
+    s = VersionedWorker().produce(0, [Problem("p", "a")], 0)[0]
+    with pytest.raises(StalenessError, match="negative"):
+        check_staleness([*s[:1], Sample(**{**s[0].__dict__, "version": 3})], 2, 5)
+    with pytest.raises(StalenessError, match="exceeds the bound 1"):
+        check_staleness(s, 2, 1)
+
+
+def test_split_keeps_order_and_balances():
+    assert split(list(range(5)), 2) == [[0, 1, 2], [3, 4]]
+    assert split([1], 3) == [[1], [], []]
+
+
+# --------------------------------------------------------------------------- partial rollout
+
+class LengthEngine:
+    """Fake engine seam: prompt "L<n>" needs n tokens (token 7, EOS = 0 last); rows end in
+    order of the tokens they still need, and an on_complete stop aborts the rest."""
+
+    def __init__(self):
+        self.version, self.calls = 0, []
+
+    def weight_version(self):
+        return self.version
+
+    def generate(self, prompts, params, seed, on_complete=None):
+        self.calls.append(prompts)
+        need = [int(chr(p[0])) - len(p) + 1 for p in prompts]        # prompt is one token
+        order = sorted(range(len(prompts)), key=lambda i: need[i])
+        out, stop_at = [None] * len(prompts), None
+        for i in order:
+            if stop_at is not None:
+                n = min(stop_at, need[i] - 1)
+                out[i] = Completion([7] * n, [-0.5] * n, False, self.version, aborted=True)
+                continue
+            out[i] = Completion([7] * (need[i] - 1) + [0], [-0.5] * need[i], True, self.version)
+            if on_complete(i, out[i]):
+                stop_at = need[i]
+        return out
+
+
+class ByteTok:
+    def __call__(self, text):
+        return {"input_ids": [ord(text[1])]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("a" for t in ids if t != 0)
+
+
+class ZeroReward:
+    def score(self, problems, texts, finished):
+        return [0.0] * len(texts)
+
+
+def test_partial_rollout_stops_at_the_target_and_carries_the_long_tail():
+    engine, rec = LengthEngine(), SpanRecorder(["cpu:0"])
+    groups = [PartialGroup(Problem(f"L{n}", ""), [Row(), Row()]) for n in (2, 9, 3)]
+    params = SamplingParams(max_new_tokens=9)
+
+    done, carry = continue_groups(engine, ZeroReward(), ByteTok(), params, groups, 2, 0, 0, rec)
+
+    assert [g[0].problem.prompt for g in done] == ["L2", "L3"]
+    assert [c.problem.prompt for c in carry] == ["L9"]
+    assert carry[0].recycled == 1 and all(len(r.token_ids) == 3 for r in carry[0].rows)
+    assert not any(s.mixes_versions for g in done for s in g)
+
+    engine.version = 1                       # the learner updated; the carry continues
+    done, carry = continue_groups(engine, ZeroReward(), ByteTok(), params, carry, 1, 0, 1, rec)
+
+    assert carry == [] and engine.calls[-1][0] == [ord("9")] + [7] * 3   # prompt + prefix
+    (group,) = done
+    assert all(len(s.response_ids) == 9 and s.finished for s in group)
+    assert all(s.version == 0 and s.last_version == 1 and s.mixes_versions for s in group)
+    assert all(s.recycled == 1 for s in group)
+
+
+# --------------------------------------------------------------------------- the driver
+
+def test_a_sample_newer_than_the_learner_is_an_error_event(tmp_path, model_cache, monkeypatch):
+    real = RolloutProducer.produce
+
+    def from_the_future(self, step, problems, seed):
+        groups = real(self, step, problems, seed)
+        for s in (s for g in groups for s in g):
+            s.version += 5
+        return groups
+
+    monkeypatch.setattr(RolloutProducer, "produce", from_the_future)
+    sink = MemorySink()
+    with pytest.raises(StalenessError):
+        run_local(small_run(steps=1), tmp_path, sink=sink)
+    errors = [e.message for e in sink.events if isinstance(e, LogEvent) and e.level == "error"]
+    assert any("negative staleness -5" in m for m in errors)
