@@ -1,7 +1,7 @@
 """Shared-memory transport: one flat buffer in a tmpfs file, mapped by both sides.
 
     learner                                   rollout worker (same node)
-    prepare: layout.pack(tensors, flat)       flat = torch.from_file(path, shared=True)
+    prepare: copy each tensor to its slot     flat = torch.from_file(path, shared=True)
              (copy 1: learner -> shm)         engine.load_weights(layout.views(flat))
     ticket = (version, layout, path)  ----->  (copy 2: shm -> engine), fingerprint
 
@@ -9,6 +9,12 @@ Each side maps the file once and keeps the mapping while the layout stays the sa
 sync costs two memcpys of the weights plus the receiver's fingerprint; the pages are
 touched once, on the first sync. The learner unlinks the file on close (a worker's mapping
 stays valid until it maps the next one).
+
+    sender.adopt(policy.named_parameters())   # once: parameters now live in the buffer
+
+After ``adopt`` the optimizer writes straight into shared memory and ``prepare`` copies
+only tensors that are not already in their slot, so a sync is one memcpy (the worker's).
+The learner must then not step while a sync is in flight (push_to_workers blocks).
 """
 
 from __future__ import annotations
@@ -60,12 +66,25 @@ class ShmSender:
         self._finalizer = weakref.finalize(self, _unlink, path)
         self.layout, self.path, self._flat = layout, path, map_file(path, layout.nbytes)
 
+    def adopt(self, named_parameters) -> None:
+        """Move these tensors (nn.Parameters, or any tensors) into the shared buffer: each
+        one's ``.data`` becomes its slot, so syncing them later copies nothing here."""
+        named = list(named_parameters)
+        self._allocate(FlatLayout.of(named))
+        with torch.no_grad():
+            for (_, t), (_, slot) in zip(named, self.layout.views(self._flat), strict=True):
+                slot.copy_(t)
+                t.data = slot
+
     def prepare(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
                 initial: bool = False) -> Ticket:
         layout = FlatLayout.of(named_tensors)
         if layout != self.layout:
             self._allocate(layout)
-        layout.pack([t for _, t in named_tensors], self._flat)
+        with torch.no_grad():
+            for (_, t), (_, slot) in zip(named_tensors, layout.views(self._flat), strict=True):
+                if t.data_ptr() != slot.data_ptr():          # adopted tensors already are
+                    slot.copy_(t)
         return Ticket(self.name, version, initial, layout, self.path)
 
     def transfer(self) -> None:

@@ -135,3 +135,25 @@ def test_shm_workers_read_the_shared_buffer_itself(workers, learner):
     reports = ray.get([w.receive_weights.remote(ticket) for w in workers])
     assert {r.fingerprint for r in reports} != {fingerprint(learner.items())}
     sender.close()
+
+
+def test_shm_syncs_adopted_learner_parameters_without_a_learner_side_copy(workers, tiny_dir):
+    """After adopt, the policy's parameters are the shared buffer's slots: an optimizer
+    step writes into shared memory and the workers serve exactly the stepped weights."""
+    from engine.tinymodel import load_policy
+
+    policy = load_policy(tiny_dir)
+    sender = _connect(workers, "shm")
+    sender.adopt(policy.named_parameters())
+    slots = dict(sender.layout.views(sender._flat))
+    assert all(p.data_ptr() == slots[n].data_ptr() for n, p in policy.named_parameters())
+    v = ray.get(workers[0].served.remote())[0]
+    opt = torch.optim.SGD(policy.parameters(), lr=1e-2)
+    for step in range(1, 3):
+        for p in policy.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+        named = [(n, p.detach()) for n, p in policy.named_parameters()]
+        res = push_to_workers(sender, workers, named, v + step, time.time())
+        assert res.matched and res.fingerprint_learner == fingerprint(named)
+    sender.close()
