@@ -10,12 +10,13 @@ cross-process transport. Two figures per transport:
            does (SHA-256 on one core: it bounds this figure; its own GB/s is printed).
 
 "shm adopted" first moves the learner's tensors into the shared buffer (ShmSender.adopt),
-so only the worker copies. memcpy is a torch ``copy_`` of the same tensors in this
-process, with as many torch threads as the learner's copies get (--threads, default 1: a
-Ray worker's default, and on a shared 2-core box a 2-thread copy waits for its slower
-thread and swings 10x between rounds). Rounds alternate over
-memcpy, fingerprint and every transport, so machine noise hits all of them; medians and
-their ratio to memcpy are the figures to quote.
+so only the worker copies; "broadcast 1buf" packs and sends with one buffer, so its
+difference to "broadcast" is what double buffering buys. memcpy is a torch ``copy_`` of the
+same tensors in this process, with as many torch threads as the learner's copies get
+(--threads, default 1: a Ray worker's default; on a shared 2-core box a 2-thread copy waits
+for its slower thread and swings 10x between rounds). Rounds alternate over memcpy, the
+fingerprint and every transport, so machine noise hits all of them; medians and their
+ratio to memcpy are the figures to quote.
 
     .venv/bin/python bench/weight_sync.py [--states tiny small synthetic] [--rounds 5]
     .venv/bin/python bench/weight_sync.py --quick       # tiny + 8 MB synthetic, 2 rounds
@@ -40,6 +41,7 @@ from engine.weightsync.session import connect_workers, push_to_workers
 
 TRANSPORTS = {"shm": {"type": "shm"}, "shm adopted": {"type": "shm"},
               "object_store": {"type": "object_store"}, "broadcast": {"type": "broadcast"},
+              "broadcast 1buf": {"type": "broadcast", "double_buffer": False},
               "checkpoint": {"type": "checkpoint"}}
 
 
@@ -89,12 +91,19 @@ def state(name: str, synthetic_mb: int) -> list[tuple[str, torch.Tensor]]:
 
 def bench_state(name: str, named, rounds: int) -> None:
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
-    worker = Worker.remote([(n, tuple(t.shape)) for n, t in named])
-    senders, tensors = {}, {}
+    shapes = [(n, tuple(t.shape)) for n, t in named]
+    hosts: list[tuple[set, object]] = []      # (transport types it receives, worker)
+    senders, tensors, worker_of = {}, {}, {}
     for kind, spec in TRANSPORTS.items():
         cfg = validate_config({"weight_sync": spec}).weight_sync
+        free = [w for types, w in hosts if cfg.type not in types]
+        if not free:                          # a second variant of a type: its own worker
+            hosts.append((set(), Worker.remote(shapes)))
+            free = [hosts[-1][1]]
+        worker_of[kind] = free[0]
+        next(types for types, w in hosts if w is free[0]).add(cfg.type)
         senders[kind] = build_sender(cfg, world_size=2)
-        connect_workers(senders[kind], [worker], cfg)
+        connect_workers(senders[kind], [worker_of[kind]], cfg)
         tensors[kind] = named
         if kind == "shm adopted":
             tensors[kind] = [(n, t.clone()) for n, t in named]
@@ -116,10 +125,10 @@ def bench_state(name: str, named, rounds: int) -> None:
             times["fingerprint"].append(t2 - t1)
         for kind, sender in senders.items():
             for mode in ("move", "sync"):
-                ray.get(worker.fingerprinting.remote(mode == "sync"))
+                ray.get(worker_of[kind].fingerprinting.remote(mode == "sync"))
                 version += 1
-                res = push_to_workers(sender, [worker], tensors[kind], version, time.time(),
-                                      learner_fingerprint=fp, initial=version == 1)
+                res = push_to_workers(sender, [worker_of[kind]], tensors[kind], version,
+                                      time.time(), learner_fingerprint=fp, initial=version == 1)
                 assert mode == "move" or res.matched, res
                 if r:
                     times[f"{kind} {mode}"].append(res.latency_s)
@@ -138,7 +147,8 @@ def bench_state(name: str, named, rounds: int) -> None:
     print("  ratio = transport GB/s / memcpy GB/s")
     for sender in senders.values():
         sender.close()
-    ray.kill(worker)
+    for _, worker in hosts:
+        ray.kill(worker)
 
 
 def main() -> None:

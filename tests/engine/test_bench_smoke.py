@@ -24,6 +24,7 @@ def test_weight_sync_bench_prints_every_transport_next_to_memcpy(model_cache):
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "memcpy (torch copy_)" in proc.stdout
-    for transport in ("shm", "shm adopted", "object_store", "broadcast", "checkpoint"):
+    for transport in ("shm", "shm adopted", "object_store", "broadcast", "broadcast 1buf",
+                      "checkpoint"):
         assert f"\n  {transport} " in proc.stdout
     assert "ratio = transport GB/s / memcpy GB/s" in proc.stdout
