@@ -114,6 +114,32 @@ class WeightSender(Protocol):
     def close(self) -> None: ...
 
 
+class SenderDefaults:
+    """For senders without a rendezvous whose bytes are in place when prepare returns."""
+
+    def join_info(self) -> None:
+        return None
+
+    def connect(self) -> None:
+        pass
+
+    def transfer(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class ReceiverDefaults:
+    """For receivers that need neither setup nor teardown."""
+
+    def __init__(self, cfg, join_info: object, rank: int):
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class WeightReceiver(Protocol):
     """Rollout-worker side: turns a ticket into tensors, refuses a stale version
     (check_version), loads them into the engine and returns the engine's own report

@@ -18,23 +18,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.weightsync.base import Ticket, load_checked
+from engine.weightsync.base import ReceiverDefaults, SenderDefaults, Ticket, load_checked
 from engine.weightsync.layout import FlatLayout
 
 
-class CheckpointFileSender:
+class CheckpointFileSender(SenderDefaults):
     name = "checkpoint"
 
     def __init__(self, cfg, world_size: int):
         self.directory = Path(cfg.directory or tempfile.mkdtemp(prefix="rlplane-weightsync-"))
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep_last = cfg.keep_last
-
-    def join_info(self) -> None:
-        return None
-
-    def connect(self) -> None:
-        pass
 
     def prepare(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
                 initial: bool = False) -> Ticket:
@@ -46,21 +40,9 @@ class CheckpointFileSender:
             old.unlink()
         return Ticket(self.name, version, initial, FlatLayout.of(named_tensors), str(path))
 
-    def transfer(self) -> None:
-        pass
 
-    def close(self) -> None:
-        pass
-
-
-class CheckpointFileReceiver:
-    def __init__(self, cfg, join_info: object, rank: int):
-        pass
-
+class CheckpointFileReceiver(ReceiverDefaults):
     def receive(self, ticket: Ticket, engine):
         tensors = load_file(ticket.payload)
         return load_checked(engine, ticket, [(s.name, tensors[s.name])
                                              for s in ticket.layout.specs])
-
-    def close(self) -> None:
-        pass

@@ -17,7 +17,13 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.weightsync.base import Ticket, TransportUnavailable, load_checked
+from engine.weightsync.base import (
+    ReceiverDefaults,
+    SenderDefaults,
+    Ticket,
+    TransportUnavailable,
+    load_checked,
+)
 from engine.weightsync.layout import FlatLayout
 
 _STORAGE_DEVICE = 6      # index of the device in torch's rebuild_cuda_tensor arguments
@@ -31,18 +37,12 @@ def require_cuda() -> None:
             '(one node) or "broadcast" (any placement)')
 
 
-class CudaIpcSender:
+class CudaIpcSender(SenderDefaults):
     name = "cuda_ipc"
 
     def __init__(self, cfg, world_size: int):
         require_cuda()
         self._flat: torch.Tensor | None = None
-
-    def join_info(self) -> None:
-        return None
-
-    def connect(self) -> None:
-        pass
 
     def prepare(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
                 initial: bool = False) -> Ticket:
@@ -55,14 +55,11 @@ class CudaIpcSender:
         torch.cuda.current_stream().synchronize()      # workers read it from other processes
         return Ticket(self.name, version, initial, layout, reduce_tensor(self._flat))
 
-    def transfer(self) -> None:
-        pass
-
     def close(self) -> None:
         self._flat = None
 
 
-class CudaIpcReceiver:
+class CudaIpcReceiver(ReceiverDefaults):
     def __init__(self, cfg, join_info: object, rank: int):
         require_cuda()
 
@@ -72,6 +69,3 @@ class CudaIpcReceiver:
         args[_STORAGE_DEVICE] = torch.cuda.current_device()
         flat = rebuild(*args)
         return load_checked(engine, ticket, ticket.layout.views(flat))
-
-    def close(self) -> None:
-        pass

@@ -17,21 +17,15 @@ from collections.abc import Sequence
 import ray
 import torch
 
-from engine.weightsync.base import Ticket, load_checked
+from engine.weightsync.base import ReceiverDefaults, SenderDefaults, Ticket, load_checked
 from engine.weightsync.layout import FlatLayout, as_bytes, dtype_of
 
 
-class ObjectStoreSender:
+class ObjectStoreSender(SenderDefaults):
     name = "object_store"
 
     def __init__(self, cfg, world_size: int):
         self._ref = None
-
-    def join_info(self) -> None:
-        return None
-
-    def connect(self) -> None:
-        pass
 
     def prepare(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
                 initial: bool = False) -> Ticket:
@@ -39,17 +33,11 @@ class ObjectStoreSender:
         self._ref = ray.put([as_bytes(t).cpu().numpy() for _, t in named_tensors])
         return Ticket(self.name, version, initial, layout, self._ref)
 
-    def transfer(self) -> None:
-        pass
-
     def close(self) -> None:
         self._ref = None
 
 
-class ObjectStoreReceiver:
-    def __init__(self, cfg, join_info: object, rank: int):
-        pass
-
+class ObjectStoreReceiver(ReceiverDefaults):
     def receive(self, ticket: Ticket, engine):
         parts = ray.get(ticket.payload)         # read-only views into the object store
         with warnings.catch_warnings():         # torch warns on read-only arrays; we only read
@@ -57,6 +45,3 @@ class ObjectStoreReceiver:
             named = [(s.name, torch.from_numpy(p).view(dtype_of(s.dtype)).reshape(s.shape))
                      for s, p in zip(ticket.layout.specs, parts, strict=True)]
         return load_checked(engine, ticket, named)
-
-    def close(self) -> None:
-        pass

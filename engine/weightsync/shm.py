@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.weightsync.base import Ticket, load_checked
+from engine.weightsync.base import SenderDefaults, Ticket, load_checked
 from engine.weightsync.layout import FlatLayout
 
 
@@ -40,7 +40,7 @@ def map_file(path: str, nbytes: int) -> torch.Tensor:
     return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
 
 
-class ShmSender:
+class ShmSender(SenderDefaults):
     name = "shm"
 
     def __init__(self, cfg, world_size: int):
@@ -49,12 +49,6 @@ class ShmSender:
         self.path: str | None = None
         self._flat: torch.Tensor | None = None
         self._finalizer = None
-
-    def join_info(self) -> None:
-        return None
-
-    def connect(self) -> None:
-        pass
 
     def _allocate(self, layout: FlatLayout) -> None:
         self.close()
@@ -86,9 +80,6 @@ class ShmSender:
                 if t.data_ptr() != slot.data_ptr():          # adopted tensors already are
                     slot.copy_(t)
         return Ticket(self.name, version, initial, layout, self.path)
-
-    def transfer(self) -> None:
-        pass                     # the bytes are already where the workers read them
 
     def close(self) -> None:
         if self._finalizer is not None:
