@@ -40,8 +40,8 @@ class SyncResult:
                         and r.version == self.version_learner for r in self.workers))
 
     @property
-    def gbps(self) -> float:
-        """Gigabytes (1e9 bytes) of weights per second of resync latency."""
+    def gb_per_s(self) -> float:
+        """Gigabytes (1e9 bytes, not bits) of weights per second of resync latency."""
         return self.bytes / 1e9 / max(self.latency_s, 1e-9)
 
 

@@ -12,7 +12,7 @@ and the learner process (whoever holds the sender) runs:
     connect_workers(sender, workers, cfg.weight_sync)          # once; collective setup
     result = push_to_workers(sender, workers, learner.named_tensors(), learner.version,
                              ready_at, learner.fingerprint(), initial=(first sync))
-    result.matched, result.latency_s, result.gbps
+    result.matched, result.latency_s, result.gb_per_s
 
     learner                    rollout workers (rank 1..n)
     prepare(v) -> ticket  ---> receive_weights(ticket)     (all issued before transfer:

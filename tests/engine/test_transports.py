@@ -87,7 +87,7 @@ def test_receivers_serve_the_learners_fingerprint_with_increasing_versions(
         assert [(r.version, r.fingerprint) for r in res.workers] == [(version, fp)] * 2
         assert ray.get([w.served.remote() for w in workers]) == [(version, fp)] * 2
         assert res.bytes == sum(t.numel() * 4 for t in learner.values())
-        assert res.latency_s > 0 and res.gbps > 0
+        assert res.latency_s > 0 and res.gb_per_s > 0
         seen.add(fp)
     assert len(seen) == 4                       # every sync really changed the weights
     sender.close()

@@ -91,7 +91,7 @@ def test_a_receiver_refuses_versions_that_do_not_strictly_increase():
 def test_one_worker_serving_other_weights_makes_the_sync_a_mismatch():
     good, bad = WeightReport(3, "aa", 8), WeightReport(3, "bb", 8)
     res = SyncResult("shm", 3, 3, "aa", "aa", 8, 0.5, workers=(good, good))
-    assert res.matched and res.gbps == pytest.approx(8 / 1e9 / 0.5)
+    assert res.matched and res.gb_per_s == pytest.approx(8 / 1e9 / 0.5)
     assert not SyncResult("shm", 3, 3, "aa", "aa", 8, 0.5, workers=(good, bad)).matched
 
 
