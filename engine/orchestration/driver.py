@@ -15,8 +15,9 @@ Where the workers run follows the placement (engine.orchestration.placement):
 colocated with ``ray = false`` (the default) runs the learner and one rollout worker in
 this process, with no Ray and the in-place weight sync; any other placement reserves a
 Ray placement group, refused up front when it cannot fit, and runs each worker as a Ray
-actor on its bundle, weights through the Ray object store. Every policy runs either way;
-only on Ray do generation and training overlap.
+actor on its bundle, weights through the configured two-sided transport
+(engine.weightsync: shm, object store, broadcast, ...). Every policy runs either way; only
+on Ray do generation and training overlap.
 
 It is what a Ray job runs (and what the CLI runs in process). A SIGTERM, a STOP file in
 the run directory or a ``stop_requested()`` callback answering True makes it checkpoint
@@ -119,7 +120,9 @@ class RunDriver:
                                      cfg.rollout.prompts_per_step, cfg.algorithm.group_size,
                                      cfg.model.seed)
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
-        self._sync(self.step)                  # every worker serves version N
+        if self.layout.on_ray:
+            self._connect_transport()
+        self._sync(self.step, initial=True)    # every worker serves version N
         self._settle_syncs(wait=True)
         self._preflight()
 
@@ -150,14 +153,21 @@ class RunDriver:
             RayActor.start(RolloutWorker, (cfg, self.policy_dir, self.model_dir, w.devices,
                                            threads), w.gpus, self._pg, w.bundle)
             for w in lay.workers]
-        self.transport = "ray_object_store"
+        self.transport = cfg.weight_sync.type
         self.sharing = [h for h, w in zip(self.workers, lay.workers, strict=True)
                         if set(w.devices) & set(lay.learner.devices)]
 
     def _teardown(self) -> None:
-        for h in [self.learner, *self.workers]:
-            if h is not None:
-                h.kill()
+        actors = [h for h in [self.learner, *self.workers] if h is not None]
+        if self.layout.on_ray and actors:
+            import ray
+
+            # Transports release what they hold (shared-memory files, process groups);
+            # bounded, so a wedged actor cannot keep the run from ending.
+            closing = [h.call("close").ref for h in actors]
+            ray.wait(closing, num_returns=len(closing), timeout=30)
+        for h in actors:
+            h.kill()
         if self._pg is not None:
             from ray.util.placement_group import remove_placement_group
 
@@ -187,12 +197,29 @@ class RunDriver:
 
     # ------------------------------------------------------------------ weight sync
 
-    def _sync(self, step: int) -> None:
+    def _connect_transport(self) -> None:
+        """Ray placements: the learner's sender and one receiver per worker, joined."""
+        ws = self.cfg.weight_sync
+        info = self.learner.call("setup_sender", ws, 1 + len(self.workers)).result()
+        setups = [w.call("setup_weight_receiver", ws, info, rank)
+                  for rank, w in enumerate(self.workers, start=1)]
+        self.learner.call("connect")              # collective for a broadcast: concurrent
+        for f in setups:
+            f.result()
+
+    def _sync(self, step: int, initial: bool = False) -> None:
         """Queue the learner's current weights to every worker (behind the calls already
         queued on it); reports are collected by _settle_syncs."""
+        self._settle_syncs(wait=True)     # a sender may reuse the last sync's buffers
         ready_at = time.time()
-        meta, tensors = self.learner.call("publish", step, num_returns=2)
-        served = [w.call("receive_weights", self.version, tensors, step) for w in self.workers]
+        if self.layout.on_ray:
+            meta, ticket = self.learner.call("prepare", step, initial, num_returns=2)
+            served = [w.call("receive_weights", ticket, step) for w in self.workers]
+            self.learner.call("transfer", step)
+        else:
+            meta, tensors = self.learner.call("publish", step, num_returns=2)
+            served = [w.call("load_in_place", self.version, tensors, step)
+                      for w in self.workers]
         self.pending.append(PendingSync(step, ready_at, meta, served))
         self.policy.weights_sent(self.version)
 
@@ -201,15 +228,16 @@ class RunDriver:
         while self.pending and (wait or all(f.done() for f in self.pending[0].served)):
             p = self.pending.pop(0)
             meta = p.meta.result()
-            served = [f.result() for f in p.served]
-            fps = [s.report.fingerprint for s in served]
+            reports = [f.result() for f in p.served]
+            fps = [s.report.fingerprint for s in reports]
             odd = next((fp for fp in fps if fp != meta.fingerprint), fps[0])
             res = SyncResult(
                 transport=self.transport, version_learner=meta.version,
-                version_rollout=min(s.report.version for s in served),
+                version_rollout=min(s.report.version for s in reports),
                 fingerprint_learner=meta.fingerprint, fingerprint_rollout=odd,
-                bytes=sum(s.report.bytes for s in served),
-                latency_s=max(s.at for s in served) - p.ready_at)
+                bytes=max(s.report.bytes for s in reports),
+                latency_s=max(s.at for s in reports) - p.ready_at,
+                workers=tuple(s.report for s in reports))
             self._report_sync(p.step, res)
 
     def _report_sync(self, step: int, res: SyncResult) -> None:

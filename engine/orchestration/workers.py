@@ -3,11 +3,13 @@
     RolloutWorker(cfg, policy_dir, model_dir, devices)   engine + reward + tokenizer
         .produce(step, problems, seed) -> groups           [spans: rollout, reward]
         .continue_groups(step, groups, target, seed)       partial rollout (APRIL)
-        .receive_weights(version, tensors) -> Served       [span: weight_sync]
+        .load_in_place(version, tensors) -> Served          [span: weight_sync]
+        .setup_weight_receiver(...); .receive_weights(ticket) -> Served   (two-sided)
         .evaluate(...), .preflight(...), .sleep(), .wake_up()
     LearnerWorker(cfg, policy_dir, model_dir, devices, checkpoint)
         .update(samples, step) -> metrics                  [span: learner]  version += 1
         .publish(step) -> (WeightMeta, tensors)            [span: weight_sync]
+        .setup_sender(...); .connect(); .prepare(step) -> (WeightMeta, ticket); .transfer()
         .save_checkpoint(root, keep)
     both: .drain_spans() -> (closed, running)             (its own clock and devices)
 
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import RunConfig
+from engine.config import RunConfig, WeightSyncConfig
 from engine.experience import Sample
 from engine.learner.batch import pack
 from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
@@ -41,6 +43,8 @@ from engine.tasks import build_task
 from engine.tasks.base import Problem
 from engine.telemetry.recorder import SpanRecorder
 from engine.tinymodel import load_policy, load_tokenizer
+from engine.weightsync import build_receiver, build_sender
+from engine.weightsync.base import Ticket
 
 
 def sampling_params(cfg: RunConfig) -> SamplingParams:
@@ -85,10 +89,21 @@ class RolloutWorker:
         return continue_groups(self.engine, self.reward, self.tok, self.params, groups,
                                target, seed, step, self.rec)
 
-    def receive_weights(self, version: int, tensors: list[tuple[str, torch.Tensor]],
-                        step: int) -> Served:
+    def load_in_place(self, version: int, tensors: list[tuple[str, torch.Tensor]],
+                      step: int) -> Served:
+        """In process: copy the learner's own tensors into the engine's."""
         with self.rec.phase("weight_sync", step, version):
             report = self.engine.load_weights(tensors, version)
+        return Served(report, time.time())
+
+    def setup_weight_receiver(self, cfg: WeightSyncConfig, join_info: object,
+                              rank: int) -> None:
+        self.receiver = build_receiver(cfg, join_info, rank)
+
+    def receive_weights(self, ticket: Ticket, step: int) -> Served:
+        """Through a two-sided transport (engine.weightsync): the learner's ticket."""
+        with self.rec.phase("weight_sync", step, ticket.version):
+            report = self.receiver.receive(ticket, self.engine)
         return Served(report, time.time())
 
     def evaluate(self, temperature: float, seed: int, samples: int) -> dict[str, float]:
@@ -117,6 +132,10 @@ class RolloutWorker:
     def drain_spans(self):
         return self.rec.drain()
 
+    def close(self) -> None:
+        if hasattr(self, "receiver"):
+            self.receiver.close()
+
 
 class LearnerWorker:
     def __init__(self, cfg: RunConfig, policy_dir: Path, model_dir: Path, devices: list[str],
@@ -142,11 +161,28 @@ class LearnerWorker:
             return self.learner.update(pack(samples, self.pad_id))
 
     def publish(self, step: int) -> tuple[WeightMeta, list[tuple[str, torch.Tensor]]]:
-        """The weights to send and what they are. In process these are the learner's own
-        tensors (the in-place copy reads them); through Ray, the object store's copy."""
+        """In process: the learner's own tensors, which the in-place copy reads."""
         with self.rec.phase("weight_sync", step, self.learner.version):
             meta = WeightMeta(self.learner.version, self.learner.fingerprint())
             return meta, self.learner.named_tensors()
+
+    def setup_sender(self, cfg: WeightSyncConfig, world_size: int) -> object:
+        """The learner's end of a two-sided transport; returns what receivers join with."""
+        self.sender = build_sender(cfg, world_size)
+        return self.sender.join_info()
+
+    def connect(self) -> None:
+        self.sender.connect()
+
+    def prepare(self, step: int, initial: bool) -> tuple[WeightMeta, Ticket]:
+        with self.rec.phase("weight_sync", step, self.learner.version):
+            meta = WeightMeta(self.learner.version, self.learner.fingerprint())
+            return meta, self.sender.prepare(self.learner.named_tensors(), meta.version,
+                                             initial)
+
+    def transfer(self, step: int) -> None:
+        with self.rec.phase("weight_sync", step, self.learner.version):
+            self.sender.transfer()
 
     def save_checkpoint(self, root: Path, keep_last: int) -> tuple[str, int, int, str]:
         path = save_checkpoint(root, self.learner, self.model_dir, keep_last)
@@ -154,3 +190,7 @@ class LearnerWorker:
 
     def drain_spans(self):
         return self.rec.drain()
+
+    def close(self) -> None:
+        if hasattr(self, "sender"):
+            self.sender.close()

@@ -18,6 +18,7 @@ PLACEMENTS = {
     "colocated": {"type": "colocated", "ray": True},
     "disaggregated": {"type": "disaggregated"},
 }
+TRANSPORT = {"colocated": "shm", "disaggregated": "object_store"}
 POLICIES = {                               # policy table, its staleness bound
     "sync": ({"type": "sync"}, 0),
     "one_step_off": ({"type": "one_step_off"}, 1),
@@ -48,7 +49,8 @@ def test_each_policy_runs_to_completion_within_its_staleness_bound(
     table, bound = POLICIES[policy]
     warm = LENGTHS_VARY if policy == "partial_rollout" else {"steps": 0}
     cfg = small_run(steps=3, placement=PLACEMENTS[placement], async_policy=table,
-                    rollout={"max_new_tokens": 8}, warm_start=warm)
+                    rollout={"max_new_tokens": 8}, warm_start=warm,
+                    weight_sync={"type": TRANSPORT[placement]})
     sink = MemorySink()
 
     summary = run_local(cfg, tmp_path, sink=sink)
@@ -59,7 +61,7 @@ def test_each_policy_runs_to_completion_within_its_staleness_bound(
     assert all(0 <= m["staleness/max"] <= bound for m in steps)   # checked every step too
     syncs = [e for e in sink.events if isinstance(e, WeightSyncEvent)]
     assert [s.version_learner for s in syncs] == [0, 1, 2, 3]
-    assert all(s.matched and s.transport == "ray_object_store" for s in syncs)
+    assert all(s.matched and s.transport == TRANSPORT[placement] for s in syncs)
     devices = {"colocated": ["gpu:0"], "disaggregated": ["gpu:0", "gpu:1"]}[placement]
     assert all(f"device/utilization/{d}" in m for d in devices for m in steps)
     spans = [e for e in sink.events if isinstance(e, SpanEvent)]

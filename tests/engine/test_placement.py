@@ -3,7 +3,12 @@
 import pytest
 
 from engine.api import LogEvent, RunStatusEvent, run_local
-from engine.config import ColocatedPlacementConfig, DisaggregatedPlacementConfig
+from engine.config import (
+    ColocatedPlacementConfig,
+    ConfigError,
+    DisaggregatedPlacementConfig,
+    validate_config,
+)
 from engine.orchestration.placement import PlacementError, check_fits, layout_for, reserve
 from engine.telemetry.sinks import MemorySink
 
@@ -55,6 +60,17 @@ def test_a_bundle_larger_than_any_node_is_refused():
         check_fits(lay, [{"GPU": 2.0}, {"GPU": 2.0}])
 
 
+def test_the_transport_must_match_where_the_rollout_engine_lives():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"placement": {"type": "disaggregated"}})
+    assert err.value.errors[0][0] == "weight_sync.type"
+    assert '"object_store"' in err.value.errors[0][1]
+    with pytest.raises(ConfigError, match="placement.ray = true"):
+        validate_config({"weight_sync": {"type": "shm"}})
+    validate_config({"placement": {"type": "colocated", "ray": True},
+                     "weight_sync": {"type": "shm"}})
+
+
 # --------------------------------------------------------------------------- real Ray
 
 @pytest.mark.slow
@@ -92,7 +108,8 @@ def four_gpu_ray():
 @pytest.mark.slow
 def test_an_infeasible_run_is_refused_before_any_actor_starts(four_gpu_ray, tmp_path,
                                                               model_cache):
-    cfg = small_run(placement={"type": "disaggregated", "rollout_workers": 7})
+    cfg = small_run(placement={"type": "disaggregated", "rollout_workers": 7},
+                    weight_sync={"type": "object_store"})
     sink = MemorySink()
     with pytest.raises(PlacementError, match="asks for 8 GPUs .* the cluster has 4 GPUs"):
         run_local(cfg, tmp_path, sink=sink)
