@@ -310,6 +310,10 @@ class FullyAsyncPolicyConfig(_Section):
     prompts_per_call: int = Field(default=0, ge=0, le=4096)
     """Prompts per generate call of a worker; smaller calls stream experience sooner. 0
     means rollout.prompts_per_step split evenly across the rollout workers."""
+    over_provision: float = Field(default=1.0, ge=1.0, le=8.0)
+    """Interruptible generation above 1: a call starts this multiple of its prompts, stops
+    once it has prompts_per_call complete groups and continues the unfinished ones in the
+    worker's next call, under newer weights (they mix versions; too stale ones drop)."""
 
 
 AsyncPolicyConfig = _choice(SyncPolicyConfig, OneStepOffPolicyConfig,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from engine.config import PartialRolloutPolicyConfig
 from engine.experience import Sample
-from engine.orchestration.policies import split
+from engine.orchestration.producer import split
 from engine.reward import RewardFn
 from engine.rollout.base import Completion, RolloutEngine, SamplingParams
 from engine.tasks.base import Problem

@@ -21,6 +21,7 @@ sync queued before a produce call is what that call generates with.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from engine.config import (
@@ -31,7 +32,8 @@ from engine.config import (
 )
 from engine.experience import ExperienceBuffer, Sample
 from engine.orchestration.actors import wait_any
-from engine.orchestration.producer import step_seed
+from engine.orchestration.partial import PartialGroup, PartialRolloutPolicy, Row
+from engine.orchestration.producer import split, step_seed
 from engine.tasks import Task
 
 
@@ -104,12 +106,13 @@ class StreamingPolicy:
     overlaps = True
 
     def __init__(self, exp: Experience, name: str, eta: int, wait: bool, per_call: int,
-                 start_version: int):
+                 start_version: int, over_provision: float = 1.0):
         self.exp, self.name, self.max_staleness, self.wait = exp, name, eta, wait
-        self.per_call = per_call
+        self.per_call, self.over = per_call, over_provision
         self.start = start_version
         self.sent = [start_version] * len(exp.workers)   # version each worker will serve
         self.inflight: dict[int, object] = {}             # worker -> its produce future
+        self.carry: list[list[PartialGroup]] = [[] for _ in exp.workers]
         self.calls = 0
         self.planned = 0                                   # groups asked for so far
 
@@ -120,16 +123,36 @@ class StreamingPolicy:
             trains_at = self.start + (self.planned + self.per_call - 1) // self.exp.n_prompts
             if self.wait and trains_at - self.sent[w] > self.max_staleness:
                 continue
-            self.inflight[w] = self.exp.submit(w, self.calls, self.per_call, step)
+            self.inflight[w] = self._start(w, trains_at, step)
             self.calls += 1
             self.planned += self.per_call
+
+    def _start(self, w: int, trains_at: int, step: int):
+        exp = self.exp
+        if self.over == 1.0:
+            return exp.submit(w, self.calls, self.per_call, step)
+        # Interruptible: start more groups than needed, stop at per_call complete, and
+        # continue the unfinished tail in this worker's next call (under newer weights).
+        keep = [g for g in self.carry[w]
+                if g.oldest is None or trains_at - g.oldest <= self.max_staleness]
+        exp.buffer.dropped_stale += len(self.carry[w]) - len(keep)
+        fresh = exp.task.train_problems(self.calls,
+                                        max(0, math.ceil(self.per_call * self.over) - len(keep)))
+        groups = keep + [PartialGroup(p, [Row() for _ in range(exp.group_size)]) for p in fresh]
+        self.carry[w] = []
+        return exp.workers[w].call("continue_groups", step, groups, self.per_call,
+                                   exp.seed_for(self.calls, w))
 
     def _collect(self) -> None:
         done = wait_any(list(self.inflight.values()))
         for w, f in list(self.inflight.items()):
             if f in done:
                 del self.inflight[w]
-                for group in f.result():
+                groups = f.result()
+                if self.over != 1.0:
+                    groups, self.carry[w] = groups
+                    self.exp.recycled += len(self.carry[w])
+                for group in groups:
                     self.exp.buffer.put(group)
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
@@ -160,16 +183,9 @@ def build_policy(cfg: AsyncPolicyConfig, exp: Experience, start_version: int) ->
         return StreamingPolicy(exp, cfg.type, 1, True, per_worker, start_version)
     if isinstance(cfg, FullyAsyncPolicyConfig):
         return StreamingPolicy(exp, cfg.type, cfg.max_staleness, cfg.on_stale == "wait",
-                               cfg.prompts_per_call or per_worker, start_version)
+                               cfg.prompts_per_call or per_worker, start_version,
+                               cfg.over_provision)
     if isinstance(cfg, PartialRolloutPolicyConfig):
-        from engine.orchestration.partial import PartialRolloutPolicy
-
         return PartialRolloutPolicy(exp, cfg)
     return SyncPolicy(exp)
 
-
-def split(items: list, parts: int) -> list[list]:
-    """``items`` in ``parts`` contiguous slices whose sizes differ by at most one."""
-    k, r = divmod(len(items), parts)
-    bounds = [i * k + min(i, r) for i in range(parts + 1)]
-    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]

@@ -19,6 +19,13 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7_919 + 1) % (2**63 - 1)
 
 
+def split(items: list, parts: int) -> list[list]:
+    """``items`` in ``parts`` contiguous slices whose sizes differ by at most one."""
+    k, r = divmod(len(items), parts)
+    bounds = [i * k + min(i, r) for i in range(parts + 1)]
+    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
 class RolloutProducer:
     def __init__(self, engine: RolloutEngine, reward: RewardFn, tokenizer,
                  params: SamplingParams, group_size: int, recorder: SpanRecorder):

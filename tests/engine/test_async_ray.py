@@ -33,7 +33,7 @@ LENGTHS_VARY = {"steps": 10, "batch_size": 16}
 @pytest.fixture(scope="module")
 def ray_gpus():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False)
     yield ray
     ray.shutdown()
 

@@ -28,3 +28,14 @@ def test_weight_sync_bench_prints_every_transport_next_to_memcpy(model_cache):
                       "checkpoint"):
         assert f"\n  {transport} " in proc.stdout
     assert "ratio = transport GB/s / memcpy GB/s" in proc.stdout
+
+
+@pytest.mark.slow
+def test_async_policies_bench_prints_rates_bubbles_and_ratios_to_sync(model_cache):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "async_policies.py"), "--quick",
+                           "--policies", "sync", "fully_async"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    for policy in ("sync", "fully_async"):
+        assert f"\n  {policy} " in proc.stdout
+    assert "samples/s  bubble" in proc.stdout and "ratio to sync" in proc.stdout

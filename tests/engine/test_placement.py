@@ -100,7 +100,7 @@ def test_spread_places_bundles_on_two_nodes_of_a_multi_node_cluster():
 @pytest.fixture(scope="module")
 def four_gpu_ray():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False)
     yield ray
     ray.shutdown()
 

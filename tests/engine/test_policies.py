@@ -8,8 +8,8 @@ from engine.config import FullyAsyncPolicyConfig, OneStepOffPolicyConfig
 from engine.experience import ExperienceBuffer, Sample, StalenessError, check_staleness
 from engine.orchestration.actors import LocalActor
 from engine.orchestration.partial import PartialGroup, Row, continue_groups
-from engine.orchestration.policies import Experience, build_policy, split
-from engine.orchestration.producer import RolloutProducer
+from engine.orchestration.policies import Experience, build_policy
+from engine.orchestration.producer import RolloutProducer, split
 from engine.rollout.base import Completion, SamplingParams
 from engine.tasks.base import Problem
 from engine.telemetry.recorder import SpanRecorder
@@ -149,6 +149,47 @@ def test_partial_rollout_stops_at_the_target_and_carries_the_long_tail():
     assert all(len(s.response_ids) == 9 and s.finished for s in group)
     assert all(s.version == 0 and s.last_version == 1 and s.mixes_versions for s in group)
     assert all(s.recycled == 1 for s in group)
+
+
+class TailWorker:
+    """A worker over the fake engine: problem i of a call needs 2 tokens, or 9 when i is
+    odd; its weights are the version it was last sent."""
+
+    def __init__(self):
+        self.engine = LengthEngine()
+
+    @property
+    def version(self):
+        return self.engine.version
+
+    @version.setter
+    def version(self, v):
+        self.engine.version = v
+
+    def continue_groups(self, step, groups, target, seed):
+        return continue_groups(self.engine, ZeroReward(), ByteTok(), SamplingParams(
+            max_new_tokens=9), groups, target, seed, step, SpanRecorder(["gpu:0"]))
+
+
+class TailTask:
+    def train_problems(self, step, n, stream="rl"):
+        return [Problem(prompt=f"L{9 if i % 2 else 2}", answer="") for i in range(n)]
+
+
+def test_interruptible_fully_async_carries_the_tail_and_stays_within_eta():
+    worker = TailWorker()
+    buffer = ExperienceBuffer(max_staleness=2)
+    exp = Experience([LocalActor(worker)], TailTask(), buffer, 2, G, seed=0)
+    cfg = FullyAsyncPolicyConfig(max_staleness=2, over_provision=2.0)
+    policy = build_policy(cfg, exp, start_version=0)
+    mixed = 0
+    for step in range(6):
+        samples = [s for g in policy.next_batch(step, step) for s in g]
+        assert max(check_staleness(samples, step, 2)) <= 2
+        mixed += sum(s.mixes_versions for s in samples)
+        worker.version = step + 1
+        policy.weights_sent(step + 1)
+    assert exp.recycled > 0 and mixed > 0     # long rows were continued under new weights
 
 
 # --------------------------------------------------------------------------- the driver
