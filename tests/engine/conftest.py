@@ -35,3 +35,12 @@ def small_run(**overrides) -> RunConfig:
         else:
             data[section] = values
     return validate_config(data)
+
+
+@pytest.fixture(scope="module")
+def ray_gpus():
+    """A private local Ray instance with 4 logical GPUs (never another user's cluster)."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False)
+    yield ray
+    ray.shutdown()

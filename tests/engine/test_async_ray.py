@@ -30,14 +30,6 @@ POLICIES = {                               # policy table, its staleness bound
 LENGTHS_VARY = {"steps": 10, "batch_size": 16}
 
 
-@pytest.fixture(scope="module")
-def ray_gpus():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False)
-    yield ray
-    ray.shutdown()
-
-
 def step_metrics(events):
     return [e.values for e in events if isinstance(e, MetricsEvent) and "staleness/max" in e.values]
 

@@ -97,16 +97,8 @@ def test_spread_places_bundles_on_two_nodes_of_a_multi_node_cluster():
         cluster.shutdown()
 
 
-@pytest.fixture(scope="module")
-def four_gpu_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.slow
-def test_an_infeasible_run_is_refused_before_any_actor_starts(four_gpu_ray, tmp_path,
+def test_an_infeasible_run_is_refused_before_any_actor_starts(ray_gpus, tmp_path,
                                                               model_cache):
     cfg = small_run(placement={"type": "disaggregated", "rollout_workers": 7},
                     weight_sync={"type": "object_store"})
@@ -116,15 +108,15 @@ def test_an_infeasible_run_is_refused_before_any_actor_starts(four_gpu_ray, tmp_
     errors = [e.message for e in sink.events if isinstance(e, LogEvent) and e.level == "error"]
     assert any("asks for 8 GPUs" in m for m in errors)
     assert [e.status for e in sink.events if isinstance(e, RunStatusEvent)][-1] == "failed"
-    assert four_gpu_ray.available_resources().get("GPU") == 4.0    # nothing left behind
+    assert ray_gpus.available_resources().get("GPU") == 4.0    # nothing left behind
 
 
 @pytest.mark.slow
-def test_a_grant_that_never_comes_times_out_with_what_is_free(four_gpu_ray):
+def test_a_grant_that_never_comes_times_out_with_what_is_free(ray_gpus):
     from ray.util.placement_group import placement_group, remove_placement_group
 
     hog = placement_group([{"GPU": 3.0}])
-    four_gpu_ray.get(hog.ready())
+    ray_gpus.get(hog.ready())
     try:
         lay = layout_for(DisaggregatedPlacementConfig(devices_per_worker=1, learner_devices=1))
         with pytest.raises(PlacementError, match="did not grant .* within 1 s"):
