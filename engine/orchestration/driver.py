@@ -375,6 +375,7 @@ class RunDriver:
                     break
             self.policy.close()
             self._settle_syncs(wait=True)
+            self._drain_spans()               # what ran after the last step's metrics
             eval_after = self._eval(self.step)
             self._checkpoint()
             status = "stopped" if self._stop_requested() else "succeeded"
