@@ -114,6 +114,7 @@ class PartialRolloutPolicy:
         self.exp, self.max_staleness = exp, cfg.max_staleness
         self.started = math.ceil(exp.n_prompts * cfg.over_provision)
         self.carry: list[PartialGroup] = []
+        self.draws = 0                    # generation rounds so far: problems and seeds
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
         exp, n, out = self.exp, self.exp.n_prompts, []
@@ -121,7 +122,7 @@ class PartialRolloutPolicy:
             keep = [g for g in self.carry if g.oldest is None
                     or learner_version - g.oldest <= self.max_staleness]
             exp.buffer.dropped_stale += len(self.carry) - len(keep)
-            fresh = exp.task.train_problems(step, max(0, self.started - len(keep)))
+            fresh = exp.task.train_problems(self.draws, max(0, self.started - len(keep)))
             groups = keep + [PartialGroup(p, [Row() for _ in range(exp.group_size)])
                              for p in fresh]
             self.carry = []
@@ -132,13 +133,14 @@ class PartialRolloutPolicy:
                 if mine:
                     futures.append(exp.workers[w].call("continue_groups", step, mine,
                                                        min(len(tgt), len(mine)),
-                                                       exp.seed_for(step, w)))
+                                                       exp.seed_for(self.draws, w)))
             for f in futures:
                 complete, carry = f.result()
                 for group in complete:
                     exp.buffer.put(group)
                 self.carry += carry
             exp.recycled += len(self.carry)
+            self.draws += 1
             out += exp.buffer.take(n - len(out), learner_version)
         return out
 
