@@ -10,6 +10,10 @@ the figures are medians over rounds, and the ratios are to sync's median.
     samples/s = samples trained / summed step wall time, first step left out (the
                 pipeline fills there); bubble = mean of the steps' bubble (all devices)
 
+Two measurements say where the ceilings are: sync's phase times bound what overlapping
+can buy (step / max(generation side, learner side)), and the sampler's cost of one decode
+step at the long tail's batch size vs a full batch says what cutting the tail can buy.
+
     .venv/bin/python bench/async_policies.py [--steps 8] [--rounds 2] [--threads 1]
     .venv/bin/python bench/async_policies.py --quick     # smoke: toy sizes, 2 steps
 """
@@ -33,6 +37,7 @@ POLICIES = {
     "one_step_off": {"type": "one_step_off"},
     "partial_rollout": {"type": "partial_rollout"},
     "fully_async": {"type": "fully_async"},
+    "fully_async_interrupt": {"type": "fully_async", "over_provision": 1.5},
 }
 
 
@@ -52,15 +57,45 @@ def config(policy: str, steps: int, threads: int, quick: bool):
     return validate_config(data)
 
 
-def measure(policy: str, steps: int, threads: int, quick: bool) -> tuple[float, float]:
+def measure(policy: str, steps: int, threads: int, quick: bool) -> dict[str, float]:
     sink = MemorySink()
     with tempfile.TemporaryDirectory() as out:
         run_local(config(policy, steps, threads, quick), out, sink=sink)
     rows = [e.values for e in sink.events
             if isinstance(e, MetricsEvent) and "bubble" in e.values][1:]
-    samples = sum(m["throughput/samples_per_s"] * m["time/step_s"] for m in rows)
     wall = sum(m["time/step_s"] for m in rows)
-    return samples / wall, statistics.fmean(m["bubble"] for m in rows)
+    out = {k: statistics.fmean(m[k] for m in rows) for k in (
+        "bubble", "time/step_s", "time/rollout_s", "time/reward_s", "time/learner_s",
+        "time/weight_sync_s", "staleness/max")}
+    out["samples/s"] = sum(m["throughput/samples_per_s"] * m["time/step_s"] for m in rows) / wall
+    out["recycled"] = rows[-1]["buffer/recycled"]
+    out["dropped"] = rows[-1]["buffer/dropped_stale"]
+    return out
+
+
+def decode_step_cost(threads: int, quick: bool) -> tuple[float, float]:
+    """Seconds per decode step of the torch sampler at 8 rows and at 128 rows."""
+    import time
+
+    import torch
+
+    from engine.learner.warmstart import ensure_warm_start
+    from engine.rollout.base import SamplingParams
+    from engine.rollout.torch_backend import TorchRollout
+
+    torch.set_num_threads(threads)
+    cfg = config("sync", 1, threads, quick)
+    engine = TorchRollout.from_pretrained(ensure_warm_start(cfg, log=lambda *_: None))
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    cost = []
+    for rows in (8, 128):
+        times = []
+        for r in range(3):
+            t0 = time.perf_counter()
+            engine.generate([[1, 5, 6, 7, 8]] * rows, params, seed=r)
+            times.append((time.perf_counter() - t0) / params.max_new_tokens)
+        cost.append(statistics.median(times))
+    return cost[0], cost[1]
 
 
 def main() -> None:
@@ -72,29 +107,40 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="toy sizes: a smoke test")
     args = ap.parse_args()
     steps, rounds = (2, 1) if args.quick else (args.steps, args.rounds)
-    rate: dict[str, list[float]] = {p: [] for p in args.policies}
-    bubble: dict[str, list[float]] = {p: [] for p in args.policies}
+    runs: dict[str, list[dict[str, float]]] = {p: [] for p in args.policies}
     ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False,
              log_to_driver=False)
     try:
         for r in range(rounds):
             order = args.policies[r % len(args.policies):] + args.policies[:r % len(args.policies)]
             for policy in order:
-                s, b = measure(policy, steps, args.threads, args.quick)
-                rate[policy].append(s)
-                bubble[policy].append(b)
-                print(f"round {r}: {policy:15s} {s:7.1f} samples/s  bubble {b:.2f}", flush=True)
+                m = measure(policy, steps, args.threads, args.quick)
+                runs[policy].append(m)
+                print(f"round {r}: {policy:22s} {m['samples/s']:7.1f} samples/s  "
+                      f"bubble {m['bubble']:.2f}", flush=True)
     finally:
         ray.shutdown()
+
+    def med(policy: str, key: str) -> float:
+        return statistics.median(m[key] for m in runs[policy])
+
     print(f"longtail_reverse, disaggregated (1 rollout worker + 1 learner), "
           f"{args.threads} torch thread(s) per actor, {steps} steps x {rounds} rounds")
-    base = statistics.median(rate["sync"]) if "sync" in rate else None
+    base = med("sync", "samples/s") if "sync" in runs else None
     for p in args.policies:
-        med = statistics.median(rate[p])
-        ratio = f"  ratio to sync {med / base:.2f}" if base else ""
-        print(f"  {p:15s} {med:7.1f} samples/s  bubble {statistics.median(bubble[p]):.2f}"
-              f"{ratio}")
-
+        ratio = f"  ratio to sync {med(p, 'samples/s') / base:.2f}" if base else ""
+        print(f"  {p:22s} {med(p, 'samples/s'):7.1f} samples/s  bubble {med(p, 'bubble'):.2f}"
+              f"{ratio}  (staleness max {med(p, 'staleness/max'):.0f}, recycled "
+              f"{med(p, 'recycled'):.0f}, dropped {med(p, 'dropped'):.0f})")
+    if base:
+        gen = med("sync", "time/rollout_s") + med("sync", "time/reward_s")
+        learn = med("sync", "time/learner_s") + med("sync", "time/weight_sync_s")
+        print(f"  sync step {med('sync', 'time/step_s'):.2f} s = generation {gen:.2f} s + "
+              f"learner and sync {learn:.2f} s (+ rest); overlap can reach at most "
+              f"{med('sync', 'time/step_s') / max(gen, learn):.2f}x")
+    tail, full = decode_step_cost(args.threads, args.quick)
+    print(f"  one decode step: 8 rows {tail * 1e3:.1f} ms, 128 rows {full * 1e3:.1f} ms "
+          f"({tail / full:.2f} of a full batch for 1/16 of its rows)")
 
 if __name__ == "__main__":
     main()
