@@ -10,6 +10,8 @@ the figures are medians over rounds, and the ratios are to sync's median.
     samples/s = samples trained / summed step wall time, first step left out (the
                 pipeline fills there); bubble = mean of the steps' bubble (all devices)
 
+Overlap buys throughput only from idle cores: each round prints the machine's load
+average, since on a shared box other work takes the core the overlap would use.
 Two measurements say where the ceilings are: sync's phase times bound what overlapping
 can buy (step / max(generation side, learner side)), and the sampler's cost of one decode
 step at the long tail's batch size vs a full batch says what cutting the tail can buy.
@@ -21,6 +23,7 @@ step at the long tail's batch size vs a full batch says what cutting the tail ca
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -117,7 +120,8 @@ def main() -> None:
                 m = measure(policy, steps, args.threads, args.quick)
                 runs[policy].append(m)
                 print(f"round {r}: {policy:22s} {m['samples/s']:7.1f} samples/s  "
-                      f"bubble {m['bubble']:.2f}", flush=True)
+                      f"bubble {m['bubble']:.2f}  (load average {os.getloadavg()[0]:.1f} "
+                      f"on {os.cpu_count()} CPUs)", flush=True)
     finally:
         ray.shutdown()
 
@@ -134,10 +138,10 @@ def main() -> None:
               f"{med(p, 'recycled'):.0f}, dropped {med(p, 'dropped'):.0f})")
     if base:
         gen = med("sync", "time/rollout_s") + med("sync", "time/reward_s")
-        learn = med("sync", "time/learner_s") + med("sync", "time/weight_sync_s")
+        learn, sync = med("sync", "time/learner_s"), med("sync", "time/weight_sync_s")
         print(f"  sync step {med('sync', 'time/step_s'):.2f} s = generation {gen:.2f} s + "
-              f"learner and sync {learn:.2f} s (+ rest); overlap can reach at most "
-              f"{med('sync', 'time/step_s') / max(gen, learn):.2f}x")
+              f"learner {learn:.2f} s + weight sync {sync:.2f} s (+ rest); overlap can "
+              f"reach at most {med('sync', 'time/step_s') / max(gen, learn + sync):.2f}x")
     tail, full = decode_step_cost(args.threads, args.quick)
     print(f"  one decode step: 8 rows {tail * 1e3:.1f} ms, 128 rows {full * 1e3:.1f} ms "
           f"({tail / full:.2f} of a full batch for 1/16 of its rows)")
