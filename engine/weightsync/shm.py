@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.weightsync.base import SenderDefaults, Ticket, load_checked
+from engine.weightsync.base import SenderDefaults, Ticket, TransportUnavailable, load_checked
 from engine.weightsync.layout import FlatLayout
 
 
@@ -52,6 +52,13 @@ class ShmSender(SenderDefaults):
 
     def _allocate(self, layout: FlatLayout) -> None:
         self.close()
+        st = os.statvfs(self.directory)
+        if st.f_bavail * st.f_frsize < layout.nbytes:     # else a write past it is SIGBUS
+            raise TransportUnavailable(
+                f"weight_sync.directory = {self.directory!r} has "
+                f"{st.f_bavail * st.f_frsize / 1e6:.0f} MB free and the weights need "
+                f"{layout.nbytes / 1e6:.0f} MB; point weight_sync.directory at a larger "
+                f"tmpfs (a container's /dev/shm is 64 MB unless it runs with --shm-size)")
         fd, path = tempfile.mkstemp(prefix="rlplane-weights-", dir=self.directory)
         try:
             os.ftruncate(fd, layout.nbytes)

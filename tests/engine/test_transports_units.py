@@ -169,3 +169,18 @@ def test_transport_settings_are_bounded_and_errors_name_their_section():
         validate_config({"weight_sync": {"type": "checkpoint", "keep_last": 0}})
     with pytest.raises(ConfigError, match=r"  checkpoint.keep_last: "):
         validate_config({"checkpoint": {"keep_last": 0}})
+
+
+def test_a_shared_memory_directory_too_small_for_the_weights_is_refused(monkeypatch, tmp_path):
+    import os
+
+    from engine.weightsync import shm
+
+    class _Full:
+        f_bavail, f_frsize = 10, 4096
+    monkeypatch.setattr(shm.os, "statvfs", lambda path: _Full)
+    cfg = validate_config({"weight_sync": {"type": "shm",
+                                           "directory": str(tmp_path)}}).weight_sync
+    with pytest.raises(TransportUnavailable, match=r"weight_sync.directory = .* 0 MB free"):
+        build_sender(cfg).prepare([("w", torch.zeros(2**20))], 1)
+    assert os.listdir(tmp_path) == []
