@@ -459,14 +459,9 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _transport_fits_placement(self) -> RunConfig:
-        p, ws = self.placement, self.weight_sync.type
+        p = self.placement
         in_process = isinstance(p, ColocatedPlacementConfig) and not p.ray
-        if in_process and ws != "in_place":
-            raise ValueError(f'weight_sync.type="{ws}" moves weights between processes, but '
-                             f"this placement keeps the rollout engine in the learner's "
-                             f'process; set weight_sync.type = "in_place" or placement.ray '
-                             f"= true")
-        if not in_process and ws == "in_place":
+        if not in_process and self.weight_sync.type == "in_place":
             raise ValueError(f'weight_sync.type="in_place" copies weights inside one process, '
                              f'but placement "{p.type}" runs rollout workers as Ray actors; '
                              f'set weight_sync.type to "object_store", "shm", "broadcast" '

@@ -136,6 +136,11 @@ class RunDriver:
                                                      w.devices)) for w in lay.workers]
             self.transport = "in_place"
             self.sharing = self.workers
+            if cfg.weight_sync.type != "in_place":
+                self.tel.log(f'weight_sync.type = "{cfg.weight_sync.type}" is not used: this '
+                             f"placement keeps the rollout engine in the learner's process, "
+                             f"so weights are copied in place (placement.ray = true uses it)",
+                             level="warning")
             return
         import ray
 
