@@ -2,6 +2,9 @@
 
     engine = build_rollout(cfg.rollout, model_dir)      # "torch" or (later) "vllm"
     out = engine.generate(prompt_ids, params, seed)     # ids + behaviour logprobs
+    out = engine.generate(prompt_ids, params, seed, on_complete=cb)
+        # cb(i, completion) as soon as prompt i ends (streaming: score while others run);
+        # cb returning True stops the call: rows still running come back aborted=True
     report = engine.load_weights(named_tensors, version)  # -> version + fingerprint served
 
 It does not need to know how or where generation runs. Behaviour logprobs are always of
@@ -10,7 +13,7 @@ the distribution actually sampled from: logits / temperature, then top-p renorma
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,6 +34,7 @@ class Completion:
     logprobs: list[float]         # one per token, under the sampling distribution used
     finished: bool                # True when EOS ended it, False when the budget did
     version: int                  # policy version that generated it
+    aborted: bool = False         # cut short by an on_complete stop (partial rollout)
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,14 @@ class WeightReport:
     extra: dict = field(default_factory=dict)
 
 
+OnComplete = Callable[[int, "Completion"], "bool | None"]
+"""Called once per prompt index as its completion ends (EOS or budget), in finishing
+order; a True return stops generation and the rows still running come back aborted."""
+
+
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seed: int) -> list[Completion]: ...
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
+                 on_complete: OnComplete | None = None) -> list[Completion]: ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                      version: int) -> WeightReport: ...

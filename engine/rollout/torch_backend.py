@@ -5,7 +5,9 @@ The fallback engine and the oracle for other backends. One call:
     prefill all prompts (left-padded to P)  ->  loop t < max_new_tokens:
         logits (B, V) -> / temperature -> log_softmax -> top-p mask + renormalize
         -> sample -> record token + its logprob under that distribution
-        -> rows that sampled EOS finish; the batch is compacted as rows finish
+        -> rows that sampled EOS finish (on_complete(i, completion) for each; True
+           stops the call and returns the rows still running as aborted partials);
+           the batch is compacted as rows finish
         -> decode one token for the rows still running
 
 Behaviour logprobs are the log-probabilities of the sampled tokens under the distribution
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig
 
-from engine.rollout.base import Completion, SamplingParams, WeightReport
+from engine.rollout.base import Completion, OnComplete, SamplingParams, WeightReport
 from engine.rollout.llama_kv import LlamaKV
 from engine.weightsync.fingerprint import fingerprint
 
@@ -86,8 +88,8 @@ class TorchRollout:
     # ------------------------------------------------------------------ sampling
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seed: int) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
+                 on_complete: OnComplete | None = None) -> list[Completion]:
         gen = torch.Generator().manual_seed(seed)
         B, P = len(prompts), max(len(p) for p in prompts)
         S = P + params.max_new_tokens
@@ -106,6 +108,15 @@ class TorchRollout:
         out_lp = torch.zeros((B, params.max_new_tokens))
         lengths = torch.zeros(B, dtype=torch.long)
         finished = torch.zeros(B, dtype=torch.bool)
+        results: list[Completion | None] = [None] * B
+
+        def complete(i: int, aborted: bool = False) -> bool:
+            n = int(lengths[i])
+            results[i] = Completion(token_ids=out_tok[i, :n].tolist(),
+                                    logprobs=out_lp[i, :n].tolist(), finished=bool(finished[i]),
+                                    version=self._version, aborted=aborted)
+            return bool(on_complete(i, results[i])) if on_complete and not aborted else False
+
         rows = torch.arange(B)            # original row of each live batch row
         for t in range(params.max_new_tokens):
             tok, lp = sample_next(logits, params.temperature, params.top_p, gen)
@@ -115,7 +126,16 @@ class TorchRollout:
             if params.ignore_eos:
                 done = torch.zeros_like(done)
             finished[rows[done]] = True
-            if t == params.max_new_tokens - 1 or bool(done.all()):
+            if t == params.max_new_tokens - 1:
+                done = torch.ones_like(done)                 # the budget ends every row
+            stop = False
+            for i in rows[done].tolist():
+                stop = complete(i) or stop
+            if stop:
+                for i in rows[~done].tolist():
+                    complete(i, aborted=True)
+                break
+            if bool(done.all()):
                 break
             if bool(done.any()):          # compact: finished rows stop costing compute
                 keep = (~done).nonzero().squeeze(-1)
@@ -125,7 +145,4 @@ class TorchRollout:
             valid[:, slot] = True
             logits = self.model.forward(tok[:, None], next_pos[:, None], cache, slot, valid)[:, -1]
             next_pos = next_pos + 1
-        ids, lps, n = out_tok.tolist(), out_lp.tolist(), lengths.tolist()
-        return [Completion(token_ids=ids[i][:n[i]], logprobs=lps[i][:n[i]],
-                           finished=bool(finished[i]), version=self._version)
-                for i in range(B)]
+        return results  # type: ignore[return-value]  # every row completed above

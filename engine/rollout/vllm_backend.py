@@ -2,7 +2,8 @@
 
     llm = LLM(model_dir, logprobs_mode="processed_logprobs", kv_cache_memory_bytes=...)
     generate:      TokensPrompt ids -> SamplingParams(logprobs=0, seed per sample)
-                   -> token ids + logprob of each sampled token (tempered, after top-p)
+                   -> engine steps -> token ids + logprob of each sampled token (tempered,
+                   after top-p), each completion handed to on_complete as it finishes
     load_weights:  collective_rpc("reload_weights", HF-named tensors)   in place
                    reset_prefix_cache()      else prompts > 1 KV block reuse old-weight KV
                    collective_rpc(_set_version) ; collective_rpc(_served_fingerprint)
@@ -19,6 +20,7 @@ vLLM is imported lazily: only a run with rollout.type = "vllm" pays for it.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,7 +28,7 @@ from pathlib import Path
 import torch
 
 from engine.config import VllmRolloutConfig
-from engine.rollout.base import Completion, SamplingParams, WeightReport
+from engine.rollout.base import Completion, OnComplete, SamplingParams, WeightReport
 from engine.weightsync.fingerprint import fingerprint
 
 # (vLLM fused module suffix, HF parts in order); sizes come from the model config.
@@ -102,6 +104,7 @@ class VllmRollout:
         self.eos_id = self.llm.get_tokenizer().eos_token_id
         self._version = 0
         self._fingerprint = ""
+        self._request_ids = itertools.count()
         self._version, self._fingerprint = self._report()
 
     # ------------------------------------------------------------------ weights
@@ -134,26 +137,54 @@ class VllmRollout:
 
     # ------------------------------------------------------------------ sampling
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seed: int) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
+                 on_complete: OnComplete | None = None) -> list[Completion]:
+        """Drives vLLM's engine step by step (what LLM.generate does inside), so each
+        completion is handed to ``on_complete`` the moment it finishes, and a stop
+        aborts the requests still running and returns what they generated so far."""
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        sps = [VSP(temperature=params.temperature, top_p=params.top_p,
-                   max_tokens=params.max_new_tokens, logprobs=0, seed=(seed + i) % (2**31),
-                   ignore_eos=params.ignore_eos, skip_special_tokens=False)
-               for i in range(len(prompts))]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps,
-                                 use_tqdm=False)
-        result = []
-        for out in outs:
-            c = out.outputs[0]
-            ids = list(c.token_ids)
-            if params.temperature == 0.0:
-                lps = [0.0] * len(ids)           # greedy: a point mass, as the torch backend
-            else:
-                lps = [d[t].logprob for d, t in zip(c.logprobs, ids, strict=True)]
-            finished = c.finish_reason == "stop" and bool(ids) and ids[-1] == self.eos_id
-            result.append(Completion(token_ids=ids, logprobs=lps, finished=finished,
-                                     version=self._version))
-        return result
+        engine = self.llm.llm_engine
+        base = f"rlplane-{next(self._request_ids)}-"
+        ids: dict[str, int] = {}
+        tokens: list[list[int]] = [[] for _ in prompts]
+        lps: list[list[float]] = [[] for _ in prompts]
+        results: list[Completion | None] = [None] * len(prompts)
+        for i, p in enumerate(prompts):
+            sp = VSP(temperature=params.temperature, top_p=params.top_p,
+                     max_tokens=params.max_new_tokens, logprobs=0, seed=(seed + i) % (2**31),
+                     ignore_eos=params.ignore_eos, skip_special_tokens=False, detokenize=False,
+                     output_kind=RequestOutputKind.DELTA)
+            engine.add_request(base + str(i), TokensPrompt(prompt_token_ids=p), sp)
+            ids[base + str(i)] = i
+
+        def completion(i: int, finished: bool, aborted: bool = False) -> Completion:
+            toks = tokens[i]
+            # greedy: a point mass, as in the torch backend
+            logprobs = [0.0] * len(toks) if params.temperature == 0.0 else lps[i]
+            return Completion(token_ids=list(toks), logprobs=list(logprobs), finished=finished,
+                              version=self._version, aborted=aborted)
+
+        stop = False
+        while not stop and engine.has_unfinished_requests():
+            for out in engine.step():
+                i = ids[out.request_id]
+                c = out.outputs[0]
+                tokens[i].extend(c.token_ids)
+                if params.temperature != 0.0:
+                    lps[i].extend(d[t].logprob for d, t in zip(c.logprobs, c.token_ids,
+                                                                strict=True))
+                if out.finished:
+                    done = (c.finish_reason == "stop" and bool(tokens[i])
+                            and tokens[i][-1] == self.eos_id)
+                    results[i] = completion(i, done)
+                    if on_complete is not None and on_complete(i, results[i]):
+                        stop = True
+        if stop:
+            running = [rid for rid, i in ids.items() if results[i] is None]
+            engine.abort_request(running)
+            for rid in running:
+                results[ids[rid]] = completion(ids[rid], False, aborted=True)
+        return results  # type: ignore[return-value]  # every request completed above

@@ -99,3 +99,46 @@ def test_ignore_eos_forces_the_full_budget(parts):
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=9, ignore_eos=True), seed=0)
     assert all(len(o.token_ids) == 9 for o in outs)
+
+
+def check_streaming(engine, prompts, params, seed):
+    """on_complete sees every completion once, as it ends, and changes nothing."""
+    plain = engine.generate(prompts, params, seed=seed)
+    seen: list[tuple[int, object]] = []
+    outs = engine.generate(prompts, params, seed=seed, on_complete=lambda i, c: seen.append((i, c)))
+    assert sorted(i for i, _ in seen) == list(range(len(prompts)))
+    assert all(outs[i] is c for i, c in seen)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert not any(o.aborted for o in outs)
+    return [len(c.token_ids) for _, c in seen]
+
+
+def check_stop(engine, prompts, params, seed, keep):
+    """A True from on_complete stops the call: the rest come back as aborted prefixes."""
+    full = engine.generate(prompts, params, seed=seed)
+    done: list[int] = []
+    outs = engine.generate(prompts, params, seed=seed,
+                           on_complete=lambda i, c: done.append(i) or len(done) >= keep)
+    aborted = [i for i, o in enumerate(outs) if o.aborted]
+    assert len(done) >= keep and aborted and set(aborted).isdisjoint(done)
+    assert len(done) + len(aborted) == len(prompts)
+    for i in aborted:
+        o = outs[i]
+        assert not o.finished and len(o.token_ids) == len(o.logprobs)
+        assert len(o.token_ids) < len(full[i].token_ids)
+        assert o.token_ids == full[i].token_ids[:len(o.token_ids)]
+
+
+def test_on_complete_streams_completions_in_the_order_they_finish(parts):
+    engine, _, tok = parts
+    prompts = [tok(p)["input_ids"] for p in PROMPTS] * 8
+    lengths = check_streaming(engine, prompts, SamplingParams(temperature=1.5,
+                                                              max_new_tokens=16), seed=5)
+    assert lengths == sorted(lengths)         # one decode step at a time: shortest first
+
+
+def test_on_complete_returning_true_stops_and_returns_aborted_partials(parts):
+    engine, _, tok = parts
+    prompts = [tok(p)["input_ids"] for p in PROMPTS] * 8
+    check_stop(engine, prompts, SamplingParams(temperature=1.5, max_new_tokens=16), seed=5,
+               keep=10)

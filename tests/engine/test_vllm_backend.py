@@ -173,3 +173,13 @@ def test_preflight_warn_lets_the_raw_mode_run_and_the_gap_shows_it(tmp_path, mod
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     events = (tmp_path / "out" / "events.jsonl").read_text()
     assert "NOT temperature-scaled" in events
+
+
+def test_on_complete_streams_and_stops_like_the_torch_backend(vllm_engine, base_weights, tok):
+    from .test_torch_sampler import check_stop, check_streaming
+
+    prompts = [tok(p)["input_ids"] for p in PROMPTS] * 8
+    params = SamplingParams(temperature=1.5, max_new_tokens=16)
+    check_streaming(vllm_engine, prompts, params, seed=5)
+    check_stop(vllm_engine, prompts, params, seed=5, keep=10)
+    check_streaming(vllm_engine, prompts, params, seed=6)   # aborted requests left nothing
