@@ -48,7 +48,7 @@ from engine.orchestration.evaluation import evaluate
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import SyncPolicy
 from engine.orchestration.producer import RolloutProducer, step_seed
-from engine.reward import build_reward
+from engine.reward import build_reward, reward_metrics
 from engine.rollout import DTYPES, build_rollout
 from engine.rollout.base import SamplingParams
 from engine.rollout.preflight import PreflightError, check_logprob_semantics
@@ -107,8 +107,9 @@ class RunDriver:
         self.params = SamplingParams(temperature=cfg.rollout.temperature,
                                      top_p=cfg.rollout.top_p,
                                      max_new_tokens=cfg.rollout.max_new_tokens)
+        self.reward = build_reward(cfg.reward, self.task, log=self.tel.log)
         producer = RolloutProducer(
-            self.engine, self.task, build_reward(cfg.reward, self.task), self.tok, self.params,
+            self.engine, self.task, self.reward, self.tok, self.params,
             cfg.rollout.prompts_per_step, alg.group_size, cfg.model.seed, self.layout, self.tel)
         self.buffer = ExperienceBuffer()
         self.policy = SyncPolicy(producer, self.buffer)
@@ -194,6 +195,7 @@ class RunDriver:
         res = self._sync(step, time.time())
         t1 = time.time()
         m.update(self.tel.step_metrics(t0, t1))
+        m.update(reward_metrics(self.reward, m))
         lengths = [len(s.response_ids) for s in samples]
         staleness = [version_at_update - s.version for s in samples]
         tokens = sum(lengths)
