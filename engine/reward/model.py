@@ -84,15 +84,23 @@ def examples(task: Task, problems: list[Problem], rng: random.Random) -> list[tu
 
 def ensure_reward_model(cfg: RewardModelConfig, task_cfg) -> Path:
     key = _key({"task": task_cfg.model_dump(mode="json"), "vocab": VOCAB, "arch": CLASSIFIER,
-                "train": [cfg.train_steps, cfg.batch_size], "v": 1})
+                "train": [cfg.train_steps, cfg.batch_size], "v": 2})
 
     def write(d: Path) -> None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)     # a 2-layer, 64-wide model: more threads only contend
+        try:
+            train(d)
+        finally:
+            torch.set_num_threads(threads)
+
+    def train(d: Path) -> None:
         torch.manual_seed(0)
         task, rng = build_task(task_cfg), random.Random(0)
         model = LlamaForSequenceClassification(LlamaConfig(
             vocab_size=len(VOCAB), num_labels=1, pad_token_id=VOCAB[PAD],
             max_position_embeddings=MAX_LEN, **CLASSIFIER)).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         for step in range(cfg.train_steps):
             pairs = examples(task, task.train_problems(step, cfg.batch_size // 2, "rm"), rng)
             ids, mask = encode([p + t for p, t in pairs])
@@ -104,7 +112,7 @@ def ensure_reward_model(cfg: RewardModelConfig, task_cfg) -> Path:
             loss.backward()
             opt.step()
         model.save_pretrained(d, safe_serialization=True)
-        (d / "training.json").write_text(json.dumps({"final_loss": float(loss)}))
+        (d / "training.json").write_text(json.dumps({"final_loss": float(loss.detach())}))
 
     return atomic_dir(cache_root() / "reward_models" / f"rm-{key}", write)
 
