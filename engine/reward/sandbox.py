@@ -177,7 +177,8 @@ class _Run:
             pass
         self._watch(proc)
         with os.fdopen(r) as status:
-            lines = status.read().split()
+            lines = status.read().split()         # EOF: pid 1 of the namespace has exited
+        _wait_until_gone(UID_BASE + proc.pid)
         if "ready" not in lines and not self.timed_out:
             raise SandboxError(f"sandbox setup failed: {self.err.decode(errors='replace')[-500:]}")
         return int(lines[-1]) if len(lines) >= 3 and lines[-2] == "exit" else None
@@ -196,6 +197,23 @@ class _Run:
             return None if rc is None else (128 - rc if rc < 0 else rc)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _wait_until_gone(uid: int, limit_s: float = 30.0) -> None:
+    """Return once no process runs as ``uid``: after a SIGKILL the namespace's processes
+    take a moment to die, and the caller is promised that none outlives run_tests."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and any(_uid_of(pid) == uid for pid in os.listdir("/proc")
+                                              if pid.isdigit()):
+        time.sleep(0.01)
+
+
+def _uid_of(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next(int(li.split()[1]) for li in fh if li.startswith("Uid:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def _judge(run: _Run, exit_code: int | None, expected: list[int], mode: str) -> SandboxResult:
