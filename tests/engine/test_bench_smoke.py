@@ -14,3 +14,12 @@ def test_rollout_throughput_bench_prints_both_rates_and_their_ratio(model_cache)
     assert proc.returncode == 0, proc.stderr
     assert "tokens/s" in proc.stdout
     assert "ratio torch / hf_generate" in proc.stdout
+
+
+def test_reward_overlap_bench_prints_the_after_vs_streamed_ratio(model_cache):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "reward_overlap.py"), "--quick"],
+        capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "ratio after / streamed" in proc.stdout
+    assert "ratio pool / streamed" in proc.stdout
