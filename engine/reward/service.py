@@ -135,18 +135,25 @@ class RewardPool(RewardService):
         self.done: dict[int, Verdict] = {}
 
     def submit(self, i: int, problem: Problem, text: str, finished: bool) -> None:
+        self._settle(wait_for_one=False)
         self.depths.append(len(self.in_flight))
         while len(self.in_flight) >= self.max_in_flight:
-            self._settle_one()
+            self._settle(wait_for_one=True)
         w = min(range(len(self.workers)), key=self.load.__getitem__)
         ref = self.workers[w].score.remote(problem, text, finished)
         self.load[w] += 1
         self.in_flight[ref] = (i, w, time.time())
 
-    def _settle_one(self) -> None:
+    def _settle(self, wait_for_one: bool) -> None:
+        """Record every finished result; with ``wait_for_one``, block until one is."""
         import ray
 
-        ready, _ = ray.wait(list(self.in_flight), num_returns=1)
+        if not self.in_flight:
+            return
+        refs = list(self.in_flight)
+        if wait_for_one:
+            ray.wait(refs, num_returns=1)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
             i, w, submitted = self.in_flight.pop(ref)
             self.load[w] -= 1
@@ -157,7 +164,7 @@ class RewardPool(RewardService):
     def collect(self, n: int) -> list[Verdict]:
         """Waits for every submitted completion; verdicts for indices 0..n-1 in order."""
         while self.in_flight:
-            self._settle_one()
+            self._settle(wait_for_one=True)
         out = [self.done.pop(i) for i in range(n)]
         if self.done:
             raise ValueError(f"collect({n}) left verdicts for indices {sorted(self.done)}")
