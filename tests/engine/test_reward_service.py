@@ -99,3 +99,53 @@ def test_a_reward_model_run_logs_its_fit_and_the_agreement_metric(cluster, model
     assert 0.0 <= m["reward/rm_vs_verifier_agreement"] <= 1.0
     assert "reward/rm_mean" in m
     reward.close()
+
+
+class _Generating:
+    """The engine, plus a flag that is up while generate() runs (a seam for the test)."""
+
+    def __init__(self, engine):
+        self.engine, self.busy = engine, False
+
+    def generate(self, *args, **kwargs):
+        self.busy = True
+        try:
+            return self.engine.generate(*args, **kwargs)
+        finally:
+            self.busy = False
+
+    def weight_version(self):
+        return self.engine.weight_version()
+
+
+def test_the_producer_streams_completions_to_the_pool_while_generating(cluster, tiny_dir):
+    from engine.config import ColocatedPlacementConfig
+    from engine.orchestration.placement import layout_for
+    from engine.orchestration.producer import RolloutProducer
+    from engine.rollout.base import SamplingParams
+    from engine.rollout.torch_backend import TorchRollout
+    from engine.telemetry.recorder import Telemetry
+    from engine.telemetry.sinks import MemorySink
+    from engine.tinymodel import load_tokenizer
+
+    engine = _Generating(TorchRollout.from_pretrained(tiny_dir))
+    task = ArithmeticTask(ArithmeticTaskConfig(max_digits=1))
+    pool = build_reward(RuleRewardConfig(workers=2), task)
+    during, submit = [], pool.submit
+
+    def recording_submit(*args):
+        during.append(engine.busy)
+        submit(*args)
+
+    pool.submit = recording_submit
+    layout = layout_for(ColocatedPlacementConfig())
+    producer = RolloutProducer(engine, task, pool, load_tokenizer(tiny_dir),
+                               SamplingParams(max_new_tokens=6), 4, 4, 0, layout,
+                               Telemetry(MemorySink(), layout.devices))
+    groups = producer.produce(0)
+    assert len(during) == 16 and all(during), "every completion went out during generation"
+    samples = [s for g in groups for s in g]
+    expected = build_reward(RuleRewardConfig(), task).score(
+        [s.problem for s in samples], [s.text for s in samples], [s.finished for s in samples])
+    assert [s.reward for s in samples] == expected
+    pool.close()
