@@ -280,7 +280,61 @@ class InPlaceSyncConfig(_Section):
     type: Literal["in_place"] = "in_place"
 
 
-WeightSyncConfig = _choice(InPlaceSyncConfig)
+class ShmSyncConfig(_Section):
+    """Same node, across processes: the learner packs its tensors into one flat buffer in a
+    shared-memory file; each rollout worker maps it without copying and loads from it."""
+
+    type: Literal["shm"] = "shm"
+    directory: str = Field(default="/dev/shm", min_length=1, max_length=4096)
+    """Directory of the buffer file: a tmpfs (RAM) that the learner and every rollout worker
+    of the node can open; a disk directory works but is slow."""
+
+
+class ObjectStoreSyncConfig(_Section):
+    """Through the Ray object store: one ``ray.put`` of the packed tensors per sync, read
+    zero-copy by workers on the learner's node and fetched by Ray on other nodes."""
+
+    type: Literal["object_store"] = "object_store"
+
+
+class BroadcastSyncConfig(_Section):
+    """torch.distributed broadcast from the learner (rank 0) to every rollout worker, in
+    large contiguous buckets. Its own process group, so vLLM's default group is untouched."""
+
+    type: Literal["broadcast"] = "broadcast"
+    backend: Literal["gloo", "nccl"] = "gloo"
+    """Collective backend: "gloo" moves CPU tensors; "nccl" moves CUDA tensors (GPUs only)."""
+    bucket_mb: int = Field(default=32, ge=1, le=4096)
+    """Size of one broadcast bucket in MiB; parameters are packed back to back and a tensor
+    larger than a bucket spans several."""
+    double_buffer: bool = True
+    """Pack bucket i+1 into a second buffer while bucket i is on the wire."""
+    timeout_s: float = Field(default=300.0, gt=0.0, le=86400.0)
+    """How long a rank waits for the others (group setup and each collective) before it
+    fails instead of hanging."""
+
+
+class CheckpointFileSyncConfig(_Section):
+    """The slow fallback that works wherever a directory is shared: the learner writes a
+    safetensors file per version, the workers load it."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    directory: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Directory visible to the learner and every rollout worker (a shared filesystem across
+    nodes). None makes a temporary directory, which only works on one node."""
+    keep_last: int = Field(default=2, ge=1, le=100)
+    """Version files kept on disk; older ones are deleted when a new version is written."""
+
+
+class CudaIpcSyncConfig(_Section):
+    """Same GPU node: workers open the learner's CUDA tensors through IPC handles (no copy
+    through host memory). Needs CUDA; on CPU it is refused with the fix."""
+
+    type: Literal["cuda_ipc"] = "cuda_ipc"
+
+
+WeightSyncConfig = _choice(InPlaceSyncConfig, ShmSyncConfig, ObjectStoreSyncConfig,
+                           BroadcastSyncConfig, CheckpointFileSyncConfig, CudaIpcSyncConfig)
 
 
 # --------------------------------------------------------------------------- reward
@@ -399,7 +453,8 @@ class RunConfig(_Section):
     async_policy: AsyncPolicyConfig = SyncPolicyConfig()
     """When rollouts run relative to learner updates ("sync")."""
     weight_sync: WeightSyncConfig = InPlaceSyncConfig()
-    """How new weights reach the rollout engine ("in_place")."""
+    """How new weights reach the rollout engines: "in_place" (one process), "shm",
+    "object_store", "broadcast", "checkpoint" or "cuda_ipc"."""
     reward: RewardConfig = RuleRewardConfig()
     """How completions are scored: "rule" (a deterministic verifier), "sandbox" (run the
     program against unit tests) or "reward_model" (a served learned scorer)."""
@@ -471,7 +526,10 @@ def _model_at(path: tuple[Any, ...], data: Any) -> type[BaseModel] | None:
 
 
 def _format_error(err: dict[str, Any], data: Any) -> tuple[str, str]:
-    loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x in _UNION_TAGS))
+    # pydantic puts the chosen tag after a union's field; a top-level key is never a tag
+    # (the weight-sync tag "checkpoint" is also the name of a RunConfig section)
+    loc = tuple(x for i, x in enumerate(err["loc"])
+                if not (i > 0 and isinstance(x, str) and x in _UNION_TAGS))
     path = ".".join(str(x) for x in loc) or "(root)"
     kind = err["type"]
     msg = err["msg"].removeprefix("Value error, ")

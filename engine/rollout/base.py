@@ -6,6 +6,7 @@
         # cb(i, completion) as soon as prompt i ends (streaming: score while others run);
         # cb returning True stops the call: rows still running come back aborted=True
     report = engine.load_weights(named_tensors, version)  # -> version + fingerprint served
+    engine.sleep() ... learner trains ... engine.wake_up()   # colocated: share the device
 
 It does not need to know how or where generation runs. Behaviour logprobs are always of
 the distribution actually sampled from: logits / temperature, then top-p renormalized.
@@ -61,3 +62,10 @@ class RolloutEngine(Protocol):
     def weight_version(self) -> int: ...
 
     def fingerprint(self) -> str: ...
+
+    def sleep(self) -> bool:
+        """Colocated placement: release device memory while the learner trains. True
+        when something was released; wake_up (or the next load_weights) takes it back."""
+        ...
+
+    def wake_up(self) -> None: ...

@@ -85,6 +85,13 @@ class TorchRollout:
     def fingerprint(self) -> str:
         return fingerprint(self.tensors.items())
 
+    def sleep(self) -> bool:
+        """Nothing to release: the sampler holds no KV cache between calls."""
+        return False
+
+    def wake_up(self) -> None:
+        pass
+
     # ------------------------------------------------------------------ sampling
 
     @torch.no_grad()

@@ -105,6 +105,8 @@ class VllmRollout:
         self._version = 0
         self._fingerprint = ""
         self._request_ids = itertools.count()
+        self._asleep = False
+        self._weights_lost = False
         self._version, self._fingerprint = self._report()
 
     # ------------------------------------------------------------------ weights
@@ -123,7 +125,10 @@ class VllmRollout:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                      version: int) -> WeightReport:
         tensors = [(n, t.detach()) for n, t in named_tensors]
+        if self._asleep:
+            self.wake_up()
         self._reload(tensors)
+        self._weights_lost = False
         self.llm.collective_rpc(_set_version, args=(version,))
         self._version, self._fingerprint = self._report()
         nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
@@ -134,6 +139,37 @@ class VllmRollout:
 
     def fingerprint(self) -> str:
         return self._report()[1]
+
+    # ------------------------------------------------------------------ colocated GPU
+
+    def sleep(self) -> bool:
+        """Give the device to the learner (colocated placement). Level 1 offloads the
+        weights to host memory and drops the KV cache; level 2 drops the weights too, so
+        the next load_weights must bring a full state. False when sleep is off (level 0,
+        and always on CPU, where vLLM refuses sleep mode)."""
+        if not self.cfg.sleep_level or self._asleep:
+            return False
+        self.llm.sleep(level=self.cfg.sleep_level)
+        self._asleep = True
+        return True
+
+    def wake_up(self) -> None:
+        """Take the device back. After level 1 the restored weights are fingerprinted
+        again: a wake-up that restores anything but what went to sleep (TRL #5312: the
+        generator silently serving stale weights) raises instead of generating."""
+        if not self._asleep:
+            return
+        self.llm.wake_up()
+        self._asleep = False
+        if self.cfg.sleep_level == 2:
+            self._weights_lost = True        # until the next load_weights
+            return
+        _, served = self._report()
+        if served != self._fingerprint:
+            raise RuntimeError(
+                f"vLLM woke up serving weights {served}, not the v{self._version} weights "
+                f"{self._fingerprint} it slept with; sleep/wake lost the weights (check "
+                f"rollout.sleep_level, or use 2 and sync after every wake)")
 
     # ------------------------------------------------------------------ sampling
 
@@ -146,6 +182,9 @@ class VllmRollout:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        if self._asleep or self._weights_lost:
+            raise RuntimeError("the vLLM engine is asleep or woke from rollout.sleep_level = 2 "
+                               "without new weights; wake_up() and load_weights() first")
         engine = self.llm.llm_engine
         base = f"rlplane-{next(self._request_ids)}-"
         ids: dict[str, int] = {}

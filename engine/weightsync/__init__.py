@@ -1,0 +1,44 @@
+"""Weight-sync transports, built by name from ``cfg.weight_sync``.
+
+    sender   = build_sender(cfg.weight_sync, world_size=1 + n_workers)   # learner process
+    receiver = build_receiver(cfg.weight_sync, sender.join_info(), rank)  # each worker, 1..n
+
+"in_place" is one-process (engine/weightsync/inplace.py); every other type is two-sided and
+driven by engine/weightsync/session.py. Modules load lazily, so a shared-memory run never
+imports torch.distributed and a CPU run never touches CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_TRANSPORTS: dict[str, tuple[str, str]] = {      # type -> (sender, receiver)
+    "shm": ("engine.weightsync.shm:ShmSender", "engine.weightsync.shm:ShmReceiver"),
+    "object_store": ("engine.weightsync.objectstore:ObjectStoreSender",
+                     "engine.weightsync.objectstore:ObjectStoreReceiver"),
+    "broadcast": ("engine.weightsync.broadcast:BroadcastSender",
+                  "engine.weightsync.broadcast:BroadcastReceiver"),
+    "checkpoint": ("engine.weightsync.checkpoint:CheckpointFileSender",
+                   "engine.weightsync.checkpoint:CheckpointFileReceiver"),
+    "cuda_ipc": ("engine.weightsync.cuda_ipc:CudaIpcSender",
+                 "engine.weightsync.cuda_ipc:CudaIpcReceiver"),
+}
+
+
+def _load(cfg, side: int):
+    if cfg.type not in _TRANSPORTS:
+        raise ValueError(f'weight_sync.type = "{cfg.type}" moves weights inside one process '
+                         f"(InPlaceTransport); rollout workers in other processes need one of "
+                         f"{sorted(_TRANSPORTS)}")
+    module, name = _TRANSPORTS[cfg.type][side].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_sender(cfg, world_size: int = 2):
+    """The learner's end; ``world_size`` counts the learner and every rollout worker."""
+    return _load(cfg, 0)(cfg, world_size)
+
+
+def build_receiver(cfg, join_info: object = None, rank: int = 1):
+    """A rollout worker's end; ``rank`` is 1..world_size-1 (the learner is 0)."""
+    return _load(cfg, 1)(cfg, join_info, rank)

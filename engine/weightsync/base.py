@@ -3,33 +3,46 @@
     result = transport.push(learner.named_tensors(), version, learner_fingerprint)
     result.matched   # the rollout engine's own fingerprint of what it serves == learner's
 
-Transports differ in how bytes move (in place, Ray object store, torch.distributed
-broadcast, CUDA IPC); all of them end with the receiver reporting (version, fingerprint).
+Transports differ in how bytes move (in place, shared memory, Ray object store,
+torch.distributed broadcast, checkpoint file, CUDA IPC); all of them end with the receiver
+reporting (version, fingerprint) of what its engine now serves. Cross-process transports
+are two-sided (WeightSender / WeightReceiver below); engine/weightsync/session.py drives
+them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+
+from engine.weightsync.layout import FlatLayout
 
 
 @dataclass(frozen=True)
 class SyncResult:
     transport: str
     version_learner: int
-    version_rollout: int
+    version_rollout: int          # the lowest version any rollout worker reports serving
     fingerprint_learner: str
-    fingerprint_rollout: str
-    bytes: int
+    fingerprint_rollout: str      # the first worker's that differs from the learner's, if any
+    bytes: int                    # size of the weights (each worker receives all of them)
     latency_s: float      # learner's new version -> every rollout worker reports serving it
+    workers: tuple = ()   # one rollout.base.WeightReport per worker (two-sided transports)
 
     @property
     def matched(self) -> bool:
         return (self.fingerprint_learner == self.fingerprint_rollout
-                and self.version_learner == self.version_rollout)
+                and self.version_learner == self.version_rollout
+                and all(r.fingerprint == self.fingerprint_learner
+                        and r.version == self.version_learner for r in self.workers))
+
+    @property
+    def gb_per_s(self) -> float:
+        """Gigabytes (1e9 bytes, not bits) of weights per second of resync latency."""
+        return self.bytes / 1e9 / max(self.latency_s, 1e-9)
 
 
 class WeightTransport(Protocol):
@@ -41,35 +54,104 @@ class WeightTransport(Protocol):
 
 # --------------------------------------------------------------------------- two-sided
 
-class WeightSender(Protocol):
-    """Learner side of a cross-process transport (shared memory, Ray object store,
-    torch.distributed broadcast, checkpoint file, CUDA IPC). One sync, driven by the
-    orchestrator:
+class StaleVersionError(ValueError):
+    """A receiver was offered a version that is not newer than the one its engine serves."""
 
+
+class TransportUnavailable(RuntimeError):
+    """The configured transport cannot run here (e.g. CUDA IPC without CUDA)."""
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What a sender hands each receiver for one sync: small and picklable. ``payload`` is
+    the transport's own (a file path, ObjectRefs, IPC handles; None for a broadcast)."""
+    transport: str
+    version: int
+    initial: bool                 # the first sync of a run may repeat the served version
+    layout: FlatLayout
+    payload: Any = None
+
+
+def check_version(ticket: Ticket, served: int) -> None:
+    """Refuse a version that does not move the engine forward (a stale or replayed sync)."""
+    if ticket.initial or ticket.version > served:
+        return
+    raise StaleVersionError(
+        f"{ticket.transport} sync offered version {ticket.version} but the engine already "
+        f"serves version {served}; versions must strictly increase (initial=True only for "
+        f"a run's first sync)")
+
+
+class WeightSender(Protocol):
+    """Learner side of a cross-process transport. Setup once, then one sync at a time (the
+    next ``prepare`` may reuse the buffers of the last one):
+
+        sender = build_sender(cfg.weight_sync, world_size=1 + len(workers))
+        info   = sender.join_info()            # picklable; None unless collective
+        [w.setup_weight_receiver.remote(cfg.weight_sync, info, rank=i + 1) ...]
+        sender.connect()                       # concurrently with the workers' setup
         ticket  = sender.prepare(named_tensors, version)     # learner process
         futures = [w.receive_weights.remote(ticket) for w in rollout_workers]
         sender.transfer()          # the sender's blocking part (a broadcast's collective)
         reports = ray.get(futures) # each: the worker's own (version, fingerprint) of what
                                    # its engine now serves -> WeightReport
 
-    ``ticket`` is small and picklable (paths, ObjectRefs, layouts), never the weights
-    themselves unless the transport is the object store's ObjectRef.
+    session.connect_workers / session.push_to_workers are exactly this sequence.
     """
 
     name: str
 
-    def prepare(self, named_tensors: Sequence[tuple[str, torch.Tensor]],
-                version: int) -> object: ...
+    def join_info(self) -> object: ...
+
+    def connect(self) -> None: ...
+
+    def prepare(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
+                initial: bool = False) -> Ticket: ...
 
     def transfer(self) -> None: ...
 
     def close(self) -> None: ...
 
 
-class WeightReceiver(Protocol):
-    """Rollout-worker side: turns a ticket into tensors, loads them into the engine and
-    returns the engine's own report (version + fingerprint recomputed from what it serves)."""
+class SenderDefaults:
+    """For senders without a rendezvous whose bytes are in place when prepare returns."""
 
-    def receive(self, ticket: object, engine) -> object: ...   # -> rollout.base.WeightReport
+    def join_info(self) -> None:
+        return None
+
+    def connect(self) -> None:
+        pass
+
+    def transfer(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class ReceiverDefaults:
+    """For receivers that need neither setup nor teardown."""
+
+    def __init__(self, cfg, join_info: object, rank: int):
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class WeightReceiver(Protocol):
+    """Rollout-worker side: turns a ticket into tensors, refuses a stale version
+    (check_version), loads them into the engine and returns the engine's own report
+    (version + fingerprint recomputed from what it serves)."""
+
+    def receive(self, ticket: Ticket, engine) -> object: ...   # -> rollout.base.WeightReport
 
     def close(self) -> None: ...
+
+
+def load_checked(engine, ticket: Ticket, named_tensors) -> object:
+    """The receivers' common last step: refuse a stale version, then let the engine load
+    the tensors and fingerprint what it serves (never an echo of what was sent)."""
+    check_version(ticket, engine.weight_version())
+    return engine.load_weights(named_tensors, ticket.version)

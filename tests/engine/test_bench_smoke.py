@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -23,3 +25,15 @@ def test_reward_overlap_bench_prints_the_after_vs_streamed_ratio(model_cache):
     assert proc.returncode == 0, proc.stderr
     assert "ratio after / streamed" in proc.stdout
     assert "ratio pool / streamed" in proc.stdout
+
+
+@pytest.mark.slow
+def test_weight_sync_bench_prints_every_transport_next_to_memcpy(model_cache):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "weight_sync.py"), "--quick"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "memcpy (torch copy_)" in proc.stdout
+    for transport in ("shm", "shm adopted", "object_store", "broadcast", "broadcast 1buf",
+                      "checkpoint"):
+        assert f"\n  {transport} " in proc.stdout
+    assert "ratio = transport GB/s / memcpy GB/s" in proc.stdout

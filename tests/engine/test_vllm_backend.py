@@ -183,3 +183,37 @@ def test_on_complete_streams_and_stops_like_the_torch_backend(vllm_engine, base_
     check_streaming(vllm_engine, prompts, params, seed=5)
     check_stop(vllm_engine, prompts, params, seed=5, keep=10)
     check_streaming(vllm_engine, prompts, params, seed=6)   # aborted requests left nothing
+
+
+def _corrupt_one_weight(worker) -> None:
+    """Worker side: what a wake-up that restores the wrong weights leaves behind."""
+    for name, p in worker.model_runner.model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.data.add_(1.0)
+            return
+
+
+def test_sleep_is_off_on_cpu_and_the_engine_keeps_serving(vllm_engine, base_weights, tok):
+    assert vllm_engine.sleep() is False
+    vllm_engine.wake_up()
+    outs = vllm_engine.generate([tok("3+4=")["input_ids"]], SamplingParams(max_new_tokens=4), 0)
+    assert len(outs) == 1
+
+
+def test_a_wake_up_that_restores_other_weights_is_caught(vllm_engine, base_weights, tok,
+                                                         monkeypatch):
+    """Level-1 sleep/wake driven through a seam (vLLM refuses sleep mode on CPU): the
+    wake-up corrupts a served weight, as TRL #5312 lost them, and the engine refuses to
+    go on instead of generating from weights nobody sent."""
+    monkeypatch.setattr(vllm_engine, "cfg", vllm_engine.cfg.model_copy(update={"sleep_level": 1}))
+    monkeypatch.setattr(vllm_engine.llm, "sleep", lambda level: None)
+    monkeypatch.setattr(vllm_engine.llm, "wake_up",
+                        lambda: vllm_engine.llm.collective_rpc(_corrupt_one_weight))
+    assert vllm_engine.sleep() is True
+    with pytest.raises(RuntimeError, match="asleep"):
+        vllm_engine.generate([tok("3+4=")["input_ids"]], SamplingParams(max_new_tokens=4), 0)
+    with pytest.raises(RuntimeError, match="lost the weights"):
+        vllm_engine.wake_up()
+    # a full sync repairs it, and the engine's own fingerprint says so
+    report = vllm_engine.load_weights(base_weights.named_parameters(), 1)
+    assert report.fingerprint == fingerprint(base_weights.named_parameters())

@@ -1,0 +1,177 @@
+"""Weight-sync GB/s per transport next to this machine's memcpy, side by side.
+
+For each state (the tiny and small models, a synthetic 200 MB state) one learner (this
+process) pushes to one rollout-worker actor on a local Ray cluster, through every
+cross-process transport. Two figures per transport:
+
+    move   latency from the learner's new version to the worker's report, the worker only
+           copying the weights into the tensors it serves (the data path alone);
+    sync   the same with the worker's fingerprint of what it serves, as every real sync
+           does (SHA-256 on one core: it bounds this figure; its own GB/s is printed).
+
+"shm adopted" first moves the learner's tensors into the shared buffer (ShmSender.adopt),
+so only the worker copies; "broadcast 1buf" packs and sends with one buffer, so its
+difference to "broadcast" is what double buffering buys. memcpy is a torch ``copy_`` of the
+same tensors in this process, with as many torch threads as the learner's copies get
+(--threads, default 1: a Ray worker's default; on a shared 2-core box a 2-thread copy waits
+for its slower thread and swings 10x between rounds). Rounds alternate over memcpy, the
+fingerprint and every transport, so machine noise hits all of them; medians and their
+ratio to memcpy are the figures to quote.
+
+    .venv/bin/python bench/weight_sync.py [--states tiny small synthetic] [--rounds 5]
+    .venv/bin/python bench/weight_sync.py --quick       # tiny + 8 MB synthetic, 2 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import ray
+import torch
+from safetensors.torch import load_file
+
+from engine.config import validate_config
+from engine.rollout.base import WeightReport
+from engine.tinymodel import ensure_base_model
+from engine.weightsync import build_receiver, build_sender
+from engine.weightsync.fingerprint import fingerprint
+from engine.weightsync.session import connect_workers, push_to_workers
+
+TRANSPORTS = {"shm": {"type": "shm"}, "shm adopted": {"type": "shm"},
+              "object_store": {"type": "object_store"}, "broadcast": {"type": "broadcast"},
+              "broadcast 1buf": {"type": "broadcast", "double_buffer": False},
+              "checkpoint": {"type": "checkpoint"}}
+
+
+class ServedWeights:
+    """The receiving engine's part of a sync, as TorchRollout.load_weights does it: copy
+    into the tensors it serves, then (when asked) fingerprint them."""
+
+    def __init__(self, named):
+        self.tensors = {n: torch.zeros_like(t) for n, t in named}
+        self.version, self.fingerprinting = -1, True
+
+    def load_weights(self, named, version):
+        for n, t in named:
+            self.tensors[n].copy_(t)
+        self.version = version
+        fp = fingerprint(self.tensors.items()) if self.fingerprinting else ""
+        return WeightReport(version, fp, 0)
+
+    def weight_version(self):
+        return self.version
+
+
+@ray.remote(num_cpus=0)
+class Worker:
+    """A rollout worker holding one receiver per transport, so rounds can alternate."""
+
+    def __init__(self, named_shapes):
+        self.engine = ServedWeights([(n, torch.zeros(s)) for n, s in named_shapes])
+        self.receivers = {}
+
+    def setup_weight_receiver(self, cfg, join_info, rank):
+        self.receivers[cfg.type] = build_receiver(cfg, join_info, rank)
+
+    def receive_weights(self, ticket):
+        return self.receivers[ticket.transport].receive(ticket, self.engine)
+
+    def fingerprinting(self, on):
+        self.engine.fingerprinting = on
+
+
+def state(name: str, synthetic_mb: int) -> list[tuple[str, torch.Tensor]]:
+    if name == "synthetic":          # 4 MiB float32 tensors, like a mid-size model's layers
+        n = max(1, synthetic_mb * 10**6 // 2**22)
+        return [(f"w{i}", torch.randn(2**20)) for i in range(n)]
+    return list(load_file(ensure_base_model(name, 0) / "model.safetensors").items())
+
+
+def bench_state(name: str, named, rounds: int) -> None:
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    shapes = [(n, tuple(t.shape)) for n, t in named]
+    hosts: list[tuple[set, object]] = []      # (transport types it receives, worker)
+    senders, tensors, worker_of = {}, {}, {}
+    for kind, spec in TRANSPORTS.items():
+        cfg = validate_config({"weight_sync": spec}).weight_sync
+        free = [w for types, w in hosts if cfg.type not in types]
+        if not free:                          # a second variant of a type: its own worker
+            hosts.append((set(), Worker.remote(shapes)))
+            free = [hosts[-1][1]]
+        worker_of[kind] = free[0]
+        next(types for types, w in hosts if w is free[0]).add(cfg.type)
+        senders[kind] = build_sender(cfg, world_size=2)
+        connect_workers(senders[kind], [worker_of[kind]], cfg)
+        tensors[kind] = named
+        if kind == "shm adopted":
+            tensors[kind] = [(n, t.clone()) for n, t in named]
+            senders[kind].adopt(tensors[kind])
+    dst = [torch.empty_like(t) for _, t in named]
+    times: dict[str, list[float]] = {k: [] for k in
+                                     ["memcpy", "fingerprint", *(f"{k} {m}" for k in senders
+                                                                 for m in ("move", "sync"))]}
+    version = 0
+    for r in range(rounds + 1):                  # round 0 warms up (page faults, buffers)
+        t0 = time.perf_counter()
+        for d, (_, t) in zip(dst, named, strict=True):
+            d.copy_(t)
+        t1 = time.perf_counter()
+        fp = fingerprint(named)
+        t2 = time.perf_counter()
+        if r:
+            times["memcpy"].append(t1 - t0)
+            times["fingerprint"].append(t2 - t1)
+        for kind, sender in senders.items():
+            for mode in ("move", "sync"):
+                ray.get(worker_of[kind].fingerprinting.remote(mode == "sync"))
+                version += 1
+                res = push_to_workers(sender, [worker_of[kind]], tensors[kind], version,
+                                      time.time(), learner_fingerprint=fp, initial=version == 1)
+                assert mode == "move" or res.matched, res
+                if r:
+                    times[f"{kind} {mode}"].append(res.latency_s)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    memcpy = nbytes / 1e9 / med["memcpy"]
+    print(f"{name}: {nbytes / 1e6:.1f} MB in {len(named)} tensors, 1 worker, "
+          f"{rounds} rounds (medians), {torch.get_num_threads()} torch thread(s)")
+    print(f"  {'memcpy (torch copy_)':28s} {memcpy:6.2f} GB/s")
+    print(f"  {'fingerprint (sha256)':28s} {nbytes / 1e9 / med['fingerprint']:6.2f} GB/s")
+    print(f"  {'transport':14s} {'move GB/s':>10s} {'ratio':>6s} {'sync GB/s':>10s} "
+          f"{'ratio':>6s} {'sync ms':>8s}")
+    for kind in senders:
+        move, sync = (nbytes / 1e9 / med[f"{kind} {m}"] for m in ("move", "sync"))
+        print(f"  {kind:14s} {move:10.2f} {move / memcpy:6.2f} {sync:10.2f} "
+              f"{sync / memcpy:6.2f} {med[f'{kind} sync'] * 1e3:8.1f}")
+    print("  ratio = transport GB/s / memcpy GB/s")
+    for sender in senders.values():
+        sender.close()
+    for _, worker in hosts:
+        ray.kill(worker)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--states", nargs="+", default=["tiny", "small", "synthetic"],
+                    choices=["tiny", "small", "synthetic"])
+    ap.add_argument("--synthetic-mb", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the learner")
+    ap.add_argument("--quick", action="store_true", help="tiny + 8 MB synthetic, 2 rounds")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        args.states, args.synthetic_mb, args.rounds = ["tiny", "synthetic"], 8, 2
+    torch.manual_seed(0)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=2 * 10**9)
+    try:
+        for name in args.states:
+            bench_state(name, state(name, args.synthetic_mb), args.rounds)
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

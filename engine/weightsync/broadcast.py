@@ -1,0 +1,141 @@
+"""torch.distributed broadcast transport: learner = rank 0, rollout workers = ranks 1..n.
+
+    setup   sender: TCPStore (master) -> join_info (host, port, world, backend)
+            every rank: its own ProcessGroupGloo / ProcessGroupNCCL on that store. Not the
+            default group: vLLM (and a DDP learner) keep theirs.
+    sync    ticket = (version, layout, bucket_bytes); the stream is cut into buckets
+
+    rank 0  pack b0 -> [A] | pack b1 -> [B] | wait b0, pack b2 -> [A] | ...
+            bcast [A] ======> bcast [B] ======> bcast [A] ======>          (double_buffer)
+    rank k  recv b0, b1, b2 ... straight into its flat stream buffer
+            -> engine.load_weights(layout.views(flat)) -> fingerprint
+
+Packing bucket i+1 overlaps the broadcast of bucket i (gloo sends on its own thread; NCCL
+on its own stream). "nccl" is the same code with CUDA buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from engine.weightsync.base import Ticket, load_checked
+from engine.weightsync.layout import FlatLayout
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class BroadcastJoin:
+    host: str
+    port: int
+    world_size: int
+
+
+def _host() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
+def _device(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
+        else torch.device("cpu")
+
+
+def _group(backend: str, store, rank: int, world_size: int, timeout: timedelta):
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, world_size, opts)
+
+
+def _broadcast(group, tensor: torch.Tensor):
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    return group.broadcast([tensor], opts)
+
+
+class BroadcastSender:
+    name = "broadcast"
+
+    def __init__(self, cfg, world_size: int):
+        self.cfg, self.world_size = cfg, world_size
+        self.timeout = timedelta(seconds=cfg.timeout_s)
+        self.store = dist.TCPStore(_host(), 0, world_size, is_master=True,
+                                   wait_for_workers=False, timeout=self.timeout)
+        self.group = None
+        self.bucket_bytes = cfg.bucket_mb * MIB
+        self._staging: list[torch.Tensor] = []
+        self._pending: tuple[FlatLayout, list[torch.Tensor]] | None = None
+
+    def join_info(self) -> BroadcastJoin:
+        return BroadcastJoin(self.store.host, self.store.port, self.world_size)
+
+    def connect(self) -> None:
+        self.group = _group(self.cfg.backend, self.store, 0, self.world_size, self.timeout)
+
+    def prepare(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
+                initial: bool = False) -> Ticket:
+        layout = FlatLayout.of(named_tensors)
+        self._pending = (layout, [t for _, t in named_tensors])
+        return Ticket(self.name, version, initial, layout, self.bucket_bytes)
+
+    def _buffers(self, size: int) -> list[torch.Tensor]:
+        n = 2 if self.cfg.double_buffer else 1
+        if len(self._staging) != n or self._staging[0].numel() < size:
+            self._staging = [torch.empty(size, dtype=torch.uint8,
+                                         device=_device(self.cfg.backend)) for _ in range(n)]
+        return self._staging
+
+    def transfer(self) -> None:
+        layout, tensors = self._pending
+        self._pending = None
+        buckets = layout.buckets(self.bucket_bytes)
+        buffers = self._buffers(min(self.bucket_bytes, layout.nbytes))
+        in_flight = [None] * len(buffers)            # the broadcast still reading buffer j
+        for i, (a, b) in enumerate(buckets):
+            j = i % len(buffers)
+            if in_flight[j] is not None:
+                in_flight[j].wait()
+            out = buffers[j][:b - a]
+            layout.pack(tensors, out, start=a)
+            if out.is_cuda:
+                torch.cuda.current_stream().synchronize()   # NCCL's stream reads it next
+            in_flight[j] = _broadcast(self.group, out)
+        for work in in_flight:
+            if work is not None:
+                work.wait()
+
+    def close(self) -> None:
+        self.group = None
+
+
+class BroadcastReceiver:
+    def __init__(self, cfg, join_info: BroadcastJoin, rank: int):
+        self.cfg = cfg
+        timeout = timedelta(seconds=cfg.timeout_s)
+        self.store = dist.TCPStore(join_info.host, join_info.port, join_info.world_size,
+                                   is_master=False, timeout=timeout)
+        self.group = _group(cfg.backend, self.store, rank, join_info.world_size, timeout)
+        self._flat: torch.Tensor | None = None
+
+    def receive(self, ticket: Ticket, engine):
+        layout = ticket.layout
+        if self._flat is None or self._flat.numel() != layout.nbytes:
+            self._flat = torch.empty(layout.nbytes, dtype=torch.uint8,
+                                     device=_device(self.cfg.backend))
+        works = [_broadcast(self.group, self._flat[a:b])
+                 for a, b in layout.buckets(ticket.payload)]
+        for work in works:
+            work.wait()
+        # a stale version is refused only now: leaving the collective early would hang rank 0
+        return load_checked(engine, ticket, layout.views(self._flat))
+
+    def close(self) -> None:
+        self.group = None

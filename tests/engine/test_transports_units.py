@@ -1,0 +1,186 @@
+"""Transport pieces without Ray: the flat layout and its buckets, the version rule, the
+broadcast's bucketed double-buffered transfer over a real gloo group (two threads), and
+the clear refusals."""
+
+import threading
+
+import pytest
+import torch
+
+from engine.config import ConfigError, validate_config
+from engine.rollout.base import WeightReport
+from engine.weightsync import build_receiver, build_sender
+from engine.weightsync.base import (
+    StaleVersionError,
+    SyncResult,
+    Ticket,
+    TransportUnavailable,
+    check_version,
+)
+from engine.weightsync.fingerprint import fingerprint
+from engine.weightsync.layout import ALIGN, FlatLayout
+
+
+def _mixed():
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("odd", torch.randn(7, generator=g)),                          # 28 bytes
+        ("scalar", torch.tensor(3.5, dtype=torch.float64)),
+        ("bytes", torch.randint(0, 255, (3,), dtype=torch.uint8, generator=g)),
+        ("bf16", torch.randn(5, 3, generator=g).to(torch.bfloat16)),
+        ("big", torch.randn(41, 13, generator=g)),                     # 2132 bytes
+        ("ints", torch.arange(11, dtype=torch.int64)),
+        ("strided", torch.randn(6, 4, generator=g).t()),               # not contiguous
+    ]
+
+
+def _same(named_a, named_b):
+    assert [n for n, _ in named_a] == [n for n, _ in named_b]
+    for (_, a), (_, b) in zip(named_a, named_b, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_a_layout_aligns_every_tensor_and_round_trips_mixed_dtypes():
+    named = _mixed()
+    layout = FlatLayout.of(named)
+    assert all(s.offset % ALIGN == 0 for s in layout.specs)
+    assert layout.payload_bytes == sum(t.numel() * t.element_size() for _, t in named)
+    flat = torch.empty(layout.nbytes, dtype=torch.uint8)
+    layout.pack([t for _, t in named], flat)
+    _same(layout.views(flat), named)
+
+
+@pytest.mark.parametrize("bucket", [1, 100, 333, 2048, 10**6])
+def test_buckets_packed_one_by_one_rebuild_the_stream(bucket):
+    """Odd bucket sizes cut tensors anywhere; "big" spans several 100-byte buckets."""
+    named = _mixed()
+    layout = FlatLayout.of(named)
+    buckets = layout.buckets(bucket)
+    assert buckets[0][0] == 0 and buckets[-1][1] == layout.nbytes
+    assert all(b - a <= bucket for a, b in buckets)
+    assert all(b0 == a1 for (_, b0), (a1, _) in zip(buckets, buckets[1:], strict=False))
+    flat = torch.empty(layout.nbytes, dtype=torch.uint8)
+    staging = torch.empty(bucket, dtype=torch.uint8)
+    for a, b in buckets:
+        layout.pack([t for _, t in named], staging[:b - a], start=a)
+        flat[a:b] = staging[:b - a]
+    _same(layout.views(flat), named)
+
+
+def test_views_share_memory_with_the_stream():
+    named = [("w", torch.zeros(4))]
+    layout = FlatLayout.of(named)
+    flat = torch.zeros(layout.nbytes, dtype=torch.uint8)
+    (_, view), = layout.views(flat)
+    flat[:4] = torch.tensor([1.0]).view(torch.uint8)
+    assert view[0] == 1.0
+
+
+def _ticket(version, initial=False):
+    return Ticket("shm", version, initial, FlatLayout.of([]))
+
+
+def test_a_receiver_refuses_versions_that_do_not_strictly_increase():
+    check_version(_ticket(5), served=4)
+    check_version(_ticket(4, initial=True), served=4)       # a run's first sync
+    for stale in (4, 3):
+        with pytest.raises(StaleVersionError, match="strictly increase"):
+            check_version(_ticket(stale), served=4)
+
+
+def test_one_worker_serving_other_weights_makes_the_sync_a_mismatch():
+    good, bad = WeightReport(3, "aa", 8), WeightReport(3, "bb", 8)
+    res = SyncResult("shm", 3, 3, "aa", "aa", 8, 0.5, workers=(good, good))
+    assert res.matched and res.gb_per_s == pytest.approx(8 / 1e9 / 0.5)
+    assert not SyncResult("shm", 3, 3, "aa", "aa", 8, 0.5, workers=(good, bad)).matched
+
+
+class _Tensors:
+    """A rollout engine reduced to its weights (the seam the receivers load into)."""
+
+    def __init__(self, named):
+        self.tensors = {n: torch.zeros_like(t) for n, t in named}
+        self.version = 0
+
+    def load_weights(self, named, version):
+        for n, t in named:
+            self.tensors[n].copy_(t)
+        self.version = version
+        return WeightReport(version, fingerprint(self.tensors.items()), 0)
+
+    def weight_version(self):
+        return self.version
+
+
+@pytest.mark.parametrize("double_buffer", [True, False])
+def test_a_gloo_broadcast_in_small_buckets_delivers_every_tensor(double_buffer):
+    cfg = validate_config({"weight_sync": {"type": "broadcast", "bucket_mb": 1,
+                                           "double_buffer": double_buffer}}).weight_sync
+    g = torch.Generator().manual_seed(1)
+    named = [("a", torch.randn(700_001, generator=g)),          # 2.7 MiB: spans 3 buckets
+             ("b", torch.randn(3, 5, generator=g).to(torch.bfloat16)),
+             ("c", torch.randn(300_000, generator=g).double())]
+    sender = build_sender(cfg, world_size=3)
+    engines = [_Tensors(named) for _ in range(2)]
+    reports, receivers = [None, None], [None, None]
+
+    def worker(rank):
+        receivers[rank - 1] = build_receiver(cfg, sender.join_info(), rank)
+
+    def receive(rank, ticket):
+        reports[rank - 1] = receivers[rank - 1].receive(ticket, engines[rank - 1])
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in (1, 2)]
+    [t.start() for t in threads]
+    sender.connect()
+    [t.join() for t in threads]
+    for version in (1, 2):
+        named = [(n, t + version) for n, t in named]
+        ticket = sender.prepare(named, version)
+        threads = [threading.Thread(target=receive, args=(r, ticket)) for r in (1, 2)]
+        [t.start() for t in threads]
+        sender.transfer()
+        [t.join() for t in threads]
+        assert [r.fingerprint for r in reports] == [fingerprint(named)] * 2
+        assert [r.version for r in reports] == [version] * 2
+
+
+def test_in_place_is_not_a_cross_process_transport():
+    cfg = validate_config({}).weight_sync
+    with pytest.raises(ValueError, match="InPlaceTransport"):
+        build_sender(cfg)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal a CPU box gives")
+def test_cuda_ipc_on_a_cpu_box_is_refused_with_the_fix():
+    cfg = validate_config({"weight_sync": {"type": "cuda_ipc"}}).weight_sync
+    for build in (lambda: build_sender(cfg), lambda: build_receiver(cfg)):
+        with pytest.raises(TransportUnavailable, match=r'weight_sync.type = "cuda_ipc".*"shm"'):
+            build()
+
+
+def test_transport_settings_are_bounded_and_errors_name_their_section():
+    with pytest.raises(ConfigError, match=r"weight_sync.bucket_mb: .*greater than or equal"):
+        validate_config({"weight_sync": {"type": "broadcast", "bucket_mb": 0}})
+    with pytest.raises(ConfigError, match=r"weight_sync.backend"):
+        validate_config({"weight_sync": {"type": "broadcast", "backend": "mpi"}})
+    # "checkpoint" is both a weight-sync type and a run section; each error keeps its path
+    with pytest.raises(ConfigError, match=r"  weight_sync.keep_last: "):
+        validate_config({"weight_sync": {"type": "checkpoint", "keep_last": 0}})
+    with pytest.raises(ConfigError, match=r"  checkpoint.keep_last: "):
+        validate_config({"checkpoint": {"keep_last": 0}})
+
+
+def test_a_shared_memory_directory_too_small_for_the_weights_is_refused(monkeypatch, tmp_path):
+    import os
+
+    from engine.weightsync import shm
+
+    class _Full:
+        f_bavail, f_frsize = 10, 4096
+    monkeypatch.setattr(shm.os, "statvfs", lambda path: _Full)
+    cfg = validate_config({"weight_sync": {"type": "shm",
+                                           "directory": str(tmp_path)}}).weight_sync
+    with pytest.raises(TransportUnavailable, match=r"weight_sync.directory = .* 0 MB free"):
+        build_sender(cfg).prepare([("w", torch.zeros(2**20))], 1)
+    assert os.listdir(tmp_path) == []
