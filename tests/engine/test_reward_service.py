@@ -149,3 +149,22 @@ def test_the_producer_streams_completions_to_the_pool_while_generating(cluster, 
         [s.problem for s in samples], [s.text for s in samples], [s.finished for s in samples])
     assert [s.reward for s in samples] == expected
     pool.close()
+
+
+@pytest.mark.slow
+def test_a_run_with_the_reward_model_logs_it_next_to_the_verifier(cluster, tmp_path):
+    from engine.api import LogEvent, MetricsEvent, run_local
+    from engine.telemetry.sinks import MemorySink
+
+    from .conftest import small_run
+
+    cfg = small_run(reward={"type": "reward_model", "train_steps": 20, "workers": 1})
+    sink = MemorySink()
+    assert run_local(cfg, tmp_path, sink=sink).status == "succeeded"
+    assert any("held-out Pearson r" in e.message for e in sink.of_type(LogEvent))
+    steps = [e.values for e in sink.of_type(MetricsEvent) if "reward/mean" in e.values]
+    assert len(steps) == 2
+    for m in steps:
+        assert 0.0 <= m["reward/rm_vs_verifier_agreement"] <= 1.0
+        assert {"reward/rm_mean", "reward/verifier_mean", "reward/share",
+                "reward/latency_s_p99", "reward/queue_depth"} <= set(m)
