@@ -16,15 +16,18 @@ LIMITS = Limits(timeout_s=3.0, cpu_s=2)
 MARK = f"rlplane-hostile-{uuid.uuid4().hex[:8]}"
 
 
-def sandbox_processes() -> list[int]:
-    """Pids owned by any sandbox uid (each sandbox runs as UID_BASE + something)."""
+def stray_processes() -> list[int]:
+    """Pids that outlived their sandbox. A sandbox runs as UID_BASE + the pid of its outer
+    (unshare) process, so a sandbox-uid process whose outer process is gone is a stray;
+    sandboxes that other tests or runs have in flight are not."""
     pids = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             uid_line = next(li for li in status.read_text().splitlines() if li.startswith("Uid:"))
         except (OSError, StopIteration):
             continue
-        if int(uid_line.split()[1]) >= UID_BASE:
+        uid = int(uid_line.split()[1])
+        if uid >= UID_BASE and not Path(f"/proc/{uid - UID_BASE}").exists():
             pids.append(int(status.parent.name))
     return pids
 
@@ -36,7 +39,7 @@ def stray_files() -> list[Path]:
 
 def run_contained(code: str, **kw):
     res = run_tests(code, TESTS, kw.pop("limits", LIMITS), **kw)
-    assert sandbox_processes() == [], "a sandboxed process outlived its sandbox"
+    assert stray_processes() == [], "a sandboxed process outlived its sandbox"
     assert stray_files() == [], "a sandboxed program left a file behind"
     return res
 

@@ -11,7 +11,7 @@ from engine.config import CodeTaskConfig, SandboxRewardConfig
 from engine.reward.service import SANDBOX_REASONS, RewardWorker
 from engine.tasks import CodeTask, Problem
 
-from .test_sandbox import sandbox_processes
+from .test_sandbox import stray_processes
 
 TIMEOUT_S = 1.0
 KILL_GRACE_S = 10.0      # spawn + SIGKILL + reaping on a loaded 2-core box
@@ -47,4 +47,4 @@ def test_random_snippets_never_crash_the_worker_nor_hang_past_the_timeout(code, 
     assert verdict.reason in set(SANDBOX_REASONS) | {"unfinished"}
     assert verdict.reward in (1.0, 0.0, -0.1)
     assert start <= end
-    assert sandbox_processes() == []
+    assert stray_processes() == []
