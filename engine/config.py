@@ -13,6 +13,7 @@ This module imports neither torch nor ray: the web process validates configs wit
 
 from __future__ import annotations
 
+import re
 import tomllib
 import typing
 from pathlib import Path
@@ -124,7 +125,30 @@ class LongTailTaskConfig(_Section):
         return self
 
 
-TaskConfig = _choice(ArithmeticTaskConfig, LongTailTaskConfig)
+class CodeTaskConfig(_Section):
+    """Write a tiny Python program from a spec, scored by running it against unit tests:
+    ``mul2add3=`` -> ``f=lambda x:x*2+3`` (any program whose f passes the tests scores)."""
+
+    type: Literal["code"] = "code"
+    seed: int = Field(default=1234, ge=0, le=2**31 - 1)
+    """Seed of the problem draws: the train stream and the held-out eval split."""
+    ops: list[Literal["add", "sub", "mul"]] = Field(default=["add", "sub", "mul"],
+                                                    min_length=1)
+    """Operations a spec chains onto x, each with a constant (Python precedence applies)."""
+    max_terms: int = Field(default=2, ge=1, le=3)
+    """Most operations in one spec."""
+    max_const: int = Field(default=9, ge=1, le=99)
+    """Largest constant of an operation (constants are 1..max_const)."""
+    tests: int = Field(default=4, ge=1, le=16)
+    """Unit tests per problem: inputs drawn from the problem, expected values computed."""
+    eval_size: int = Field(default=64, ge=8, le=4096)
+    """Held-out eval problems, drawn from the task seed and never used for training."""
+    format_penalty: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Subtracted when the program does not run (crash, timeout, limit) or did not end
+    with EOS within the token budget."""
+
+
+TaskConfig = _choice(ArithmeticTaskConfig, LongTailTaskConfig, CodeTaskConfig)
 
 
 # --------------------------------------------------------------------------- warm start
@@ -388,12 +412,76 @@ WeightSyncConfig = _choice(InPlaceSyncConfig, ShmSyncConfig, ObjectStoreSyncConf
 
 # --------------------------------------------------------------------------- reward
 
-class RuleRewardConfig(_Section):
+class _RewardPool(_Section):
+    workers: int = Field(default=0, ge=0, le=64)
+    """Reward worker Ray actors. 0 scores in the driver's process after generation; >= 1
+    streams each completion to the pool as it finishes, so scoring overlaps generation."""
+    max_in_flight: int = Field(default=64, ge=1, le=65536)
+    """Completions submitted but not yet scored; at the bound a new submit waits for one
+    to finish (back-pressure on generation)."""
+
+
+class RuleRewardConfig(_RewardPool):
+    """A deterministic rule: the task's own verifier, exact match or numeric tolerance,
+    after an optional format check. Each verdict carries a reason."""
+
     type: Literal["rule"] = "rule"
-    """The task's own exact-match verifier (with its format penalty)."""
+    match: Literal["task", "exact", "numeric"] = "task"
+    """"task": the task's own verifier (its format rule, exact answer; runs the program for
+    the code task); "exact": the text equals the answer; "numeric": within ``tolerance``."""
+    tolerance: float = Field(default=0.0, ge=0.0, le=1e6)
+    """Largest |completion - answer| that still counts as correct with match = "numeric"."""
+    format_regex: str | None = Field(default=None, max_length=200)
+    """A regex the whole completion must match, else reward = -format_penalty (reason
+    "format"). None skips the check."""
+
+    @model_validator(mode="after")
+    def _regex_compiles(self) -> RuleRewardConfig:
+        if self.format_regex is not None:
+            try:
+                re.compile(self.format_regex)
+            except re.error as exc:
+                raise ValueError(f"reward.format_regex={self.format_regex!r} is not a valid "
+                                 f"regex ({exc}); fix the pattern") from None
+        return self
 
 
-RewardConfig = _choice(RuleRewardConfig)
+class SandboxRewardConfig(_RewardPool):
+    """Run the completion as a program against the task's unit tests in a contained
+    process (engine/reward/sandbox.py). Needs task.type = "code"."""
+
+    type: Literal["sandbox"] = "sandbox"
+    timeout_s: float = Field(default=2.0, gt=0.0, le=60.0)
+    """Wall-clock bound of one program run; the whole process tree is killed at it."""
+    cpu_s: int = Field(default=2, ge=1, le=60)
+    """CPU-time rlimit of the program, in seconds."""
+    memory_mb: int = Field(default=256, ge=64, le=16384)
+    """Address-space rlimit of the program, in MiB (the interpreter itself needs ~30)."""
+    file_size_kb: int = Field(default=1024, ge=1, le=1_048_576)
+    """Largest file the program may write, in KiB."""
+    max_processes: int = Field(default=16, ge=1, le=1024)
+    """Process-count rlimit of the sandbox's own uid (stops fork bombs)."""
+    output_kb: int = Field(default=64, ge=1, le=65536)
+    """Output read back before the program is killed (reason limit_exceeded)."""
+
+
+class RewardModelConfig(_RewardPool):
+    """A tiny transformer classifier, trained on the task's own correct and corrupted
+    examples and served by a batching Ray actor. The task's verifier is scored alongside,
+    so reward/rm_vs_verifier_agreement shows when the two part ways."""
+
+    type: Literal["reward_model"] = "reward_model"
+    train_steps: int = Field(default=300, ge=1, le=20_000)
+    """Supervised steps of the classifier (cached per task and settings)."""
+    batch_size: int = Field(default=64, ge=2, le=1024)
+    """Examples per training step (half correct, half corrupted)."""
+    max_batch: int = Field(default=64, ge=1, le=4096)
+    """Most requests the served model scores in one forward pass."""
+    batch_wait_ms: float = Field(default=5.0, ge=0.0, le=1000.0)
+    """How long the server waits for more requests to fill a batch."""
+
+
+RewardConfig = _choice(RuleRewardConfig, SandboxRewardConfig, RewardModelConfig)
 
 
 # --------------------------------------------------------------------------- run plumbing
@@ -426,7 +514,7 @@ class RunConfig(_Section):
     model: ModelConfig = ModelConfig()
     """The policy: size preset, dtype, seed."""
     task: TaskConfig = ArithmeticTaskConfig()
-    """What the policy is trained on: "arithmetic" or the long-tail "reverse"."""
+    """What the policy is trained on: "arithmetic", the long-tail "reverse" or "code"."""
     warm_start: WarmStartConfig = WarmStartConfig()
     """Supervised steps on the task before RL, cached per (model, task, settings)."""
     algorithm: AlgorithmConfig = GrpoConfig()
@@ -443,11 +531,20 @@ class RunConfig(_Section):
     """How new weights reach the rollout engines: "in_place" (one process), "shm",
     "object_store", "broadcast", "checkpoint" or "cuda_ipc"."""
     reward: RewardConfig = RuleRewardConfig()
-    """How completions are scored ("rule": the task's verifier)."""
+    """How completions are scored: "rule" (a deterministic verifier), "sandbox" (run the
+    program against unit tests) or "reward_model" (a served learned scorer)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """When checkpoints are written and how many are kept."""
     telemetry: TelemetryConfig = TelemetryConfig()
     """Held-out eval cadence and event outputs."""
+
+    @model_validator(mode="after")
+    def _sandbox_needs_programs(self) -> RunConfig:
+        if self.reward.type == "sandbox" and self.task.type != "code":
+            raise ValueError(f"reward.type=\"sandbox\" runs programs, and task.type="
+                             f"\"{self.task.type}\" asks for none; use task.type = \"code\" "
+                             "or another reward.type")
+        return self
 
     @model_validator(mode="after")
     def _budget_fits_answers(self) -> RunConfig:
@@ -469,10 +566,12 @@ class RunConfig(_Section):
         return self
 
 
-def longest_answer(task: ArithmeticTaskConfig | LongTailTaskConfig) -> int:
+def longest_answer(task: ArithmeticTaskConfig | LongTailTaskConfig | CodeTaskConfig) -> int:
     """Characters (= tokens) of the longest correct answer the task can ask for."""
     if isinstance(task, LongTailTaskConfig):
         return task.max_len
+    if isinstance(task, CodeTaskConfig):                   # f=lambda x:x*12+3
+        return len("f=lambda x:x") + task.max_terms * (1 + len(str(task.max_const)))
     d = task.max_digits
     return max({"+": d + 1, "-": d + 1, "*": 2 * d}[op] for op in task.ops)
 

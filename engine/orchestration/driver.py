@@ -57,6 +57,7 @@ from engine.orchestration.placement import Layout, layout_for, reserve
 from engine.orchestration.policies import Experience, build_policy
 from engine.orchestration.producer import step_seed
 from engine.orchestration.workers import LearnerWorker, RolloutWorker
+from engine.reward import reward_metrics
 from engine.rollout.preflight import PreflightError
 from engine.tasks import build_task
 from engine.telemetry.recorder import Telemetry
@@ -316,6 +317,7 @@ class RunDriver:
         self._drain_spans()
         t1 = time.time()
         m.update(self.tel.step_metrics(t0, t1))
+        m.update(reward_metrics([w.call("reward_metrics").result() for w in self.workers], m))
         lengths = [len(s.response_ids) for s in samples]
         tokens = sum(lengths)
         res = self.last_sync

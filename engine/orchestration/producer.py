@@ -2,7 +2,8 @@
 
     rows = each problem x group_size
     engine.generate(rows, params, seed)                     [span: rollout]
-    decode, reward.score(...)                               [span: reward]
+        a streaming reward (a pool) gets each completion as it finishes (on_complete)
+    decode, reward.score(...) or pool.collect(...)          [span: reward]
     -> one group (list[Sample]) per problem, tagged with the engine's weight version
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from engine.experience import Sample
 from engine.reward import RewardFn
+from engine.reward.service import RewardService
 from engine.rollout.base import RolloutEngine, SamplingParams
 from engine.tasks.base import Problem
 from engine.telemetry.recorder import SpanRecorder
@@ -32,16 +34,27 @@ class RolloutProducer:
         self.engine, self.reward, self.tok, self.params = engine, reward, tokenizer, params
         self.group_size, self.rec = group_size, recorder
 
+    def _decode(self, completion) -> str:
+        return self.tok.decode(completion.token_ids, skip_special_tokens=True)
+
     def produce(self, step: int, problems: list[Problem], seed: int) -> list[list[Sample]]:
         g = self.group_size
         owners = [p for p in problems for _ in range(g)]
         batch = [self.tok(p.prompt)["input_ids"] for p in owners]
         version = self.engine.weight_version()
+        # A streaming reward (a pool) scores each completion while the rest still generate;
+        # submit returns None, so the callback never stops generation.
+        stream = isinstance(self.reward, RewardService) and self.reward.streaming
+        on_complete = ((lambda i, c: self.reward.submit(i, owners[i], self._decode(c),
+                                                        c.finished)) if stream else None)
         with self.rec.phase("rollout", step, version):
-            outs = self.engine.generate(batch, self.params, seed=seed)
+            outs = self.engine.generate(batch, self.params, seed=seed, on_complete=on_complete)
         with self.rec.phase("reward", step, version):
-            texts = [self.tok.decode(o.token_ids, skip_special_tokens=True) for o in outs]
-            rewards = self.reward.score(owners, texts, [o.finished for o in outs])
+            texts = [self._decode(o) for o in outs]
+            if stream:
+                rewards = [v.reward for v in self.reward.collect(len(outs))]
+            else:
+                rewards = self.reward.score(owners, texts, [o.finished for o in outs])
         samples = [
             Sample(problem=owners[i], prompt_ids=batch[i], response_ids=o.token_ids,
                    behaviour_logprobs=o.logprobs, finished=o.finished, version=o.version,

@@ -5,7 +5,7 @@
         .continue_groups(step, groups, target, seed)       partial rollout (APRIL)
         .load_in_place(version, tensors) -> Served          [span: weight_sync]
         .setup_weight_receiver(...); .receive_weights(ticket) -> Served   (two-sided)
-        .evaluate(...), .preflight(...), .sleep(), .wake_up()
+        .evaluate(...), .preflight(...), .sleep(), .wake_up(), .reward_metrics()
     LearnerWorker(cfg, policy_dir, model_dir, devices, checkpoint)
         .update(samples, step) -> metrics                  [span: learner]  version += 1
         .publish(step) -> (WeightMeta, tensors)            [span: weight_sync]
@@ -35,7 +35,7 @@ from engine.learner.learner import Learner
 from engine.orchestration.evaluation import evaluate
 from engine.orchestration.partial import PartialGroup, continue_groups
 from engine.orchestration.producer import RolloutProducer
-from engine.reward import build_reward
+from engine.reward import build_reward, service_metrics
 from engine.rollout import DTYPES, build_rollout
 from engine.rollout.base import SamplingParams, WeightReport
 from engine.rollout.preflight import check_logprob_semantics
@@ -120,6 +120,10 @@ class RolloutWorker:
         policy = load_policy(policy_dir, DTYPES[self.cfg.model.dtype])
         return check_logprob_semantics(self.engine, policy, self.tok, prompts, params,
                                        self.tok.pad_token_id, seed)
+
+    def reward_metrics(self) -> dict[str, float]:
+        """The reward service's metrics since the last call (latency, queue, outcomes)."""
+        return service_metrics(self.reward)
 
     def sleep(self) -> bool:
         """Colocated: free the engine's device memory while the learner trains, where the

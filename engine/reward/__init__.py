@@ -1,15 +1,26 @@
-"""The reward seam. A reward function scores a batch of completions of problems.
+"""The reward seam. A reward scores a batch of completions of problems; a judge scores one.
 
-The rule verifier is the task's own exact checker; the code sandbox and the served reward
-model plug in behind the same protocol.
+    reward = build_reward(cfg.reward, task, log)       # RewardFn: .score(problems, texts, finished)
+      rule          RuleVerifier      exact / numeric / the task's verifier, + format check
+      sandbox       SandboxVerifier   run the program against unit tests (engine/reward/sandbox.py)
+      reward_model  RewardModelJudge  served classifier (engine/reward/model.py), verifier alongside
+    workers = 0 -> InlineReward (after generation, in process)
+    workers > 0 -> RewardPool (Ray actors; .streaming: submit as completions finish, collect)
+
+Every judge returns a Verdict (reward + reason); the service turns them into reward/*
+metrics (engine/reward/service.py).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from engine.config import RuleRewardConfig
+from engine.config import RewardModelConfig, RuleRewardConfig, SandboxRewardConfig
+from engine.reward.verdict import Judge, Verdict
 from engine.tasks.base import Problem, Task
+
+__all__ = ["Judge", "RewardFn", "Verdict", "build_judge", "build_reward", "reward_metrics",
+           "service_metrics"]
 
 
 class RewardFn(Protocol):
@@ -17,14 +28,75 @@ class RewardFn(Protocol):
               finished: list[bool]) -> list[float]: ...
 
 
-class RuleReward:
-    def __init__(self, task: Task):
-        self.task = task
+def verifier_for(task: Task) -> Judge:
+    """The task's own verifier: execution for programs, the exact rule otherwise."""
+    from engine.tasks.code import CodeTask
 
-    def score(self, problems: list[Problem], texts: list[str],
-              finished: list[bool]) -> list[float]:
-        return [self.task.score(p, t, f) for p, t, f in zip(problems, texts, finished, strict=True)]
+    if isinstance(task, CodeTask):
+        from engine.reward.execution import SandboxVerifier
+
+        return SandboxVerifier(SandboxRewardConfig(), task)
+    from engine.reward.rules import RuleVerifier
+
+    return RuleVerifier(RuleRewardConfig(), task)
 
 
-def build_reward(cfg: RuleRewardConfig, task: Task) -> RewardFn:
-    return RuleReward(task)
+def build_judge(cfg, task: Task, rm_server=None) -> Judge:
+    if isinstance(cfg, SandboxRewardConfig):
+        from engine.reward.execution import SandboxVerifier
+
+        return SandboxVerifier(cfg, task)
+    if isinstance(cfg, RewardModelConfig):
+        from engine.reward.model import RewardModelJudge
+
+        return RewardModelJudge(verifier_for(task), rm_server)
+    from engine.reward.rules import RuleVerifier
+
+    return RuleVerifier(cfg, task)
+
+
+def build_reward(cfg, task: Task, log=print) -> RewardFn:
+    """The reward a run's config asks for. A reward model is trained (cached) and served
+    first, and its held-out agreement with the verifier is logged."""
+    from engine.reward.service import InlineReward, RewardPool
+
+    server = None
+    if isinstance(cfg, RewardModelConfig):
+        import ray
+
+        from engine.reward.model import ensure_reward_model, heldout_agreement, start_server
+
+        server = start_server(ensure_reward_model(cfg, task.cfg), cfg)
+        fit = heldout_agreement(task, lambda pairs: ray.get(
+            [server.score.remote(p, t) for p, t in pairs]))
+        log(f"reward model: held-out Pearson r = {fit['pearson_r']:.2f} with the verifier, "
+            f"agreement {fit['agreement']:.2f} over {fit['n']:.0f} examples")
+    judge = build_judge(cfg, task, server)
+    if cfg.workers == 0:
+        return InlineReward(judge)
+    return RewardPool(judge.kind, cfg, task, server)
+
+
+def service_metrics(reward: RewardFn) -> dict[str, float]:
+    """A reward service's latency, queue and outcome metrics since the last call ({} for a
+    plain scorer). Each rollout worker asks its own."""
+    from engine.reward.service import RewardService
+
+    return reward.metrics() if isinstance(reward, RewardService) else {}
+
+
+def reward_metrics(per_worker: list[dict[str, float]],
+                   step_metrics: dict[str, float]) -> dict[str, float]:
+    """reward/share (the reward phase's part of the step's wall time) and the services'
+    metrics of every rollout worker, merged: outcome counts and busy time add up, p99 and
+    maxima take the worst worker, the rest are averaged."""
+    out = {"reward/share": step_metrics["time/reward_s"] / step_metrics["time/step_s"]}
+    for key in {k for m in per_worker for k in m}:
+        values = [m[key] for m in per_worker if key in m]
+        if key == "reward/busy_s" or key.count("/") == 2:           # reward/<kind>/<reason>
+            out[key] = float(sum(values))
+        elif key.endswith(("_p99", "_max")):
+            out[key] = float(max(values))
+        else:
+            out[key] = float(sum(values) / len(values))
+    return out

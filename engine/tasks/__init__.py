@@ -8,15 +8,18 @@
 
 from __future__ import annotations
 
-from engine.config import ArithmeticTaskConfig, LongTailTaskConfig
+from engine.config import ArithmeticTaskConfig, CodeTaskConfig, LongTailTaskConfig
 from engine.tasks.arithmetic import ArithmeticTask
 from engine.tasks.base import Problem, Task
+from engine.tasks.code import CodeTask
 from engine.tasks.reverse import ReverseTask
 
-__all__ = ["ArithmeticTask", "Problem", "ReverseTask", "Task", "build_task"]
+__all__ = ["ArithmeticTask", "CodeTask", "Problem", "ReverseTask", "Task", "build_task"]
 
 
-def build_task(cfg: ArithmeticTaskConfig | LongTailTaskConfig) -> Task:
+def build_task(cfg: ArithmeticTaskConfig | LongTailTaskConfig | CodeTaskConfig) -> Task:
     if isinstance(cfg, ArithmeticTaskConfig):
         return ArithmeticTask(cfg)
+    if isinstance(cfg, CodeTaskConfig):
+        return CodeTask(cfg)
     return ReverseTask(cfg)

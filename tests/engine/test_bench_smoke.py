@@ -18,6 +18,15 @@ def test_rollout_throughput_bench_prints_both_rates_and_their_ratio(model_cache)
     assert "ratio torch / hf_generate" in proc.stdout
 
 
+def test_reward_overlap_bench_prints_the_after_vs_streamed_ratio(model_cache):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "reward_overlap.py"), "--quick"],
+        capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "ratio after / streamed" in proc.stdout
+    assert "ratio pool / streamed" in proc.stdout
+
+
 @pytest.mark.slow
 def test_weight_sync_bench_prints_every_transport_next_to_memcpy(model_cache):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "weight_sync.py"), "--quick"],

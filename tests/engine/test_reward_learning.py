@@ -1,0 +1,44 @@
+"""GRPO learns with real execution in the loop: the code preset (sandbox reward, two
+streaming Ray reward workers), shortened, raises the held-out pass rate from its warm start.
+
+Measured on a loaded 2-core machine (30 steps, 8 prompts x 8 samples, 2 reward workers):
+held-out sampled pass rate 0.54 -> 0.72 (greedy 0.98 -> 0.84), training reward/mean
+0.63 at step 0 -> 0.85 at step 29, ~5.5 s a step, reward/share ~0.38. The margin below is
+under half the measured gain.
+"""
+
+import pytest
+
+from engine.api import MetricsEvent, run_local
+from engine.config import load_config
+from engine.telemetry.sinks import MemorySink
+
+from .test_config import CONFIGS
+
+ray = pytest.importorskip("ray")
+
+STEPS = 30
+MARGIN = 0.08
+
+
+@pytest.mark.slow
+def test_grpo_with_the_sandbox_reward_raises_the_held_out_pass_rate(tmp_path, model_cache):
+    [preset] = [p for p in CONFIGS if p.name == "code_sandbox.toml"]
+    cfg = load_config(preset).model_copy(update={"steps": STEPS, "max_seconds": None})
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        sink = MemorySink()
+        summary = run_local(cfg, tmp_path, sink=sink)
+    finally:
+        ray.shutdown()
+    before, after = summary.eval_before["eval/accuracy"], summary.eval_after["eval/accuracy"]
+    assert 0.05 < before < 0.9, "the warm start should leave room to learn"
+    assert after - before >= MARGIN, (before, after)
+
+    steps = [e.values for e in sink.of_type(MetricsEvent) if "reward/mean" in e.values]
+    assert len(steps) == STEPS
+    outcomes = {k: sum(m[f"reward/sandbox/{k}"] for m in steps)
+                for k in ("pass", "wrong_answer", "crash", "timeout", "limit")}
+    assert outcomes["pass"] > 0 and sum(outcomes.values()) > 0
+    assert all(0.0 <= m["reward/share"] <= 1.0 and m["reward/latency_s_p99"] > 0
+               for m in steps)
