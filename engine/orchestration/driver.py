@@ -39,6 +39,7 @@ from engine.api import (
 )
 from engine.config import RunConfig, dump_config
 from engine.experience import ExperienceBuffer, Sample
+from engine.faults import wrap_buffer, wrap_reward, wrap_rollout, wrap_transport
 from engine.learner.batch import pack
 from engine.learner.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
 from engine.learner.learner import Learner
@@ -101,16 +102,21 @@ class RunDriver:
             restore_checkpoint(ckpt, self.learner)
             self.tel.log(f"resumed from {ckpt.name} (step {self.learner.step}, "
                          f"version {self.learner.version})")
-        self.engine = build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed)
-        self.transport = InPlaceTransport(self.engine)
+        step = lambda: self.learner.step  # noqa: E731 -- faults key on the step in progress
+        self.engine = wrap_rollout(
+            build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed),
+            cfg.faults, step)
+        self.transport = wrap_transport(InPlaceTransport(self.engine), self.engine,
+                                        self.learner, cfg.faults)
         self.task = build_task(cfg.task)
         self.params = SamplingParams(temperature=cfg.rollout.temperature,
                                      top_p=cfg.rollout.top_p,
                                      max_new_tokens=cfg.rollout.max_new_tokens)
         producer = RolloutProducer(
-            self.engine, self.task, build_reward(cfg.reward, self.task), self.tok, self.params,
+            self.engine, self.task, wrap_reward(build_reward(cfg.reward, self.task), cfg.faults,
+                                                step), self.tok, self.params,
             cfg.rollout.prompts_per_step, alg.group_size, cfg.model.seed, self.layout, self.tel)
-        self.buffer = ExperienceBuffer()
+        self.buffer = wrap_buffer(ExperienceBuffer(), cfg.faults, step)
         self.policy = SyncPolicy(producer, self.buffer)
         self._sync(self.learner.step, time.time())       # the engine serves version N
         self._preflight()
