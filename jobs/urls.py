@@ -1,6 +1,7 @@
 from django.urls import path
 
 from jobs import api, views
+from jobs.alerts import views as alerts
 from jobs.views import cluster, launch
 
 urlpatterns = [
@@ -12,4 +13,7 @@ urlpatterns = [
     path("runs/<int:run_id>/stop", launch.run_stop, name="run-stop"),
     path("runs/<int:run_id>/fork", launch.run_fork, name="run-fork"),
     path("cluster", cluster.cluster_page, name="cluster"),
+    path("alerts", alerts.alerts_page, name="alerts"),
+    path("alerts/<int:alert_id>/ack", alerts.alert_acknowledge, name="alert-ack"),
+    path("alerts/<int:alert_id>/resolve", alerts.alert_resolve, name="alert-resolve"),
 ]
