@@ -2,6 +2,7 @@ from django.urls import path
 
 from jobs import api, views
 from jobs.alerts import views as alerts
+from jobs.alerts.thresholds import preset_thresholds
 from jobs.views import cluster, launch
 
 urlpatterns = [
@@ -16,4 +17,5 @@ urlpatterns = [
     path("alerts", alerts.alerts_page, name="alerts"),
     path("alerts/<int:alert_id>/ack", alerts.alert_acknowledge, name="alert-ack"),
     path("alerts/<int:alert_id>/resolve", alerts.alert_resolve, name="alert-resolve"),
+    path("presets/<int:preset_id>/alerts", preset_thresholds, name="preset-thresholds"),
 ]

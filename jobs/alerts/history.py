@@ -96,6 +96,10 @@ class Thresholds(BaseModel):
     """BubbleHigh when the rollout share of the step stays above this."""
     reward_share_max: float = Field(default=0.5, gt=0.0, le=1.0)
     """BubbleHigh when the reward stage's share of the step stays above this."""
+    straggler_factor: float = Field(default=10.0, ge=1.0, le=10_000.0)
+    """BubbleHigh when generation time stays above this many times the run's median..."""
+    straggler_min_s: float = Field(default=5.0, ge=0.0, le=86_400.0)
+    """... and above this many seconds."""
     bubble_window: int = Field(default=2, ge=1, le=1000)
     """Consecutive steps a BubbleHigh condition must hold."""
     resync_factor: float = Field(default=5.0, ge=1.0, le=10_000.0)

@@ -226,14 +226,22 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
         return []
 
     def share(name: str, step: int) -> float:
+        if name == "straggler":         # generation time against the run's own median
+            return h.metrics.get("time/rollout_s", {}).get(step, 0.0)
         if name == "reward_share":
             reward = h.metrics.get("time/reward_s", {}).get(step, 0.0)
             return reward / max(h.metrics.get("time/step_s", {}).get(step, 1.0), 1e-9)
         return h.metrics.get(name, {}).get(step, 0.0)
 
-    checks = [("bubble", t.bubble_max, "devices sit idle for"),
-              ("rollout_share", t.rollout_share_max, "generation takes"),
-              ("reward_share", t.reward_share_max, "the reward stage takes")]
+    before = [v for s, v in h.series("time/rollout_s") if s < steps[0]]
+    straggler_limit = (max(t.straggler_factor * statistics.median(before), t.straggler_min_s)
+                       if len(before) >= 2 else float("inf"))
+    checks = [("bubble", t.bubble_max, "devices sit idle for {:.0%}+ of each step"),
+              ("rollout_share", t.rollout_share_max, "generation takes {:.0%}+ of each step"),
+              ("straggler", straggler_limit,
+               "generation takes {:.1f}+ s a step, over " f"{t.straggler_factor:g}x the "
+               "run's median: stragglers hold every batch"),
+              ("reward_share", t.reward_share_max, "the reward stage takes {:.0%}+ of each step")]
     hit = next(((name, limit, what, [share(name, s) for s in steps])
                 for name, limit, what in checks
                 if min(share(name, s) for s in steps) > limit), None)
@@ -245,16 +253,19 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
         "rollout_share": ("long-tail generations hold every step: use an async policy "
                           "(async_policy one-step-off / fully async) or partial rollout, "
                           "or cap rollout.max_new_tokens"),
+        "straggler": ("a few generations finish far behind the rest: use partial rollout "
+                      "or an async policy (async_policy one-step-off / fully async) so the "
+                      "learner does not wait; check the rollout workers for a slow one"),
         "reward_share": ("scoring blocks the generator and the learner: overlap reward with "
                          "generation (async_policy one-step-off) or speed up the verifier"),
     }[name]
+    series = {"reward_share": "time/reward_s", "straggler": "time/rollout_s"}.get(name, name)
     return [Finding(
         kind="BubbleHigh", key=f"BubbleHigh:{name}", step=steps[-1],
-        cause=(f"For {len(steps)} steps, {what} {min(values):.0%}+ of each step "
-               f"(threshold {limit:.0%})."),
+        cause=f"For {len(steps)} steps, {what.format(min(values))}.",
         runbook=advice[0].upper() + advice[1:] + ".",
         evidence={"values": {name: values[-1], "threshold": limit},
-                  "series": chart(h, "time/reward_s" if name == "reward_share" else name)})]
+                  "series": chart(h, series)})]
 
 
 def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET, require_POST
 from jobs.alerts.lifecycle import do_acknowledge, do_resolve
 from jobs.alerts.rules import KINDS
 from jobs.auth import is_operator, operator_required
-from jobs.models import Alert, AlertState
+from jobs.models import Alert, AlertState, Preset
 
 PAGE_SIZE = 200
 RUN_PAGE_RESOLVED = 20  # resolved alerts the run page keeps under the unresolved ones
@@ -37,7 +37,7 @@ def alerts_page(request):
         alerts = alerts.filter(run_id=int(run_id))
     context = {"alerts": alerts[:PAGE_SIZE], "operator": is_operator(request.user),
                "states": AlertState.choices, "kinds": KINDS, "state": state, "kind": kind,
-               "run_id": run_id}
+               "run_id": run_id, "presets": Preset.objects.all()}
     if request.htmx:
         return render(request, "jobs/alerts/_alerts_list.html", context)
     return render(request, "jobs/alerts/alerts.html", context)

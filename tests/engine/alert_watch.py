@@ -1,7 +1,7 @@
 """The control plane's alert rules attached to a real engine run, without the database.
 
     watch = AlertWatch(thresholds)
-    run_local(cfg, out, sink=watch)          # each metrics event -> rules.evaluate
+    run_local(cfg, out, sink=watch)          # each event -> rules.evaluate
     watch.first("WeightSyncDesync")          # (step, finding) of its first firing
 
 Every event goes through the same RunHistory.add + rules.evaluate that ingest uses.
@@ -30,11 +30,18 @@ class AlertWatch:
 
     def emit(self, event: Event) -> None:
         with self.lock:
+            # Just before an event arrives, nothing has happened for longest: what the
+            # periodic task would see at its worst moment.
+            self._evaluate(event.ts)
             self.history.add(event.to_dict())
             if isinstance(event, MetricsEvent) and "reward/mean" in event.values:
                 self.steps_checked += 1
-                for f in evaluate(self.history, self.facts, self.thresholds, event.ts):
-                    self.fired.append((event.step, f))
+                self._evaluate(event.ts)                  # what ingest sees
+
+    def _evaluate(self, now: float) -> None:
+        step = self.history.steps[-1] if self.history.steps else -1
+        for f in evaluate(self.history, self.facts, self.thresholds, now):
+            self.fired.append((step, f))
 
     def close(self) -> None:
         pass

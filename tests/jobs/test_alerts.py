@@ -188,3 +188,24 @@ def test_lifecycle_dedups_findings_with_the_same_key_in_one_evaluation(run):
     f = Finding(kind="K", key="K", cause="c", runbook="r", step=1)
     lifecycle.do_apply_findings(run, [f, f])
     assert Alert.objects.filter(run=run).count() == 1
+
+
+def test_an_operator_edits_a_presets_thresholds_and_bad_values_name_the_field(operator):
+    preset = Preset.objects.create(name="demo", config={"name": "demo"})
+    page = operator.get(f"/presets/{preset.pk}/alerts").content.decode()
+    assert "hang_min_s" in page and "PhaseHang never fires before" in page
+    response = operator.post(f"/presets/{preset.pk}/alerts",
+                             {"hang_min_s": "5", "gap_high": "0.1"})
+    assert response.status_code == 302
+    preset.refresh_from_db()
+    assert preset.alert_thresholds == {"hang_min_s": 5.0}        # only what differs
+    bad = operator.post(f"/presets/{preset.pk}/alerts", {"bubble_max": "7"}).content.decode()
+    assert "less than or equal to 1" in bad
+    preset.refresh_from_db()
+    assert preset.alert_thresholds == {"hang_min_s": 5.0}
+
+
+def test_a_viewer_cannot_edit_thresholds(client, django_user_model):
+    preset = Preset.objects.create(name="demo", config={"name": "demo"})
+    client.force_login(django_user_model.objects.create_user("viewer"))
+    assert client.post(f"/presets/{preset.pk}/alerts", {"hang_min_s": "5"}).status_code == 403

@@ -37,7 +37,7 @@ def healthy(steps: int = 6, **per_step) -> RunHistory:
                   "logprob_gap/untempered_mean": 0.15, "staleness/max": 0.0,
                   "staleness/mean": 0.0, "weight_sync/version_learner": float(v),
                   "weight_sync/latency_s": 0.05, "rollout_share": 0.5, "bubble": 0.01,
-                  "time/step_s": 1.0, "time/reward_s": 0.01}
+                  "time/step_s": 1.0, "time/reward_s": 0.01, "time/rollout_s": 0.5}
         for name, fn in per_step.items():
             if name in values:
                 values[name] = fn(step)
@@ -151,3 +151,11 @@ def test_a_lost_run_raises_run_lost():
 
 def test_slope_is_least_squares():
     assert slope([(0, 1.0), (1, 3.0), (2, 5.0)]) == pytest.approx(2.0)
+
+
+def test_generation_time_far_over_the_runs_median_is_a_straggler_bubble():
+    h = healthy(**{"time/rollout_s": lambda s: 20.0 if s >= 4 else 0.5})
+    [f] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts) if f.kind == "BubbleHigh"]
+    assert "stragglers hold every batch" in f.cause and "partial rollout" in f.runbook
+    h = healthy(**{"time/rollout_s": lambda s: 4.0 if s >= 4 else 0.5})
+    assert "BubbleHigh" not in kinds(h)                # 8x, under straggler_min_s
