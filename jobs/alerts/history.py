@@ -78,6 +78,9 @@ class Thresholds(BaseModel):
     """Steps over which StuckReward fits the reward slope."""
     stuck_slope: float = Field(default=0.002, ge=0.0, le=1.0)
     """|reward slope| per step below which the reward counts as stuck."""
+    stuck_std: float = Field(default=0.02, ge=0.0, le=10.0)
+    """StuckReward without a systems cause fires only while reward/std stays below this
+    (no learning signal); a flat but varying reward is slow learning, not stuck."""
     gap_high: float = Field(default=0.1, gt=0.0, le=100.0)
     """LogprobGapHigh when logprob_gap/mean exceeds this (nats per token)."""
     temperature_gap: float = Field(default=0.02, gt=0.0, le=100.0)

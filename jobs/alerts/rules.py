@@ -75,10 +75,13 @@ def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[
         key, why = "behaviour", "the behaviour policy differs from the learner"
         fix = ("check logprob_gap and tis/clip_frac: temperature scaling of the engine's "
                "logprobs, staleness (async_policy), engine numerics (model.dtype)")
-    else:
+    elif statistics.fmean(v for _, v in h.last("reward/std", t.stuck_window) or [(0, 0.0)]) \
+            < t.stuck_std:
         key, why = "signal", "learning signal is flat (check reward variance / advantages)"
         fix = ("check reward/std and reward/accuracy: all-equal rewards in a group give zero "
                "advantages; raise algorithm.group_size, rollout.temperature or task difficulty")
+    else:
+        return []   # rewards still vary: slow learning, not a stuck run
     return [Finding(
         kind="StuckReward", key=f"StuckReward:{key}", step=pts[-1][0],
         cause=f"Reward has been flat for {len(pts)} steps (slope {slope(pts):+.4f}/step): {why}.",

@@ -37,7 +37,8 @@ def healthy(steps: int = 6, **per_step) -> RunHistory:
                   "logprob_gap/untempered_mean": 0.15, "staleness/max": 0.0,
                   "staleness/mean": 0.0, "weight_sync/version_learner": float(v),
                   "weight_sync/latency_s": 0.05, "rollout_share": 0.5, "bubble": 0.01,
-                  "time/step_s": 1.0, "time/reward_s": 0.01, "time/rollout_s": 0.5}
+                  "reward/std": 0.0, "time/step_s": 1.0, "time/reward_s": 0.01,
+                  "time/rollout_s": 0.5}
         for name, fn in per_step.items():
             if name in values:
                 values[name] = fn(step)
@@ -77,6 +78,11 @@ def test_stuck_reward_names_one_of_three_diagnoses(overrides, diagnosis):
     [f] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts) if f.kind == "StuckReward"]
     assert diagnosis in f.cause
     assert len(f.evidence["series"]["values"]) == 25
+
+
+def test_a_flat_reward_that_still_varies_is_slow_learning_not_stuck():
+    h = healthy(25, **{"reward/mean": lambda s: 0.3, "reward/std": lambda s: 0.4})
+    assert "StuckReward" not in kinds(h)
 
 
 def test_a_gap_that_matches_the_untempered_distribution_is_a_temperature_bug():
