@@ -8,7 +8,6 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from jobs.alerts.lifecycle import do_acknowledge, do_resolve
 from jobs.alerts.rules import KINDS
 from jobs.auth import is_operator, operator_required
 from jobs.models import Alert, AlertState, Preset
@@ -43,24 +42,13 @@ def alerts_page(request):
     return render(request, "jobs/alerts/alerts.html", context)
 
 
-def _answer(request, alert: Alert):
+@require_POST
+@operator_required
+def alert_change(request, alert_id: int, change):
+    """Acknowledge or resolve (``change`` is do_acknowledge or do_resolve, from urls)."""
+    alert = get_object_or_404(Alert, pk=alert_id)
+    change(alert, request.user)
     alert.refresh_from_db()
     if request.htmx:
         return render(request, "jobs/alerts/_alert.html", {"alert": alert, "operator": True})
     return redirect("run-detail", alert.run_id)
-
-
-@require_POST
-@operator_required
-def alert_acknowledge(request, alert_id: int):
-    alert = get_object_or_404(Alert, pk=alert_id)
-    do_acknowledge(alert, request.user)
-    return _answer(request, alert)
-
-
-@require_POST
-@operator_required
-def alert_resolve(request, alert_id: int):
-    alert = get_object_or_404(Alert, pk=alert_id)
-    do_resolve(alert, request.user)
-    return _answer(request, alert)

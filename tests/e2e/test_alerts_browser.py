@@ -8,16 +8,13 @@ WeightSyncDesync alert on the run page without a reload, and the operator acknow
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from .test_browser import (  # noqa: F401 (fixtures)
     ARTIFACTS,
-    PASSWORD,
     RUN_TOML,
     browser,
-    expect_status,
+    log_in_and_launch,
     stack,
     stop_from_page,
 )
@@ -37,17 +34,7 @@ def test_a_desync_alert_appears_live_and_is_acknowledged(stack, browser):  # noq
     page = browser.new_page(viewport={"width": 1400, "height": 1200})
     page.set_default_timeout(30_000)
     try:
-        page.goto(stack + "/")
-        page.fill("#id_username", "operator")
-        page.fill("#id_password", PASSWORD)
-        page.click("form.login button[type=submit]")
-        page.wait_for_url(stack + "/")
-
-        page.goto(stack + "/runs/new")
-        page.fill("#id_config", FAULTY_TOML)
-        page.click("form.run-form button[type=submit]")
-        page.wait_for_url(re.compile(r"/runs/\d+$"))
-        expect_status(page, "running", 90)
+        log_in_and_launch(page, stack, FAULTY_TOML)
         page.evaluate("window.__sameDocument = true")   # gone if the page reloads
 
         alert = page.locator('#run-alerts [data-kind="WeightSyncDesync"]')

@@ -5,14 +5,12 @@ clock; the pages and the run socket that show them."""
 import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
-from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 
 from engine.api import WeightSyncEvent
 from jobs.actions import do_ingest_events
 from jobs.alerts import lifecycle
 from jobs.alerts.tasks import evaluate_alerts
-from jobs.auth import OPERATOR_GROUP
 from jobs.models import Alert, AlertChannel, AlertState, Notification, Preset, RunStatus
 
 from .helpers import metrics, span
@@ -36,14 +34,6 @@ def announced(monkeypatch):
     queued = []
     monkeypatch.setattr("jobs.alerts.tasks.deliver_notification.delay", queued.append)
     return queued
-
-
-@pytest.fixture
-def operator(client, django_user_model):
-    user = django_user_model.objects.create_user("operator")
-    user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
-    client.force_login(user)
-    return client
 
 
 def desync(run, channel_layer):
