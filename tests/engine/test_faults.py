@@ -38,6 +38,7 @@ def assert_caught(watch: AlertWatch, kind: str, words: str):
     assert ONSET <= step <= ONSET + 2, f"{kind} fired at step {step}, onset {ONSET}"
     assert words in finding.cause, finding.cause
     assert finding.runbook and finding.evidence["series"]["values"]
+    print(f"\n{kind}: fired at step {step}, {step - ONSET} steps after onset: {finding.cause}")
     return step
 
 
