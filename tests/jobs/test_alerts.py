@@ -199,3 +199,12 @@ def test_a_viewer_cannot_edit_thresholds(client, django_user_model):
     preset = Preset.objects.create(name="demo", config={"name": "demo"})
     client.force_login(django_user_model.objects.create_user("viewer"))
     assert client.post(f"/presets/{preset.pk}/alerts", {"hang_min_s": "5"}).status_code == 403
+
+
+def test_a_failing_evaluation_does_not_cost_the_events(run, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("a rule bug")
+
+    monkeypatch.setattr("jobs.alerts.lifecycle.evaluate", broken)
+    result = do_ingest_events(run, [sync(1, 0), sync(2, 1, rollout_fp="fp1")])
+    assert result.stored == 2 and not Alert.objects.exists()
