@@ -25,7 +25,7 @@ class AlertWatch:
         self.facts, self.thresholds = facts, thresholds or Thresholds()
         self.history = RunHistory()
         self.lock = threading.Lock()
-        self.fired: list[tuple[int, Finding]] = []   # (step being reported, finding)
+        self.fired: list[tuple[int, Finding]] = []   # (the finding's step, finding)
         self.steps_checked = 0
 
     def emit(self, event: Event) -> None:
@@ -39,9 +39,9 @@ class AlertWatch:
                 self._evaluate(event.ts)                  # what ingest sees
 
     def _evaluate(self, now: float) -> None:
-        step = self.history.steps[-1] if self.history.steps else -1
+        last = self.history.steps[-1] if self.history.steps else -1
         for f in evaluate(self.history, self.facts, self.thresholds, now):
-            self.fired.append((step, f))
+            self.fired.append((last if f.step is None else f.step, f))
 
     def close(self) -> None:
         pass

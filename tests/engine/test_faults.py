@@ -164,5 +164,7 @@ def test_a_hung_weight_sync_is_caught_while_it_hangs(tmp_path):
     assert hang.cause.startswith("Stuck in weight_sync on cpu:0")
     ev = hang.evidence["values"]
     assert ev["stalled_s"] > max(thresholds.hang_factor * ev["median_s"], thresholds.hang_min_s)
+    print(f"\nPhaseHang: fired during the hang, after {ev['stalled_s']:.1f} s stalled "
+          f"(median {ev['median_s']:.3f} s, factor {ev['factor']:g}): {hang.cause}")
     # Once the sync completes, its latency stands out against the run's own median.
     assert watch.first("ResyncSlow") is not None
