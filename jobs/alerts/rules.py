@@ -48,8 +48,13 @@ def weight_sync_desync(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
                  f"learner's {s['version_learner']}: the generator is not receiving new weights.")
     else:
         return []
+    since = s["step"]          # the first sync of the current desync (events come batched)
+    for prior in reversed(h.syncs[:-1]):
+        if prior["matched"]:
+            break
+        since = prior["step"]
     return [Finding(
-        kind="WeightSyncDesync", key="WeightSyncDesync", step=s["step"], cause=cause,
+        kind="WeightSyncDesync", key="WeightSyncDesync", step=since, cause=cause,
         runbook=("Check that the weight sync really loads tensors into the engine (sleep/wake "
                  "mode, a transport that returns before applying, a swallowed error in the "
                  "receiver); compare weight_sync.report fingerprints per worker. Change "

@@ -28,11 +28,11 @@ def healthy(steps: int = 6, **per_step) -> RunHistory:
                 version=step)
             t += dur
         v = per_step.get("version_learner", lambda s: s + 1)(step)
-        add(type="weight_sync.report", step=step, version_learner=v,
-            version_rollout=per_step.get("version_rollout", lambda s, v=v: v)(step),
-            fingerprint_learner=f"fp{v}",
-            fingerprint_rollout=per_step.get("fp_rollout", lambda s, v=v: f"fp{v}")(step),
-            matched=True, latency_s=0.05, bytes=1)
+        rollout_v = per_step.get("version_rollout", lambda s, v=v: v)(step)
+        rollout_fp = per_step.get("fp_rollout", lambda s, v=v: f"fp{v}")(step)
+        add(type="weight_sync.report", step=step, version_learner=v, version_rollout=rollout_v,
+            fingerprint_learner=f"fp{v}", fingerprint_rollout=rollout_fp,
+            matched=(rollout_v, rollout_fp) == (v, f"fp{v}"), latency_s=0.05, bytes=1)
         values = {"reward/mean": 0.1 * step, "logprob_gap/mean": 0.0,
                   "logprob_gap/untempered_mean": 0.15, "staleness/max": 0.0,
                   "staleness/mean": 0.0, "weight_sync/version_learner": float(v),
@@ -58,7 +58,7 @@ def test_every_rule_has_a_kind_and_a_healthy_history_raises_nothing():
 def test_a_fingerprint_mismatch_at_the_same_version_is_a_desync():
     h = healthy(fp_rollout=lambda s: "fp1" if s >= 3 else f"fp{s + 1}")
     [f] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts) if f.kind == "WeightSyncDesync"]
-    assert "not receiving new weights" in f.cause and f.step == 5
+    assert "not receiving new weights" in f.cause and f.step == 3    # since when
     assert f.evidence["values"]["fingerprint_rollout"] == "fp1"
 
 
