@@ -123,6 +123,8 @@ CELERY_TASK_ACKS_LATE = False  # a redelivered long task would run twice; ours a
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "sync-runs": {"task": "jobs.tasks.sync_runs", "schedule": 10.0},
+    # "Nothing happened" alert rules (a hang, a lost run) need a clock, not an event.
+    "evaluate-alerts": {"task": "jobs.alerts.tasks.evaluate_alerts", "schedule": 10.0},
 }
 
 # --- Ray: where runs go. RAY_ADDRESS is the GCS (host:port) for ray.init-style clients;

@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import Max
 
 from engine.api import CheckpointEvent, Event, MetricsEvent, RunStatusEvent, SpanEvent
+from jobs.alerts.lifecycle import do_evaluate_alerts
 from jobs.event_batch import json_safe
 from jobs.models import (
     Checkpoint,
@@ -74,6 +75,14 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         for event in new:
             if isinstance(event, RunStatusEvent):
                 apply_engine_status(run, event)
+        if new:
+            # Under the run's row lock, like the periodic task. A failing rule must not
+            # cost the events: it is logged, its savepoint rolled back, the batch stored.
+            try:
+                with transaction.atomic():
+                    do_evaluate_alerts(run)
+            except Exception:
+                logger.exception("run %s: alert evaluation failed; events stored", run.pk)
         last_seq = RunEvent.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
         if payloads:
             # robust: the events are stored either way; a page that missed the broadcast

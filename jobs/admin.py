@@ -1,6 +1,16 @@
 from django.contrib import admin
 
-from jobs.models import Checkpoint, MetricPoint, PhaseSpan, Preset, Run, RunEvent
+from jobs.models import (
+    Alert,
+    AlertChannel,
+    Checkpoint,
+    MetricPoint,
+    Notification,
+    PhaseSpan,
+    Preset,
+    Run,
+    RunEvent,
+)
 
 
 @admin.register(Preset)
@@ -44,3 +54,25 @@ class PhaseSpanAdmin(admin.ModelAdmin):
 class CheckpointAdmin(admin.ModelAdmin):
     list_display = ["run", "step", "version", "path", "created_at"]
     raw_id_fields = ["run"]
+
+
+@admin.register(Alert)
+class AlertAdmin(admin.ModelAdmin):
+    list_display = ["run", "kind", "state", "step", "opened_at", "resolved_at"]
+    list_filter = ["state", "kind"]
+    raw_id_fields = ["run"]
+    # State moves only through Alert.acknowledge / resolve (conditional updates).
+    readonly_fields = ["state", "acknowledged_at", "acknowledged_by", "resolved_at",
+                       "resolved_by", "resolved_reason"]
+
+
+@admin.register(AlertChannel)
+class AlertChannelAdmin(admin.ModelAdmin):
+    list_display = ["name", "kind", "target", "enabled"]
+
+
+@admin.register(Notification)
+class NotificationAdmin(admin.ModelAdmin):
+    list_display = ["alert", "channel", "event", "status", "attempts", "created_at"]
+    list_filter = ["status"]
+    raw_id_fields = ["alert"]

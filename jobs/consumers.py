@@ -2,6 +2,8 @@
 
     ws/runs/<id>/   client -> {"last_seq": N}
                     server -> {"last_seq", "events", "charts", "swap", "append"}, ...
+                              {"alerts": {"alert-<id>": html}}  (after the backfill, the
+                              run's alerts; then each alert whose state changed)
     ws/runs/        server -> {"run_id", "status", "step", "reward_mean", "step_s", "swap"}
 
 A run socket joins the group ``run.<id>`` before it reads the database, and ingest
@@ -20,7 +22,9 @@ from django.template.loader import render_to_string
 
 from jobs import charts
 from jobs.actions import RUNS_GROUP
-from jobs.models import Run, RunEvent
+from jobs.alerts.views import run_alerts
+from jobs.auth import is_operator
+from jobs.models import Alert, Run, RunEvent
 
 BACKFILL_CHUNK = 500  # events per message while catching up
 
@@ -79,6 +83,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return  # already streaming; the position is ours to track now
         self.last_sent = last_seq
         await self.send_backfill()
+        await self.run_alerts({"alert_ids": None})
 
     async def run_events(self, message):
         if self.last_sent is None:
@@ -90,6 +95,22 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.send_backfill()  # an earlier broadcast may still be on its way
             return
         await self.send_events(events)
+
+    async def run_alerts(self, message):
+        """Alert rows rendered for this socket's user (operators get the buttons)."""
+        if self.last_sent is None:
+            return  # the page rendered them; the first message resends them all anyway
+        alerts = await database_sync_to_async(self.render_alerts)(message["alert_ids"])
+        if alerts:
+            await self.send_json({"alerts": alerts})
+
+    def render_alerts(self, alert_ids: list[int] | None) -> dict[str, str]:
+        alerts = Alert.objects.filter(run_id=self.run_id)
+        alerts = run_alerts(self.run_id) if alert_ids is None else alerts.filter(pk__in=alert_ids)
+        operator = is_operator(self.scope["user"])
+        return {f"alert-{a.pk}": render_to_string("jobs/alerts/_alert.html",
+                                                  {"alert": a, "operator": operator})
+                for a in alerts}
 
     async def send_backfill(self):
         while True:

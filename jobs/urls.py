@@ -1,6 +1,9 @@
 from django.urls import path
 
 from jobs import api, views
+from jobs.alerts import views as alerts
+from jobs.alerts.lifecycle import do_acknowledge, do_resolve
+from jobs.alerts.thresholds import preset_thresholds
 from jobs.views import cluster, launch
 
 urlpatterns = [
@@ -12,4 +15,10 @@ urlpatterns = [
     path("runs/<int:run_id>/stop", launch.run_stop, name="run-stop"),
     path("runs/<int:run_id>/fork", launch.run_fork, name="run-fork"),
     path("cluster", cluster.cluster_page, name="cluster"),
+    path("alerts", alerts.alerts_page, name="alerts"),
+    path("alerts/<int:alert_id>/ack", alerts.alert_change, {"change": do_acknowledge},
+         name="alert-ack"),
+    path("alerts/<int:alert_id>/resolve", alerts.alert_change, {"change": do_resolve},
+         name="alert-resolve"),
+    path("presets/<int:preset_id>/alerts", preset_thresholds, name="preset-thresholds"),
 ]

@@ -64,6 +64,15 @@ class Learner:
             "logprob_gap/k3": float(masked_mean(k3(batch.behaviour_logp, old_logp), mask)),
             "tis/clip_frac": float(masked_mean(tis_clipped.float(), mask)),
         }
+        if self.temperature != 1.0:
+            # The gap to the untempered distribution: ~0 when the engine's logprobs ignore
+            # temperature (TRL #4159), which the plain gap alone cannot tell from staleness.
+            self.policy.eval()
+            with torch.no_grad():
+                raw, _ = response_logprobs(self.policy, batch, 1.0)
+            self.policy.train()
+            metrics["logprob_gap/untempered_mean"] = float(
+                masked_mean((batch.behaviour_logp - raw).abs(), mask))
 
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
         losses, grad_norms, entropies, kls, clip_fracs = [], [], [], [], []

@@ -49,6 +49,7 @@ from engine.api import (
 )
 from engine.config import FullyAsyncPolicyConfig, PartialRolloutPolicyConfig, RunConfig, dump_config
 from engine.experience import ExperienceBuffer, Sample, StalenessError, check_staleness
+from engine.faults import wrap_buffer
 from engine.learner.checkpoint import latest_checkpoint
 from engine.learner.losses import group_advantages
 from engine.learner.warmstart import ensure_warm_start
@@ -116,7 +117,8 @@ class RunDriver:
         if ckpt is not None:
             self.tel.log(f"resumed from {ckpt.name} (step {self.step}, "
                          f"version {self.version})")
-        self.buffer = ExperienceBuffer(max_staleness=_drop_bound(cfg))
+        self.buffer = wrap_buffer(ExperienceBuffer(max_staleness=_drop_bound(cfg)), cfg.faults,
+                                  lambda: self.step)
         self.experience = Experience(self.workers, build_task(cfg.task), self.buffer,
                                      cfg.rollout.prompts_per_step, cfg.algorithm.group_size,
                                      cfg.model.seed)
@@ -297,10 +299,14 @@ class RunDriver:
             groups = self.policy.next_batch(step, version)
         samples: list[Sample] = [s for g in groups for s in g]
         try:
-            staleness = check_staleness(samples, version, self.policy.max_staleness)
+            staleness = check_staleness(samples, version)
         except StalenessError as exc:
             self.tel.emit(LogEvent(level="error", message=f"step {step}: {exc}"))
             raise
+        if max(staleness) > self.policy.max_staleness:   # trained on, shown, alerted on
+            self.tel.emit(LogEvent(level="error", message=(
+                f"step {step}: staleness {max(staleness)} exceeds the bound "
+                f"{self.policy.max_staleness} of async_policy {self.cfg.async_policy.type!r}")))
         rewards = torch.tensor([s.reward for s in samples])
         adv = group_advantages(rewards, self.cfg.algorithm.group_size,
                                self.cfg.algorithm.normalize_std)
@@ -311,8 +317,9 @@ class RunDriver:
         m = self.learner.call("update", samples, step).result()
         for w in self.sharing:
             w.call("wake_up")
-        self.step, self.version = self.step + 1, self.version + 1
-        self._sync(step)
+        self.step, self.version = self.learner.call("state").result()
+        self._drain_spans()           # the phases so far reach the control plane before a
+        self._sync(step)              # sync that may hang (PhaseHang names what follows)
         self._settle_syncs(wait=not self.policy.overlaps)
         self._drain_spans()
         t1 = time.time()

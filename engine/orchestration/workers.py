@@ -29,6 +29,7 @@ import torch
 
 from engine.config import RunConfig, WeightSyncConfig
 from engine.experience import Sample
+from engine.faults import resets_version, wrap_reward, wrap_rollout
 from engine.learner.batch import pack
 from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
 from engine.learner.learner import Learner
@@ -75,23 +76,30 @@ class RolloutWorker:
         self.cfg, self.rec = cfg, SpanRecorder(devices)
         self.tok = load_tokenizer(model_dir)
         self.task = build_task(cfg.task)
-        self.engine = build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed)
-        self.reward = build_reward(cfg.reward, self.task)
+        self.step = 0                     # the step in progress, which faults key on
+        self.engine = wrap_rollout(
+            build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed),
+            cfg.faults, lambda: self.step)
+        self.reward = wrap_reward(build_reward(cfg.reward, self.task), cfg.faults,
+                                  lambda: self.step)
         self.params = sampling_params(cfg)
         self.producer = RolloutProducer(self.engine, self.reward, self.tok, self.params,
                                         cfg.algorithm.group_size, self.rec)
 
     def produce(self, step: int, problems: list[Problem], seed: int) -> list[list[Sample]]:
+        self.step = step
         return self.producer.produce(step, problems, seed)
 
     def continue_groups(self, step: int, groups: list[PartialGroup], target: int,
                         seed: int) -> tuple[list[list[Sample]], list[PartialGroup]]:
+        self.step = step
         return continue_groups(self.engine, self.reward, self.tok, self.params, groups,
                                target, seed, step, self.rec)
 
     def load_in_place(self, version: int, tensors: list[tuple[str, torch.Tensor]],
                       step: int) -> Served:
         """In process: copy the learner's own tensors into the engine's."""
+        self.step = step
         with self.rec.phase("weight_sync", step, version):
             report = self.engine.load_weights(tensors, version)
         return Served(report, time.time())
@@ -102,6 +110,7 @@ class RolloutWorker:
 
     def receive_weights(self, ticket: Ticket, step: int) -> Served:
         """Through a two-sided transport (engine.weightsync): the learner's ticket."""
+        self.step = step
         with self.rec.phase("weight_sync", step, ticket.version):
             report = self.receiver.receive(ticket, self.engine)
         return Served(report, time.time())
@@ -155,14 +164,17 @@ class LearnerWorker:
         if checkpoint is not None:
             restore_checkpoint(checkpoint, self.learner)
         self.pad_id = load_tokenizer(model_dir).pad_token_id
-        self.model_dir, self.rec = model_dir, SpanRecorder(devices)
+        self.cfg, self.model_dir, self.rec = cfg, model_dir, SpanRecorder(devices)
 
     def state(self) -> tuple[int, int]:
         return self.learner.step, self.learner.version
 
     def update(self, samples: list[Sample], step: int) -> dict[str, float]:
         with self.rec.phase("learner", step, self.learner.version):
-            return self.learner.update(pack(samples, self.pad_id))
+            metrics = self.learner.update(pack(samples, self.pad_id))
+        if resets_version(self.cfg.faults, step):
+            self.learner.version = 1
+        return metrics
 
     def publish(self, step: int) -> tuple[WeightMeta, list[tuple[str, torch.Tensor]]]:
         """In process: the learner's own tensors, which the in-place copy reads."""

@@ -5,8 +5,17 @@
     status.py   RunStatus     the run's states and the transitions between them
     series.py   MetricPoint   per-step metric values; PhaseSpan: device busy intervals
     events.py   RunEvent      every engine event, unique by (run, seq); Checkpoint
+    alerts.py   Alert         a named condition on a run; AlertChannel; Notification
 """
 
+from jobs.models.alerts import (
+    LIVE_STATES,
+    Alert,
+    AlertChannel,
+    AlertState,
+    Notification,
+    NotificationStatus,
+)
 from jobs.models.events import Checkpoint, RunEvent
 from jobs.models.preset import Preset
 from jobs.models.run import Run
@@ -14,6 +23,7 @@ from jobs.models.series import MetricPoint, PhaseSpan
 from jobs.models.status import TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
 
 __all__ = [
+    "LIVE_STATES", "Alert", "AlertChannel", "AlertState", "Notification", "NotificationStatus",
     "TERMINAL", "TRANSITIONS", "Checkpoint", "InvalidTransition", "MetricPoint", "PhaseSpan",
     "Preset", "Run", "RunEvent", "RunStatus",
 ]

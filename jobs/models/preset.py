@@ -1,6 +1,10 @@
 from django.db import models
 
-from jobs.models.validators import normalized_config, validate_run_config
+from jobs.models.validators import (
+    normalized_config,
+    validate_alert_thresholds,
+    validate_run_config,
+)
 
 
 class Preset(models.Model):
@@ -9,6 +13,9 @@ class Preset(models.Model):
     name = models.CharField(max_length=100, unique=True)
     config = models.JSONField(validators=[validate_run_config])
     description = models.TextField(blank=True)
+    # Overrides of jobs.alerts.history.Thresholds for runs of this preset (same name).
+    alert_thresholds = models.JSONField(default=dict, blank=True,
+                                        validators=[validate_alert_thresholds])
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -1,4 +1,5 @@
-"""Config fields hold a complete RunConfig as JSON: validated and normalized on save."""
+"""Config fields hold a complete RunConfig as JSON: validated and normalized on save; alert
+threshold overrides are checked against jobs.alerts.history.Thresholds."""
 
 from typing import Any
 
@@ -19,3 +20,18 @@ def normalized_config(data: Any) -> dict:
 
 def validate_run_config(data: Any) -> None:
     normalized_config(data)
+
+
+def validate_alert_thresholds(data: Any) -> None:
+    """Overrides of the alert thresholds: known names, values within their bounds."""
+    from pydantic import ValidationError as PydanticError
+
+    from jobs.alerts.history import Thresholds
+
+    if not isinstance(data, dict):
+        raise ValidationError("alert thresholds must be a JSON object of name -> value")
+    try:
+        Thresholds(**data)
+    except PydanticError as exc:
+        raise ValidationError([f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                               for e in exc.errors()]) from None

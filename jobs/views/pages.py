@@ -6,6 +6,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import NoReverseMatch, reverse
 from django.views.decorators.http import require_GET
 
+from jobs.alerts.views import run_alerts
 from jobs.auth import is_operator
 from jobs.models import Run
 from jobs.views import run_page
@@ -38,6 +39,7 @@ def run_detail(request, run_id: int):
         "run": run,
         "logs": run_page.recent_logs(run),
         "checkpoints": run.checkpoints.order_by("step"),
+        "alerts": run_alerts(run),
         "config_toml": run_page.config_toml(run),
         "operator": is_operator(request.user),
         "stop_url": url_or("run-stop", run.pk, f"/runs/{run.pk}/stop"),

@@ -18,6 +18,7 @@
 
   function apply(msg) {
     if (msg.error) { console.error("run socket:", msg.error); return; }
+    if (msg.alerts) { window.rlplaneAlerts.upsert(msg.alerts); return; }  // run_alerts.js
     if (msg.last_seq <= lastSeq) return;  // the server never resends; belt and braces
     for (const [id, u] of Object.entries(msg.charts)) {
       const update = {x: u.x, y: u.y};

@@ -161,22 +161,26 @@ def test_launch_watch_stop_and_fork_a_run_in_the_browser(stack, browser):
         page.close()
 
 
-def operate(page, stack: str) -> None:
-
-    # 1. Log in (every page requires it).
+def log_in_and_launch(page, stack: str, run_toml: str) -> None:
+    """Log in as the operator, launch ``run_toml`` from the new-run form, and wait on its
+    page until it is running."""
     page.goto(stack + "/")
     page.fill("#id_username", "operator")
     page.fill("#id_password", PASSWORD)
     page.click("form.login button[type=submit]")
     page.wait_for_url(stack + "/")
-
-    # 2. Launch a run from the new-run form.
     page.goto(stack + "/runs/new")
-    page.fill("#id_config", RUN_TOML)
+    page.fill("#id_config", run_toml)
     page.click("form.run-form button[type=submit]")
     page.wait_for_url(re.compile(r"/runs/\d+$"))
-    run_url = page.url
     expect_status(page, "running", 90)
+
+
+def operate(page, stack: str) -> None:
+
+    # 1-2. Log in (every page requires it) and launch a run from the new-run form.
+    log_in_and_launch(page, stack, RUN_TOML)
+    run_url = page.url
 
     # 3. The reward chart gains points from the websocket, without a reload.
     growth = wait_for_growth(page, times=2, deadline_s=60)

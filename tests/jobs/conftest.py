@@ -2,7 +2,9 @@ import uuid
 
 import pytest
 from channels.layers import get_channel_layer
+from django.contrib.auth.models import Group
 
+from jobs.auth import OPERATOR_GROUP
 from jobs.models import Run, RunStatus
 
 CONFIG = {"name": "t", "steps": 3}
@@ -18,6 +20,15 @@ def make_run(db):
         return run
 
     return make
+
+
+@pytest.fixture
+def operator(client, django_user_model):
+    """The test client, logged in as a member of the operator group."""
+    user = django_user_model.objects.create_user("operator")
+    user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
+    client.force_login(user)
+    return client
 
 
 @pytest.fixture

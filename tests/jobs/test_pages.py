@@ -3,10 +3,8 @@
 import json
 
 import pytest
-from django.contrib.auth.models import Group
 
 from jobs.actions import do_ingest_events
-from jobs.auth import OPERATOR_GROUP
 from jobs.models import RunStatus
 
 from .helpers import checkpoint, log, metrics, span
@@ -17,14 +15,6 @@ HTMX = {"HX-Request": "true"}
 @pytest.fixture
 def viewer(client, django_user_model):
     client.force_login(django_user_model.objects.create_user("viewer"))
-    return client
-
-
-@pytest.fixture
-def operator(client, django_user_model):
-    user = django_user_model.objects.create_user("operator")
-    user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
-    client.force_login(user)
     return client
 
 

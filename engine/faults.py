@@ -1,0 +1,180 @@
+"""Fault injection: wrappers at the loop's seams that make the real loop misbehave the way
+the real bugs do. Nothing here emits a metric; the driver measures what the wrapped parts
+actually did, so the alerts see only what an operator would.
+
+    engine    = wrap_rollout(engine, faults, step)      unscaled_logprobs, straggler (generate)
+                                                        skip_weight_sync, sleep_drops_weights,
+                                                        sync_hang (load_weights: the receiver)
+    resets_version(faults, step)                        version_reset (the learner's counter)
+    reward    = wrap_reward(reward, faults, step)       slow_reward
+    buffer    = wrap_buffer(buffer, faults, step)       staleness_overrun
+
+The wrappers sit in the rollout worker (engine/orchestration/workers.py) and the driver,
+so a fault behaves the same in process and on Ray, with every transport. ``step``
+answers the step in progress: s during step s's rollout and during the sync that ends
+step s. With no fault configured every wrap_* returns its argument unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+
+from engine.config import FaultsConfig
+from engine.experience import ExperienceBuffer, Sample
+from engine.rollout.base import (
+    Completion,
+    OnComplete,
+    RolloutEngine,
+    SamplingParams,
+    WeightReport,
+)
+
+StepFn = Callable[[], int]
+
+
+# --------------------------------------------------------------------------- rollout
+
+def untempered_logprobs(engine, prompts: list[list[int]],
+                        outs: list[Completion]) -> list[list[float]]:
+    """Logprobs of each sampled token under log_softmax(logits), i.e. ignoring temperature
+    and top-p: what a backend with the TRL #4159 bug returns. Teacher-forced through the
+    torch engine's own KV model, left-padded like its prefill."""
+    P = max(len(p) for p in prompts)
+    R = max(max((len(o.token_ids) for o in outs), default=0), 1)
+    B, S = len(prompts), P + R
+    ids = torch.full((B, S), engine.pad_id, dtype=torch.long)
+    valid = torch.zeros((B, S), dtype=torch.bool)
+    for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
+        ids[i, P - len(p):P] = torch.tensor(p)
+        ids[i, P:P + len(o.token_ids)] = torch.tensor(o.token_ids, dtype=torch.long)
+        valid[i, P - len(p):P + len(o.token_ids)] = True
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)                  # (B, S)
+    dtype = engine.tensors["model.embed_tokens.weight"].dtype
+    with torch.no_grad():
+        logits = engine.model.forward(ids, positions, engine.model.new_cache(B, S, dtype),
+                                      0, valid)                             # (B, S, V)
+        logp = torch.log_softmax(logits[:, P - 1:-1].float(), dim=-1)      # (B, R, V)
+        picked = logp.gather(-1, ids[:, P:, None]).squeeze(-1)             # (B, R)
+    return [picked[i, :len(o.token_ids)].tolist() for i, o in enumerate(outs)]
+
+
+class FaultyRollout:
+    """A rollout engine that misbehaves from a step on. Generation faults change what
+    generate() returns; weight faults change what load_weights() leaves the engine
+    serving. The engine still fingerprints what it serves, so every sync report tells the
+    truth about the weights it holds. The first load (the run's initial sync) is honest."""
+
+    def __init__(self, inner: RolloutEngine, faults: FaultsConfig, step: StepFn):
+        self.inner, self.faults, self.step = inner, faults, step
+        self.first_weights: list[tuple[str, torch.Tensor]] | None = None
+        self.skippable_syncs = 0
+
+    def __getattr__(self, name):          # weight_version, fingerprint, sleep, ...
+        return getattr(self.inner, name)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
+                 on_complete: OnComplete | None = None) -> list[Completion]:
+        outs = self.inner.generate(prompts, params, seed, on_complete=on_complete)
+        unscaled, straggler = self.faults.unscaled_logprobs, self.faults.straggler
+        if unscaled is not None and self.step() >= unscaled.from_step:
+            for o, lps in zip(outs, untempered_logprobs(self.inner, prompts, outs), strict=True):
+                o.logprobs = lps
+        if straggler is not None and self.step() >= straggler.from_step:
+            # The batch returns when its slowest generation does.
+            time.sleep(straggler.seconds)
+        return outs
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                     version: int) -> WeightReport:
+        named = list(named_tensors)
+        if self.first_weights is None:
+            self.first_weights = [(n, t.detach().clone()) for n, t in named]
+            return self.inner.load_weights(named, version)
+        f, step = self.faults, self.step()               # the step this sync ends
+        if f.sync_hang is not None and step == f.sync_hang.at_step:
+            time.sleep(f.sync_hang.seconds)
+        skip = f.skip_weight_sync
+        if skip is not None and step >= skip.from_step:
+            self.skippable_syncs += 1
+            if self.skippable_syncs % skip.every == 0:
+                # The engine takes the version number but no tensors: old weights, new label.
+                return self.inner.load_weights([], version)
+        report = self.inner.load_weights(named, version)
+        sleep = f.sleep_drops_weights
+        if sleep is not None and step >= sleep.from_step:
+            # Woken from sleep, the engine reloads the weights it was first given.
+            report = self.inner.load_weights(self.first_weights, version)
+        return report
+
+
+def wrap_rollout(engine: RolloutEngine, faults: FaultsConfig, step: StepFn) -> RolloutEngine:
+    if all(x is None for x in (faults.unscaled_logprobs, faults.straggler,
+                               faults.skip_weight_sync, faults.sleep_drops_weights,
+                               faults.sync_hang)):
+        return engine
+    return FaultyRollout(engine, faults, step)
+
+
+# --------------------------------------------------------------------------- learner
+
+def resets_version(faults: FaultsConfig, step: int) -> bool:
+    """version_reset: after this step's update the learner's counter restarts at 1."""
+    return faults.version_reset is not None and step == faults.version_reset.at_step
+
+
+# --------------------------------------------------------------------------- reward
+
+class SlowReward:
+    def __init__(self, inner, seconds: float, from_step: int, step: StepFn):
+        self.inner, self.seconds, self.from_step, self.step = inner, seconds, from_step, step
+
+    def score(self, problems, texts, finished) -> list[float]:
+        if self.step() >= self.from_step:
+            time.sleep(self.seconds)
+        return self.inner.score(problems, texts, finished)
+
+
+def wrap_reward(reward, faults: FaultsConfig, step: StepFn):
+    slow = faults.slow_reward
+    return reward if slow is None else SlowReward(reward, slow.seconds, slow.from_step, step)
+
+
+# --------------------------------------------------------------------------- buffer
+
+class OverrunBuffer:
+    """An experience buffer that, from a step on, hands out the groups of ``lag`` steps
+    earlier instead of the fresh ones, and never drops a group for staleness: samples
+    older than the policy's bound reach the learner."""
+
+    def __init__(self, inner: ExperienceBuffer, from_step: int, lag: int, step: StepFn):
+        self.inner, self.from_step, self.lag, self.step = inner, from_step, lag, step
+        self.history: list[list[list[Sample]]] = []     # the last lag + 1 batches, oldest first
+
+    @property
+    def dropped_stale(self) -> int:
+        return self.inner.dropped_stale
+
+    def put(self, group: list[Sample]) -> None:
+        self.inner.put(group)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def take(self, n_groups: int, learner_version: int) -> list[list[Sample]]:
+        bound, self.inner.max_staleness = self.inner.max_staleness, None
+        try:
+            fresh = self.inner.take(n_groups, learner_version)
+        finally:
+            self.inner.max_staleness = bound
+        self.history = [*self.history[-self.lag:], fresh]
+        if self.step() < self.from_step or len(self.history) <= self.lag:
+            return fresh
+        return self.history[-1 - self.lag]
+
+
+def wrap_buffer(buffer: ExperienceBuffer, faults: FaultsConfig, step: StepFn):
+    over = faults.staleness_overrun
+    return buffer if over is None else OverrunBuffer(buffer, over.from_step, over.lag, step)

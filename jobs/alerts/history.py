@@ -1,0 +1,121 @@
+"""What the rules read: a run's recent history, built from event payloads in seq order.
+
+    h = RunHistory()
+    for payload in events: h.add(payload)        # metrics.append, span, weight_sync.report
+    h.series("reward/mean")  -> [(step, value), ...] by step
+    evaluate(h, RunFacts.from_config(cfg, status), Thresholds(), now)   (rules.py)
+
+The ingest path builds it from stored RunEvents and the engine tests from a MemorySink:
+the same payloads, the same evaluation. Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.config import RunConfig, staleness_bound
+
+HISTORY_EVENTS = ("metrics.append", "span", "weight_sync.report")
+
+
+class RunHistory:
+    def __init__(self) -> None:
+        self.metrics: dict[str, dict[int, float]] = {}
+        self.syncs: list[dict[str, Any]] = []
+        self.spans: list[dict[str, Any]] = []
+        self.last_ts = 0.0
+
+    def add(self, event: dict[str, Any]) -> None:
+        self.last_ts = max(self.last_ts, event["ts"])
+        if event["type"] == "metrics.append":
+            for name, value in event["values"].items():
+                if value is not None:
+                    self.metrics.setdefault(name, {})[event["step"]] = value
+        elif event["type"] == "span":
+            self.spans.append(event)
+        elif event["type"] == "weight_sync.report":
+            self.syncs.append(event)
+
+    def series(self, name: str) -> list[tuple[int, float]]:
+        return sorted(self.metrics.get(name, {}).items())
+
+    def last(self, name: str, n: int) -> list[tuple[int, float]]:
+        return self.series(name)[-n:]
+
+    @property
+    def steps(self) -> list[int]:
+        """Training steps reported so far (eval-only metric events carry no reward/mean)."""
+        return sorted(self.metrics.get("reward/mean", {}))
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the rules need to know about the run besides its series."""
+    status: str = "running"              # the control plane's RunStatus value
+    temperature: float = 1.0
+    staleness_bound: int = 0             # sync loop: every sample is on-policy
+    async_policy: str = "sync"
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, status: str) -> RunFacts:
+        bound = staleness_bound(cfg.async_policy)
+        return cls(status=status, temperature=cfg.rollout.temperature, staleness_bound=bound,
+                   async_policy=cfg.async_policy.type)
+
+
+class Thresholds(BaseModel):
+    """Alert thresholds: defaults here, overridden per preset by an operator."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    desync_version_lag: int = Field(default=1, ge=0, le=1000)
+    """WeightSyncDesync when the rollout's version lags the learner's by more than this."""
+    stuck_window: int = Field(default=20, ge=4, le=10_000)
+    """Steps over which StuckReward fits the reward slope."""
+    stuck_slope: float = Field(default=0.002, ge=0.0, le=1.0)
+    """|reward slope| per step below which the reward counts as stuck."""
+    stuck_std: float = Field(default=0.02, ge=0.0, le=10.0)
+    """StuckReward without a systems cause fires only while reward/std stays below this
+    (no learning signal); a flat but varying reward is slow learning, not stuck."""
+    gap_high: float = Field(default=0.1, gt=0.0, le=100.0)
+    """LogprobGapHigh when logprob_gap/mean exceeds this (nats per token)."""
+    temperature_gap: float = Field(default=0.02, gt=0.0, le=100.0)
+    """TemperatureLogprobs: the least gap right after a sync that counts as a mismatch."""
+    drift_window: int = Field(default=5, ge=3, le=1000)
+    """LogprobGapDrift: steps of monotone gap rise with unchanged learner weights."""
+    drift_min: float = Field(default=0.01, ge=0.0, le=100.0)
+    """LogprobGapDrift: the least total rise over the window."""
+    hang_factor: float = Field(default=10.0, ge=1.0, le=10_000.0)
+    """PhaseHang after this many times the median duration of the phase in progress."""
+    hang_min_s: float = Field(default=60.0, ge=0.0, le=86_400.0)
+    """PhaseHang never fires before this many seconds without progress."""
+    bubble_max: float = Field(default=0.3, gt=0.0, le=1.0)
+    """BubbleHigh when the bubble stays above this."""
+    rollout_share_max: float = Field(default=0.85, gt=0.0, le=1.0)
+    """BubbleHigh when the rollout share of the step stays above this."""
+    reward_share_max: float = Field(default=0.5, gt=0.0, le=1.0)
+    """BubbleHigh when the reward stage's share of the step stays above this."""
+    straggler_factor: float = Field(default=10.0, ge=1.0, le=10_000.0)
+    """BubbleHigh when generation time stays above this many times the run's median..."""
+    straggler_min_s: float = Field(default=5.0, ge=0.0, le=86_400.0)
+    """... and above this many seconds."""
+    bubble_window: int = Field(default=2, ge=1, le=1000)
+    """Consecutive steps a BubbleHigh condition must hold."""
+    resync_factor: float = Field(default=5.0, ge=1.0, le=10_000.0)
+    """ResyncSlow when resync latency exceeds this many times the run's median."""
+    resync_min_s: float = Field(default=2.0, ge=0.0, le=86_400.0)
+    """ResyncSlow never fires below this latency."""
+
+
+@dataclass
+class Finding:
+    """One alert condition that holds now."""
+    kind: str
+    key: str                    # dedup key: one open alert per (run, key)
+    cause: str                  # one sentence
+    runbook: str                # what to check, which config field to change
+    step: int | None
+    evidence: dict[str, Any] = field(default_factory=dict)   # {"values": {}, "series": {}}

@@ -1,0 +1,127 @@
+"""Findings -> Alert rows, as events arrive (ingest) and periodically (beat).
+
+    do_evaluate_alerts(run)      history from RunEvents -> rules.evaluate -> rows:
+        new key                   -> Alert(open) + a Notification per channel ("open")
+        key already unresolved    -> evidence, cause and last_step refreshed (one row)
+        unresolved key not found  -> resolved "the condition cleared" + "resolved" notices
+    on commit: the changed alerts go to the run page's group; notifications to the worker
+
+The caller holds the run's row lock (ingest does; the periodic task takes it), so two
+evaluations of one run never race to open the same key.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from engine.config import validate_config
+from jobs.alerts.history import HISTORY_EVENTS, Finding, RunFacts, RunHistory, Thresholds
+from jobs.alerts.rules import evaluate
+from jobs.models import (
+    LIVE_STATES,
+    Alert,
+    AlertChannel,
+    AlertState,
+    Notification,
+    Preset,
+    Run,
+    RunEvent,
+)
+
+HISTORY_LIMIT = 4000  # recent events the rules look at (hundreds of steps)
+
+
+def thresholds_for(run: Run) -> Thresholds:
+    """The preset's overrides (the preset named like the run's config), else defaults."""
+    preset = Preset.objects.filter(name=run.config.get("name")).first()
+    return Thresholds(**preset.alert_thresholds) if preset else Thresholds()
+
+
+def load_history(run: Run) -> RunHistory:
+    h = RunHistory()
+    rows = (RunEvent.objects.filter(run=run, type__in=HISTORY_EVENTS)
+            .order_by("-seq").values_list("payload", flat=True)[:HISTORY_LIMIT])
+    for payload in reversed(list(rows)):
+        h.add(payload)
+    latest = RunEvent.objects.filter(run=run).order_by("-seq").values_list("ts", flat=True)
+    h.last_ts = max(h.last_ts, latest.first() or 0.0)
+    return h
+
+
+def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
+    """Open, refresh and resolve the run's alerts from its history; returns the alerts
+    whose state changed."""
+    findings = evaluate(load_history(run), RunFacts.from_config(validate_config(run.config),
+                                                                run.status),
+                        thresholds_for(run), time.time() if now is None else now)
+    return do_apply_findings(run, findings)
+
+
+def do_apply_findings(run: Run, findings: list[Finding]) -> list[Alert]:
+    changed: list[Alert] = []
+    notices: list[Notification] = []
+    with transaction.atomic():
+        live = {a.dedup_key: a for a in Alert.objects.filter(run=run, state__in=LIVE_STATES)}
+        for f in {f.key: f for f in findings}.values():
+            alert = live.pop(f.key, None)
+            if alert is None:
+                alert = Alert.objects.create(
+                    run=run, kind=f.kind, dedup_key=f.key, cause=f.cause, runbook=f.runbook,
+                    evidence=f.evidence, step=f.step, last_step=f.step)
+                changed.append(alert)
+                notices += queue_notifications(alert, AlertState.OPEN)
+            else:
+                Alert.objects.filter(pk=alert.pk).update(
+                    cause=f.cause, runbook=f.runbook, evidence=f.evidence, last_step=f.step)
+        for alert in live.values():
+            if alert.resolve(None, "the condition cleared"):
+                changed.append(alert)
+                notices += queue_notifications(alert, AlertState.RESOLVED)
+        if changed:
+            transaction.on_commit(partial(announce, run.pk, [a.pk for a in changed],
+                                          [n.pk for n in notices]), robust=True)
+    return changed
+
+
+def queue_notifications(alert: Alert, event: str) -> list[Notification]:
+    return [Notification.objects.create(alert=alert, channel=channel, event=event)
+            for channel in AlertChannel.objects.filter(enabled=True)]
+
+
+def announce(run_id: int, alert_ids: list[int], notification_ids: list[int]) -> None:
+    """Send the changed alerts to the run page and queue their notifications."""
+    from jobs.alerts.tasks import deliver_notification
+
+    for pk in notification_ids:
+        deliver_notification.delay(pk)
+    broadcast_alerts(run_id, alert_ids)
+
+
+def broadcast_alerts(run_id: int, alert_ids: list[int]) -> None:
+    """The run page's consumer renders each alert for its own user (operator buttons)."""
+    async_to_sync(get_channel_layer().group_send)(
+        f"run.{run_id}", {"type": "run.alerts", "alert_ids": alert_ids})
+
+
+def do_acknowledge(alert: Alert, user) -> bool:
+    with transaction.atomic():
+        done = alert.acknowledge(user)
+        if done:
+            transaction.on_commit(partial(broadcast_alerts, alert.run_id, [alert.pk]),
+                                  robust=True)
+    return done
+
+
+def do_resolve(alert: Alert, user) -> bool:
+    with transaction.atomic():
+        done = alert.resolve(user, f"resolved by {user}")
+        if done:
+            notices = queue_notifications(alert, AlertState.RESOLVED)
+            transaction.on_commit(partial(announce, alert.run_id, [alert.pk],
+                                          [n.pk for n in notices]), robust=True)
+    return done

@@ -1,0 +1,62 @@
+"""The control plane's alert rules attached to a real engine run, without the database.
+
+    watch = AlertWatch(thresholds)
+    run_local(cfg, out, sink=watch)          # each event -> rules.evaluate
+    watch.first("WeightSyncDesync")          # (step, finding) of its first firing
+
+Every event goes through the same RunHistory.add + rules.evaluate that ingest uses.
+``poll`` evaluates from another thread while the run is in progress, as the periodic
+task does for rules that fire when nothing happens.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+from engine.api import Event, MetricsEvent
+from jobs.alerts.history import Finding, RunFacts, RunHistory, Thresholds
+from jobs.alerts.rules import evaluate
+
+
+class AlertWatch:
+    def __init__(self, facts: RunFacts, thresholds: Thresholds | None = None):
+        self.facts, self.thresholds = facts, thresholds or Thresholds()
+        self.history = RunHistory()
+        self.lock = threading.Lock()
+        self.fired: list[tuple[int, Finding]] = []   # (the finding's step, finding)
+        self.steps_checked = 0
+
+    def emit(self, event: Event) -> None:
+        with self.lock:
+            # Just before an event arrives, nothing has happened for longest: what the
+            # periodic task would see at its worst moment.
+            self._evaluate(event.ts)
+            self.history.add(event.to_dict())
+            if isinstance(event, MetricsEvent) and "reward/mean" in event.values:
+                self.steps_checked += 1
+                self._evaluate(event.ts)                  # what ingest sees
+
+    def _evaluate(self, now: float) -> None:
+        last = self.history.steps[-1] if self.history.steps else -1
+        for f in evaluate(self.history, self.facts, self.thresholds, now):
+            self.fired.append((last if f.step is None else f.step, f))
+
+    def close(self) -> None:
+        pass
+
+    def poll(self) -> list[Finding]:
+        """Evaluate now, on a snapshot of what has arrived (the periodic task's view)."""
+        with self.lock:
+            history = copy.deepcopy(self.history)
+        found = evaluate(history, self.facts, self.thresholds, time.time())
+        step = history.steps[-1] if history.steps else -1
+        self.fired += [(step, f) for f in found]
+        return found
+
+    def first(self, kind: str) -> tuple[int, Finding] | None:
+        return next(((s, f) for s, f in self.fired if f.kind == kind), None)
+
+    def kinds(self) -> set[str]:
+        return {f.kind for _, f in self.fired}

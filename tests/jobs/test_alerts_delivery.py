@@ -1,0 +1,121 @@
+"""Notification delivery to a real local HTTP receiver: exactly once with two workers
+racing for it, retried on failure and then recorded; email through Django's backend."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.core import mail
+from django.db import connection
+
+from jobs.alerts.tasks import ATTEMPTS, deliver_notification
+from jobs.models import Alert, AlertChannel, Notification, NotificationStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1 that records each POST and answers ``status``."""
+
+    def __init__(self, status: int = 200):
+        self.status, self.bodies = status, []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers["Content-Length"])
+                receiver.bodies.append(json.loads(self.rfile.read(length)))
+                self.send_response(receiver.status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def notification(run, kind: str, target: str) -> Notification:
+    alert = Alert.objects.create(run=run, kind="WeightSyncDesync", dedup_key="WeightSyncDesync",
+                                 cause="the generator is not receiving new weights",
+                                 runbook="check the sync", step=3,
+                                 evidence={"values": {"version_rollout": 1}})
+    channel = AlertChannel.objects.create(name="c", kind=kind, target=target)
+    return Notification.objects.create(alert=alert, channel=channel, event="open")
+
+
+def test_two_racing_workers_deliver_the_webhook_exactly_once(run, receiver):
+    n = notification(run, "webhook", receiver.url)
+    start, results = threading.Barrier(2), []
+
+    def worker():
+        start.wait()
+        try:
+            results.append(deliver_notification(n.pk, backoff_s=0))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert sorted(results) == ["claimed elsewhere", "sent"]
+    [body] = receiver.bodies
+    assert body["kind"] == "WeightSyncDesync" and body["event"] == "open"
+    assert body["cause"] == "the generator is not receiving new weights"
+    assert body["url"].endswith(f"/runs/{run.pk}#alert-{n.alert_id}")
+    n.refresh_from_db()
+    assert (n.status, n.attempts, n.error) == (NotificationStatus.SENT, 1, "")
+    assert deliver_notification(n.pk) == "claimed elsewhere"       # a redelivered message
+
+
+def test_a_failing_receiver_is_retried_then_recorded_as_failed(run, receiver):
+    receiver.status = 503
+    n = notification(run, "webhook", receiver.url)
+    assert deliver_notification(n.pk, backoff_s=0) == "failed"
+    assert len(receiver.bodies) == ATTEMPTS
+    n.refresh_from_db()
+    assert n.status == NotificationStatus.FAILED and n.attempts == ATTEMPTS
+    assert "HTTP 503" in n.error
+
+
+def test_a_refusing_receiver_is_a_permanent_failure_without_retries(run, receiver):
+    receiver.status = 404
+    n = notification(run, "webhook", receiver.url)
+    assert deliver_notification(n.pk, backoff_s=0) == "failed"
+    assert len(receiver.bodies) == 1
+    n.refresh_from_db()
+    assert "refused it: HTTP 404" in n.error
+
+
+def test_an_unreachable_receiver_is_retried_then_recorded(run):
+    closed = Receiver()
+    closed.close()                                    # nothing listens on that port now
+    n = notification(run, "webhook", closed.url)
+    assert deliver_notification(n.pk, backoff_s=0) == "failed"
+    n.refresh_from_db()
+    assert n.attempts == ATTEMPTS and "127.0.0.1" in n.error
+
+
+def test_email_goes_through_djangos_backend(run, settings):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    n = notification(run, "email", "ops@example.com")
+    assert deliver_notification(n.pk) == "sent"
+    [message] = mail.outbox
+    assert message.to == ["ops@example.com"] and "WeightSyncDesync" in message.subject
+    assert "not receiving new weights" in message.body and "check the sync" in message.body

@@ -1,0 +1,167 @@
+"""The alert rules on hand-made histories: each fires on its condition, names the cause,
+and stays quiet on a healthy history."""
+
+import pytest
+
+from jobs.alerts.history import RunFacts, RunHistory, Thresholds
+from jobs.alerts.rules import KINDS, RULES, evaluate, slope
+
+FACTS = RunFacts(temperature=0.7)
+
+
+def healthy(steps: int = 6, **per_step) -> RunHistory:
+    """A sync run's events: spans, a matched sync, then the step's metrics. ``per_step``
+    maps a metric (or "fp_rollout", "version_rollout", "version_learner", "phase:<p>")
+    to a function of the step that overrides the healthy value."""
+    h, t, seq = RunHistory(), 1000.0, 0
+
+    def add(**e):
+        nonlocal seq
+        seq += 1
+        h.add({"seq": seq, "ts": t, **e})
+
+    for step in range(steps):
+        for phase, dur in (("rollout", 0.5), ("reward", 0.01), ("learner", 0.4),
+                           ("weight_sync", 0.05)):
+            dur = per_step.get(f"phase:{phase}", lambda s, d=dur: d)(step)
+            add(type="span", device="cpu:0", phase=phase, start=t, end=t + dur, step=step,
+                version=step)
+            t += dur
+        v = per_step.get("version_learner", lambda s: s + 1)(step)
+        rollout_v = per_step.get("version_rollout", lambda s, v=v: v)(step)
+        rollout_fp = per_step.get("fp_rollout", lambda s, v=v: f"fp{v}")(step)
+        add(type="weight_sync.report", step=step, version_learner=v, version_rollout=rollout_v,
+            fingerprint_learner=f"fp{v}", fingerprint_rollout=rollout_fp,
+            matched=(rollout_v, rollout_fp) == (v, f"fp{v}"), latency_s=0.05, bytes=1)
+        values = {"reward/mean": 0.1 * step, "logprob_gap/mean": 0.0,
+                  "logprob_gap/untempered_mean": 0.15, "staleness/max": 0.0,
+                  "staleness/mean": 0.0, "weight_sync/version_learner": float(v),
+                  "weight_sync/latency_s": 0.05, "rollout_share": 0.5, "bubble": 0.01,
+                  "reward/std": 0.0, "time/step_s": 1.0, "time/reward_s": 0.01,
+                  "time/rollout_s": 0.5}
+        for name, fn in per_step.items():
+            if name in values:
+                values[name] = fn(step)
+        add(type="metrics.append", step=step, values=values)
+    return h
+
+
+def kinds(h, facts=FACTS, t=None, now=None) -> set[str]:
+    return {f.kind for f in evaluate(h, facts, t or Thresholds(), now or h.last_ts)}
+
+
+def test_every_rule_has_a_kind_and_a_healthy_history_raises_nothing():
+    assert len(RULES) == len(KINDS) == 11
+    assert kinds(healthy(30)) == set()
+
+
+def test_a_fingerprint_mismatch_at_the_same_version_is_a_desync():
+    h = healthy(fp_rollout=lambda s: "fp1" if s >= 3 else f"fp{s + 1}")
+    [f] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts) if f.kind == "WeightSyncDesync"]
+    assert "not receiving new weights" in f.cause and f.step == 3    # since when
+    assert f.evidence["values"]["fingerprint_rollout"] == "fp1"
+
+
+def test_a_rollout_version_lagging_by_more_than_k_is_a_desync():
+    h = healthy(version_rollout=lambda s: 1)
+    assert "WeightSyncDesync" in kinds(h)
+    assert "WeightSyncDesync" not in kinds(h, t=Thresholds(desync_version_lag=10))
+
+
+@pytest.mark.parametrize(("overrides", "diagnosis"), [
+    ({"fp_rollout": lambda s: "fp1"}, "the generator is not receiving new weights"),
+    ({"logprob_gap/mean": lambda s: 0.5}, "the behaviour policy differs from the learner"),
+    ({}, "learning signal is flat (check reward variance / advantages)"),
+])
+def test_stuck_reward_names_one_of_three_diagnoses(overrides, diagnosis):
+    h = healthy(25, **{"reward/mean": lambda s: 0.3}, **overrides)
+    [f] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts) if f.kind == "StuckReward"]
+    assert diagnosis in f.cause
+    assert len(f.evidence["series"]["values"]) == 25
+
+
+def test_a_flat_reward_that_still_varies_is_slow_learning_not_stuck():
+    h = healthy(25, **{"reward/mean": lambda s: 0.3, "reward/std": lambda s: 0.4})
+    assert "StuckReward" not in kinds(h)
+
+
+def test_a_gap_that_matches_the_untempered_distribution_is_a_temperature_bug():
+    h = healthy(**{"logprob_gap/mean": lambda s: 0.15 if s >= 4 else 0.0,
+                   "logprob_gap/untempered_mean": lambda s: 0.0 if s >= 4 else 0.15})
+    assert {"TemperatureLogprobs"} <= kinds(h)
+    assert "LogprobGapHigh" not in kinds(h)          # the specific cause wins
+    assert "TemperatureLogprobs" not in kinds(h, facts=RunFacts(temperature=1.0))
+
+
+def test_a_high_gap_that_is_not_untempered_is_logprob_gap_high():
+    h = healthy(**{"logprob_gap/mean": lambda s: 0.4})
+    assert kinds(h) == {"LogprobGapHigh"}
+
+
+def test_a_gap_rising_while_the_weights_stay_put_is_drift():
+    def same_version(s):
+        return 7
+
+    h = healthy(8, version_learner=same_version,
+                **{"logprob_gap/mean": lambda s: 0.001 + 0.004 * s})
+    assert "LogprobGapDrift" in kinds(h)
+    h = healthy(8, **{"logprob_gap/mean": lambda s: 0.001 + 0.004 * s})
+    assert "LogprobGapDrift" not in kinds(h)          # the weights changed: not drift
+
+
+def test_staleness_over_the_policy_bound():
+    h = healthy(**{"staleness/max": lambda s: 2.0})
+    assert "StalenessOverBound" in kinds(h)
+    assert "StalenessOverBound" not in kinds(h, facts=RunFacts(staleness_bound=2))
+
+
+def test_a_version_going_backwards_or_negative_staleness_is_a_regression():
+    h = healthy(version_learner=lambda s: 1 if s == 5 else s + 1)
+    assert "VersionRegression" in kinds(h)
+    assert "VersionRegression" in kinds(healthy(**{"staleness/mean": lambda s: -1.0}))
+
+
+def test_phase_hang_names_the_phase_and_device_after_k_times_its_median():
+    h = healthy(6)
+    last_end = max(s["end"] for s in h.spans)
+    t = Thresholds(hang_factor=10, hang_min_s=1.0)
+    # The last thing that happened was the weight sync: the run is waiting on rollout
+    # (median 0.5 s); 10x is 5 s.
+    assert "PhaseHang" not in kinds(h, t=t, now=last_end + 4.9)
+    [f] = [f for f in evaluate(h, FACTS, t, last_end + 5.1) if f.kind == "PhaseHang"]
+    assert f.cause.startswith("Stuck in rollout on cpu:0")
+    assert "PhaseHang" not in kinds(h, facts=RunFacts(status="succeeded"), t=t,
+                                    now=last_end + 60)
+
+
+def test_bubble_high_needs_the_condition_for_the_whole_window_and_names_the_fix():
+    h = healthy(**{"rollout_share": lambda s: 0.95 if s >= 4 else 0.5})
+    [f] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts) if f.kind == "BubbleHigh"]
+    assert "async policy" in f.runbook and "partial rollout" in f.runbook
+    h = healthy(**{"rollout_share": lambda s: 0.95 if s == 5 else 0.5})
+    assert "BubbleHigh" not in kinds(h)
+    h = healthy(**{"time/reward_s": lambda s: 0.8})
+    assert "the reward stage takes" in evaluate(h, FACTS, Thresholds(), h.last_ts)[0].cause
+
+
+def test_resync_slow_against_the_runs_own_median():
+    h = healthy(**{"weight_sync/latency_s": lambda s: 3.0 if s == 5 else 0.05})
+    assert kinds(h) == {"ResyncSlow"}
+    h = healthy(**{"weight_sync/latency_s": lambda s: 0.5 if s == 5 else 0.05})
+    assert kinds(h) == set()                       # 10x, but under resync_min_s
+
+
+def test_a_lost_run_raises_run_lost():
+    assert kinds(healthy(), facts=RunFacts(status="lost")) == {"RunLost"}
+
+
+def test_slope_is_least_squares():
+    assert slope([(0, 1.0), (1, 3.0), (2, 5.0)]) == pytest.approx(2.0)
+
+
+def test_generation_time_far_over_the_runs_median_is_a_straggler_bubble():
+    h = healthy(**{"time/rollout_s": lambda s: 20.0 if s >= 4 else 0.5})
+    [f] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts) if f.kind == "BubbleHigh"]
+    assert "stragglers hold every batch" in f.cause and "partial rollout" in f.runbook
+    h = healthy(**{"time/rollout_s": lambda s: 4.0 if s >= 4 else 0.5})
+    assert "BubbleHigh" not in kinds(h)                # 8x, under straggler_min_s
