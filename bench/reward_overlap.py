@@ -26,15 +26,13 @@ import ray
 
 from engine.config import load_config
 from engine.learner.warmstart import ensure_warm_start
-from engine.orchestration.placement import layout_for
-from engine.orchestration.producer import RolloutProducer
+from engine.orchestration.producer import RolloutProducer, step_seed
 from engine.reward import build_reward
 from engine.reward.service import RewardPool
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import build_task
-from engine.telemetry.recorder import Telemetry
-from engine.telemetry.sinks import MemorySink
+from engine.telemetry.recorder import SpanRecorder
 from engine.tinymodel import load_tokenizer
 
 PRESET = Path(__file__).parents[1] / "configs" / "code_sandbox.toml"
@@ -83,17 +81,20 @@ def run_modes(cfg, model_dir, args) -> None:
     inline = build_reward(cfg.reward.model_copy(update={"workers": 0}), task)
     pool = build_reward(cfg.reward.model_copy(update={"workers": args.workers}), task)
     rewards = {"after": inline, "pool": _AfterGeneration(pool), "streamed": pool}
-    layout = layout_for(cfg.placement)
-    tel = Telemetry(MemorySink(), layout.devices)
-    producers = {name: RolloutProducer(engine, task, r, tok, params, args.prompts, args.group,
-                                       cfg.model.seed, layout, tel)
+    producers = {name: RolloutProducer(engine, r, tok, params, args.group,
+                                       SpanRecorder(["cpu:0"]))
                  for name, r in rewards.items()}
-    producers["streamed"].produce(0)                       # warm up the pool's actors
+
+    def produce(producer: RolloutProducer, rnd: int) -> None:
+        producer.produce(rnd, task.train_problems(rnd, args.prompts),
+                         seed=step_seed(cfg.model.seed, rnd))
+
+    produce(producers["streamed"], 0)                      # warm up the pool's actors
     times: dict[str, list[float]] = {name: [] for name in producers}
     for rnd in range(args.rounds):
         for name, producer in producers.items():
             t0 = time.perf_counter()
-            producer.produce(rnd)
+            produce(producer, rnd)
             times[name].append(time.perf_counter() - t0)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     n = args.prompts * args.group
