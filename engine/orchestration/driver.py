@@ -174,6 +174,9 @@ class RunDriver:
             # bounded, so a wedged actor cannot keep the run from ending.
             closing = [h.call("close").ref for h in actors]
             ray.wait(closing, num_returns=len(closing), timeout=30)
+        elif actors:
+            for h in actors:              # in process: reward pools stop their actors
+                h.call("close").result()
         for h in actors:
             h.kill()
         if self._pg is not None:

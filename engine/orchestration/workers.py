@@ -148,6 +148,9 @@ class RolloutWorker:
     def close(self) -> None:
         if hasattr(self, "receiver"):
             self.receiver.close()
+        close_reward = getattr(self.reward, "close", None)
+        if close_reward is not None:
+            close_reward()
 
 
 class LearnerWorker:

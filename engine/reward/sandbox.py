@@ -93,7 +93,9 @@ def hidden_paths() -> list[str]:
     top = "/" + PROJECT.parts[1] if len(PROJECT.parts) > 1 else str(PROJECT)
     paths = ["/etc", "/root", "/home", "/var/tmp", "/dev/shm", "/run", "/mnt", "/srv", top,
              str(Path.home())]
-    return sorted({p for p in paths if p not in ("/", "/usr", "/lib", "/lib64", "/bin")})
+    # /tmp is a private tmpfs already (a checkout under /tmp is hidden by it); covering it
+    # again would also cover the interpreter's prefix parked there.
+    return sorted({p for p in paths if p not in ("/", "/usr", "/lib", "/lib64", "/bin", "/tmp")})
 
 
 def run_tests(code: str, tests: list[tuple[int, int]], limits: Limits = Limits(),

@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 
@@ -11,6 +12,18 @@ def model_cache(tmp_path_factory):
     if "RLPLANE_CACHE" not in os.environ:
         os.environ["RLPLANE_CACHE"] = str(tmp_path_factory.mktemp("rlplane-cache"))
     return os.environ["RLPLANE_CACHE"]
+
+
+@pytest.fixture(autouse=True)
+def no_ray_left_running():
+    """A test that starts Ray in its own process (a reward pool in an in-process run)
+    shuts it down, or the next module's fixture, which starts its own, would fail."""
+    ray = sys.modules.get("ray")
+    was_running = ray is not None and ray.is_initialized()
+    yield
+    ray = sys.modules.get("ray")
+    if not was_running and ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")
