@@ -66,7 +66,7 @@ def main() -> None:
         cfg = cfg.model_copy(update={"warm_start": cfg.warm_start.model_copy(
             update={"steps": args.warm_steps})})
     model_dir = ensure_warm_start(cfg, log=lambda m: None)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         run_modes(cfg, model_dir, args)
     finally:

@@ -164,7 +164,7 @@ def main() -> None:
     if args.quick:
         args.states, args.synthetic_mb, args.rounds = ["tiny", "synthetic"], 8, 2
     torch.manual_seed(0)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              object_store_memory=2 * 10**9)
     try:
         for name in args.states:

@@ -26,6 +26,7 @@ after the step in progress and exit "stopped".
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import statistics
@@ -148,7 +149,9 @@ class RunDriver:
         import ray
 
         if not ray.is_initialized():
-            ray.init()
+            # The job's cluster (RAY_ADDRESS), else a private local one: a bare ray.init()
+            # would follow a stale /tmp/ray/ray_current_cluster to a head long gone.
+            ray.init(address=os.environ.get("RAY_ADDRESS", "local"))
             self._ray_started = True
         self._pg = reserve(lay, cfg.placement.ready_timeout_s)
         threads = cfg.placement.threads_per_actor

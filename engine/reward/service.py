@@ -18,6 +18,7 @@ so in the inline case it includes the wait behind the rest of the batch.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections import Counter
@@ -189,4 +190,7 @@ def ensure_ray() -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+        # "local" starts a private instance: a bare ray.init() would follow a stale
+        # /tmp/ray/ray_current_cluster to a head that may be long gone.
+        ray.init(address=os.environ.get("RAY_ADDRESS", "local"), include_dashboard=False,
+                 log_to_driver=False)

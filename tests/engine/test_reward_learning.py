@@ -25,7 +25,7 @@ MARGIN = 0.08
 def test_grpo_with_the_sandbox_reward_raises_the_held_out_pass_rate(tmp_path, model_cache):
     [preset] = [p for p in CONFIGS if p.name == "code_sandbox.toml"]
     cfg = load_config(preset).model_copy(update={"steps": STEPS, "max_seconds": None})
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         sink = MemorySink()
         summary = run_local(cfg, tmp_path, sink=sink)

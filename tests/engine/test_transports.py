@@ -42,7 +42,7 @@ class RolloutWorker(WeightReceiverHost):
 
 @pytest.fixture(scope="module")
 def workers(tiny_dir):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield [RolloutWorker.remote(str(tiny_dir)) for _ in range(2)]
     finally:

@@ -30,7 +30,7 @@ class VllmWorker(WeightReceiverHost):
 
 @pytest.fixture(scope="module")
 def worker(tiny_dir):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield VllmWorker.remote(str(tiny_dir))
     finally:
