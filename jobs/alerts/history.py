@@ -96,7 +96,7 @@ class Thresholds(BaseModel):
     """BubbleHigh when the bubble stays above this."""
     rollout_share_max: float = Field(default=0.85, gt=0.0, le=1.0)
     """BubbleHigh when the rollout share of the step stays above this."""
-    reward_share_max: float = Field(default=0.5, gt=0.0, le=1.0)
+    reward_share_max: float = Field(default=0.9, gt=0.0, le=1.0)
     """BubbleHigh when the reward stage's share of the step stays above this."""
     straggler_factor: float = Field(default=10.0, ge=1.0, le=10_000.0)
     """BubbleHigh when generation time stays above this many times the run's median..."""

@@ -140,7 +140,7 @@ def test_bubble_high_needs_the_condition_for_the_whole_window_and_names_the_fix(
     assert "async policy" in f.runbook and "partial rollout" in f.runbook
     h = healthy(**{"rollout_share": lambda s: 0.95 if s == 5 else 0.5})
     assert "BubbleHigh" not in kinds(h)
-    h = healthy(**{"time/reward_s": lambda s: 0.8})
+    h = healthy(**{"time/reward_s": lambda s: 0.95})
     assert "the reward stage takes" in evaluate(h, FACTS, Thresholds(), h.last_ts)[0].cause
 
 
