@@ -114,6 +114,9 @@ class RunDriver:
         ckpt = latest_checkpoint(self.ckpt_root) if resume else None
         self.policy_dir = ckpt or self.model_dir
         self._place(ckpt)
+        for w in self.workers:            # e.g. a reward model's held-out fit
+            for line in w.call("drain_logs").result():
+                self.tel.log(line)
         self.step, self.version = self.learner.call("state").result()
         if ckpt is not None:
             self.tel.log(f"resumed from {ckpt.name} (step {self.step}, "

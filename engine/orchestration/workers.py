@@ -5,7 +5,8 @@
         .continue_groups(step, groups, target, seed)       partial rollout (APRIL)
         .load_in_place(version, tensors) -> Served          [span: weight_sync]
         .setup_weight_receiver(...); .receive_weights(ticket) -> Served   (two-sided)
-        .evaluate(...), .preflight(...), .sleep(), .wake_up(), .reward_metrics()
+        .evaluate(...), .preflight(...), .sleep(), .wake_up(), .reward_metrics(),
+        .drain_logs()
     LearnerWorker(cfg, policy_dir, model_dir, devices, checkpoint)
         .update(samples, step) -> metrics                  [span: learner]  version += 1
         .publish(step) -> (WeightMeta, tensors)            [span: weight_sync]
@@ -80,8 +81,9 @@ class RolloutWorker:
         self.engine = wrap_rollout(
             build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed),
             cfg.faults, lambda: self.step)
-        self.reward = wrap_reward(build_reward(cfg.reward, self.task), cfg.faults,
-                                  lambda: self.step)
+        self.logs: list[str] = []         # what the parts say at start; the driver emits them
+        self.reward = wrap_reward(build_reward(cfg.reward, self.task, log=self.logs.append),
+                                  cfg.faults, lambda: self.step)
         self.params = sampling_params(cfg)
         self.producer = RolloutProducer(self.engine, self.reward, self.tok, self.params,
                                         cfg.algorithm.group_size, self.rec)
@@ -129,6 +131,10 @@ class RolloutWorker:
         policy = load_policy(policy_dir, DTYPES[self.cfg.model.dtype])
         return check_logprob_semantics(self.engine, policy, self.tok, prompts, params,
                                        self.tok.pad_token_id, seed)
+
+    def drain_logs(self) -> list[str]:
+        logs, self.logs = self.logs, []
+        return logs
 
     def reward_metrics(self) -> dict[str, float]:
         """The reward service's metrics since the last call (latency, queue, outcomes)."""
