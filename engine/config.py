@@ -411,8 +411,27 @@ class CudaIpcSyncConfig(_Section):
     type: Literal["cuda_ipc"] = "cuda_ipc"
 
 
+class VllmNativeSyncConfig(_Section):
+    """vLLM's own weight-transfer API (rollout.type = "vllm" only): each worker's vLLM is
+    started with a weight-transfer engine and every sync runs vLLM's lifecycle
+    (start_weight_update, update_weights, finish_weight_update; vLLM's layerwise reload
+    re-runs its own post-load processing). "nccl" and "ipc" are vLLM's CUDA engines; "gloo"
+    is rlplane's engine registered with vLLM, the same lifecycle on CPU."""
+
+    type: Literal["vllm_native"] = "vllm_native"
+    backend: Literal["gloo", "nccl", "ipc"] = "gloo"
+    """"gloo": CPU tensors over a gloo group (any machine). "nccl": vLLM's packed NCCL
+    broadcast (GPUs, any node). "ipc": vLLM's CUDA IPC engine (learner and rollout on the
+    same GPU)."""
+    bucket_mb: int = Field(default=32, ge=1, le=4096)
+    """Bytes per broadcast bucket (gloo) or packed buffer (nccl), in MiB."""
+    timeout_s: float = Field(default=300.0, gt=0.0, le=86400.0)
+    """How long a rank waits for the others (gloo) before it fails instead of hanging."""
+
+
 WeightSyncConfig = _choice(InPlaceSyncConfig, ShmSyncConfig, ObjectStoreSyncConfig,
-                           BroadcastSyncConfig, CheckpointFileSyncConfig, CudaIpcSyncConfig)
+                           BroadcastSyncConfig, CheckpointFileSyncConfig, CudaIpcSyncConfig,
+                           VllmNativeSyncConfig)
 
 
 # --------------------------------------------------------------------------- reward
@@ -630,7 +649,7 @@ class RunConfig(_Section):
     "partial_rollout" or "fully_async"."""
     weight_sync: WeightSyncConfig = InPlaceSyncConfig()
     """How new weights reach the rollout engines: "in_place" (one process), "shm",
-    "object_store", "broadcast", "checkpoint" or "cuda_ipc"."""
+    "object_store", "broadcast", "checkpoint", "cuda_ipc" or "vllm_native"."""
     reward: RewardConfig = RuleRewardConfig()
     """How completions are scored: "rule" (a deterministic verifier), "sandbox" (run the
     program against unit tests) or "reward_model" (a served learned scorer)."""
@@ -669,6 +688,25 @@ class RunConfig(_Section):
                              f'but placement "{p.type}" runs rollout workers as Ray actors; '
                              f'set weight_sync.type to "object_store", "shm", "broadcast" '
                              f'or "checkpoint"')
+        return self
+
+    @model_validator(mode="after")
+    def _native_sync_needs_vllm(self) -> RunConfig:
+        if self.weight_sync.type != "vllm_native":
+            return self
+        if self.rollout.type != "vllm":
+            raise ValueError('weight_sync.type="vllm_native" is vLLM\'s weight-transfer API, '
+                             f'and rollout.type="{self.rollout.type}"; set rollout.type = '
+                             '"vllm" or choose another weight_sync.type')
+        if self.rollout.tensor_parallel_size != 1:
+            raise ValueError('weight_sync.type="vllm_native" ranks one vLLM worker per '
+                             'rollout worker; set rollout.tensor_parallel_size = 1 or use '
+                             'weight_sync.type = "broadcast"')
+        for name in ("skip_weight_sync", "sleep_drops_weights", "sync_hang"):
+            if getattr(self.faults, name) is not None:
+                raise ValueError(f"faults.{name}=this fault acts on engine.load_weights, which "
+                                 f"vLLM's own lifecycle bypasses; rehearse it with "
+                                 f'weight_sync.type = "broadcast"')
         return self
 
 

@@ -55,6 +55,12 @@ def sampling_params(cfg: RunConfig) -> SamplingParams:
                           max_new_tokens=r.max_new_tokens)
 
 
+def native_backend(cfg: RunConfig) -> str | None:
+    """The vLLM weight-transfer backend the rollout engine starts with, if any."""
+    ws = cfg.weight_sync
+    return ws.backend if ws.type == "vllm_native" else None
+
+
 @dataclass(frozen=True)
 class Served:
     """A rollout worker's report after loading weights, and when it began serving them."""
@@ -79,7 +85,8 @@ class RolloutWorker:
         self.task = build_task(cfg.task)
         self.step = 0                     # the step in progress, which faults key on
         self.engine = wrap_rollout(
-            build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed),
+            build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed,
+                          native_backend(cfg)),
             cfg.faults, lambda: self.step)
         self.logs: list[str] = []         # what the parts say at start; the driver emits them
         self.reward = wrap_reward(build_reward(cfg.reward, self.task, log=self.logs.append),
@@ -108,7 +115,7 @@ class RolloutWorker:
 
     def setup_weight_receiver(self, cfg: WeightSyncConfig, join_info: object,
                               rank: int) -> None:
-        self.receiver = build_receiver(cfg, join_info, rank)
+        self.receiver = build_receiver(cfg, join_info, rank, self.engine)
 
     def receive_weights(self, ticket: Ticket, step: int) -> Served:
         """Through a two-sided transport (engine.weightsync): the learner's ticket."""

@@ -17,11 +17,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def build_rollout(cfg: TorchRolloutConfig | VllmRolloutConfig, model_dir: Path, dtype: str,
-                  seed: int):
+                  seed: int, weight_transfer: str | None = None):
+    """``weight_transfer``: the backend of weight_sync.type = "vllm_native" (vLLM only)."""
     if isinstance(cfg, VllmRolloutConfig):
         from engine.rollout.vllm_backend import VllmRollout
 
-        return VllmRollout(model_dir, cfg, dtype, seed)
+        return VllmRollout(model_dir, cfg, dtype, seed, weight_transfer)
     from engine.rollout.torch_backend import TorchRollout
 
     return TorchRollout.from_pretrained(model_dir, DTYPES[dtype])

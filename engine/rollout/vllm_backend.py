@@ -78,8 +78,31 @@ def _served_report(worker) -> tuple[int, str]:
     return getattr(worker, "rlplane_version", 0), fingerprint(tensors.items())
 
 
+class _Sink:
+    """Stands in for the model while a refused (stale) update's bytes are drained."""
+
+    def load_weights(self, weights) -> set:
+        for _ in weights:
+            pass
+        return set()
+
+
+def _discard_update(worker, update_info: dict) -> None:
+    """Take part in a collective update without loading it (the learner's broadcast must
+    complete even when this worker refuses the version)."""
+    engine = worker.weight_transfer_engine
+    model, engine.model = engine.model, _Sink()
+    try:
+        engine.update_weights(update_info)
+    finally:
+        engine.model = model
+
+
 class VllmRollout:
-    def __init__(self, model_dir: Path, cfg: VllmRolloutConfig, dtype: str, seed: int):
+    def __init__(self, model_dir: Path, cfg: VllmRolloutConfig, dtype: str, seed: int,
+                 weight_transfer: str | None = None):
+        """``weight_transfer`` names a backend of vLLM's weight-transfer API ("gloo",
+        "nccl", "ipc"; weight_sync.type = "vllm_native"); None syncs by reload_weights."""
         # In-process engine: ~3 s start instead of ~14 s, and tensors pass to the worker
         # without serialization. Multi-GPU (tensor_parallel_size > 1) needs the spawn mode.
         if cfg.tensor_parallel_size == 1:
@@ -95,6 +118,11 @@ class VllmRollout:
                       enable_prefix_caching=cfg.enable_prefix_caching,
                       tensor_parallel_size=cfg.tensor_parallel_size,
                       enable_sleep_mode=cfg.sleep_level > 0)
+        if weight_transfer is not None:
+            from engine.weightsync.vllm_native import register_gloo_engine, vllm_backend_name
+
+            register_gloo_engine()
+            kwargs["weight_transfer_config"] = {"backend": vllm_backend_name(weight_transfer)}
         if cfg.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
         else:
@@ -132,6 +160,34 @@ class VllmRollout:
         self.llm.collective_rpc(_set_version, args=(version,))
         self._version, self._fingerprint = self._report()
         nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+        return WeightReport(version=self._version, fingerprint=self._fingerprint, bytes=nbytes)
+
+    def init_weight_transfer(self, init_info: dict) -> None:
+        """Join the learner through vLLM's weight-transfer engine (blocks until the learner
+        opens its end, for the collective backends)."""
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+
+    def update_weights_native(self, update_info: dict, version: int,
+                              discard: bool = False) -> WeightReport | None:
+        """One sync through vLLM's own lifecycle: start_weight_update, update_weights (the
+        worker receives the bytes and loads them), finish_weight_update (vLLM's layerwise
+        reload re-runs its post-load processing), then the prefix cache is reset and the
+        worker fingerprints what it serves. ``discard`` drains a refused update's bytes."""
+        if discard:
+            self.llm.collective_rpc(_discard_update, args=(update_info,))
+            return None
+        if self._asleep:
+            self.wake_up()
+        self.llm.collective_rpc("start_weight_update")
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+        self.llm.collective_rpc("finish_weight_update")
+        self.llm.reset_prefix_cache()
+        self._weights_lost = False
+        self.llm.collective_rpc(_set_version, args=(version,))
+        self._version, self._fingerprint = self._report()
+        nbytes = sum(torch.Size(s).numel() * getattr(torch, d).itemsize
+                     for s, d in zip(update_info["shapes"], update_info["dtype_names"],
+                                     strict=True))
         return WeightReport(version=self._version, fingerprint=self._fingerprint, bytes=nbytes)
 
     def weight_version(self) -> int:

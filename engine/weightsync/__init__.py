@@ -22,6 +22,8 @@ _TRANSPORTS: dict[str, tuple[str, str]] = {      # type -> (sender, receiver)
                    "engine.weightsync.checkpoint:CheckpointFileReceiver"),
     "cuda_ipc": ("engine.weightsync.cuda_ipc:CudaIpcSender",
                  "engine.weightsync.cuda_ipc:CudaIpcReceiver"),
+    "vllm_native": ("engine.weightsync.vllm_native:VllmNativeSender",
+                    "engine.weightsync.vllm_native:VllmNativeReceiver"),
 }
 
 
@@ -39,6 +41,11 @@ def build_sender(cfg, world_size: int = 2):
     return _load(cfg, 0)(cfg, world_size)
 
 
-def build_receiver(cfg, join_info: object = None, rank: int = 1):
-    """A rollout worker's end; ``rank`` is 1..world_size-1 (the learner is 0)."""
-    return _load(cfg, 1)(cfg, join_info, rank)
+def build_receiver(cfg, join_info: object = None, rank: int = 1, engine=None):
+    """A rollout worker's end; ``rank`` is 1..world_size-1 (the learner is 0). ``engine``
+    is the worker's rollout engine, which receivers that join inside it need
+    ("vllm_native": vLLM's worker joins the learner)."""
+    receiver = _load(cfg, 1)
+    if getattr(receiver, "needs_engine", False):
+        return receiver(cfg, join_info, rank, engine)
+    return receiver(cfg, join_info, rank)

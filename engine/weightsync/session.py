@@ -73,7 +73,7 @@ class WeightReceiverHost:
     """The two actor methods the session calls, for an actor that has ``self.engine``."""
 
     def setup_weight_receiver(self, cfg, join_info: object, rank: int) -> None:
-        self._weight_receiver = build_receiver(cfg, join_info, rank)
+        self._weight_receiver = build_receiver(cfg, join_info, rank, self.engine)
 
     def receive_weights(self, ticket):
         return self._weight_receiver.receive(ticket, self.engine)

