@@ -69,13 +69,15 @@ def _key(payload: dict) -> str:
 
 
 def atomic_dir(final: Path, write) -> Path:
-    """Build a directory in a temp sibling and rename it into place (safe under races)."""
+    """Build a directory in a temp sibling and rename it into place (safe under races).
+    ``write(tmp)`` may return another path to put it at instead (not a cache entry)."""
     if final.exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     try:
-        write(tmp)
+        final = write(tmp) or final
+        final.parent.mkdir(parents=True, exist_ok=True)
         os.rename(tmp, final)
     except OSError:
         if not final.exists():

@@ -6,12 +6,15 @@ learn. A short SFT (bounded by steps and by wall time) lands the policy in betwe
     base model (random init) --SFT, answer tokens only--> warm start dir --> RL step 0
 
 The cache key covers the base model, the task and the warm-start settings (not the time
-bound), so the demo and the tests pay for it once per machine.
+bound), so the demo and the tests pay for it once per machine. A warm start cut short by
+its time bound is not cached under that key (it is not what the key promises): the run
+uses it from warmstart/partial/, and the next run tries the full one again.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -46,7 +49,7 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
     if final.exists():
         return final
 
-    def write(d: Path) -> None:
+    def write(d: Path) -> int:
         torch.manual_seed(cfg.model.seed)
         task = build_task(cfg.task)
         tok = load_tokenizer(base)
@@ -82,6 +85,17 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
         (d / "warmstart.json").write_text(json.dumps({
             "steps_done": done, "final_loss": float(loss.detach()),
             "seconds": round(time.monotonic() - t0, 1)}))
+        if done < ws.steps:
+            log(f"warm start cut short by warm_start.max_seconds: not cached; this run "
+                f"starts from it, the next one tries the full {ws.steps} steps again")
+        return done
 
     log(f"warm start: {ws.steps} supervised steps (cached afterwards)")
-    return atomic_dir(final, write)
+    return atomic_dir(final, lambda d: None if write(d) == ws.steps else cut_short(final))
+
+
+def cut_short(final: Path) -> Path:
+    """Where a warm start cut short by its time bound goes instead of the cache."""
+    partial = final.parent / "partial" / final.name
+    shutil.rmtree(partial, ignore_errors=True)
+    return partial

@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from engine.config import GrpoConfig
+from engine.config import GrpoConfig, validate_config
 from engine.experience import Sample
 from engine.learner.batch import pack
 from engine.learner.learner import Learner
@@ -63,3 +63,22 @@ def test_every_epoch_and_minibatch_is_an_optimizer_step(tiny_dir, rollout_batch)
     assert int(state["step"]) == 6
     assert learner.version == 1 and learner.step == 1
     assert any(not torch.equal(before[n], p) for n, p in learner.policy.named_parameters())
+
+
+def test_a_warm_start_cut_short_by_its_time_bound_is_not_cached_as_the_full_one(model_cache):
+    import json
+
+    from engine.learner.warmstart import ensure_warm_start
+
+    settings = {"steps": 3, "batch_size": 2, "lr": 0.0123}      # a key no other test uses
+    logs: list[str] = []
+    cut = ensure_warm_start(validate_config({"warm_start": {**settings, "max_seconds": 1e-9}}),
+                            log=logs.append)
+    assert json.loads((cut / "warmstart.json").read_text())["steps_done"] == 1
+    assert cut.parent.name == "partial" and any("not cached" in line for line in logs)
+
+    full = ensure_warm_start(validate_config({"warm_start": settings}), log=logs.append)
+
+    assert full != cut and full.parent == cut.parent.parent
+    assert json.loads((full / "warmstart.json").read_text())["steps_done"] == 3
+    assert ensure_warm_start(validate_config({"warm_start": settings})) == full   # cached
