@@ -8,7 +8,9 @@
 Each side maps the file once and keeps the mapping while the layout stays the same, so a
 sync costs two memcpys of the weights plus the receiver's fingerprint; the pages are
 touched once, on the first sync. The learner unlinks the file on close (a worker's mapping
-stays valid until it maps the next one).
+stays valid until it maps the next one). A learner that was killed cannot: its file is
+named rlplane-weights-<host>-<pid>-*, and the next sender on that host removes the files
+of processes that no longer exist.
 
     sender.adopt(policy.named_parameters())   # once: parameters now live in the buffer
 
@@ -20,6 +22,7 @@ The learner must then not step while a sync is in flight (push_to_workers blocks
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import weakref
 from collections.abc import Sequence
@@ -33,6 +36,32 @@ from engine.weightsync.layout import FlatLayout
 def _unlink(path: str) -> None:
     if os.path.exists(path):
         os.unlink(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:              # someone else's process: alive
+        return True
+    return True
+
+
+def remove_orphans(directory: str) -> list[str]:
+    """Unlink the buffers this host's dead learners left in ``directory``."""
+    prefix = f"rlplane-weights-{socket.gethostname()}-"
+    removed = []
+    for name in os.listdir(directory):
+        pid = name[len(prefix):].split("-", 1)[0]
+        if name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+            path = os.path.join(directory, name)
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def map_file(path: str, nbytes: int) -> torch.Tensor:
@@ -52,6 +81,7 @@ class ShmSender(SenderDefaults):
 
     def _allocate(self, layout: FlatLayout) -> None:
         self.close()
+        remove_orphans(self.directory)
         st = os.statvfs(self.directory)
         if st.f_bavail * st.f_frsize < layout.nbytes:     # else a write past it is SIGBUS
             raise TransportUnavailable(
@@ -59,7 +89,8 @@ class ShmSender(SenderDefaults):
                 f"{st.f_bavail * st.f_frsize / 1e6:.0f} MB free and the weights need "
                 f"{layout.nbytes / 1e6:.0f} MB; point weight_sync.directory at a larger "
                 f"tmpfs (a container's /dev/shm is 64 MB unless it runs with --shm-size)")
-        fd, path = tempfile.mkstemp(prefix="rlplane-weights-", dir=self.directory)
+        fd, path = tempfile.mkstemp(
+            prefix=f"rlplane-weights-{socket.gethostname()}-{os.getpid()}-", dir=self.directory)
         try:
             os.ftruncate(fd, layout.nbytes)
         finally:

@@ -209,3 +209,29 @@ def test_a_shared_memory_directory_too_small_for_the_weights_is_refused(monkeypa
     with pytest.raises(TransportUnavailable, match=r"weight_sync.directory = .* 0 MB free"):
         build_sender(cfg).prepare([("w", torch.zeros(2**20))], 1)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_learners_shared_memory_file_is_removed_by_the_next_sender(tmp_path):
+    import os
+    import socket
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = socket.gethostname()
+    orphan = tmp_path / f"rlplane-weights-{host}-{dead.pid}-abc123"
+    live = tmp_path / f"rlplane-weights-{host}-{os.getpid()}-def456"   # another sender's
+    other_host = tmp_path / f"rlplane-weights-elsewhere-{dead.pid}-ghi789"
+    for f in (orphan, live, other_host):
+        f.write_bytes(b"\0" * 64)
+    cfg = validate_config({"weight_sync": {"type": "shm",
+                                           "directory": str(tmp_path)}}).weight_sync
+    sender = build_sender(cfg)
+
+    sender.prepare([("w", torch.zeros(16))], 1)
+
+    left = set(os.listdir(tmp_path))
+    assert orphan.name not in left and {live.name, other_host.name} <= left
+    assert len(left) == 3                                    # + this sender's own buffer
+    sender.close()
+    assert set(os.listdir(tmp_path)) == {live.name, other_host.name}
