@@ -122,7 +122,10 @@ def submit_once(run: Run, client) -> None:
     except RuntimeError as exc:
         if not job_not_found(exc):
             raise
-    token = run.issue_ingest_token()
+    token = run.claim_ingest_token()
+    if token is None:            # a twin read the same state and minted first: it submits
+        logger.info("submit_run: a racing twin is submitting run %s", run.pk)
+        return
     try:
         client.submit_job(
             entrypoint=driver_entrypoint(run), submission_id=sid,

@@ -104,6 +104,18 @@ class Run(models.Model):
             Run.objects.filter(pk=self.pk).update(ingest_token_hash=self.ingest_token_hash)
         return token
 
+    def claim_ingest_token(self) -> str | None:
+        """A fresh token, stored only if the stored hash is still the one this instance
+        read: of two racing submitters exactly one gets a token (the other gets None), so
+        the loser cannot revoke the token the winner's driver holds."""
+        token = secrets.token_urlsafe(32)
+        claimed = Run.objects.filter(pk=self.pk, ingest_token_hash=self.ingest_token_hash) \
+            .update(ingest_token_hash=hash_token(token))
+        if not claimed:
+            return None
+        self.ingest_token_hash = hash_token(token)
+        return token
+
     def has_ingest_token(self, token: str) -> bool:
         if not self.ingest_token_hash:
             return False

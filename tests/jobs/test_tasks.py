@@ -224,6 +224,44 @@ def test_submit_run_leaves_a_run_that_is_past_submission_alone(make_run, setting
     assert run.status == RunStatus.STOPPED and run.ray_submission_id == ""
 
 
+class RayJobsSeam:
+    """The Ray Jobs client at its seam: the first submission of an id wins and a second
+    one is refused as Ray refuses it. The first ``blind_checks`` lookups find no job, as
+    two twins that both look before either submits do."""
+
+    def __init__(self, blind_checks: int = 0):
+        self.jobs: dict[str, dict] = {}
+        self.blind_checks = blind_checks
+
+    def get_job_info(self, sid):
+        self.blind_checks -= 1
+        if sid not in self.jobs or self.blind_checks >= 0:
+            raise RuntimeError(f"Job {sid} does not exist")
+        return self.jobs[sid]
+
+    def submit_job(self, entrypoint, submission_id, runtime_env, metadata):
+        if submission_id in self.jobs:
+            raise RuntimeError(f"Job with submission_id {submission_id} already exists")
+        self.jobs[submission_id] = runtime_env["env_vars"]
+
+
+@pytest.mark.django_db
+def test_of_two_racing_submitters_only_one_mints_a_token_and_it_is_the_one_ray_holds(
+        make_run):
+    run = make_run(RunStatus.SUBMITTING)
+    twin_a, twin_b = Run.objects.get(pk=run.pk), Run.objects.get(pk=run.pk)  # same state
+    ray_jobs = RayJobsSeam(blind_checks=2)      # both look before either has submitted
+
+    tasks.submit_once(twin_a, ray_jobs)
+    tasks.submit_once(twin_b, ray_jobs)   # read the run before A minted: must not revoke
+
+    (env,) = ray_jobs.jobs.values()
+    token = next(v for k, v in env.items() if "TOKEN" in k)
+    run.refresh_from_db()
+    assert run.has_ingest_token(token)
+    assert run.ray_submission_id == tasks.submission_id(run)
+
+
 @pytest.mark.django_db
 def test_the_driver_command_uses_this_python_checkout_and_checkpoint(make_run, settings):
     settings.RLPLANE_URL = "http://cp.example:8000/"
