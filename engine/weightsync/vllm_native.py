@@ -267,8 +267,10 @@ class VllmNativeSender:
         else:
             from torch.multiprocessing.reductions import reduce_tensor
 
-            # snapshots the workers map; kept alive until the next sync
-            self._keep = [t.detach().contiguous().clone() for _, t in named_tensors]
+            # snapshots on this GPU (the learner may hold them anywhere), which the workers
+            # map; kept alive until the next sync
+            self._keep = [t.detach().to("cuda", copy=True).contiguous()
+                          for _, t in named_tensors]
             torch.cuda.current_stream().synchronize()
             info = update_info(layout, ipc_handles=[{self._gpu_uuid: reduce_tensor(t)[1]}
                                                     for t in self._keep])
@@ -287,7 +289,7 @@ class VllmNativeSender:
             pending, self._pending = self._pending, None
             packed_nccl_broadcast_producer(
                 iterator=iter(pending), group=self._group, src=0,
-                post_iter_func=lambda item: item[1].contiguous(),
+                post_iter_func=lambda item: item[1].to("cuda").contiguous(),  # CPU learner too
                 buffer_size_bytes=self.bucket_bytes)
             torch.cuda.current_stream().synchronize()
 
