@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -301,6 +301,3 @@ class VllmNativeSender:
             self._group = None
         self._keep = []
 
-
-__all__ = ["VllmNativeReceiver", "VllmNativeSender", "asdict", "register_gloo_engine",
-           "require_cuda", "update_info", "vllm_backend_name"]
