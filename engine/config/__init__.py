@@ -1,0 +1,146 @@
+"""RunConfig: the one typed, validated description of an RL run.
+
+Every section is a pydantic model with ``extra="forbid"``, bounded fields and a docstring
+per field. Pluggable parts are discriminated unions keyed on ``type``; sections that later
+work fills in (placement, async policy, weight sync, reward) exist now with their one
+working choice, so adding a choice is adding a union member, not reshaping the config.
+
+This package imports neither torch nor ray: the web process validates configs with it.
+
+    cfg = load_config("configs/demo_arithmetic.toml")   # ConfigError names field + fix
+    text = dump_config(cfg)                             # TOML, round-trips
+
+One module per section: ``model_task`` (model, task, warm start, algorithm), ``rollout``,
+``placement``, ``async_policy``, ``weightsync``, ``reward``, ``faults``; ``run`` holds
+RunConfig and its cross-section checks, ``errors`` ConfigError and TOML load/dump, and
+``_base`` the shared section base. Import from ``engine.config`` itself: every name is
+re-exported here.
+"""
+
+from __future__ import annotations
+
+from engine.config._base import _UNION_TAGS as _UNION_TAGS
+from engine.config._base import _choice as _choice
+from engine.config._base import _Section as _Section
+from engine.config.async_policy import (
+    AsyncPolicyConfig,
+    FullyAsyncPolicyConfig,
+    OneStepOffPolicyConfig,
+    PartialRolloutPolicyConfig,
+    SyncPolicyConfig,
+    staleness_bound,
+)
+from engine.config.errors import (
+    ConfigError,
+    dump_config,
+    load_config,
+    loads_config,
+    validate_config,
+)
+from engine.config.errors import _format_error as _format_error
+from engine.config.errors import _model_at as _model_at
+from engine.config.errors import _sections_in as _sections_in
+from engine.config.faults import (
+    FaultsConfig,
+    SkipWeightSyncFault,
+    SleepDropsWeightsFault,
+    SlowRewardFault,
+    StalenessOverrunFault,
+    StragglerFault,
+    SyncHangFault,
+    UnscaledLogprobsFault,
+    VersionResetFault,
+)
+from engine.config.model_task import (
+    AlgorithmConfig,
+    ArithmeticTaskConfig,
+    CodeTaskConfig,
+    GrpoConfig,
+    LongTailTaskConfig,
+    ModelConfig,
+    ModelSize,
+    TaskConfig,
+    WarmStartConfig,
+)
+from engine.config.placement import (
+    BundleStrategy,
+    ColocatedPlacementConfig,
+    DisaggregatedPlacementConfig,
+    PlacementConfig,
+)
+from engine.config.placement import _PlacementCommon as _PlacementCommon
+from engine.config.reward import (
+    RewardConfig,
+    RewardModelConfig,
+    RuleRewardConfig,
+    SandboxRewardConfig,
+)
+from engine.config.reward import _RewardPool as _RewardPool
+from engine.config.rollout import RolloutConfig, TorchRolloutConfig, VllmRolloutConfig
+from engine.config.rollout import _RolloutCommon as _RolloutCommon
+from engine.config.run import CheckpointConfig, RunConfig, TelemetryConfig, longest_answer
+from engine.config.weightsync import (
+    BroadcastSyncConfig,
+    CheckpointFileSyncConfig,
+    CudaIpcSyncConfig,
+    InPlaceSyncConfig,
+    ObjectStoreSyncConfig,
+    ShmSyncConfig,
+    VllmNativeSyncConfig,
+    WeightSyncConfig,
+)
+
+__all__ = [
+    "AlgorithmConfig",
+    "ArithmeticTaskConfig",
+    "AsyncPolicyConfig",
+    "BroadcastSyncConfig",
+    "BundleStrategy",
+    "CheckpointConfig",
+    "CheckpointFileSyncConfig",
+    "CodeTaskConfig",
+    "ColocatedPlacementConfig",
+    "ConfigError",
+    "CudaIpcSyncConfig",
+    "DisaggregatedPlacementConfig",
+    "FaultsConfig",
+    "FullyAsyncPolicyConfig",
+    "GrpoConfig",
+    "InPlaceSyncConfig",
+    "LongTailTaskConfig",
+    "ModelConfig",
+    "ModelSize",
+    "ObjectStoreSyncConfig",
+    "OneStepOffPolicyConfig",
+    "PartialRolloutPolicyConfig",
+    "PlacementConfig",
+    "RewardConfig",
+    "RewardModelConfig",
+    "RolloutConfig",
+    "RuleRewardConfig",
+    "RunConfig",
+    "SandboxRewardConfig",
+    "ShmSyncConfig",
+    "SkipWeightSyncFault",
+    "SleepDropsWeightsFault",
+    "SlowRewardFault",
+    "StalenessOverrunFault",
+    "StragglerFault",
+    "SyncHangFault",
+    "SyncPolicyConfig",
+    "TaskConfig",
+    "TelemetryConfig",
+    "TorchRolloutConfig",
+    "UnscaledLogprobsFault",
+    "VersionResetFault",
+    "VllmNativeSyncConfig",
+    "VllmRolloutConfig",
+    "WarmStartConfig",
+    "WeightSyncConfig",
+    "dump_config",
+    "load_config",
+    "loads_config",
+    "longest_answer",
+    "staleness_bound",
+    "validate_config",
+]

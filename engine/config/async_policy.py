@@ -1,0 +1,63 @@
+"""Config sections of when rollouts run relative to learner updates, and the staleness
+bound each policy implies."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from engine.config._base import _choice, _Section
+
+# --------------------------------------------------------------------------- async policy
+
+class SyncPolicyConfig(_Section):
+    """Rollout, reward, learner, weight sync in strict sequence; staleness is always 0."""
+
+    type: Literal["sync"] = "sync"
+
+
+class OneStepOffPolicyConfig(_Section):
+    """Generation of step k+1 overlaps training of step k; staleness is at most 1."""
+
+    type: Literal["one_step_off"] = "one_step_off"
+
+
+class PartialRolloutPolicyConfig(_Section):
+    """APRIL: over-provision prompts, stop generating once the step's groups are complete,
+    and continue the unfinished generations next step under the new weights."""
+
+    type: Literal["partial_rollout"] = "partial_rollout"
+    over_provision: float = Field(default=1.5, ge=1.0, le=8.0)
+    """Prompts started per step as a multiple of rollout.prompts_per_step."""
+    max_staleness: int = Field(default=1, ge=0, le=64)
+    """Recycled groups whose oldest tokens are more versions old than this at update time
+    are dropped (and counted)."""
+
+
+class FullyAsyncPolicyConfig(_Section):
+    """Rollout workers generate continuously; the learner trains on what has arrived."""
+
+    type: Literal["fully_async"] = "fully_async"
+    max_staleness: int = Field(default=2, ge=0, le=64)
+    """The staleness bound eta, in policy versions: no sample trains more than eta
+    versions after the version that generated it."""
+    on_stale: Literal["wait", "drop"] = "wait"
+    """"wait": a worker starts a batch only when it cannot exceed eta; "drop": workers
+    never wait, and groups older than eta are dropped at update time (and counted)."""
+    prompts_per_call: int = Field(default=0, ge=0, le=4096)
+    """Prompts per generate call of a worker; smaller calls stream experience sooner. 0
+    means rollout.prompts_per_step split evenly across the rollout workers."""
+    over_provision: float = Field(default=1.0, ge=1.0, le=8.0)
+    """Interruptible generation above 1: a call starts this multiple of its prompts, stops
+    once it has prompts_per_call complete groups and continues the unfinished ones in the
+    worker's next call, under newer weights (they mix versions; too stale ones drop)."""
+
+
+AsyncPolicyConfig = _choice(SyncPolicyConfig, OneStepOffPolicyConfig,
+                            PartialRolloutPolicyConfig, FullyAsyncPolicyConfig)
+
+
+def staleness_bound(policy: Any) -> int:
+    """The most policy versions a trained-on sample may lag behind the learner (eta)."""
+    return {"sync": 0, "one_step_off": 1}.get(policy.type, getattr(policy, "max_staleness", 0))

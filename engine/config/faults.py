@@ -1,0 +1,102 @@
+"""Config sections of fault injection (the failure modes the alerts must name)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from engine.config._base import _Section
+
+# --------------------------------------------------------------------------- faults
+
+class SkipWeightSyncFault(_Section):
+    """The learner believes it synced; the rollout engine is told the new version but keeps
+    serving the old weights (its own fingerprint then differs from the learner's)."""
+
+    from_step: int = Field(default=0, ge=0, le=1_000_000)
+    """First step whose weight sync is skipped."""
+    every: int = Field(default=1, ge=1, le=1000)
+    """From from_step on, skip every k-th sync (1 = every sync)."""
+
+
+class SleepDropsWeightsFault(_Section):
+    """On wake (every sync from from_step on), the rollout restores the weights it held at
+    the run's first sync, under the new version's number (TRL #5312)."""
+
+    from_step: int = Field(default=0, ge=0, le=1_000_000)
+    """First step whose wake restores the old weights."""
+
+
+class UnscaledLogprobsFault(_Section):
+    """Behaviour logprobs are returned without temperature scaling (TRL #4159); sampling
+    itself stays tempered. Torch rollout only (vLLM: rollout.logprobs_mode = "raw_logprobs")."""
+
+    from_step: int = Field(default=1, ge=1, le=1_000_000)
+    """First step whose rollout returns untempered logprobs (>= 1: the start-up preflight
+    would refuse the run before step 0)."""
+
+
+class VersionResetFault(_Section):
+    """The weight-version counter restarts at 1 mid-run (miles #2244)."""
+
+    at_step: int = Field(default=2, ge=1, le=1_000_000)
+    """The step whose weight sync restarts the learner's version counter at 1."""
+
+
+class StalenessOverrunFault(_Section):
+    """The experience buffer hands out groups older than the policy's staleness bound
+    (AReaL #1388): from from_step on it trains on the groups of ``lag`` steps earlier."""
+
+    from_step: int = Field(default=2, ge=1, le=1_000_000)
+    """First step trained on stale groups."""
+    lag: int = Field(default=2, ge=1, le=64)
+    """How many steps old the admitted groups are (staleness = lag in the sync loop)."""
+
+
+class SyncHangFault(_Section):
+    """A weight sync blocks for a long time (verl #3873)."""
+
+    at_step: int = Field(default=2, ge=0, le=1_000_000)
+    """The step whose weight sync hangs."""
+    seconds: float = Field(default=30.0, gt=0.0, le=86_400.0)
+    """How long that sync blocks before it proceeds."""
+
+
+class StragglerFault(_Section):
+    """A few generations take much longer than the rest, so every rollout batch (which
+    returns with its slowest generation) waits for them."""
+
+    from_step: int = Field(default=1, ge=0, le=1_000_000)
+    """First step with stragglers."""
+    seconds: float = Field(default=20.0, gt=0.0, le=3600.0)
+    """How much later than the rest of its batch the slowest generation finishes."""
+
+
+class SlowRewardFault(_Section):
+    """The reward stage is slowed (an overloaded verifier or sandbox)."""
+
+    from_step: int = Field(default=1, ge=0, le=1_000_000)
+    """First step with a slow reward stage."""
+    seconds: float = Field(default=2.0, gt=0.0, le=3600.0)
+    """Extra seconds each reward batch takes."""
+
+
+class FaultsConfig(_Section):
+    """Fault injection, to rehearse the failure modes the alerts must name. Every fault is
+    off (None) unless its table is present; each makes the real loop misbehave."""
+
+    skip_weight_sync: SkipWeightSyncFault | None = None
+    """Weight syncs that silently do not apply."""
+    sleep_drops_weights: SleepDropsWeightsFault | None = None
+    """The rollout wakes with an older version's weights."""
+    unscaled_logprobs: UnscaledLogprobsFault | None = None
+    """Behaviour logprobs without temperature scaling."""
+    version_reset: VersionResetFault | None = None
+    """The weight-version counter restarts at 1."""
+    staleness_overrun: StalenessOverrunFault | None = None
+    """The buffer admits samples older than the staleness bound."""
+    sync_hang: SyncHangFault | None = None
+    """One weight sync blocks for a long time."""
+    straggler: StragglerFault | None = None
+    """Long-tail generations hold up every rollout batch."""
+    slow_reward: SlowRewardFault | None = None
+    """A slowed reward stage."""

@@ -1,0 +1,147 @@
+"""Config sections of what is trained and how: the model, the task, the warm start and the
+RL algorithm."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from engine.config._base import _choice, _Section
+
+# --------------------------------------------------------------------------- model
+
+ModelSize = Literal["tiny", "small"]
+
+
+class ModelConfig(_Section):
+    size: ModelSize = "tiny"
+    """Preset of the Llama-architecture policy the engine builds itself: "tiny" (~2.7M
+    params) or "small" (~20M params). Both use head_dim 64, which vLLM's CPU attention
+    accepts."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of learner and rollout. float32 keeps logprobs exact on CPU."""
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    """Seed for weight init, data order, sampling and warm start."""
+
+
+# --------------------------------------------------------------------------- task
+
+class ArithmeticTaskConfig(_Section):
+    type: Literal["arithmetic"] = "arithmetic"
+    seed: int = Field(default=1234, ge=0, le=2**31 - 1)
+    """Seed of the problem draws: the train stream and the held-out eval split."""
+    ops: list[Literal["+", "-", "*"]] = Field(default=["+", "-", "*"], min_length=1)
+    """Operators to draw problems from."""
+    min_digits: int = Field(default=1, ge=1, le=3)
+    """Fewest digits of an operand."""
+    max_digits: int = Field(default=3, ge=1, le=3)
+    """Most digits of an operand."""
+    eval_size: int = Field(default=256, ge=8, le=4096)
+    """Held-out eval problems, drawn from the task seed and never used for training."""
+    format_penalty: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Subtracted (reward = -format_penalty) when the completion is not a well-formed
+    integer terminated by EOS within the token budget."""
+
+    @model_validator(mode="after")
+    def _digits_ordered(self) -> ArithmeticTaskConfig:
+        if self.min_digits > self.max_digits:
+            raise ValueError(f"min_digits ({self.min_digits}) must be <= max_digits "
+                             f"({self.max_digits}); lower min_digits or raise max_digits")
+        return self
+
+
+class LongTailTaskConfig(_Section):
+    """Reverse a string whose length is heavy-tailed, so completion lengths are too."""
+
+    type: Literal["reverse"] = "reverse"
+    seed: int = Field(default=1234, ge=0, le=2**31 - 1)
+    """Seed of the problem draws: the train stream and the held-out eval split."""
+    min_len: int = Field(default=1, ge=1, le=8)
+    """Shortest string to reverse."""
+    max_len: int = Field(default=48, ge=2, le=200)
+    """Longest string to reverse (the tail is cut here)."""
+    tail_alpha: float = Field(default=1.2, gt=0.1, le=4.0)
+    """Zipf exponent of the length law P(L) ~ L^-alpha; lower is heavier-tailed."""
+    alphabet: str = Field(default="abcdefghij", min_length=2, max_length=26, pattern="^[a-z]+$")
+    """Lowercase letters the strings are drawn from."""
+    eval_size: int = Field(default=256, ge=8, le=4096)
+    """Held-out eval problems, drawn from the task seed and never used for training."""
+    format_penalty: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Subtracted when the completion does not end with EOS within the token budget."""
+
+    @model_validator(mode="after")
+    def _lengths_ordered(self) -> LongTailTaskConfig:
+        if self.min_len > self.max_len:
+            raise ValueError(f"min_len ({self.min_len}) must be <= max_len ({self.max_len})")
+        return self
+
+
+class CodeTaskConfig(_Section):
+    """Write a tiny Python program from a spec, scored by running it against unit tests:
+    ``mul2add3=`` -> ``f=lambda x:x*2+3`` (any program whose f passes the tests scores)."""
+
+    type: Literal["code"] = "code"
+    seed: int = Field(default=1234, ge=0, le=2**31 - 1)
+    """Seed of the problem draws: the train stream and the held-out eval split."""
+    ops: list[Literal["add", "sub", "mul"]] = Field(default=["add", "sub", "mul"],
+                                                    min_length=1)
+    """Operations a spec chains onto x, each with a constant (Python precedence applies)."""
+    max_terms: int = Field(default=2, ge=1, le=3)
+    """Most operations in one spec."""
+    max_const: int = Field(default=9, ge=1, le=99)
+    """Largest constant of an operation (constants are 1..max_const)."""
+    tests: int = Field(default=4, ge=1, le=16)
+    """Unit tests per problem: inputs drawn from the problem, expected values computed."""
+    eval_size: int = Field(default=64, ge=8, le=4096)
+    """Held-out eval problems, drawn from the task seed and never used for training."""
+    format_penalty: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Subtracted when the program does not run (crash, timeout, limit) or did not end
+    with EOS within the token budget."""
+
+
+TaskConfig = _choice(ArithmeticTaskConfig, LongTailTaskConfig, CodeTaskConfig)
+
+
+# --------------------------------------------------------------------------- warm start
+
+class WarmStartConfig(_Section):
+    steps: int = Field(default=300, ge=0, le=20_000)
+    """Supervised steps on the task's own examples before RL (0 = start from init)."""
+    batch_size: int = Field(default=64, ge=1, le=1024)
+    """Examples per supervised step."""
+    lr: float = Field(default=1e-3, gt=0.0, le=1.0)
+    """AdamW learning rate of the warm start (linear warmup over 5% of steps, then flat)."""
+    max_seconds: float = Field(default=600.0, gt=0.0, le=3600.0)
+    """Safety bound on wall time. ``steps`` defines the result (and the cache key): a warm
+    start cut short by this bound depends on machine load, so keep it well above the
+    expected time (300 tiny steps take ~50 s on 2 idle cores)."""
+
+
+# --------------------------------------------------------------------------- algorithm
+
+class GrpoConfig(_Section):
+    type: Literal["grpo"] = "grpo"
+    group_size: int = Field(default=8, ge=2, le=64)
+    """Completions sampled per prompt; advantages are normalized within the group."""
+    lr: float = Field(default=1e-4, gt=0.0, le=1.0)
+    """AdamW learning rate of the policy."""
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    """AdamW decoupled weight decay."""
+    clip_eps: float = Field(default=0.2, gt=0.0, le=1.0)
+    """PPO ratio clip: ratios are clipped to [1 - clip_eps, 1 + clip_eps]."""
+    kl_coef: float = Field(default=0.0, ge=0.0, le=10.0)
+    """Weight of the k3 KL to the frozen reference (the warm start). 0 skips the reference."""
+    tis_cap: float = Field(default=2.0, ge=1.0, le=100.0)
+    """Truncated importance sampling cap on exp(learner - behaviour logprob) per token."""
+    normalize_std: bool = True
+    """Divide group advantages by the group std (GRPO); False keeps mean-centering only."""
+    epochs: int = Field(default=1, ge=1, le=16)
+    """Passes over each step's batch."""
+    minibatches: int = Field(default=2, ge=1, le=64)
+    """Optimizer steps per epoch; the batch is split into this many minibatches."""
+    max_grad_norm: float = Field(default=1.0, gt=0.0, le=1000.0)
+    """Global gradient-norm clip."""
+
+
+AlgorithmConfig = _choice(GrpoConfig)

@@ -1,0 +1,53 @@
+"""Config sections of where rollout and learner run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from engine.config._base import _choice, _Section
+
+# --------------------------------------------------------------------------- placement
+
+BundleStrategy = Literal["PACK", "SPREAD", "STRICT_PACK"]
+
+
+class _PlacementCommon(_Section):
+    strategy: BundleStrategy = "PACK"
+    """Ray placement-group strategy for the bundles: PACK (as few nodes as possible),
+    SPREAD (across nodes where possible) or STRICT_PACK (all on one node, or refuse)."""
+    threads_per_actor: int = Field(default=1, ge=1, le=256)
+    """torch CPU threads in each Ray actor. On a CPU box give each actor its own cores:
+    more threads than cores makes overlapping actors slow each other down."""
+    ready_timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+    """Longest wait for Ray to grant the placement group before the run fails (a
+    placement that cannot fit the cluster is refused at once, before this wait)."""
+
+
+class ColocatedPlacementConfig(_PlacementCommon):
+    """Rollout and learner time-share the same devices."""
+
+    type: Literal["colocated"] = "colocated"
+    devices: int = Field(default=1, ge=1, le=1024)
+    """Logical devices shared by rollout and learner, which take turns on them. On Ray,
+    each device is a bundle with one rollout worker; the learner shares device 0."""
+    ray: bool = False
+    """Place the rollout workers and the learner as Ray actors that share each device's
+    bundle (True), or run both in the driver's process with no Ray at all (False, the
+    default: fastest start; async policies then keep their schedule without overlap)."""
+
+
+class DisaggregatedPlacementConfig(_PlacementCommon):
+    """Rollout workers and the learner on separate bundles, as Ray actors."""
+
+    type: Literal["disaggregated"] = "disaggregated"
+    rollout_workers: int = Field(default=1, ge=1, le=1024)
+    """Data-parallel rollout workers, each a Ray actor with its own bundle."""
+    devices_per_worker: int = Field(default=1, ge=1, le=64)
+    """Devices (GPUs; logical GPUs on a CPU box) in each rollout worker's bundle."""
+    learner_devices: int = Field(default=1, ge=1, le=1024)
+    """Devices in the learner's bundle."""
+
+
+PlacementConfig = _choice(ColocatedPlacementConfig, DisaggregatedPlacementConfig)

@@ -1,0 +1,83 @@
+"""Config sections of how completions are scored."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from engine.config._base import _choice, _Section
+
+# --------------------------------------------------------------------------- reward
+
+class _RewardPool(_Section):
+    workers: int = Field(default=0, ge=0, le=64)
+    """Reward worker Ray actors. 0 scores in the driver's process after generation; >= 1
+    streams each completion to the pool as it finishes, so scoring overlaps generation."""
+    max_in_flight: int = Field(default=64, ge=1, le=65536)
+    """Completions submitted but not yet scored; at the bound a new submit waits for one
+    to finish (back-pressure on generation)."""
+
+
+class RuleRewardConfig(_RewardPool):
+    """A deterministic rule: the task's own verifier, exact match or numeric tolerance,
+    after an optional format check. Each verdict carries a reason."""
+
+    type: Literal["rule"] = "rule"
+    match: Literal["task", "exact", "numeric"] = "task"
+    """"task": the task's own verifier (its format rule, exact answer; runs the program for
+    the code task); "exact": the text equals the answer; "numeric": within ``tolerance``."""
+    tolerance: float = Field(default=0.0, ge=0.0, le=1e6)
+    """Largest |completion - answer| that still counts as correct with match = "numeric"."""
+    format_regex: str | None = Field(default=None, max_length=200)
+    """A regex the whole completion must match, else reward = -format_penalty (reason
+    "format"). None skips the check."""
+
+    @model_validator(mode="after")
+    def _regex_compiles(self) -> RuleRewardConfig:
+        if self.format_regex is not None:
+            try:
+                re.compile(self.format_regex)
+            except re.error as exc:
+                raise ValueError(f"reward.format_regex={self.format_regex!r} is not a valid "
+                                 f"regex ({exc}); fix the pattern") from None
+        return self
+
+
+class SandboxRewardConfig(_RewardPool):
+    """Run the completion as a program against the task's unit tests in a contained
+    process (engine/reward/sandbox.py). Needs task.type = "code"."""
+
+    type: Literal["sandbox"] = "sandbox"
+    timeout_s: float = Field(default=2.0, gt=0.0, le=60.0)
+    """Wall-clock bound of one program run; the whole process tree is killed at it."""
+    cpu_s: int = Field(default=2, ge=1, le=60)
+    """CPU-time rlimit of the program, in seconds."""
+    memory_mb: int = Field(default=256, ge=64, le=16384)
+    """Address-space rlimit of the program, in MiB (the interpreter itself needs ~30)."""
+    file_size_kb: int = Field(default=1024, ge=1, le=1_048_576)
+    """Largest file the program may write, in KiB."""
+    max_processes: int = Field(default=16, ge=1, le=1024)
+    """Process-count rlimit of the sandbox's own uid (stops fork bombs)."""
+    output_kb: int = Field(default=64, ge=1, le=65536)
+    """Output read back before the program is killed (reason limit_exceeded)."""
+
+
+class RewardModelConfig(_RewardPool):
+    """A tiny transformer classifier, trained on the task's own correct and corrupted
+    examples and served by a batching Ray actor. The task's verifier is scored alongside,
+    so reward/rm_vs_verifier_agreement shows when the two part ways."""
+
+    type: Literal["reward_model"] = "reward_model"
+    train_steps: int = Field(default=300, ge=1, le=20_000)
+    """Supervised steps of the classifier (cached per task and settings)."""
+    batch_size: int = Field(default=64, ge=2, le=1024)
+    """Examples per training step (half correct, half corrupted)."""
+    max_batch: int = Field(default=64, ge=1, le=4096)
+    """Most requests the served model scores in one forward pass."""
+    batch_wait_ms: float = Field(default=5.0, ge=0.0, le=1000.0)
+    """How long the server waits for more requests to fill a batch."""
+
+
+RewardConfig = _choice(RuleRewardConfig, SandboxRewardConfig, RewardModelConfig)

@@ -1,0 +1,140 @@
+"""RunConfig, the whole run: its plumbing sections (checkpoint, telemetry) and the
+cross-section checks. The section types are imported at run time, not under
+TYPE_CHECKING: pydantic resolves RunConfig's annotations in this module's namespace."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from engine.config._base import _Section
+from engine.config.async_policy import AsyncPolicyConfig, SyncPolicyConfig
+from engine.config.faults import FaultsConfig
+from engine.config.model_task import (
+    AlgorithmConfig,
+    ArithmeticTaskConfig,
+    CodeTaskConfig,
+    GrpoConfig,
+    LongTailTaskConfig,
+    ModelConfig,
+    TaskConfig,
+    WarmStartConfig,
+)
+from engine.config.placement import ColocatedPlacementConfig, PlacementConfig
+from engine.config.reward import RewardConfig, RuleRewardConfig
+from engine.config.rollout import RolloutConfig, TorchRolloutConfig
+from engine.config.weightsync import InPlaceSyncConfig, WeightSyncConfig
+
+# --------------------------------------------------------------------------- run plumbing
+
+class CheckpointConfig(_Section):
+    every_steps: int = Field(default=0, ge=0, le=1_000_000)
+    """Save a checkpoint every N steps (0 = only at the end of the run)."""
+    keep_last: int = Field(default=2, ge=1, le=100)
+    """How many step checkpoints to keep on disk."""
+
+
+class TelemetryConfig(_Section):
+    eval_every_steps: int = Field(default=0, ge=0, le=1_000_000)
+    """Run the held-out eval every N steps (0 = only before and after the run)."""
+    eval_temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """Temperature of eval sampling; None uses the rollout temperature."""
+    eval_samples: int = Field(default=4, ge=1, le=64)
+    """Samples per held-out prompt at the eval temperature (more = less noisy mean)."""
+    jsonl: bool = True
+    """Write every event to events.jsonl in the run directory."""
+
+
+class RunConfig(_Section):
+    name: str = Field(default="run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")
+    """Run name: letters, digits, '_', '.', '-'."""
+    steps: int = Field(default=100, ge=1, le=1_000_000)
+    """RL steps (learner updates) to run."""
+    max_seconds: float | None = Field(default=None, gt=0.0)
+    """Optional wall-clock bound on the RL phase; the run stops after the step in progress."""
+    model: ModelConfig = ModelConfig()
+    """The policy: size preset, dtype, seed."""
+    task: TaskConfig = ArithmeticTaskConfig()
+    """What the policy is trained on: "arithmetic", the long-tail "reverse" or "code"."""
+    warm_start: WarmStartConfig = WarmStartConfig()
+    """Supervised steps on the task before RL, cached per (model, task, settings)."""
+    algorithm: AlgorithmConfig = GrpoConfig()
+    """The RL objective and optimizer ("grpo")."""
+    rollout: RolloutConfig = TorchRolloutConfig()
+    """The inference engine that generates completions and its sampling settings."""
+    placement: PlacementConfig = ColocatedPlacementConfig()
+    """Where rollout and learner run: "colocated" (they take turns on shared devices) or
+    "disaggregated" (separate Ray bundles)."""
+    async_policy: AsyncPolicyConfig = SyncPolicyConfig()
+    """When rollouts run relative to learner updates: "sync", "one_step_off",
+    "partial_rollout" or "fully_async"."""
+    weight_sync: WeightSyncConfig = InPlaceSyncConfig()
+    """How new weights reach the rollout engines: "in_place" (one process), "shm",
+    "object_store", "broadcast", "checkpoint", "cuda_ipc" or "vllm_native"."""
+    reward: RewardConfig = RuleRewardConfig()
+    """How completions are scored: "rule" (a deterministic verifier), "sandbox" (run the
+    program against unit tests) or "reward_model" (a served learned scorer)."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """When checkpoints are written and how many are kept."""
+    telemetry: TelemetryConfig = TelemetryConfig()
+    """Held-out eval cadence and event outputs."""
+    faults: FaultsConfig = FaultsConfig()
+    """Fault injection for rehearsing failures (all off by default)."""
+
+    @model_validator(mode="after")
+    def _sandbox_needs_programs(self) -> RunConfig:
+        if self.reward.type == "sandbox" and self.task.type != "code":
+            raise ValueError(f"reward.type=\"sandbox\" runs programs, and task.type="
+                             f"\"{self.task.type}\" asks for none; use task.type = \"code\" "
+                             "or another reward.type")
+        return self
+
+    @model_validator(mode="after")
+    def _budget_fits_answers(self) -> RunConfig:
+        need = longest_answer(self.task) + 1                    # + EOS
+        if self.rollout.max_new_tokens < need:
+            raise ValueError(f"rollout.max_new_tokens={self.rollout.max_new_tokens} cannot "
+                             f"hold this task's longest answer plus EOS; set it to >= {need}")
+        if self.faults.unscaled_logprobs is not None and self.rollout.type != "torch":
+            raise ValueError('faults.unscaled_logprobs=only the torch rollout injects it; '
+                             'with vLLM set rollout.logprobs_mode = "raw_logprobs" instead')
+        return self
+
+    @model_validator(mode="after")
+    def _transport_fits_placement(self) -> RunConfig:
+        p = self.placement
+        in_process = isinstance(p, ColocatedPlacementConfig) and not p.ray
+        if not in_process and self.weight_sync.type == "in_place":
+            raise ValueError(f'weight_sync.type="in_place" copies weights inside one process, '
+                             f'but placement "{p.type}" runs rollout workers as Ray actors; '
+                             f'set weight_sync.type to "object_store", "shm", "broadcast" '
+                             f'or "checkpoint"')
+        return self
+
+    @model_validator(mode="after")
+    def _native_sync_needs_vllm(self) -> RunConfig:
+        if self.weight_sync.type != "vllm_native":
+            return self
+        if self.rollout.type != "vllm":
+            raise ValueError('weight_sync.type="vllm_native" is vLLM\'s weight-transfer API, '
+                             f'and rollout.type="{self.rollout.type}"; set rollout.type = '
+                             '"vllm" or choose another weight_sync.type')
+        if self.rollout.tensor_parallel_size != 1:
+            raise ValueError('weight_sync.type="vllm_native" ranks one vLLM worker per '
+                             'rollout worker; set rollout.tensor_parallel_size = 1 or use '
+                             'weight_sync.type = "broadcast"')
+        for name in ("skip_weight_sync", "sleep_drops_weights", "sync_hang"):
+            if getattr(self.faults, name) is not None:
+                raise ValueError(f"faults.{name}=this fault acts on engine.load_weights, which "
+                                 f"vLLM's own lifecycle bypasses; rehearse it with "
+                                 f'weight_sync.type = "broadcast"')
+        return self
+
+
+def longest_answer(task: ArithmeticTaskConfig | LongTailTaskConfig | CodeTaskConfig) -> int:
+    """Characters (= tokens) of the longest correct answer the task can ask for."""
+    if isinstance(task, LongTailTaskConfig):
+        return task.max_len
+    if isinstance(task, CodeTaskConfig):                   # f=lambda x:x*12+3
+        return len("f=lambda x:x") + task.max_terms * (1 + len(str(task.max_const)))
+    d = task.max_digits
+    return max({"+": d + 1, "-": d + 1, "*": 2 * d}[op] for op in task.ops)

@@ -1,0 +1,93 @@
+"""Config sections of how new weights reach the rollout engines."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from engine.config._base import _choice, _Section
+
+# --------------------------------------------------------------------------- weight sync
+
+class InPlaceSyncConfig(_Section):
+    """Copy the learner's tensors into the rollout engine's own (colocated, one process).
+    As with every transport, the engine then fingerprints what it serves and reports it."""
+
+    type: Literal["in_place"] = "in_place"
+
+
+class ShmSyncConfig(_Section):
+    """Same node, across processes: the learner packs its tensors into one flat buffer in a
+    shared-memory file; each rollout worker maps it without copying and loads from it."""
+
+    type: Literal["shm"] = "shm"
+    directory: str = Field(default="/dev/shm", min_length=1, max_length=4096)
+    """Directory of the buffer file: a tmpfs (RAM) that the learner and every rollout worker
+    of the node can open; a disk directory works but is slow."""
+
+
+class ObjectStoreSyncConfig(_Section):
+    """Through the Ray object store: one ``ray.put`` of the packed tensors per sync, read
+    zero-copy by workers on the learner's node and fetched by Ray on other nodes."""
+
+    type: Literal["object_store"] = "object_store"
+
+
+class BroadcastSyncConfig(_Section):
+    """torch.distributed broadcast from the learner (rank 0) to every rollout worker, in
+    large contiguous buckets. Its own process group, so vLLM's default group is untouched."""
+
+    type: Literal["broadcast"] = "broadcast"
+    backend: Literal["gloo", "nccl"] = "gloo"
+    """Collective backend: "gloo" moves CPU tensors; "nccl" moves CUDA tensors (GPUs only)."""
+    bucket_mb: int = Field(default=32, ge=1, le=4096)
+    """Size of one broadcast bucket in MiB; parameters are packed back to back and a tensor
+    larger than a bucket spans several."""
+    double_buffer: bool = True
+    """Pack bucket i+1 into a second buffer while bucket i is on the wire."""
+    timeout_s: float = Field(default=300.0, gt=0.0, le=86400.0)
+    """How long a rank waits for the others (group setup and each collective) before it
+    fails instead of hanging."""
+
+
+class CheckpointFileSyncConfig(_Section):
+    """The slow fallback that works wherever a directory is shared: the learner writes a
+    safetensors file per version, the workers load it."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    directory: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Directory visible to the learner and every rollout worker (a shared filesystem across
+    nodes). None makes a temporary directory, which only works on one node."""
+    keep_last: int = Field(default=2, ge=1, le=100)
+    """Version files kept on disk; older ones are deleted when a new version is written."""
+
+
+class CudaIpcSyncConfig(_Section):
+    """Same GPU node: workers open the learner's CUDA tensors through IPC handles (no copy
+    through host memory). Needs CUDA; on CPU it is refused with the fix."""
+
+    type: Literal["cuda_ipc"] = "cuda_ipc"
+
+
+class VllmNativeSyncConfig(_Section):
+    """vLLM's own weight-transfer API (rollout.type = "vllm" only): each worker's vLLM is
+    started with a weight-transfer engine and every sync runs vLLM's lifecycle
+    (start_weight_update, update_weights, finish_weight_update; vLLM's layerwise reload
+    re-runs its own post-load processing). "nccl" and "ipc" are vLLM's CUDA engines; "gloo"
+    is rlplane's engine registered with vLLM, the same lifecycle on CPU."""
+
+    type: Literal["vllm_native"] = "vllm_native"
+    backend: Literal["gloo", "nccl", "ipc"] = "gloo"
+    """"gloo": CPU tensors over a gloo group (any machine). "nccl": vLLM's packed NCCL
+    broadcast (GPUs, any node). "ipc": vLLM's CUDA IPC engine (learner and rollout on the
+    same GPU)."""
+    bucket_mb: int = Field(default=32, ge=1, le=4096)
+    """Bytes per broadcast bucket (gloo) or packed buffer (nccl), in MiB."""
+    timeout_s: float = Field(default=300.0, gt=0.0, le=86400.0)
+    """How long a rank waits for the others (gloo) before it fails instead of hanging."""
+
+
+WeightSyncConfig = _choice(InPlaceSyncConfig, ShmSyncConfig, ObjectStoreSyncConfig,
+                           BroadcastSyncConfig, CheckpointFileSyncConfig, CudaIpcSyncConfig,
+                           VllmNativeSyncConfig)
