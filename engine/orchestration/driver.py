@@ -125,7 +125,7 @@ class RunDriver:
                                   lambda: self.step)
         self.experience = Experience(self.workers, build_task(cfg.task), self.buffer,
                                      cfg.rollout.prompts_per_step, cfg.algorithm.group_size,
-                                     cfg.model.seed)
+                                     cfg.model.seed, resumed_at=self.step)
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
         if self.layout.on_ray:
             self._connect_transport()

@@ -114,7 +114,7 @@ class PartialRolloutPolicy:
         self.exp, self.max_staleness = exp, cfg.max_staleness
         self.started = math.ceil(exp.n_prompts * cfg.over_provision)
         self.carry: list[PartialGroup] = []
-        self.draws = 0                    # generation rounds so far: problems and seeds
+        self.draws = exp.first_draw       # index of the next round: its problems and seeds
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
         exp, n, out = self.exp, self.exp.n_prompts, []

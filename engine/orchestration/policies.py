@@ -49,13 +49,23 @@ class AsyncPolicy(Protocol):
     def close(self) -> None: ...
 
 
+DRAWS_PER_RESUME = 1_000_000
+
+
 class Experience:
-    """What every policy draws on: the workers, the task's problem stream, the buffer."""
+    """What every policy draws on: the workers, the task's problem stream, the buffer.
+
+    The sync policy indexes problems and seeds by step, so a run resumed at step k goes
+    on as the uninterrupted run would have. The streaming policies index them by draw
+    (their k-th generation call), which a resume cannot reconstruct; a run resumed at step
+    k starts its draws at k * DRAWS_PER_RESUME instead, so it never replays the problems
+    and seeds the run it resumes trained on."""
 
     def __init__(self, workers: list, task: Task, buffer: ExperienceBuffer,
-                 n_prompts: int, group_size: int, seed: int):
+                 n_prompts: int, group_size: int, seed: int, resumed_at: int = 0):
         self.workers, self.task, self.buffer = workers, task, buffer
         self.n_prompts, self.group_size, self.seed = n_prompts, group_size, seed
+        self.first_draw = resumed_at * DRAWS_PER_RESUME
         self.recycled = 0                 # groups carried into a later step unfinished
 
     def seed_for(self, index: int, worker: int) -> int:
@@ -113,7 +123,7 @@ class StreamingPolicy:
         self.sent = [start_version] * len(exp.workers)   # version each worker will serve
         self.inflight: dict[int, object] = {}             # worker -> its produce future
         self.carry: list[list[PartialGroup]] = [[] for _ in exp.workers]
-        self.calls = 0
+        self.calls = exp.first_draw                        # draw index of the next call
         self.planned = 0                                   # groups asked for so far
 
     def _feed(self, step: int) -> None:

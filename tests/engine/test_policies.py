@@ -4,7 +4,11 @@ engine seams (the real engine runs in test_async_ray.py)."""
 import pytest
 
 from engine.api import LogEvent, run_local
-from engine.config import FullyAsyncPolicyConfig, OneStepOffPolicyConfig
+from engine.config import (
+    FullyAsyncPolicyConfig,
+    OneStepOffPolicyConfig,
+    PartialRolloutPolicyConfig,
+)
 from engine.experience import ExperienceBuffer, Sample, StalenessError, check_staleness
 from engine.orchestration.actors import LocalActor
 from engine.orchestration.partial import PartialGroup, Row, continue_groups
@@ -35,6 +39,9 @@ class VersionedWorker:
         return [[Sample(problem=p, prompt_ids=[1], response_ids=[2], behaviour_logprobs=[0.0],
                         finished=True, version=self.version, group=i) for _ in range(G)]
                 for i, p in enumerate(problems)]
+
+    def continue_groups(self, step, groups, target, seed):    # every group completes
+        return self.produce(step, [g.problem for g in groups], seed), []
 
 
 def drive(policy_cfg, steps=6, bound=None):
@@ -209,3 +216,23 @@ def test_a_sample_newer_than_the_learner_is_an_error_event(tmp_path, model_cache
         run_local(small_run(steps=1), tmp_path, sink=sink)
     errors = [e.message for e in sink.events if isinstance(e, LogEvent) and e.level == "error"]
     assert any("negative staleness -5" in m for m in errors)
+
+
+@pytest.mark.parametrize("policy_cfg", [OneStepOffPolicyConfig(), FullyAsyncPolicyConfig(),
+                                        PartialRolloutPolicyConfig(over_provision=1.5)])
+def test_a_resumed_streaming_run_never_replays_the_problems_it_trained_on(policy_cfg):
+    def trained_prompts(resumed_at, steps):
+        exp = Experience([LocalActor(VersionedWorker())], FakeTask(), ExperienceBuffer(), N, G,
+                         seed=0, resumed_at=resumed_at)
+        policy = build_policy(policy_cfg, exp, start_version=resumed_at)
+        prompts = set()
+        for step in range(resumed_at, resumed_at + steps):
+            prompts |= {g[0].problem.prompt for g in policy.next_batch(step, step)}
+            policy.weights_sent(step + 1)
+        policy.close()
+        return prompts
+
+    first = trained_prompts(0, 3)
+    resumed = trained_prompts(3, 3)
+
+    assert len(first) == len(resumed) == 3 * N and not first & resumed
