@@ -83,7 +83,10 @@ class RayActor:
 
         remote = ray.remote(concurrency_groups={"telemetry": 1})(worker_cls).options(
             num_cpus=0, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                pg, placement_group_bundle_index=bundle))
+                pg, placement_group_bundle_index=bundle,
+                # what the worker starts (a reward pool, a reward model) joins the run's
+                # reservation and goes when the placement group is removed
+                placement_group_capture_child_tasks=True))
         return cls(remote.remote(*args))
 
     def call(self, method: str, *args: Any, num_returns: int = 1):

@@ -74,7 +74,10 @@ def build_reward(cfg, task: Task, log=print) -> RewardFn:
     judge = build_judge(cfg, task, server)
     if cfg.workers == 0:
         return InlineReward(judge)
-    return RewardPool(judge.kind, cfg, task, server)
+    pool = RewardPool(judge.kind, cfg, task, server)
+    groups = sorted(pg or "none" for pg in pool.placement_groups)
+    log(f"reward pool: {cfg.workers} Ray worker(s) in placement group(s) {', '.join(groups)}")
+    return pool
 
 
 def service_metrics(reward: RewardFn) -> dict[str, float]:

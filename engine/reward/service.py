@@ -109,6 +109,13 @@ class RewardWorker:
 
         self.judge = build_judge(reward_cfg, task, rm_server)
 
+    def placement_group(self) -> str | None:
+        """The placement group this actor runs in (the run's, when its rollout worker is
+        placed in one: child actors are captured into it)."""
+        import ray
+
+        return ray.get_runtime_context().get_placement_group_id()
+
     def score(self, problem: Problem, text: str, finished: bool) -> tuple[Verdict, float, float]:
         start = time.time()
         v = self.judge.judge(problem, text, finished)
@@ -130,6 +137,8 @@ class RewardPool(RewardService):
         actor = ray.remote(num_cpus=0)(RewardWorker)
         self.workers = [actor.remote(reward_cfg, task, rm_server)
                         for _ in range(reward_cfg.workers)]
+        self.placement_groups = set(ray.get([w.placement_group.remote()
+                                             for w in self.workers]))
         self.max_in_flight = reward_cfg.max_in_flight
         self.load = [0] * len(self.workers)
         self.in_flight: dict = {}                       # ref -> (index, worker, submitted)

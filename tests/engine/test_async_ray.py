@@ -7,7 +7,7 @@ model and tears them down.
 
 import pytest
 
-from engine.api import MetricsEvent, SpanEvent, WeightSyncEvent, run_local
+from engine.api import LogEvent, MetricsEvent, SpanEvent, WeightSyncEvent, run_local
 from engine.telemetry.sinks import MemorySink
 
 from .conftest import small_run
@@ -91,3 +91,18 @@ def test_vllm_rollout_workers_take_weights_through_vllms_own_transfer_api(
     assert all(s.matched and s.transport == "vllm_native" for s in syncs)
     assert len({s.fingerprint_rollout for s in syncs}) > 1   # the weights did move
     assert all(m["logprob_gap/max"] < 1e-3 for m in step_metrics(sink.events))   # fp32
+
+
+def test_a_placed_rollout_workers_reward_pool_joins_the_runs_placement_group(
+        ray_gpus, tmp_path, model_cache):
+    cfg = small_run(steps=1, placement={"type": "disaggregated"}, warm_start={"steps": 0},
+                    rollout={"max_new_tokens": 8}, reward={"workers": 2},
+                    weight_sync={"type": "object_store"})
+    sink = MemorySink()
+
+    summary = run_local(cfg, tmp_path, sink=sink)
+
+    assert summary.status == "succeeded"
+    logs = [e.message for e in sink.events if isinstance(e, LogEvent)]
+    pool = next(m for m in logs if m.startswith("reward pool: 2 Ray worker(s)"))
+    assert "none" not in pool and "," not in pool          # one group: the run's own
