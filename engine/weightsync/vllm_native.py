@@ -44,7 +44,7 @@ from datetime import timedelta
 import torch
 
 from engine.weightsync.base import Ticket, TransportUnavailable, check_version
-from engine.weightsync.broadcast import BroadcastSender, _host
+from engine.weightsync.broadcast import BroadcastSender, _broadcast, _group, _host
 from engine.weightsync.layout import FlatLayout, TensorSpec
 
 MIB = 2**20
@@ -117,8 +117,7 @@ def _gloo_engine_class():
             specs = []
             for name, dtype, shape, offset in zip(self.names, self.dtype_names, self.shapes,
                                                   self.offsets, strict=True):
-                n = torch.Size(shape).numel() * torch.empty((), dtype=getattr(torch, dtype)) \
-                    .element_size()
+                n = torch.Size(shape).numel() * getattr(torch, dtype).itemsize
                 specs.append(TensorSpec(name, dtype, tuple(shape), offset, n))
             return FlatLayout(tuple(specs), self.nbytes)
 
@@ -140,8 +139,7 @@ def _gloo_engine_class():
             timeout = timedelta(seconds=init_info.timeout_s)
             store = dist.TCPStore(init_info.host, init_info.port, init_info.world_size,
                                   is_master=False, timeout=timeout)
-            self.group = dist.ProcessGroupGloo(store, init_info.rank, init_info.world_size,
-                                               timeout)
+            self.group = _group("gloo", store, init_info.rank, init_info.world_size, timeout)
 
         def start_weight_update(self) -> None:
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -159,17 +157,13 @@ def _gloo_engine_class():
             self.receive_weights(self.parse_update_info(update_info))
 
         def receive_weights(self, update_info: GlooUpdateInfo) -> None:
-            import torch.distributed as dist
-
             if self.group is None:
                 raise RuntimeError("rlplane_gloo weight transfer: init_weight_transfer_engine "
                                    "was not called")
             layout = update_info.layout()
             if self._flat is None or self._flat.numel() != layout.nbytes:
                 self._flat = torch.empty(layout.nbytes, dtype=torch.uint8)
-            opts = dist.BroadcastOptions()
-            opts.rootRank, opts.rootTensor = 0, 0
-            works = [self.group.broadcast([self._flat[a:b]], opts)
+            works = [_broadcast(self.group, self._flat[a:b])
                      for a, b in layout.buckets(update_info.bucket_bytes)]
             for work in works:
                 work.wait()
