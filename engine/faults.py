@@ -128,13 +128,27 @@ def resets_version(faults: FaultsConfig, step: int) -> bool:
 # --------------------------------------------------------------------------- reward
 
 class SlowReward:
+    """The reward stage takes ``seconds`` longer each step from ``from_step`` on: a plain
+    scorer in score(), a streaming pool in collect() (its part after generation ends), so
+    a pool keeps streaming and reporting its metrics under the fault."""
+
     def __init__(self, inner, seconds: float, from_step: int, step: StepFn):
         self.inner, self.seconds, self.from_step, self.step = inner, seconds, from_step, step
 
-    def score(self, problems, texts, finished) -> list[float]:
+    def __getattr__(self, name):          # streaming, submit, metrics, close, ...
+        return getattr(self.inner, name)
+
+    def _delay(self) -> None:
         if self.step() >= self.from_step:
             time.sleep(self.seconds)
+
+    def score(self, problems, texts, finished) -> list[float]:
+        self._delay()
         return self.inner.score(problems, texts, finished)
+
+    def collect(self, n: int):
+        self._delay()
+        return self.inner.collect(n)
 
 
 def wrap_reward(reward, faults: FaultsConfig, step: StepFn):

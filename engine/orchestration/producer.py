@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from engine.experience import Sample
 from engine.reward import RewardFn
-from engine.reward.service import RewardService
 from engine.rollout.base import RolloutEngine, SamplingParams
 from engine.tasks.base import Problem
 from engine.telemetry.recorder import SpanRecorder
@@ -44,7 +43,7 @@ class RolloutProducer:
         version = self.engine.weight_version()
         # A streaming reward (a pool) scores each completion while the rest still generate;
         # submit returns None, so the callback never stops generation.
-        stream = isinstance(self.reward, RewardService) and self.reward.streaming
+        stream = getattr(self.reward, "streaming", False)
         on_complete = ((lambda i, c: self.reward.submit(i, owners[i], self._decode(c),
                                                         c.finished)) if stream else None)
         with self.rec.phase("rollout", step, version):

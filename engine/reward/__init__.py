@@ -83,9 +83,8 @@ def build_reward(cfg, task: Task, log=print) -> RewardFn:
 def service_metrics(reward: RewardFn) -> dict[str, float]:
     """A reward service's latency, queue and outcome metrics since the last call ({} for a
     plain scorer). Each rollout worker asks its own."""
-    from engine.reward.service import RewardService
-
-    return reward.metrics() if isinstance(reward, RewardService) else {}
+    metrics = getattr(reward, "metrics", None)        # a service, or a fault wrapping one
+    return metrics() if callable(metrics) else {}
 
 
 def reward_metrics(per_worker: list[dict[str, float]],

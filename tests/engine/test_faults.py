@@ -94,6 +94,37 @@ def test_the_overrun_buffer_admits_groups_the_bound_would_drop():
     assert [g[0].version for g in faulty.take(3, learner_version=5)] == [1, 4, 5]
     assert faulty.inner.max_staleness == 1 and faulty.dropped_stale == 0
 
+def test_a_slow_reward_keeps_a_pool_streaming_and_delays_its_collect(monkeypatch):
+    from engine import faults
+    from engine.reward import service_metrics
+    from engine.reward.service import RewardService
+    from engine.reward.verdict import Verdict
+
+    class Pool(RewardService):                 # the pool at its seam: no Ray actors
+        streaming = True
+
+        def submit(self, i, problem, text, finished):
+            self.record(Verdict(1.0, "pass"), 0.0, 0.0, 0.5)
+
+        def collect(self, n):
+            return [Verdict(1.0, "pass")] * n
+
+    slept: list[float] = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    cfg = validate_config({"faults": {"slow_reward": {"from_step": 2, "seconds": 3.0}}})
+    step = 1
+    pool = faults.wrap_reward(Pool("rule"), cfg.faults, lambda: step)
+
+    assert pool.streaming                               # the producer still streams to it
+    pool.submit(0, Problem("1+1=", "2"), "2", True)
+    pool.collect(1)
+    step = 2
+    pool.collect(1)
+
+    assert slept == [3.0]                               # from the onset step on
+    assert service_metrics(pool)["reward/latency_s_p50"] == 0.5
+
+
 
 # --------------------------------------------------------------------------- caught
 
