@@ -133,8 +133,11 @@ def submit_once(run: Run, client) -> None:
             metadata={"rlplane_run_id": str(run.pk), "rlplane_run_name": run.name},
         )
     except RuntimeError as exc:
-        if "already exists" not in str(exc):  # else a racing twin submitted it: done
+        if "already exists" not in str(exc):
             raise
+        # A twin that claimed before this one reached Ray first and its driver holds the
+        # token this claim replaced: put that one back.
+        run.release_ingest_token()
     # Recorded only once Ray has the job: sync_runs takes a recorded id that Ray does
     # not know for a lost job.
     Run.objects.filter(pk=run.pk).update(ray_submission_id=sid)

@@ -106,15 +106,24 @@ class Run(models.Model):
 
     def claim_ingest_token(self) -> str | None:
         """A fresh token, stored only if the stored hash is still the one this instance
-        read: of two racing submitters exactly one gets a token (the other gets None), so
-        the loser cannot revoke the token the winner's driver holds."""
+        read: of two submitters that read the same state exactly one gets a token (the
+        other gets None). ``release_ingest_token`` undoes a claim that lost anyway."""
         token = secrets.token_urlsafe(32)
         claimed = Run.objects.filter(pk=self.pk, ingest_token_hash=self.ingest_token_hash) \
             .update(ingest_token_hash=hash_token(token))
         if not claimed:
             return None
+        self._claimed_over = self.ingest_token_hash
         self.ingest_token_hash = hash_token(token)
         return token
+
+    def release_ingest_token(self) -> None:
+        """Put back the hash this instance's claim replaced, unless another claim came
+        since: a twin that minted after the winner did, but reached Ray second, must not
+        leave the winner's driver locked out of ingest."""
+        Run.objects.filter(pk=self.pk, ingest_token_hash=self.ingest_token_hash) \
+            .update(ingest_token_hash=self._claimed_over)
+        self.ingest_token_hash = self._claimed_over
 
     def has_ingest_token(self, token: str) -> bool:
         if not self.ingest_token_hash:

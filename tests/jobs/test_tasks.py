@@ -229,9 +229,10 @@ class RayJobsSeam:
     one is refused as Ray refuses it. The first ``blind_checks`` lookups find no job, as
     two twins that both look before either submits do."""
 
-    def __init__(self, blind_checks: int = 0):
+    def __init__(self, blind_checks: int = 0, on_first_submit=None):
         self.jobs: dict[str, dict] = {}
         self.blind_checks = blind_checks
+        self.on_first_submit = on_first_submit     # runs once Ray has the first job
 
     def get_job_info(self, sid):
         self.blind_checks -= 1
@@ -243,6 +244,9 @@ class RayJobsSeam:
         if submission_id in self.jobs:
             raise RuntimeError(f"Job with submission_id {submission_id} already exists")
         self.jobs[submission_id] = runtime_env["env_vars"]
+        hook, self.on_first_submit = self.on_first_submit, None
+        if hook is not None:
+            hook()
 
 
 @pytest.mark.django_db
@@ -260,6 +264,22 @@ def test_of_two_racing_submitters_only_one_mints_a_token_and_it_is_the_one_ray_h
     run.refresh_from_db()
     assert run.has_ingest_token(token)
     assert run.ray_submission_id == tasks.submission_id(run)
+
+
+@pytest.mark.django_db
+def test_a_twin_that_minted_after_the_winner_but_reached_ray_second_puts_its_token_back(
+        make_run):
+    run = make_run(RunStatus.SUBMITTING)
+    # B reads the run after A's claim, looks before Ray has A's job, submits after it does
+    late_twin = lambda: tasks.submit_once(Run.objects.get(pk=run.pk), ray_jobs)  # noqa: E731
+    ray_jobs = RayJobsSeam(blind_checks=2, on_first_submit=late_twin)
+
+    tasks.submit_once(Run.objects.get(pk=run.pk), ray_jobs)
+
+    (env,) = ray_jobs.jobs.values()
+    token = next(v for k, v in env.items() if "TOKEN" in k)
+    run.refresh_from_db()
+    assert run.has_ingest_token(token)
 
 
 @pytest.mark.django_db
