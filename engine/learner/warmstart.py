@@ -8,14 +8,14 @@ learn. A short SFT (bounded by steps and by wall time) lands the policy in betwe
 The cache key covers the base model, the task and the warm-start settings (not the time
 bound), so the demo and the tests pay for it once per machine. A warm start cut short by
 its time bound is not cached under that key (it is not what the key promises): the run
-uses it from warmstart/partial/, and the next run tries the full one again.
+uses its own copy in warmstart/partial/, and the next run tries the full one again.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -95,7 +95,7 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
 
 
 def cut_short(final: Path) -> Path:
-    """Where a warm start cut short by its time bound goes instead of the cache."""
-    partial = final.parent / "partial" / final.name
-    shutil.rmtree(partial, ignore_errors=True)
-    return partial
+    """Where a warm start cut short by its time bound goes instead of the cache: a
+    directory of this run's own (another run cut short with the same key may be using
+    its own), never reused."""
+    return final.parent / "partial" / f"{final.name}.{uuid.uuid4().hex[:12]}"

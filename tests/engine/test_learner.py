@@ -76,6 +76,9 @@ def test_a_warm_start_cut_short_by_its_time_bound_is_not_cached_as_the_full_one(
                             log=logs.append)
     assert json.loads((cut / "warmstart.json").read_text())["steps_done"] == 1
     assert cut.parent.name == "partial" and any("not cached" in line for line in logs)
+    again = ensure_warm_start(validate_config({"warm_start": {**settings, "max_seconds": 1e-9}}),
+                              log=logs.append)
+    assert again != cut and cut.exists()       # a run still using its copy keeps it
 
     full = ensure_warm_start(validate_config({"warm_start": settings}), log=logs.append)
 
