@@ -8,9 +8,9 @@
 Each side maps the file once and keeps the mapping while the layout stays the same, so a
 sync costs two memcpys of the weights plus the receiver's fingerprint; the pages are
 touched once, on the first sync. The learner unlinks the file on close (a worker's mapping
-stays valid until it maps the next one). A learner that was killed cannot: its file is
-named rlplane-weights-<host>-<pid>-*, and the next sender on that host removes the files
-of processes that no longer exist.
+stays valid until it maps the next one). A learner that was killed cannot: it held an
+exclusive flock on its file, which died with it, so the next sender on that host removes
+the files (rlplane-weights-<host>-<pid>-*) whose lock it can take.
 
     sender.adopt(policy.named_parameters())   # once: parameters now live in the buffer
 
@@ -21,9 +21,12 @@ The learner must then not step while a sync is in flight (push_to_workers blocks
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import socket
 import tempfile
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -32,35 +35,43 @@ import torch
 from engine.weightsync.base import SenderDefaults, Ticket, TransportUnavailable, load_checked
 from engine.weightsync.layout import FlatLayout
 
+ORPHAN_GRACE_S = 10.0     # a file younger than this may be between mkstemp and flock
 
-def _unlink(path: str) -> None:
+
+def _release(fd: int, path: str) -> None:
     if os.path.exists(path):
         os.unlink(path)
+    os.close(fd)                      # drops the flock
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:              # someone else's process: alive
-        return True
-    return True
+def _own_files(directory: str):
+    """This host's buffer files in ``directory`` (rlplane-weights-<host>-<pid>-<suffix>)."""
+    pattern = re.compile(rf"rlplane-weights-{re.escape(socket.gethostname())}-\d+-[a-z0-9_]+")
+    return [os.path.join(directory, n) for n in os.listdir(directory) if pattern.fullmatch(n)]
 
 
 def remove_orphans(directory: str) -> list[str]:
-    """Unlink the buffers this host's dead learners left in ``directory``."""
-    prefix = f"rlplane-weights-{socket.gethostname()}-"
+    """Unlink the buffers that dead learners of this host and user left in ``directory``.
+    A live sender holds an exclusive flock on its file for as long as it lives (the kernel
+    drops it when the process dies, whatever its pid namespace), so a file whose lock can
+    be taken has no owner."""
     removed = []
-    for name in os.listdir(directory):
-        pid = name[len(prefix):].split("-", 1)[0]
-        if name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
-            path = os.path.join(directory, name)
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except FileNotFoundError:
-                pass
+    for path in _own_files(directory):
+        try:
+            st = os.stat(path)
+            if st.st_uid != os.getuid() or time.time() - st.st_mtime < ORPHAN_GRACE_S:
+                continue
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(path)
+            removed.append(path)
+        except OSError:               # held (a live sender), or gone meanwhile
+            pass
+        finally:
+            os.close(fd)
     return removed
 
 
@@ -92,10 +103,12 @@ class ShmSender(SenderDefaults):
         fd, path = tempfile.mkstemp(
             prefix=f"rlplane-weights-{socket.gethostname()}-{os.getpid()}-", dir=self.directory)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # held while this sender lives
             os.ftruncate(fd, layout.nbytes)
-        finally:
-            os.close(fd)
-        self._finalizer = weakref.finalize(self, _unlink, path)
+        except OSError:
+            _release(fd, path)
+            raise
+        self._finalizer = weakref.finalize(self, _release, fd, path)
         self.layout, self.path, self._flat = layout, path, map_file(path, layout.nbytes)
 
     def adopt(self, named_parameters) -> None:

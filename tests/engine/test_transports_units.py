@@ -212,26 +212,32 @@ def test_a_shared_memory_directory_too_small_for_the_weights_is_refused(monkeypa
 
 
 def test_a_killed_learners_shared_memory_file_is_removed_by_the_next_sender(tmp_path):
+    import fcntl
     import os
     import socket
-    import subprocess
+    import time
 
-    dead = subprocess.Popen(["true"])
-    dead.wait()
     host = socket.gethostname()
-    orphan = tmp_path / f"rlplane-weights-{host}-{dead.pid}-abc123"
-    live = tmp_path / f"rlplane-weights-{host}-{os.getpid()}-def456"   # another sender's
-    other_host = tmp_path / f"rlplane-weights-elsewhere-{dead.pid}-ghi789"
-    for f in (orphan, live, other_host):
+    files = {k: tmp_path / f"rlplane-weights-{host}-{pid}-{k}1"
+             for k, pid in [("orphan", 999999), ("locked", 12), ("fresh", 13)]}
+    files["elsewhere"] = tmp_path / f"rlplane-weights-{host}-7-12-x1"   # host "<host>-7"
+    for f in files.values():
         f.write_bytes(b"\0" * 64)
+    old = time.time() - 3600
+    for k in ("orphan", "locked", "elsewhere"):
+        os.utime(files[k], (old, old))
+    holder = os.open(files["locked"], os.O_RDONLY)      # a live sender holds its lock
+    fcntl.flock(holder, fcntl.LOCK_EX)
     cfg = validate_config({"weight_sync": {"type": "shm",
                                            "directory": str(tmp_path)}}).weight_sync
     sender = build_sender(cfg)
 
     sender.prepare([("w", torch.zeros(16))], 1)
 
+    kept = {f.name for k, f in files.items() if k != "orphan"}
     left = set(os.listdir(tmp_path))
-    assert orphan.name not in left and {live.name, other_host.name} <= left
-    assert len(left) == 3                                    # + this sender's own buffer
+    assert files["orphan"].name not in left and kept <= left
+    assert len(left) == 4                                    # + this sender's own buffer
     sender.close()
-    assert set(os.listdir(tmp_path)) == {live.name, other_host.name}
+    assert set(os.listdir(tmp_path)) == kept
+    os.close(holder)
