@@ -61,6 +61,14 @@ def untempered_logprobs(engine, prompts: list[list[int]],
     return [picked[i, :len(o.token_ids)].tolist() for i, o in enumerate(outs)]
 
 
+def _delegate(wrapper, name: str):
+    """A fault wrapper's missing attribute, from the object it wraps. Dunders and ``inner``
+    itself are not delegated: copy and unpickle look them up before ``inner`` is set."""
+    if name == "inner" or name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(wrapper.inner, name)
+
+
 class FaultyRollout:
     """A rollout engine that misbehaves from a step on. Generation faults change what
     generate() returns; weight faults change what load_weights() leaves the engine
@@ -73,7 +81,7 @@ class FaultyRollout:
         self.skippable_syncs = 0
 
     def __getattr__(self, name):          # weight_version, fingerprint, sleep, ...
-        return getattr(self.inner, name)
+        return _delegate(self, name)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
                  on_complete: OnComplete | None = None) -> list[Completion]:
@@ -136,7 +144,7 @@ class SlowReward:
         self.inner, self.seconds, self.from_step, self.step = inner, seconds, from_step, step
 
     def __getattr__(self, name):          # streaming, submit, metrics, close, ...
-        return getattr(self.inner, name)
+        return _delegate(self, name)
 
     def _delay(self) -> None:
         if self.step() >= self.from_step:

@@ -127,6 +127,17 @@ class RunConfig(_Section):
                 raise ValueError(f"faults.{name}=this fault acts on engine.load_weights, which "
                                  f"vLLM's own lifecycle bypasses; rehearse it with "
                                  f'weight_sync.type = "broadcast"')
+        backend, placement = self.weight_sync.backend, self.placement.type
+        if backend == "nccl" and placement != "disaggregated":
+            raise ValueError('weight_sync.backend="nccl" joins the learner and each rollout '
+                             'worker in one NCCL group, which refuses two ranks on one GPU, '
+                             'and placement "colocated" shares them; use placement.type = '
+                             '"disaggregated", or weight_sync.backend = "ipc" when colocated')
+        if backend == "ipc" and placement != "colocated":
+            raise ValueError('weight_sync.backend="ipc" maps the learner\'s GPU memory into '
+                             'the rollout worker, so both must share the GPU, and placement '
+                             '"disaggregated" separates them; use weight_sync.backend = '
+                             '"nccl", or placement.type = "colocated"')
         return self
 
 

@@ -107,6 +107,8 @@ class VllmRollout:
         # without serialization. Multi-GPU (tensor_parallel_size > 1) needs the spawn mode.
         if cfg.tensor_parallel_size == 1:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if weight_transfer == "gloo":     # registered with vLLM in this process only
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
         if cfg.sleep_level and not torch.cuda.is_available():

@@ -31,7 +31,10 @@ Backends (weight_sync.backend):
     "ipc"   vLLM's IPCWeightTransferEngine: the worker opens the learner's CUDA tensors
             through per-tensor IPC handles (learner and worker on the same GPU).
 "nccl" and "ipc" need CUDA in the learner and every worker and refuse otherwise, naming
-the fix.
+the fix; the config also refuses "nccl" on a colocated placement (NCCL takes no two ranks
+on one GPU) and "ipc" on a disaggregated one (IPC needs the same GPU). vLLM's NCCL group
+has no timeout: a worker that fails before it joins a sync's broadcast leaves the
+learner waiting in transfer() (gloo gives up after weight_sync.timeout_s).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Every injected fault makes the real loop misbehave, and the control plane's rules name
 it within 3 steps of its onset (a short real run on the tiny model per fault)."""
 
+import copy
 import threading
 
 import pytest
@@ -116,6 +117,7 @@ def test_a_slow_reward_keeps_a_pool_streaming_and_delays_its_collect(monkeypatch
     pool = faults.wrap_reward(Pool("rule"), cfg.faults, lambda: step)
 
     assert pool.streaming                               # the producer still streams to it
+    assert copy.copy(pool).streaming                    # delegation survives copy/pickle
     pool.submit(0, Problem("1+1=", "2"), "2", True)
     pool.collect(1)
     step = 2

@@ -162,7 +162,8 @@ def test_cuda_ipc_on_a_cpu_box_is_refused_with_the_fix():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal a CPU box gives")
 @pytest.mark.parametrize("backend", ["nccl", "ipc"])
 def test_vllm_native_cuda_backends_on_a_cpu_box_are_refused_with_the_fix(backend):
-    cfg = validate_config({"rollout": {"type": "vllm"},
+    placement = {"nccl": "disaggregated", "ipc": "colocated"}[backend]
+    cfg = validate_config({"rollout": {"type": "vllm"}, "placement": {"type": placement},
                            "weight_sync": {"type": "vllm_native", "backend": backend}}
                           ).weight_sync
     fix = rf'weight_sync.backend = "{backend}" .*no GPU.*weight_sync.backend = "gloo"'
@@ -178,6 +179,11 @@ def test_vllm_native_cuda_backends_on_a_cpu_box_are_refused_with_the_fix(backend
      r"set rollout.tensor_parallel_size = 1"),
     ({"rollout": {"type": "vllm"}, "faults": {"skip_weight_sync": {}}},
      r'faults.skip_weight_sync.*weight_sync.type = "broadcast"'),
+    ({"rollout": {"type": "vllm"}, "weight_sync": {"type": "vllm_native", "backend": "nccl"}},
+     r'weight_sync.backend.*two ranks on one GPU.*placement.type = "disaggregated"'),
+    ({"rollout": {"type": "vllm"}, "placement": {"type": "disaggregated"},
+      "weight_sync": {"type": "vllm_native", "backend": "ipc"}},
+     r'weight_sync.backend.*share the GPU.*weight_sync.backend = "nccl"'),
 ])
 def test_vllm_native_settings_that_cannot_work_are_refused_naming_the_fix(overrides, fix):
     with pytest.raises(ConfigError, match=fix):
