@@ -28,7 +28,6 @@ from engine.config.async_policy import (
     OneStepOffPolicyConfig,
     PartialRolloutPolicyConfig,
     SyncPolicyConfig,
-    staleness_bound,
 )
 from engine.config.errors import (
     ConfigError,
@@ -141,6 +140,5 @@ __all__ = [
     "load_config",
     "loads_config",
     "longest_answer",
-    "staleness_bound",
     "validate_config",
 ]

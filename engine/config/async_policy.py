@@ -3,7 +3,7 @@ bound each policy implies."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -16,11 +16,20 @@ class SyncPolicyConfig(_Section):
 
     type: Literal["sync"] = "sync"
 
+    @property
+    def staleness_bound(self) -> int:
+        """The most policy versions a trained-on sample may lag the learner (eta)."""
+        return 0
+
 
 class OneStepOffPolicyConfig(_Section):
     """Generation of step k+1 overlaps training of step k; staleness is at most 1."""
 
     type: Literal["one_step_off"] = "one_step_off"
+
+    @property
+    def staleness_bound(self) -> int:
+        return 1
 
 
 class PartialRolloutPolicyConfig(_Section):
@@ -33,6 +42,10 @@ class PartialRolloutPolicyConfig(_Section):
     max_staleness: int = Field(default=1, ge=0, le=64)
     """Recycled groups whose oldest tokens are more versions old than this at update time
     are dropped (and counted)."""
+
+    @property
+    def staleness_bound(self) -> int:
+        return self.max_staleness
 
 
 class FullyAsyncPolicyConfig(_Section):
@@ -53,11 +66,11 @@ class FullyAsyncPolicyConfig(_Section):
     once it has prompts_per_call complete groups and continues the unfinished ones in the
     worker's next call, under newer weights (they mix versions; too stale ones drop)."""
 
+    @property
+    def staleness_bound(self) -> int:
+        return self.max_staleness
+
 
 AsyncPolicyConfig = _choice(SyncPolicyConfig, OneStepOffPolicyConfig,
                             PartialRolloutPolicyConfig, FullyAsyncPolicyConfig)
 
-
-def staleness_bound(policy: Any) -> int:
-    """The most policy versions a trained-on sample may lag behind the learner (eta)."""
-    return {"sync": 0, "one_step_off": 1}.get(policy.type, getattr(policy, "max_staleness", 0))

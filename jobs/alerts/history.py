@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.config import RunConfig, staleness_bound
+from engine.config import RunConfig
 
 HISTORY_EVENTS = ("metrics.append", "span", "weight_sync.report")
 
@@ -61,7 +61,7 @@ class RunFacts:
 
     @classmethod
     def from_config(cls, cfg: RunConfig, status: str) -> RunFacts:
-        bound = staleness_bound(cfg.async_policy)
+        bound = cfg.async_policy.staleness_bound
         return cls(status=status, temperature=cfg.rollout.temperature, staleness_bound=bound,
                    async_policy=cfg.async_policy.type)
 
