@@ -26,11 +26,12 @@ import ray
 
 from engine.config import load_config
 from engine.learner.warmstart import ensure_warm_start
-from engine.orchestration.producer import RolloutProducer, step_seed
+from engine.orchestration.producer import RolloutProducer
 from engine.reward import build_reward
 from engine.reward.service import RewardPool
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout
+from engine.seeds import step_seed
 from engine.tasks import build_task
 from engine.telemetry.recorder import SpanRecorder
 from engine.tinymodel import load_tokenizer

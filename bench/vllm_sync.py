@@ -24,54 +24,56 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import ray
 import torch
 
 from engine.config import VllmRolloutConfig, validate_config
+from engine.orchestration.actors import LocalActor, RayActor
 from engine.tinymodel import ensure_base_model, load_policy
-from engine.weightsync import build_sender
-from engine.weightsync.session import WeightReceiverHost, connect_workers, push_to_workers
+from engine.weightsync.session import EngineHost, TensorSource, WeightSyncSession
 
 PATHS = {"broadcast": {"type": "broadcast"}, "vllm_native": {"type": "vllm_native"},
          "shm": {"type": "shm"}}
 
 
 @ray.remote(num_cpus=0)
-class VllmHost(WeightReceiverHost):
+class VllmHost(EngineHost):
     def __init__(self, model_dir: str, native: bool):
         torch.set_num_threads(1)
         from engine.rollout.vllm_backend import VllmRollout
 
-        self.engine = VllmRollout(model_dir, VllmRolloutConfig(), "float32", seed=0,
-                                  weight_transfer="gloo" if native else None)
+        super().__init__(VllmRollout(model_dir, VllmRolloutConfig(), "float32", seed=0,
+                                     weight_transfer="gloo" if native else None))
 
 
 def bench(size: str, rounds: int) -> None:
     model_dir = ensure_base_model(size, 0)
     named = [(n, p.detach()) for n, p in load_policy(model_dir).named_parameters()]
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
-    senders, hosts = {}, {}
+    sources, sessions = {}, {}
     for path, spec in PATHS.items():
         cfg = validate_config({"rollout": {"type": "vllm"}, "weight_sync": spec}).weight_sync
-        hosts[path] = VllmHost.remote(str(model_dir), path == "vllm_native")
-        senders[path] = build_sender(cfg, world_size=2)
-        connect_workers(senders[path], [hosts[path]], cfg)
+        sources[path] = TensorSource(named)
+        sessions[path] = WeightSyncSession(
+            LocalActor(sources[path]),
+            [RayActor(VllmHost.remote(str(model_dir), path == "vllm_native"))], cfg)
+        sessions[path].connect()
     times: dict[str, list[float]] = {p: [] for p in PATHS}
     gen = torch.Generator().manual_seed(0)
     for r in range(rounds + 1):                       # round 0 warms up
         with torch.no_grad():
             for _, t in named:
                 t.add_(torch.randn(t.shape, generator=gen) * 1e-3)
-        for path, sender in senders.items():
-            res = push_to_workers(sender, [hosts[path]], named, r + 1, time.time(),
-                                  initial=r == 0)
+        for path, session in sessions.items():
+            sources[path].version = r + 1
+            session.send(r + 1, initial=r == 0)
+            [res] = session.settle(wait=True)
             assert res.matched, res
             if r:
                 times[path].append(res.latency_s)
-    for sender in senders.values():
-        sender.close()
+    for source in sources.values():
+        source.close_sender()
     med = {p: statistics.median(v) for p, v in times.items()}
     print(f"{size}: {nbytes / 1e6:.1f} MB, 1 vLLM worker, {rounds} rounds (medians)")
     for path in PATHS:

@@ -33,11 +33,17 @@ import torch
 from safetensors.torch import load_file
 
 from engine.config import validate_config
+from engine.orchestration.actors import LocalActor, RayActor
 from engine.rollout.base import WeightReport
 from engine.tinymodel import ensure_base_model
-from engine.weightsync import build_receiver, build_sender
+from engine.weightsync import build_receiver
 from engine.weightsync.fingerprint import fingerprint
-from engine.weightsync.session import connect_workers, push_to_workers
+from engine.weightsync.session import (
+    EngineHost,
+    Served,
+    TensorSource,
+    WeightSyncSession,
+)
 
 TRANSPORTS = {"shm": {"type": "shm"}, "shm adopted": {"type": "shm"},
               "object_store": {"type": "object_store"}, "broadcast": {"type": "broadcast"},
@@ -65,21 +71,31 @@ class ServedWeights:
 
 
 @ray.remote(num_cpus=0)
-class Worker:
+class Worker(EngineHost):
     """A rollout worker holding one receiver per transport, so rounds can alternate."""
 
     def __init__(self, named_shapes):
-        self.engine = ServedWeights([(n, torch.zeros(s)) for n, s in named_shapes])
+        super().__init__(ServedWeights([(n, torch.zeros(s)) for n, s in named_shapes]))
         self.receivers = {}
 
     def setup_weight_receiver(self, cfg, join_info, rank):
         self.receivers[cfg.type] = build_receiver(cfg, join_info, rank)
 
-    def receive_weights(self, ticket):
-        return self.receivers[ticket.transport].receive(ticket, self.engine)
+    def receive_weights(self, ticket, step):
+        return Served(self.receivers[ticket.transport].receive(ticket, self.engine),
+                      time.time())
 
     def fingerprinting(self, on):
         self.engine.fingerprinting = on
+
+
+class Precomputed(TensorSource):
+    """The learner's fingerprint is timed on its own (the "fingerprint" row)."""
+
+    fp = ""
+
+    def weights_fingerprint(self, named):
+        return self.fp
 
 
 def state(name: str, synthetic_mb: int) -> list[tuple[str, torch.Tensor]]:
@@ -93,7 +109,7 @@ def bench_state(name: str, named, rounds: int) -> None:
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     shapes = [(n, tuple(t.shape)) for n, t in named]
     hosts: list[tuple[set, object]] = []      # (transport types it receives, worker)
-    senders, tensors, worker_of = {}, {}, {}
+    sessions, sources, worker_of = {}, {}, {}
     for kind, spec in TRANSPORTS.items():
         cfg = validate_config({"weight_sync": spec}).weight_sync
         free = [w for types, w in hosts if cfg.type not in types]
@@ -102,15 +118,16 @@ def bench_state(name: str, named, rounds: int) -> None:
             free = [hosts[-1][1]]
         worker_of[kind] = free[0]
         next(types for types, w in hosts if w is free[0]).add(cfg.type)
-        senders[kind] = build_sender(cfg, world_size=2)
-        connect_workers(senders[kind], [worker_of[kind]], cfg)
-        tensors[kind] = named
+        sources[kind] = Precomputed(named)
+        sessions[kind] = WeightSyncSession(LocalActor(sources[kind]),
+                                           [RayActor(worker_of[kind])], cfg)
+        sessions[kind].connect()
         if kind == "shm adopted":
-            tensors[kind] = [(n, t.clone()) for n, t in named]
-            senders[kind].adopt(tensors[kind])
+            sources[kind].named = [(n, t.clone()) for n, t in named]
+            sources[kind].sender.adopt(sources[kind].named)
     dst = [torch.empty_like(t) for _, t in named]
     times: dict[str, list[float]] = {k: [] for k in
-                                     ["memcpy", "fingerprint", *(f"{k} {m}" for k in senders
+                                     ["memcpy", "fingerprint", *(f"{k} {m}" for k in sessions
                                                                  for m in ("move", "sync"))]}
     version = 0
     for r in range(rounds + 1):                  # round 0 warms up (page faults, buffers)
@@ -123,12 +140,13 @@ def bench_state(name: str, named, rounds: int) -> None:
         if r:
             times["memcpy"].append(t1 - t0)
             times["fingerprint"].append(t2 - t1)
-        for kind, sender in senders.items():
+        for kind, session in sessions.items():
             for mode in ("move", "sync"):
                 ray.get(worker_of[kind].fingerprinting.remote(mode == "sync"))
                 version += 1
-                res = push_to_workers(sender, [worker_of[kind]], tensors[kind], version,
-                                      time.time(), learner_fingerprint=fp, initial=version == 1)
+                sources[kind].version, sources[kind].fp = version, fp
+                session.send(version, initial=version == 1)
+                [res] = session.settle(wait=True)
                 assert mode == "move" or res.matched, res
                 if r:
                     times[f"{kind} {mode}"].append(res.latency_s)
@@ -140,13 +158,13 @@ def bench_state(name: str, named, rounds: int) -> None:
     print(f"  {'fingerprint (sha256)':28s} {nbytes / 1e9 / med['fingerprint']:6.2f} GB/s")
     print(f"  {'transport':14s} {'move GB/s':>10s} {'ratio':>6s} {'sync GB/s':>10s} "
           f"{'ratio':>6s} {'sync ms':>8s}")
-    for kind in senders:
+    for kind in sessions:
         move, sync = (nbytes / 1e9 / med[f"{kind} {m}"] for m in ("move", "sync"))
         print(f"  {kind:14s} {move:10.2f} {move / memcpy:6.2f} {sync:10.2f} "
               f"{sync / memcpy:6.2f} {med[f'{kind} sync'] * 1e3:8.1f}")
     print("  ratio = transport GB/s / memcpy GB/s")
-    for sender in senders.values():
-        sender.close()
+    for source in sources.values():
+        source.close_sender()
     for _, worker in hosts:
         ray.kill(worker)
 

@@ -1,6 +1,6 @@
 """``python -m engine run CONFIG.toml [--steps N] [--out DIR] [--resume]``
 
-Runs the driver in this process with a live progress bar (reward, step time), then prints
+Runs the RL loop in this process with a live progress bar (reward, step time), then prints
 a summary table. Exit status: 0 succeeded or stopped, 1 failed, 2 bad config.
 """
 

@@ -45,13 +45,22 @@ class StalenessError(RuntimeError):
 def check_staleness(samples: list[Sample], learner_version: int) -> list[int]:
     """Per-sample staleness at update time; raises when one is negative (a version counter
     went backwards: nothing downstream can be trusted). Over the policy's bound is the
-    driver's to report: an error event and staleness/max, on which an alert fires."""
+    loop's to report: an error event and staleness/max, on which an alert fires."""
     stale = [learner_version - s.version for s in samples]
     if min(stale) < 0:
         raise StalenessError(f"negative staleness {min(stale)}: a sample claims version "
                              f"{learner_version - min(stale)} but the learner is at "
                              f"{learner_version}")
     return stale
+
+
+def over_bound(staleness: list[int], bound: int, policy: str, step: int) -> str:
+    """The loop's error line when samples over the policy's bound were trained on (they
+    are, and shown, and alerted on: dropping them would hide the bug); "" otherwise."""
+    if max(staleness) <= bound:
+        return ""
+    return (f"step {step}: staleness {max(staleness)} exceeds the bound {bound} of "
+            f"async_policy {policy!r}")
 
 
 class ExperienceBuffer:

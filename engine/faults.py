@@ -1,5 +1,5 @@
 """Fault injection: wrappers at the loop's seams that make the real loop misbehave the way
-the real bugs do. Nothing here emits a metric; the driver measures what the wrapped parts
+the real bugs do. Nothing here emits a metric; the loop measures what the wrapped parts
 actually did, so the alerts see only what an operator would.
 
     engine    = wrap_rollout(engine, faults, step)      unscaled_logprobs, straggler (generate)
@@ -9,7 +9,7 @@ actually did, so the alerts see only what an operator would.
     reward    = wrap_reward(reward, faults, step)       slow_reward
     buffer    = wrap_buffer(buffer, faults, step)       staleness_overrun
 
-The wrappers sit in the rollout worker (engine/orchestration/workers.py) and the driver,
+The wrappers sit in the rollout worker (engine/orchestration/workers.py) and the loop,
 so a fault behaves the same in process and on Ray, with every transport. ``step``
 answers the step in progress: s during step s's rollout and during the sync that ends
 step s. With no fault configured every wrap_* returns its argument unchanged.

@@ -1,9 +1,9 @@
 """RunConfig: the one typed, validated description of an RL run.
 
 Every section is a pydantic model with ``extra="forbid"``, bounded fields and a docstring
-per field. Pluggable parts are discriminated unions keyed on ``type``; sections that later
-work fills in (placement, async policy, weight sync, reward) exist now with their one
-working choice, so adding a choice is adding a union member, not reshaping the config.
+per field. Pluggable parts (task, rollout, placement, async policy, weight sync, reward)
+are discriminated unions keyed on ``type``: adding a choice is adding a union member, not
+reshaping the config.
 
 This package imports neither torch nor ray: the web process validates configs with it.
 
@@ -13,15 +13,12 @@ This package imports neither torch nor ray: the web process validates configs wi
 One module per section: ``model_task`` (model, task, warm start, algorithm), ``rollout``,
 ``placement``, ``async_policy``, ``weightsync``, ``reward``, ``faults``; ``run`` holds
 RunConfig and its cross-section checks, ``errors`` ConfigError and TOML load/dump, and
-``_base`` the shared section base. Import from ``engine.config`` itself: every name is
-re-exported here.
+``_base`` the shared section base. Import from ``engine.config`` itself: every public
+name is re-exported here.
 """
 
 from __future__ import annotations
 
-from engine.config._base import _UNION_TAGS as _UNION_TAGS
-from engine.config._base import _choice as _choice
-from engine.config._base import _Section as _Section
 from engine.config.async_policy import (
     AsyncPolicyConfig,
     FullyAsyncPolicyConfig,
@@ -36,9 +33,6 @@ from engine.config.errors import (
     loads_config,
     validate_config,
 )
-from engine.config.errors import _format_error as _format_error
-from engine.config.errors import _model_at as _model_at
-from engine.config.errors import _sections_in as _sections_in
 from engine.config.faults import (
     FaultsConfig,
     SkipWeightSyncFault,

@@ -1,1 +1,1 @@
-"""Orchestration: placement, the rollout producer, async policies and the run driver."""
+"""Orchestration: placement and deployment, the workers, async policies and the RL loop."""

@@ -1,20 +1,37 @@
-"""One way to call a worker, wherever it runs.
+"""One way to call a worker, wherever it runs: by the method itself, not its name.
 
-    h = LocalActor(RolloutWorker(...))           # in the driver's process: runs at once
-    h = RayActor.start(RolloutWorker, args, slot, pg, threads)   # on its bundle
-    f = h.call("produce", step, problems, seed)  # -> Future; calls run in submit order
-    f.result();  wait_any([f, g])                # first finished futures
-    meta, tensors = h.call("publish", step, num_returns=2)
-    w.call("receive_weights", meta_version, tensors)   # a Ray future passes as a ref
+    h = LocalActor(RolloutWorker(...))                       # in this process: runs at once
+    h = RayActor.start(RolloutWorker, args, gpus, pg, bundle)  # on its placement bundle
+    f = h.call(RolloutWorker.produce, step, problems, seed)  # -> Future; in submit order
+    f.result();  wait_any([f, g])                            # first finished futures
+    meta, ticket = h.call(LearnerWorker.prepare, step, False, num_returns=2)
+    w.call(RolloutWorker.receive_weights, ticket, step)      # a future passes as a ref
 
-A Ray actor runs its calls one at a time, in order, except ``drain_spans``, which runs
-in a concurrency group of its own so the driver can read a worker's running spans while
-it generates.
+Naming the method object makes a rename fail at import (and in the type checker) instead
+of at run time. Dispatch is by the method's name on the actor, so a class that provides
+the same method (a test's worker) is called the same way. A Ray actor runs its calls one
+at a time, in order, except methods marked ``@concurrent(group)``, which run in that
+concurrency group (the driver reads a worker's running spans while it generates).
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
+
+
+def concurrent(group: str) -> Callable[[Callable], Callable]:
+    """Mark an actor method to run in its own Ray concurrency group (one thread)."""
+    def mark(fn: Callable) -> Callable:
+        fn.concurrency_group = group
+        return fn
+    return mark
+
+
+def concurrency_groups(cls: type) -> dict[str, int]:
+    return {fn.concurrency_group: 1 for _, fn in inspect.getmembers(cls, inspect.isfunction)
+            if hasattr(fn, "concurrency_group")}
 
 
 class Done:
@@ -64,8 +81,8 @@ class LocalActor:
     def __init__(self, obj: Any):
         self.obj = obj
 
-    def call(self, method: str, *args: Any, num_returns: int = 1):
-        out = getattr(self.obj, method)(*(_arg(a) for a in args))
+    def call(self, method: Callable, *args: Any, num_returns: int = 1):
+        out = getattr(self.obj, method.__name__)(*(_arg(a) for a in args))
         return Done(out) if num_returns == 1 else tuple(Done(v) for v in out)
 
     def kill(self) -> None:
@@ -81,21 +98,22 @@ class RayActor:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        remote = ray.remote(concurrency_groups={"telemetry": 1})(worker_cls).options(
+        remote = ray.remote(concurrency_groups=concurrency_groups(worker_cls))(worker_cls)
+        return cls(remote.options(
             num_cpus=0, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 pg, placement_group_bundle_index=bundle,
                 # what the worker starts (a reward pool, a reward model) joins the run's
                 # reservation and goes when the placement group is removed
-                placement_group_capture_child_tasks=True))
-        return cls(remote.remote(*args))
+                placement_group_capture_child_tasks=True)).remote(*args))
 
-    def call(self, method: str, *args: Any, num_returns: int = 1):
-        fn = getattr(self.handle, method)
-        if method == "drain_spans":
-            fn = fn.options(concurrency_group="telemetry")
-        elif num_returns != 1:
-            fn = fn.options(num_returns=num_returns)
-        refs = fn.remote(*(_arg(a) for a in args))
+    def call(self, method: Callable, *args: Any, num_returns: int = 1):
+        options: dict[str, Any] = {}
+        if hasattr(method, "concurrency_group"):
+            options["concurrency_group"] = method.concurrency_group
+        if num_returns != 1:
+            options["num_returns"] = num_returns
+        fn = getattr(self.handle, method.__name__)
+        refs = (fn.options(**options) if options else fn).remote(*(_arg(a) for a in args))
         return RayFuture(refs) if num_returns == 1 else tuple(RayFuture(r) for r in refs)
 
     def kill(self) -> None:

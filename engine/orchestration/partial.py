@@ -9,18 +9,15 @@
 
 A row's remaining budget is max_new_tokens minus the tokens it has; rows are generated in
 one call with the full budget and cut to their own. Carried groups that would train more
-than max_staleness versions after their oldest tokens are dropped (and counted) before
-they cost more generation.
+than the policy's staleness bound after their oldest tokens are dropped (and counted)
+before they cost more generation (PartialRolloutPolicy, engine.orchestration.policies).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
-from engine.config import PartialRolloutPolicyConfig
 from engine.experience import Sample
-from engine.orchestration.producer import split
 from engine.reward import RewardFn
 from engine.rollout.base import Completion, RolloutEngine, SamplingParams
 from engine.tasks.base import Problem
@@ -105,48 +102,3 @@ def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: Sampli
     carry = [replace(groups[gi], rows=rows[gi], recycled=groups[gi].recycled + 1)
              for gi in range(len(groups)) if gi not in finished_groups]
     return samples, carry
-
-
-class PartialRolloutPolicy:
-    name, overlaps = "partial_rollout", False
-
-    def __init__(self, exp, cfg: PartialRolloutPolicyConfig):
-        self.exp, self.max_staleness = exp, cfg.max_staleness
-        self.started = math.ceil(exp.n_prompts * cfg.over_provision)
-        self.carry: list[PartialGroup] = []
-        self.draws = exp.first_draw       # index of the next round: its problems and seeds
-
-    def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
-        exp, n, out = self.exp, self.exp.n_prompts, []
-        while len(out) < n:
-            keep = [g for g in self.carry if g.oldest is None
-                    or learner_version - g.oldest <= self.max_staleness]
-            exp.buffer.dropped_stale += len(self.carry) - len(keep)
-            fresh = exp.task.train_problems(self.draws, max(0, self.started - len(keep)))
-            groups = keep + [PartialGroup(p, [Row() for _ in range(exp.group_size)])
-                             for p in fresh]
-            self.carry = []
-            futures = []
-            shares = split(groups, len(exp.workers))
-            targets = split(list(range(n - len(out))), len(exp.workers))
-            for w, (mine, tgt) in enumerate(zip(shares, targets, strict=True)):
-                if mine:
-                    futures.append(exp.workers[w].call("continue_groups", step, mine,
-                                                       min(len(tgt), len(mine)),
-                                                       exp.seed_for(self.draws, w)))
-            for f in futures:
-                complete, carry = f.result()
-                for group in complete:
-                    exp.buffer.put(group)
-                self.carry += carry
-            exp.recycled += len(self.carry)
-            self.draws += 1
-            out += exp.buffer.take(n - len(out), learner_version)
-        return out
-
-    def weights_sent(self, version: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-

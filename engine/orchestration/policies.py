@@ -1,9 +1,10 @@
 """Async policies: when rollouts run relative to learner updates.
 
-The driver's loop is fixed -- ``groups = policy.next_batch(step, learner_version)``, learner
+The loop is fixed -- ``groups = policy.next_batch(step, learner_version)``, learner
 update, ``policy.weights_sent(version)`` after the sync is queued. A policy decides when
 each rollout worker generates what; all of them go through one ExperienceBuffer of
-versioned groups, and ``max_staleness`` is the bound the driver checks every step:
+versioned groups, each within its config's ``staleness_bound`` (eta), which the loop
+checks every step:
 
     sync          all workers produce the step's groups with the current weights   eta = 0
     one_step_off  a worker starts step k+1 as soon as step k's groups are taken,
@@ -11,7 +12,7 @@ versioned groups, and ``max_staleness`` is the bound the driver checks every ste
     fully_async   every worker always generates; "wait" starts a call only if its
                   groups cannot train more than eta versions later, "drop" never
                   waits and the buffer drops (and counts) groups older than eta     eta
-    (partial_rollout lives in engine.orchestration.partial)
+    partial_rollout  over-provision, carry unfinished groups into the next step      eta
 
 Workers are handles (engine.orchestration.actors): in the driver's process a call runs
 when submitted, so the schedules hold (same staleness) without overlap; on Ray they run
@@ -32,15 +33,16 @@ from engine.config import (
 )
 from engine.experience import ExperienceBuffer, Sample
 from engine.orchestration.actors import wait_any
-from engine.orchestration.partial import PartialGroup, PartialRolloutPolicy, Row
-from engine.orchestration.producer import split, step_seed
+from engine.orchestration.partial import PartialGroup, Row
+from engine.orchestration.producer import split
+from engine.orchestration.workers import RolloutWorker
+from engine.seeds import worker_seed
 from engine.tasks import Task
 
 
 class AsyncPolicy(Protocol):
     name: str
-    max_staleness: int
-    overlaps: bool        # False: the driver waits for each weight sync before going on
+    overlaps: bool        # False: the loop waits for each weight sync before going on
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]: ...
 
@@ -69,17 +71,17 @@ class Experience:
         self.recycled = 0                 # groups carried into a later step unfinished
 
     def seed_for(self, index: int, worker: int) -> int:
-        return step_seed(self.seed, index) + worker
+        return worker_seed(self.seed, index, worker)
 
     def submit(self, worker: int, index: int, n: int, step: int):
         """Worker ``worker`` generates ``n`` groups: the task's problems for ``index``."""
         problems = self.task.train_problems(index, n)
-        return self.workers[worker].call("produce", step, problems,
+        return self.workers[worker].call(RolloutWorker.produce, step, problems,
                                          self.seed_for(index, worker))
 
 
 class SyncPolicy:
-    name, max_staleness, overlaps = "sync", 0, False
+    name, overlaps = "sync", False
 
     def __init__(self, exp: Experience):
         self.exp = exp
@@ -90,7 +92,7 @@ class SyncPolicy:
         futures = []
         for w, mine in enumerate(split(problems, len(exp.workers))):
             if mine:
-                futures.append(exp.workers[w].call("produce", step, mine,
+                futures.append(exp.workers[w].call(RolloutWorker.produce, step, mine,
                                                    exp.seed_for(step, w)))
         for f in futures:
             for group in f.result():
@@ -117,7 +119,7 @@ class StreamingPolicy:
 
     def __init__(self, exp: Experience, name: str, eta: int, wait: bool, per_call: int,
                  start_version: int, over_provision: float = 1.0):
-        self.exp, self.name, self.max_staleness, self.wait = exp, name, eta, wait
+        self.exp, self.name, self.eta, self.wait = exp, name, eta, wait
         self.per_call, self.over = per_call, over_provision
         self.start = start_version
         self.sent = [start_version] * len(exp.workers)   # version each worker will serve
@@ -131,7 +133,7 @@ class StreamingPolicy:
             if w in self.inflight:
                 continue
             trains_at = self.start + (self.planned + self.per_call - 1) // self.exp.n_prompts
-            if self.wait and trains_at - self.sent[w] > self.max_staleness:
+            if self.wait and trains_at - self.sent[w] > self.eta:
                 continue
             self.inflight[w] = self._start(w, trains_at, step)
             self.calls += 1
@@ -144,13 +146,13 @@ class StreamingPolicy:
         # Interruptible: start more groups than needed, stop at per_call complete, and
         # continue the unfinished tail in this worker's next call (under newer weights).
         keep = [g for g in self.carry[w]
-                if g.oldest is None or trains_at - g.oldest <= self.max_staleness]
+                if g.oldest is None or trains_at - g.oldest <= self.eta]
         exp.buffer.dropped_stale += len(self.carry[w]) - len(keep)
         fresh = exp.task.train_problems(self.calls,
                                         max(0, math.ceil(self.per_call * self.over) - len(keep)))
         groups = keep + [PartialGroup(p, [Row() for _ in range(exp.group_size)]) for p in fresh]
         self.carry[w] = []
-        return exp.workers[w].call("continue_groups", step, groups, self.per_call,
+        return exp.workers[w].call(RolloutWorker.continue_groups, step, groups, self.per_call,
                                    exp.seed_for(self.calls, w))
 
     def _collect(self) -> None:
@@ -187,12 +189,65 @@ class StreamingPolicy:
         self.inflight.clear()
 
 
+class PartialRolloutPolicy:
+    name, overlaps = "partial_rollout", False
+
+    def __init__(self, exp, cfg: PartialRolloutPolicyConfig):
+        self.exp, self.eta = exp, cfg.staleness_bound
+        self.started = math.ceil(exp.n_prompts * cfg.over_provision)
+        self.carry: list[PartialGroup] = []
+        self.draws = exp.first_draw       # index of the next round: its problems and seeds
+
+    def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
+        exp, n, out = self.exp, self.exp.n_prompts, []
+        while len(out) < n:
+            keep = [g for g in self.carry if g.oldest is None
+                    or learner_version - g.oldest <= self.eta]
+            exp.buffer.dropped_stale += len(self.carry) - len(keep)
+            fresh = exp.task.train_problems(self.draws, max(0, self.started - len(keep)))
+            groups = keep + [PartialGroup(p, [Row() for _ in range(exp.group_size)])
+                             for p in fresh]
+            self.carry = []
+            futures = []
+            shares = split(groups, len(exp.workers))
+            targets = split(list(range(n - len(out))), len(exp.workers))
+            for w, (mine, tgt) in enumerate(zip(shares, targets, strict=True)):
+                if mine:
+                    futures.append(exp.workers[w].call(RolloutWorker.continue_groups, step, mine,
+                                                       min(len(tgt), len(mine)),
+                                                       exp.seed_for(self.draws, w)))
+            for f in futures:
+                complete, carry = f.result()
+                for group in complete:
+                    exp.buffer.put(group)
+                self.carry += carry
+            exp.recycled += len(self.carry)
+            self.draws += 1
+            out += exp.buffer.take(n - len(out), learner_version)
+        return out
+
+    def weights_sent(self, version: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def buffer_bound(cfg: AsyncPolicyConfig) -> int | None:
+    """Staleness beyond which the buffer drops groups: for the policies that may outrun
+    their bound. Sync and one-step-off cannot; if a bug makes them, the loop reports it."""
+    if isinstance(cfg, FullyAsyncPolicyConfig | PartialRolloutPolicyConfig):
+        return cfg.staleness_bound
+    return None
+
+
 def build_policy(cfg: AsyncPolicyConfig, exp: Experience, start_version: int) -> AsyncPolicy:
     per_worker = -(-exp.n_prompts // len(exp.workers))
     if isinstance(cfg, OneStepOffPolicyConfig):
-        return StreamingPolicy(exp, cfg.type, 1, True, per_worker, start_version)
+        return StreamingPolicy(exp, cfg.type, cfg.staleness_bound, True, per_worker,
+                               start_version)
     if isinstance(cfg, FullyAsyncPolicyConfig):
-        return StreamingPolicy(exp, cfg.type, cfg.max_staleness, cfg.on_stale == "wait",
+        return StreamingPolicy(exp, cfg.type, cfg.staleness_bound, cfg.on_stale == "wait",
                                cfg.prompts_per_call or per_worker, start_version,
                                cfg.over_provision)
     if isinstance(cfg, PartialRolloutPolicyConfig):

@@ -16,10 +16,6 @@ from engine.tasks.base import Problem
 from engine.telemetry.recorder import SpanRecorder
 
 
-def step_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step * 7_919 + 1) % (2**63 - 1)
-
-
 def split(items: list, parts: int) -> list[list]:
     """``items`` in ``parts`` contiguous slices whose sizes differ by at most one."""
     k, r = divmod(len(items), parts)

@@ -1,6 +1,6 @@
 """The rollout seam: what the RL loop needs from an inference engine.
 
-    engine = build_rollout(cfg.rollout, model_dir)      # "torch" or (later) "vllm"
+    engine = build_rollout(cfg.rollout, model_dir)      # "torch" or "vllm"
     out = engine.generate(prompt_ids, params, seed)     # ids + behaviour logprobs
     out = engine.generate(prompt_ids, params, seed, on_complete=cb)
         # cb(i, completion) as soon as prompt i ends (streaming: score while others run);

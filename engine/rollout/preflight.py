@@ -60,3 +60,21 @@ def check_logprob_semantics(engine, policy: torch.nn.Module, tokenizer, prompts:
         skipped=False,
         gap_tempered=float((beh - tempered).abs()[mask].max()),
         gap_untempered=float((beh - untempered).abs()[mask].max()))
+
+
+def preflight_verdict(res: PreflightResult, rollout) -> tuple[str, str]:
+    """(message, log level) for the run's log; "" when skipped. Raises PreflightError on
+    unscaled logprobs unless ``rollout.preflight = "warn"``."""
+    if res.skipped:
+        return "", "info"
+    msg = (f"preflight at T={rollout.temperature}: engine logprobs differ from the learner's "
+           f"tempered recompute by <= {res.gap_tempered:.2e}, untempered by <= "
+           f"{res.gap_untempered:.2e}")
+    if res.scaled:
+        return msg, "info"
+    fix = ('set rollout.logprobs_mode = "processed_logprobs"' if rollout.type == "vllm"
+           else "the rollout backend returns raw logprobs")
+    text = f"{msg}: logprobs are NOT temperature-scaled; {fix}"
+    if rollout.preflight == "error":
+        raise PreflightError(text + ' (rollout.preflight = "warn" only warns)')
+    return text, "warning"

@@ -46,7 +46,7 @@ from http.client import HTTPException
 from pathlib import Path
 from typing import Any
 
-from engine.api import Event
+from engine.events import Event
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from engine.api import Event, EventSink, LogEvent, SpanEvent
+from engine.events import Event, EventSink, LogEvent, SpanEvent
 from engine.telemetry.spans import Span, phase_metrics
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.api import Event, event_from_dict
+from engine.events import Event, event_from_dict
 
 
 class MemorySink:
@@ -56,3 +56,11 @@ class FanoutSink:
 def read_jsonl(path: Path) -> list[Event]:
     with path.open(encoding="utf-8") as f:
         return [event_from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+def last_seq(path: Path) -> int:
+    """The highest seq in an events.jsonl (0 when there is none): a resumed run goes on
+    from it, since consumers dedup by seq."""
+    if not path.exists():
+        return 0
+    return max((e.seq for e in read_jsonl(path)), default=0)

@@ -3,9 +3,9 @@
     sender   = build_sender(cfg.weight_sync, world_size=1 + n_workers)   # learner process
     receiver = build_receiver(cfg.weight_sync, sender.join_info(), rank)  # each worker, 1..n
 
-"in_place" is one-process (engine/weightsync/inplace.py); every other type is two-sided and
-driven by engine/weightsync/session.py. Modules load lazily, so a shared-memory run never
-imports torch.distributed and a CPU run never touches CUDA.
+engine/weightsync/session.py drives every one of them ("in_place" too, whose receiver is
+in the learner's process). Modules load lazily, so a shared-memory run never imports
+torch.distributed and a CPU run never touches CUDA.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 
 _TRANSPORTS: dict[str, tuple[str, str]] = {      # type -> (sender, receiver)
+    "in_place": ("engine.weightsync.inplace:InPlaceSender",
+                 "engine.weightsync.inplace:InPlaceReceiver"),
     "shm": ("engine.weightsync.shm:ShmSender", "engine.weightsync.shm:ShmReceiver"),
     "object_store": ("engine.weightsync.objectstore:ObjectStoreSender",
                      "engine.weightsync.objectstore:ObjectStoreReceiver"),
@@ -28,10 +30,6 @@ _TRANSPORTS: dict[str, tuple[str, str]] = {      # type -> (sender, receiver)
 
 
 def _load(cfg, side: int):
-    if cfg.type not in _TRANSPORTS:
-        raise ValueError(f'weight_sync.type = "{cfg.type}" moves weights inside one process '
-                         f"(InPlaceTransport); rollout workers in other processes need one of "
-                         f"{sorted(_TRANSPORTS)}")
     module, name = _TRANSPORTS[cfg.type][side].split(":")
     return getattr(importlib.import_module(module), name)
 

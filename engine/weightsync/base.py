@@ -1,13 +1,12 @@
 """The weight-sync seam: learner -> rollout engine, versioned and verified.
 
-    result = transport.push(learner.named_tensors(), version, learner_fingerprint)
-    result.matched   # the rollout engine's own fingerprint of what it serves == learner's
-
 Transports differ in how bytes move (in place, shared memory, Ray object store,
-torch.distributed broadcast, checkpoint file, CUDA IPC); all of them end with the receiver
-reporting (version, fingerprint) of what its engine now serves. Cross-process transports
-are two-sided (WeightSender / WeightReceiver below); engine/weightsync/session.py drives
-them.
+torch.distributed broadcast, checkpoint file, CUDA IPC, vLLM's own API); every one is
+two-sided (WeightSender / WeightReceiver below) and ends with the receiver reporting
+(version, fingerprint) of what its engine now serves. engine/weightsync/session.py drives
+them and turns the reports into a SyncResult:
+
+    result.matched   # every rollout engine's own fingerprint of what it serves == learner's
 """
 
 from __future__ import annotations
@@ -18,12 +17,14 @@ from typing import Any, Protocol
 
 import torch
 
+from engine.events import WeightSyncEvent
 from engine.weightsync.layout import FlatLayout
 
 
 @dataclass(frozen=True)
 class SyncResult:
     transport: str
+    step: int                     # the step whose end the sync belongs to
     version_learner: int
     version_rollout: int          # the lowest version any rollout worker reports serving
     fingerprint_learner: str
@@ -44,12 +45,20 @@ class SyncResult:
         """Gigabytes (1e9 bytes, not bits) of weights per second of resync latency."""
         return self.bytes / 1e9 / max(self.latency_s, 1e-9)
 
+    def event(self) -> WeightSyncEvent:
+        return WeightSyncEvent(
+            step=self.step, transport=self.transport, version_learner=self.version_learner,
+            version_rollout=self.version_rollout, fingerprint_learner=self.fingerprint_learner,
+            fingerprint_rollout=self.fingerprint_rollout, matched=self.matched,
+            latency_s=self.latency_s, bytes=self.bytes)
 
-class WeightTransport(Protocol):
-    name: str
-
-    def push(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
-             learner_fingerprint: str, version_ready_at: float) -> SyncResult: ...
+    def mismatch(self) -> str:
+        """What the run's log says when the sync did not apply ("" when it did)."""
+        if self.matched:
+            return ""
+        return (f"weight sync v{self.version_learner} did not apply: rollout serves "
+                f"v{self.version_rollout} fingerprint {self.fingerprint_rollout}, learner "
+                f"sent {self.fingerprint_learner}")
 
 
 # --------------------------------------------------------------------------- two-sided
@@ -84,20 +93,18 @@ def check_version(ticket: Ticket, served: int) -> None:
 
 
 class WeightSender(Protocol):
-    """Learner side of a cross-process transport. Setup once, then one sync at a time (the
-    next ``prepare`` may reuse the buffers of the last one):
+    """Learner side of a transport. Setup once, then one sync at a time (the next
+    ``prepare`` may reuse the buffers of the last one):
 
         sender = build_sender(cfg.weight_sync, world_size=1 + len(workers))
         info   = sender.join_info()            # picklable; None unless collective
-        [w.setup_weight_receiver.remote(cfg.weight_sync, info, rank=i + 1) ...]
+        (each worker: build_receiver(cfg.weight_sync, info, rank))
         sender.connect()                       # concurrently with the workers' setup
         ticket  = sender.prepare(named_tensors, version)     # learner process
-        futures = [w.receive_weights.remote(ticket) for w in rollout_workers]
+        (each worker: receiver.receive(ticket, engine) -> WeightReport)
         sender.transfer()          # the sender's blocking part (a broadcast's collective)
-        reports = ray.get(futures) # each: the worker's own (version, fingerprint) of what
-                                   # its engine now serves -> WeightReport
 
-    session.connect_workers / session.push_to_workers are exactly this sequence.
+    WeightSyncSession (session.py) is exactly this sequence, across actors.
     """
 
     name: str

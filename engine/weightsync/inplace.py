@@ -1,33 +1,37 @@
-"""In-place weight sync for the single-process (colocated) loop.
+"""In-place transport: the rollout engine lives in the learner's process.
 
-The rollout engine keeps its own tensors; the sync copies the learner's tensors into them
-(``copy_``, no reallocation) and the engine then fingerprints what it actually serves.
+    learner                                  rollout engine (same process)
+    prepare: ticket = (version, layout,      engine.load_weights(tensors): copy_ into its
+             the learner's own tensors)      own tensors (no reallocation), fingerprint
+
+Nothing is copied on the way: the ticket carries the learner's live tensors, which is safe
+because in one process the learner cannot step while the engine copies. Unlike the
+two-sided transports the receiver takes whatever version the learner says, so a learner
+whose counter went backwards (faults.version_reset) reaches the alerts, not an exception.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import torch
 
-from engine.rollout.base import RolloutEngine
-from engine.weightsync.base import SyncResult
+from engine.weightsync.base import ReceiverDefaults, SenderDefaults, Ticket
+from engine.weightsync.layout import FlatLayout
 
 
-class InPlaceTransport:
+class InPlaceSender(SenderDefaults):
     name = "in_place"
 
-    def __init__(self, engine: RolloutEngine):
-        self.engine = engine
+    def __init__(self, cfg, world_size: int):
+        pass
 
-    def push(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
-             learner_fingerprint: str, version_ready_at: float) -> SyncResult:
-        report = self.engine.load_weights(named_tensors, version)
-        done = time.time()
-        return SyncResult(
-            transport=self.name, version_learner=version,
-            version_rollout=self.engine.weight_version(),
-            fingerprint_learner=learner_fingerprint,
-            fingerprint_rollout=report.fingerprint,
-            bytes=report.bytes, latency_s=done - version_ready_at)
+    def prepare(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
+                initial: bool = False) -> Ticket:
+        named = list(named_tensors)
+        return Ticket(self.name, version, initial, FlatLayout.of(named), named)
+
+
+class InPlaceReceiver(ReceiverDefaults):
+    def receive(self, ticket: Ticket, engine):
+        return engine.load_weights(ticket.payload, ticket.version)

@@ -1,79 +1,186 @@
-"""Driving a two-sided transport across Ray actors: what the orchestrator wires.
+"""The weight-sync session: learner -> every rollout worker, versioned and verified, for
+every transport (in place included). The loop, the tests and the benches all drive this.
 
-A rollout-worker actor exposes two methods (WeightReceiverHost provides them for an actor
-that keeps its engine in ``self.engine``):
+    session = WeightSyncSession(learner, workers, cfg.weight_sync)   # actor handles
+    session.connect()                   # once: each worker's receiver joins the sender
+    session.send(step, initial=True)    # queue the learner's current weights to every worker
+    for res in session.settle(wait=True):           # syncs whose every worker answered
+        res.matched, res.latency_s, res.bytes, res.gb_per_s
 
-    setup_weight_receiver(cfg.weight_sync, join_info, rank) -> None
-    receive_weights(ticket) -> WeightReport      # the engine's own version + fingerprint
+    learner (rank 0, WeightSenderHost)        rollout workers (rank 1..n, WeightReceiverHost)
+    prepare(step) -> (meta, ticket)  ------>  receive_weights(ticket, step)   (every rank is
+    transfer(step)  =====bytes=====>            load into the engine,          queued before
+    settle: meta + reports          <------     Served(WeightReport(v, fp), at)  transfer: a
+                                                                  broadcast needs them all)
 
-and the learner process (whoever holds the sender) runs:
+Calls to one actor run in submit order, so a ``produce`` queued after ``send`` generates
+with the new weights, and ``send`` returns before the workers have them (the overlapped
+policies settle later; the others wait). One sync is in flight at a time: ``send`` first
+settles the previous one, since a sender may reuse its buffers and the learner must not
+change the tensors a transfer still reads.
 
-    sender = build_sender(cfg.weight_sync, world_size=1 + len(workers))
-    connect_workers(sender, workers, cfg.weight_sync)          # once; collective setup
-    result = push_to_workers(sender, workers, learner.named_tensors(), learner.version,
-                             ready_at, learner.fingerprint(), initial=(first sync))
-    result.matched, result.latency_s, result.gb_per_s
-
-    learner                    rollout workers (rank 1..n)
-    prepare(v) -> ticket  ---> receive_weights(ticket)     (all issued before transfer:
-    transfer()  ===bytes===>     ... load_checked(engine)    a broadcast needs every rank
-    ray.get(reports)      <---   WeightReport(v, fp)         in the collective at once)
-
-Syncs are one at a time: push_to_workers returns only after every worker reported, and the
-learner must not change its tensors before it returns (the broadcast reads them in
-transfer()).
+One definition of the numbers a sync reports (SyncResult): ``bytes`` is the payload each
+worker receives; ``latency_s`` runs from ``send`` (the learner's new version exists) to
+the last worker serving it; ``gb_per_s`` is gigabytes (1e9 bytes) per second of that.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-import ray
 import torch
 
-from engine.weightsync import build_receiver
-from engine.weightsync.base import SyncResult, WeightSender
+from engine.rollout.base import WeightReport
+from engine.telemetry.recorder import SpanRecorder
+from engine.weightsync import build_receiver, build_sender
+from engine.weightsync.base import SyncResult, Ticket
 from engine.weightsync.fingerprint import fingerprint
 
 
-def connect_workers(sender: WeightSender, workers: Sequence, cfg) -> None:
-    """Build every worker's receiver and join them with the sender. The join is
-    collective for a broadcast, so the sender connects while the workers do."""
-    info = sender.join_info()
-    futures = [w.setup_weight_receiver.remote(cfg, info, rank)
-               for rank, w in enumerate(workers, start=1)]
-    sender.connect()
-    ray.get(futures)
+@dataclass(frozen=True)
+class WeightMeta:
+    """The learner's side of one sync: the version it sent and its fingerprint."""
+    version: int
+    fingerprint: str
 
 
-def push_to_workers(sender: WeightSender, workers: Sequence,
-                    named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
-                    ready_at: float, learner_fingerprint: str | None = None,
-                    initial: bool = False) -> SyncResult:
-    """One versioned sync to every worker. ``ready_at`` is when the learner's new version
-    existed (time.time()); the latency runs from it to the last worker's report."""
-    named = list(named_tensors)
-    ticket = sender.prepare(named, version, initial)
-    futures = [w.receive_weights.remote(ticket) for w in workers]
-    sender.transfer()
-    fp = learner_fingerprint or fingerprint(named)     # overlaps the workers' loading
-    reports = tuple(ray.get(futures))
-    done = time.time()
-    differing = [r for r in reports if r.fingerprint != fp]
-    return SyncResult(
-        transport=sender.name, version_learner=version,
-        version_rollout=min(r.version for r in reports),
-        fingerprint_learner=fp,
-        fingerprint_rollout=(differing or reports)[0].fingerprint,
-        bytes=ticket.layout.payload_bytes, latency_s=done - ready_at, workers=reports)
+@dataclass(frozen=True)
+class Served:
+    """A rollout worker's report after loading weights, and when it began serving them."""
+    report: WeightReport
+    at: float
+
+
+class WeightSenderHost:
+    """The learner actor's end. The host class provides ``rec`` (a SpanRecorder) and
+    ``sync_weights() -> (version, named_tensors)``."""
+
+    rec: SpanRecorder
+
+    def sync_weights(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+        raise NotImplementedError
+
+    def weights_fingerprint(self, named: Sequence[tuple[str, torch.Tensor]]) -> str:
+        return fingerprint(named)
+
+    def setup_sender(self, cfg, world_size: int) -> object:
+        """Build the sender; returns what receivers join with (None unless collective)."""
+        self.sender = build_sender(cfg, world_size)
+        return self.sender.join_info()
+
+    def connect(self) -> None:
+        self.sender.connect()
+
+    def prepare(self, step: int, initial: bool) -> tuple[WeightMeta, Ticket]:
+        version, named = self.sync_weights()
+        with self.rec.phase("weight_sync", step, version):
+            meta = WeightMeta(version, self.weights_fingerprint(named))
+            return meta, self.sender.prepare(named, version, initial)
+
+    def transfer(self, step: int) -> None:
+        version, _ = self.sync_weights()
+        with self.rec.phase("weight_sync", step, version):
+            self.sender.transfer()
+
+    def close_sender(self) -> None:
+        if hasattr(self, "sender"):
+            self.sender.close()
 
 
 class WeightReceiverHost:
-    """The two actor methods the session calls, for an actor that has ``self.engine``."""
+    """A rollout-worker actor's end. The host class provides ``engine`` (its rollout
+    engine) and ``rec`` (a SpanRecorder)."""
+
+    rec: SpanRecorder
 
     def setup_weight_receiver(self, cfg, join_info: object, rank: int) -> None:
-        self._weight_receiver = build_receiver(cfg, join_info, rank, self.engine)
+        self.receiver = build_receiver(cfg, join_info, rank, self.engine)
 
-    def receive_weights(self, ticket):
-        return self._weight_receiver.receive(ticket, self.engine)
+    def receive_weights(self, ticket: Ticket, step: int) -> Served:
+        self.step = step                  # the step in progress, which faults key on
+        with self.rec.phase("weight_sync", step, ticket.version):
+            report = self.receiver.receive(ticket, self.engine)
+        return Served(report, time.time())
+
+    def close_receiver(self) -> None:
+        if hasattr(self, "receiver"):
+            self.receiver.close()
+
+
+@dataclass
+class _Pending:
+    step: int
+    sent_at: float
+    meta: object          # future -> WeightMeta
+    ticket: object        # future -> Ticket
+    served: list          # futures -> Served, one per worker
+
+
+class WeightSyncSession:
+    def __init__(self, learner, workers: Sequence, cfg):
+        self.learner, self.workers, self.cfg = learner, list(workers), cfg
+        self._pending: list[_Pending] = []
+        self._settled: list[SyncResult] = []
+
+    def connect(self) -> None:
+        info = self.learner.call(WeightSenderHost.setup_sender, self.cfg,
+                                 1 + len(self.workers)).result()
+        setups = [w.call(WeightReceiverHost.setup_weight_receiver, self.cfg, info, rank)
+                  for rank, w in enumerate(self.workers, start=1)]
+        self.learner.call(WeightSenderHost.connect)    # collective for a broadcast: concurrent
+        for f in setups:
+            f.result()
+
+    def send(self, step: int, initial: bool = False) -> None:
+        """Queue the learner's current weights to every worker, behind the calls already
+        queued on them; the reports come back through ``settle``."""
+        self._collect(wait=True)
+        sent_at = time.time()
+        meta, ticket = self.learner.call(WeightSenderHost.prepare, step, initial,
+                                         num_returns=2)
+        served = [w.call(WeightReceiverHost.receive_weights, ticket, step)
+                  for w in self.workers]
+        self.learner.call(WeightSenderHost.transfer, step)
+        self._pending.append(_Pending(step, sent_at, meta, ticket, served))
+
+    def settle(self, wait: bool) -> list[SyncResult]:
+        """The syncs whose every worker has answered, oldest first (all when ``wait``)."""
+        self._collect(wait)
+        out, self._settled = self._settled, []
+        return out
+
+    def _collect(self, wait: bool) -> None:
+        while self._pending and (wait or all(f.done() for f in self._pending[0].served)):
+            p = self._pending.pop(0)
+            meta, ticket = p.meta.result(), p.ticket.result()
+            served = [f.result() for f in p.served]
+            reports = tuple(s.report for s in served)
+            differing = [r for r in reports if r.fingerprint != meta.fingerprint]
+            self._settled.append(SyncResult(
+                transport=ticket.transport, step=p.step, version_learner=meta.version,
+                version_rollout=min(r.version for r in reports),
+                fingerprint_learner=meta.fingerprint,
+                fingerprint_rollout=(differing or reports)[0].fingerprint,
+                bytes=ticket.layout.payload_bytes,
+                latency_s=max(s.at for s in served) - p.sent_at, workers=reports))
+
+
+class TensorSource(WeightSenderHost):
+    """A sender host over plain named tensors, for a process that has no learner (a bench,
+    a tool that pushes a checkpoint): set ``version`` and ``named`` before each send."""
+
+    def __init__(self, named: Sequence[tuple[str, torch.Tensor]], version: int = 0,
+                 devices: Sequence[str] = ()):
+        self.named, self.version, self.rec = list(named), version, SpanRecorder(list(devices))
+
+    def sync_weights(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+        return self.version, self.named
+
+
+class EngineHost(WeightReceiverHost):
+    """A receiver host around one rollout engine (anything with load_weights)."""
+
+    def __init__(self, engine, devices: Sequence[str] = ()):
+        self.engine, self.rec = engine, SpanRecorder(list(devices))

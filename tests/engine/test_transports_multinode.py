@@ -3,7 +3,6 @@ the head, the rollout worker pinned to the other node (its own raylet and object
 the object store really copies between nodes and the broadcast joins by the head's
 address)."""
 
-import time
 
 import pytest
 import ray
@@ -14,17 +13,18 @@ from safetensors.torch import load_file
 
 from engine.config import validate_config
 from engine.rollout.torch_backend import TorchRollout
-from engine.weightsync import build_sender
 from engine.weightsync.fingerprint import fingerprint
-from engine.weightsync.session import WeightReceiverHost, connect_workers, push_to_workers
+from engine.weightsync.session import EngineHost
+
+from .sync_session import connect, push
 
 pytestmark = pytest.mark.slow
 
 
 @ray.remote(num_cpus=1)
-class RolloutWorker(WeightReceiverHost):
+class RolloutWorker(EngineHost):
     def __init__(self, model_dir):
-        self.engine = TorchRollout.from_pretrained(model_dir)
+        super().__init__(TorchRollout.from_pretrained(model_dir))
 
     def node(self):
         return ray.get_runtime_context().get_node_id()
@@ -48,16 +48,14 @@ def remote_worker(tiny_dir):
 @pytest.mark.parametrize("kind", ["object_store", "broadcast", "checkpoint"])
 def test_weights_reach_a_worker_on_another_node(remote_worker, tiny_dir, kind):
     cfg = validate_config({"weight_sync": {"type": kind}}).weight_sync
-    sender = build_sender(cfg, world_size=2)
-    connect_workers(sender, [remote_worker], cfg)
+    sync = connect(cfg, [remote_worker])
     learner = dict(load_file(tiny_dir / "model.safetensors"))
     base = {"object_store": 10, "broadcast": 20, "checkpoint": 30}[kind]
     for version in (base, base + 1):
         with torch.no_grad():
             for t in learner.values():
                 t.add_(torch.randn_like(t) * 1e-3)
-        res = push_to_workers(sender, [remote_worker], list(learner.items()), version,
-                              time.time(), initial=version == base)
+        res = push(*sync, list(learner.items()), version, initial=version == base)
         assert res.matched and res.version_rollout == version
         assert res.fingerprint_learner == fingerprint(learner.items())
-    sender.close()
+    sync[1].close_sender()

@@ -90,9 +90,9 @@ def test_a_receiver_refuses_versions_that_do_not_strictly_increase():
 
 def test_one_worker_serving_other_weights_makes_the_sync_a_mismatch():
     good, bad = WeightReport(3, "aa", 8), WeightReport(3, "bb", 8)
-    res = SyncResult("shm", 3, 3, "aa", "aa", 8, 0.5, workers=(good, good))
+    res = SyncResult("shm", 0, 3, 3, "aa", "aa", 8, 0.5, workers=(good, good))
     assert res.matched and res.gb_per_s == pytest.approx(8 / 1e9 / 0.5)
-    assert not SyncResult("shm", 3, 3, "aa", "aa", 8, 0.5, workers=(good, bad)).matched
+    assert not SyncResult("shm", 0, 3, 3, "aa", "aa", 8, 0.5, workers=(good, bad)).matched
 
 
 class _Tensors:
@@ -145,10 +145,21 @@ def test_a_gloo_broadcast_in_small_buckets_delivers_every_tensor(double_buffer):
         assert [r.version for r in reports] == [version] * 2
 
 
-def test_in_place_is_not_a_cross_process_transport():
+def test_in_place_hands_the_learners_own_tensors_to_the_engine():
     cfg = validate_config({}).weight_sync
-    with pytest.raises(ValueError, match="InPlaceTransport"):
-        build_sender(cfg)
+    named = [("a", torch.randn(5)), ("b", torch.randn(2, 3))]
+    engine = _Tensors(named)
+    ticket = build_sender(cfg).prepare(named, 7)
+    assert ticket.layout.payload_bytes == 4 * (5 + 6)
+    assert all(t is u for (_, t), (_, u) in zip(ticket.payload, named, strict=True))
+    report = build_receiver(cfg).receive(ticket, engine)
+    assert (report.version, report.fingerprint) == (7, fingerprint(named))
+
+
+def test_in_place_on_a_ray_placement_is_refused_with_the_transports_to_use():
+    with pytest.raises(ConfigError, match='weight_sync.type="in_place" copies weights inside '
+                                          'one process.*"shm"'):
+        validate_config({"placement": {"type": "disaggregated"}})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal a CPU box gives")

@@ -7,8 +7,6 @@ the weights its kernels serve. "vllm_native" goes through vLLM's weight-transfer
 one a CPU box can run; "nccl" and "ipc" need a GPU.
 """
 
-import time
-
 import pytest
 import ray
 import torch
@@ -17,31 +15,32 @@ from engine.config import VllmRolloutConfig, validate_config
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout
 from engine.tinymodel import load_policy
-from engine.weightsync import build_sender
 from engine.weightsync.base import StaleVersionError
 from engine.weightsync.fingerprint import fingerprint
-from engine.weightsync.session import WeightReceiverHost, connect_workers, push_to_workers
+from engine.weightsync.session import EngineHost
+
+from .sync_session import connect, push
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 @ray.remote(num_cpus=0)
-class VllmWorker(WeightReceiverHost):
+class VllmWorker(EngineHost):
     def __init__(self, model_dir):
         from engine.rollout.vllm_backend import VllmRollout
 
-        self.engine = VllmRollout(model_dir, VllmRolloutConfig(), "float32", seed=0)
+        super().__init__(VllmRollout(model_dir, VllmRolloutConfig(), "float32", seed=0))
 
 
 @ray.remote(num_cpus=0)
-class NativeWorker(WeightReceiverHost):
+class NativeWorker(EngineHost):
     """A vLLM engine started with vLLM's weight-transfer engine (backend rlplane_gloo)."""
 
     def __init__(self, model_dir):
         from engine.rollout.vllm_backend import VllmRollout
 
-        self.engine = VllmRollout(model_dir, VllmRolloutConfig(), "float32", seed=0,
-                                  weight_transfer="gloo")
+        super().__init__(VllmRollout(model_dir, VllmRolloutConfig(), "float32", seed=0,
+                                     weight_transfer="gloo"))
 
     def greedy(self, prompts, max_new_tokens):
         params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens,
@@ -68,15 +67,14 @@ def worker(cluster, tiny_dir):
 
 @pytest.fixture(scope="module")
 def native(cluster, tiny_dir):
-    """(sender, worker) joined once through vLLM's init_weight_transfer_engine."""
+    """((session, source), worker) joined once through vLLM's init_weight_transfer_engine."""
     cfg = validate_config({"rollout": {"type": "vllm"},
                            "weight_sync": {"type": "vllm_native", "bucket_mb": 1,
                                            "timeout_s": 60}}).weight_sync
     w = NativeWorker.remote(str(tiny_dir))
-    sender = build_sender(cfg, world_size=2)
-    connect_workers(sender, [w], cfg)
-    yield sender, w
-    sender.close()
+    sync = connect(cfg, [w])
+    yield sync, w
+    sync[1].close_sender()
 
 
 def perturb(named, scale, seed):
@@ -90,35 +88,34 @@ def perturb(named, scale, seed):
 def test_vllm_in_an_actor_serves_what_the_learner_sent(worker, tiny_dir, kind):
     cfg = validate_config({"weight_sync": {"type": kind, "bucket_mb": 1} if kind == "broadcast"
                            else {"type": kind}}).weight_sync
-    sender = build_sender(cfg, world_size=2)
-    connect_workers(sender, [worker], cfg)
+    sync = connect(cfg, [worker])
     policy = load_policy(tiny_dir)
     named = [(n, p.detach()) for n, p in policy.named_parameters()]
     base = 10 if kind == "shm" else 20
-    assert push_to_workers(sender, [worker], named, base, time.time(), initial=True).matched
+    assert push(*sync, named, base, initial=True).matched
     with torch.no_grad():
         for _, t in named:
             t.add_(torch.randn_like(t) * 1e-3)
-    res = push_to_workers(sender, [worker], named, base + 1, time.time())
+    res = push(*sync, named, base + 1)
     assert res.matched and res.fingerprint_learner == fingerprint(named)
     assert res.version_rollout == base + 1
-    sender.close()
+    sync[1].close_sender()
 
 
 def test_vllm_native_lifecycle_serves_the_new_weights_past_the_prefix_cache(native, tiny_dir):
     """Through vLLM's own start/update/finish: the worker's fingerprint of what it serves
     equals the learner's, and greedy tokens on a prompt longer than one KV block (128
     tokens on CPU) follow the new weights, not KV cached under the old ones."""
-    sender, w = native
+    sync, w = native
     policy = load_policy(tiny_dir).eval()
     named = [(n, p.detach()) for n, p in policy.named_parameters()]
-    first = push_to_workers(sender, [w], named, 30, time.time(), initial=True)
+    first = push(*sync, named, 30, initial=True)
     assert first.matched and first.workers[0].fingerprint == fingerprint(named)
     long_prompt = [[5 + (i % 40) for i in range(200)]]
     ray.get(w.greedy.remote(long_prompt, 6))            # fill the prefix cache on v30
     perturb(named, 0.05, seed=3)
 
-    res = push_to_workers(sender, [w], named, 31, time.time())
+    res = push(*sync, named, 31)
 
     assert res.matched and res.version_rollout == 31
     assert res.workers[0].fingerprint == fingerprint(named) != first.workers[0].fingerprint
@@ -131,15 +128,15 @@ def test_vllm_native_lifecycle_serves_the_new_weights_past_the_prefix_cache(nati
 
 
 def test_vllm_native_refuses_a_stale_version_without_hanging_the_learner(native, tiny_dir):
-    sender, w = native
+    sync, w = native
     named = [(n, p.detach()) for n, p in load_policy(tiny_dir).named_parameters()]
-    push_to_workers(sender, [w], named, 40, time.time(), initial=True)
+    push(*sync, named, 40, initial=True)
     before = ray.get(w.served.remote())
     perturb(named, 0.05, seed=4)
 
     with pytest.raises(StaleVersionError, match="version 40 but the engine already serves"):
-        push_to_workers(sender, [w], named, 40, time.time())   # the broadcast completed
+        push(*sync, named, 40)   # the broadcast completed
 
     assert ray.get(w.served.remote()) == before           # nothing of it was loaded
-    after = push_to_workers(sender, [w], named, 41, time.time())
+    after = push(*sync, named, 41)
     assert after.matched                                   # the group is still usable

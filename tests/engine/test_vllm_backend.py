@@ -5,7 +5,6 @@ One in-process vLLM engine serves the module; each test leaves it on known weigh
 
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -18,9 +17,9 @@ from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import Problem
 from engine.tinymodel import load_policy, load_tokenizer
 from engine.weightsync.fingerprint import fingerprint
-from engine.weightsync.inplace import InPlaceTransport
 
 from .conftest import small_run
+from .sync_session import sync_in_place
 
 pytestmark = pytest.mark.vllm
 
@@ -135,8 +134,8 @@ def test_worker_reported_version_and_fingerprint_change_with_a_sync(
         vllm_engine, base_weights):
     before = vllm_engine.fingerprint()
     new = perturbed(base_weights)
-    res = InPlaceTransport(vllm_engine).push(
-        list(new.named_parameters()), 3, fingerprint(new.named_parameters()), time.time())
+    res = sync_in_place(vllm_engine, list(new.named_parameters()), 3)
+    assert res.fingerprint_learner == fingerprint(new.named_parameters())
     assert res.matched and res.version_rollout == 3
     assert res.fingerprint_rollout != before
 
@@ -144,8 +143,7 @@ def test_worker_reported_version_and_fingerprint_change_with_a_sync(
 def test_a_sync_that_is_not_applied_is_detected(vllm_engine, base_weights, monkeypatch):
     new = perturbed(base_weights)
     monkeypatch.setattr(vllm_engine, "_reload", lambda tensors: None)   # the weights drop
-    res = InPlaceTransport(vllm_engine).push(
-        list(new.named_parameters()), 4, fingerprint(new.named_parameters()), time.time())
+    res = sync_in_place(vllm_engine, list(new.named_parameters()), 4)
     assert res.version_rollout == 4          # the version alone would say all is well
     assert not res.matched
 

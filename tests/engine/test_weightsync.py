@@ -1,5 +1,3 @@
-import time
-
 import pytest
 import torch
 
@@ -12,7 +10,8 @@ from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import Problem
 from engine.tinymodel import load_policy, load_tokenizer
 from engine.weightsync.fingerprint import fingerprint
-from engine.weightsync.inplace import InPlaceTransport
+
+from .sync_session import sync_in_place
 
 
 def _learner_and_engine(tiny_dir):
@@ -32,12 +31,10 @@ def _one_update(learner, engine, tok):
 
 def test_fingerprints_match_after_every_sync(tiny_dir):
     learner, engine, tok = _learner_and_engine(tiny_dir)
-    transport = InPlaceTransport(engine)
     seen = set()
     for _ in range(3):
         _one_update(learner, engine, tok)
-        res = transport.push(learner.named_tensors(), learner.version, learner.fingerprint(),
-                             time.time())
+        res = sync_in_place(engine, learner.named_tensors(), learner.version)
         assert res.matched
         assert res.version_rollout == learner.version
         assert res.fingerprint_rollout == engine.fingerprint() == learner.fingerprint()
@@ -47,7 +44,7 @@ def test_fingerprints_match_after_every_sync(tiny_dir):
 
 def test_a_corrupted_rollout_tensor_changes_the_fingerprint(tiny_dir):
     learner, engine, _ = _learner_and_engine(tiny_dir)
-    InPlaceTransport(engine).push(learner.named_tensors(), 0, learner.fingerprint(), time.time())
+    sync_in_place(engine, learner.named_tensors(), 0)
     assert engine.fingerprint() == learner.fingerprint()
     engine.tensors["model.layers.2.mlp.up_proj.weight"][3, 7] += 1e-3
     assert engine.fingerprint() != learner.fingerprint()
@@ -71,8 +68,7 @@ class _DropsWeights:
 def test_a_sync_that_silently_did_not_apply_is_reported_as_a_mismatch(tiny_dir):
     learner, engine, tok = _learner_and_engine(tiny_dir)
     _one_update(learner, engine, tok)
-    res = InPlaceTransport(_DropsWeights(engine)).push(
-        learner.named_tensors(), learner.version, learner.fingerprint(), time.time())
+    res = sync_in_place(_DropsWeights(engine), learner.named_tensors(), learner.version)
     assert res.version_rollout == learner.version     # the version alone would lie...
     assert not res.matched                            # ...the fingerprint does not
 

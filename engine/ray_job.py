@@ -1,10 +1,10 @@
 """The entry point a Ray job runs: one RunConfig, events to the control plane, stop on request.
 
-    python -m engine.driver (--config RUN.toml | --config-json JSON) --run-dir DIR
+    python -m engine.ray_job (--config RUN.toml | --config-json JSON) --run-dir DIR
         --ingest-url URL --token-env RLPLANE_INGEST_TOKEN
         [--stop-url URL] [--stop-poll-s S] [--resume] [--from-checkpoint CKPT_DIR]
 
-    events -> RunDriver -> FanoutSink(memory, DIR/events.jsonl, HttpSink -> POST ingest-url)
+    events -> RunLoop -> FanoutSink(memory, DIR/events.jsonl, HttpSink -> POST ingest-url)
                                                       (DIR/ingest-spool.jsonl while down)
     stop   <- STOP file in DIR, SIGTERM, or a poller thread: GET stop-url every
               stop-poll-s with the run's token -> {"stop": true} -> checkpoint, "stopped"
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from engine.config import ConfigError, RunConfig, load_config, validate_config
 
-logger = logging.getLogger("engine.driver")
+logger = logging.getLogger("engine.ray_job")
 
 
 class StopPoller:
@@ -79,7 +79,7 @@ class StopPoller:
 
 def seed_checkpoint(source: Path, run_dir: Path) -> Path:
     """Copy a checkpoint directory into ``run_dir/checkpoints/`` under its own name, so the
-    driver's resume finds it. Copied (not linked): the parent keeps pruning its own.
+    loop's resume finds it. Copied (not linked): the parent keeps pruning its own.
     Written under a temp name and renamed, so a crash never leaves a half copy."""
     if not (source / "state.json").exists():
         raise FileNotFoundError(f"{source} is not a finished checkpoint (no state.json)")
@@ -93,7 +93,7 @@ def seed_checkpoint(source: Path, run_dir: Path) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m engine.driver")
+    parser = argparse.ArgumentParser(prog="python -m engine.ray_job")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", type=Path, help="run config, TOML")
     source.add_argument("--config-json", help="run config, JSON text")

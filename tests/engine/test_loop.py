@@ -26,7 +26,7 @@ CANONICAL = [
     "time/reward_s", "time/learner_s", "time/weight_sync_s", "time/idle_s", "rollout_share",
     "bubble", "throughput/tokens_per_s", "staleness/mean", "staleness/max",
     "logprob_gap/mean", "logprob_gap/max", "logprob_gap/k3", "tis/clip_frac",
-    "weight_sync/latency_s", "weight_sync/bytes", "weight_sync/gbps",
+    "weight_sync/latency_s", "weight_sync/bytes", "weight_sync/gb_per_s",
     "weight_sync/version_learner", "weight_sync/version_rollout", "learner/loss",
     "learner/grad_norm", "learner/kl_ref", "learner/entropy", "device/utilization/cpu:0",
 ]

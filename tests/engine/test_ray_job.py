@@ -1,4 +1,4 @@
-"""``python -m engine.driver``: the Ray job's entry point, against a stand-in control plane
+"""``python -m engine.ray_job``: the Ray job's entry point, against a stand-in control plane
 (a stdlib HTTP server that stores posted events and answers the stop poll)."""
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.driver import StopPoller, main
+from engine.ray_job import StopPoller, main
 
 from .conftest import small_run
 
@@ -154,7 +154,7 @@ def test_a_bad_config_exits_2_naming_the_field(tmp_path, plane):
     cp = plane()
     bad = json.dumps({"rollout": {"temperature": 9}})
     result = subprocess.run(
-        [sys.executable, "-m", "engine.driver", "--config-json", bad, "--run-dir",
+        [sys.executable, "-m", "engine.ray_job", "--config-json", bad, "--run-dir",
          str(tmp_path), "--ingest-url", f"{cp.url}/events"],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
         env={**os.environ, "RLPLANE_INGEST_TOKEN": "t"})

@@ -1,0 +1,109 @@
+"""Where a run's actors live, from start to teardown: one context manager.
+
+    with deploy(cfg, layout, policy_dir, model_dir, checkpoint, log) as d:
+        d.learner, d.workers        # actor handles (engine.orchestration.actors)
+        d.sharing                   # rollout workers on the learner's devices (colocated)
+        d.sync                      # the connected WeightSyncSession
+    # gone: transports closed, actors killed, placement group removed, Ray shut down
+    # (only when this run started it)
+
+Colocated with ``ray = false`` (the default) the learner and one rollout worker live in
+this process and weights are copied in place. Any other placement reserves a Ray placement
+group, refused up front when it cannot fit, and starts each worker as a Ray actor on its
+bundle, joined by the configured two-sided transport.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import InPlaceSyncConfig, RunConfig
+from engine.orchestration.actors import LocalActor, RayActor
+from engine.orchestration.placement import Layout, reserve
+from engine.orchestration.workers import LearnerWorker, RolloutWorker
+from engine.weightsync.session import WeightSyncSession
+
+
+@dataclass(frozen=True)
+class Deployment:
+    learner: LocalActor | RayActor
+    workers: list[LocalActor | RayActor]
+    sharing: list[LocalActor | RayActor]
+    sync: WeightSyncSession
+
+
+@contextmanager
+def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
+           checkpoint: Path | None, log: Callable[..., None]) -> Iterator[Deployment]:
+    learner_args = (cfg, policy_dir, model_dir, layout.learner.devices, checkpoint)
+    started: list[tuple[LocalActor | RayActor, type]] = []
+    pg, ray_started = None, False
+    try:
+        if not layout.on_ray:
+            learner = LocalActor(LearnerWorker(*learner_args))
+            started.append((learner, LearnerWorker))
+            workers = [LocalActor(RolloutWorker(cfg, policy_dir, model_dir, w.devices))
+                       for w in layout.workers]
+            started += [(w, RolloutWorker) for w in workers]
+            sharing, sync_cfg = workers, InPlaceSyncConfig()
+            if cfg.weight_sync.type != "in_place":
+                log(f'weight_sync.type = "{cfg.weight_sync.type}" is not used: this '
+                    f"placement keeps the rollout engine in the learner's process, so "
+                    f"weights are copied in place (placement.ray = true uses it)",
+                    level="warning")
+        else:
+            import ray
+
+            if not ray.is_initialized():
+                # The job's cluster (RAY_ADDRESS), else a private local one: a bare
+                # ray.init() would follow a stale /tmp/ray/ray_current_cluster.
+                ray.init(address=os.environ.get("RAY_ADDRESS", "local"))
+                ray_started = True
+            pg = reserve(layout, cfg.placement.ready_timeout_s)
+            threads = cfg.placement.threads_per_actor
+            log(f"placed on Ray: {len(layout.workers)} rollout worker(s) + learner in "
+                f"bundles {layout.bundles} ({layout.strategy}), {threads} torch thread(s) "
+                f"per actor")
+            learner = RayActor.start(LearnerWorker, (*learner_args, threads),
+                                     layout.learner.gpus, pg, layout.learner.bundle)
+            started.append((learner, LearnerWorker))
+            workers = []
+            for w in layout.workers:
+                workers.append(RayActor.start(
+                    RolloutWorker, (cfg, policy_dir, model_dir, w.devices, threads),
+                    w.gpus, pg, w.bundle))
+                started.append((workers[-1], RolloutWorker))
+            sharing = [h for h, w in zip(workers, layout.workers, strict=True)
+                       if set(w.devices) & set(layout.learner.devices)]
+            sync_cfg = cfg.weight_sync
+        for w in workers:                     # what their parts said (a reward model's fit)
+            for line in w.call(RolloutWorker.drain_logs).result():
+                log(line)
+        sync = WeightSyncSession(learner, workers, sync_cfg)
+        sync.connect()
+        yield Deployment(learner, workers, sharing, sync)
+    finally:
+        _teardown(started, layout.on_ray, pg, ray_started)
+
+
+def _teardown(started: list, on_ray: bool, pg, ray_started: bool) -> None:
+    # Transports release what they hold (shared-memory files, process groups), reward
+    # pools stop their actors; on Ray bounded, so a wedged actor cannot keep a run alive.
+    closing = [h.call(cls.close) for h, cls in started]
+    if on_ray:
+        import ray
+
+        if closing:
+            ray.wait([f.ref for f in closing], num_returns=len(closing), timeout=30)
+        for h, _ in started:
+            h.kill()
+        if pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(pg)
+        if ray_started:
+            ray.shutdown()

@@ -1,0 +1,255 @@
+"""The RL loop: builds a run's parts from its RunConfig and drives them step by step.
+
+    warm start (cached) -> deploy: learner + rollout workers (engine.orchestration.deployment)
+    weight sync (version N) -> preflight -> eval (held-out)
+    for step:
+        groups  = policy.next_batch(step, version)  rollout + reward on the workers [spans]
+        check staleness <= the policy's bound       (negative: error event, run fails)
+        adv     = group_advantages(rewards)
+        metrics = learner.update(samples)           version += 1                   [span]
+        sync.send(step) -> every rollout worker     each reports (version, fp)     [spans]
+        emit metrics.append (engine.telemetry.step_metrics; every actor's spans)
+    eval -> final checkpoint -> run.status
+
+Every policy runs on every placement; only on Ray do generation and training overlap. A
+SIGTERM, a STOP file in the run directory or a ``stop_requested()`` callback answering
+True makes it checkpoint after the step in progress and end "stopped".
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine.config import RunConfig, dump_config
+from engine.events import (
+    CheckpointEvent,
+    EventSink,
+    LogEvent,
+    MetricsEvent,
+    RunStatusEvent,
+    RunSummary,
+)
+from engine.experience import (
+    ExperienceBuffer,
+    Sample,
+    StalenessError,
+    check_staleness,
+    over_bound,
+)
+from engine.faults import wrap_buffer
+from engine.learner.checkpoint import latest_checkpoint
+from engine.learner.losses import group_advantages
+from engine.learner.warmstart import ensure_warm_start
+from engine.orchestration.deployment import Deployment, deploy
+from engine.orchestration.placement import layout_for
+from engine.orchestration.policies import Experience, buffer_bound, build_policy
+from engine.orchestration.workers import LearnerWorker, RolloutWorker
+from engine.reward import reward_metrics
+from engine.rollout.preflight import preflight_verdict
+from engine.seeds import seed_everything, step_seed
+from engine.tasks import build_task
+from engine.telemetry.recorder import Telemetry
+from engine.telemetry.sinks import FanoutSink, JsonlSink, MemorySink, last_seq
+from engine.telemetry.step_metrics import sample_metrics, sync_metrics, throughput_metrics
+from engine.weightsync.base import SyncResult
+
+
+class RunLoop:
+    def __init__(self, cfg: RunConfig, out_dir: Path, sink: EventSink | None = None,
+                 progress=None, stop_requested: Callable[[], bool] | None = None):
+        self.cfg, self.out_dir, self.progress = cfg, Path(out_dir), progress
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.layout = layout_for(cfg.placement)
+        self.memory = MemorySink()
+        jsonl = JsonlSink(self.out_dir / "events.jsonl") if cfg.telemetry.jsonl else None
+        self.tel = Telemetry(FanoutSink(self.memory, jsonl, sink), self.layout.devices)
+        self.ckpt_root = self.out_dir / "checkpoints"
+        self._stop, self._stop_hook = threading.Event(), stop_requested
+        self.step = self.version = 0
+        self.d: Deployment | None = None       # while deployed
+        self.buffer = ExperienceBuffer()       # replaced once deployed
+        self.policy = self.experience = None
+        self.last_sync: SyncResult | None = None
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop_requested(self) -> bool:
+        if self._stop.is_set() or (self.out_dir / "STOP").exists():
+            return True
+        if self._stop_hook is not None and self._stop_hook():
+            self._stop.set()  # the answer is final: the end-of-run status must agree
+            return True
+        return False
+
+    def run(self, steps: int | None = None, resume: bool = False) -> RunSummary:
+        cfg, start = self.cfg, time.time()
+        total = cfg.steps if steps is None else steps
+        prev = signal.getsignal(signal.SIGTERM) if _main_thread() else None
+        if prev is not None:
+            signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
+        if resume:
+            # A resumed run is the same run to its consumers, which dedup by seq: continue
+            # the sequence instead of restarting it (or every new event reads as a replay).
+            self.tel.seq = last_seq(self.out_dir / "events.jsonl")
+        self.status("starting")
+        status, last, eval_before, eval_after = "failed", {}, {}, {}
+        try:
+            seed_everything(cfg.model.seed)
+            (self.out_dir / "config.toml").write_text(dump_config(cfg))
+            self.status("warm_start")
+            model_dir = ensure_warm_start(cfg, log=self.tel.log)
+            ckpt = latest_checkpoint(self.ckpt_root) if resume else None
+            policy_dir = ckpt or model_dir
+            with deploy(cfg, self.layout, policy_dir, model_dir, ckpt, self.tel.log) as d:
+                self.d = d
+                self._start(policy_dir, ckpt)
+                self.status("running")
+                eval_before = self.evaluate(self.step)
+                last = self._steps(total)
+                self.policy.close()
+                self._settle(wait=True)
+                self._drain_spans()               # what ran after the last step's metrics
+                eval_after = self.evaluate(self.step)
+                self.checkpoint()
+            status = "stopped" if self.stop_requested() else "succeeded"
+        except KeyboardInterrupt:
+            status = "stopped"
+            raise
+        except Exception as exc:
+            self.tel.emit(LogEvent(level="error", message=f"{type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            self.d = None
+            self.status(status)
+            self.tel.sink.close()
+            if prev is not None:
+                signal.signal(signal.SIGTERM, prev)
+        return RunSummary(status=status, steps_done=self.step, eval_before=eval_before,
+                          eval_after=eval_after, last_metrics=last,
+                          out_dir=str(self.out_dir), wall_s=time.time() - start)
+
+    def _start(self, policy_dir: Path, ckpt: Path | None) -> None:
+        """Resume state, the policy, the first sync (every worker serves version N), the
+        logprob preflight."""
+        cfg, d = self.cfg, self.d
+        self.step, self.version = d.learner.call(LearnerWorker.state).result()
+        if ckpt is not None:
+            self.tel.log(f"resumed from {ckpt.name} (step {self.step}, version "
+                         f"{self.version})")
+        self.buffer = wrap_buffer(ExperienceBuffer(buffer_bound(cfg.async_policy)),
+                                  cfg.faults, lambda: self.step)
+        self.experience = Experience(d.workers, build_task(cfg.task), self.buffer,
+                                     cfg.rollout.prompts_per_step, cfg.algorithm.group_size,
+                                     cfg.model.seed, resumed_at=self.step)
+        self.policy = build_policy(cfg.async_policy, self.experience, self.version)
+        self._send(self.step, initial=True)
+        self._settle(wait=True)
+        res = d.workers[0].call(RolloutWorker.preflight, policy_dir, cfg.model.seed).result()
+        message, level = preflight_verdict(res, cfg.rollout)
+        if message:
+            self.tel.log(message, level=level)
+
+    def _steps(self, total: int) -> dict[str, float]:
+        cfg, rl_start, last = self.cfg, time.time(), {}
+        while self.step < total:
+            step = self.step
+            last = self.train_step(step)
+            if self.progress:
+                self.progress(step + 1, total, last)
+            every = cfg.telemetry.eval_every_steps
+            if every and (step + 1) % every == 0 and step + 1 < total:
+                self.evaluate(step + 1)
+            if cfg.checkpoint.every_steps and (step + 1) % cfg.checkpoint.every_steps == 0:
+                self.checkpoint()
+            if self.stop_requested():
+                break
+            if cfg.max_seconds is not None and time.time() - rl_start > cfg.max_seconds:
+                self.tel.log(f"max_seconds={cfg.max_seconds} reached after step {step + 1}")
+                break
+        return last
+
+    def train_step(self, step: int) -> dict[str, float]:
+        d, t0, version = self.d, time.time(), self.version
+        # The learner's own devices wait for experience (shared ones are busy generating).
+        waiting = [x for x in self.layout.learner.devices if x not in self.layout.rollout]
+        with self.tel.phase("waiting", waiting, step, version):
+            groups = self.policy.next_batch(step, version)
+        samples: list[Sample] = [s for g in groups for s in g]
+        try:
+            staleness = check_staleness(samples, version)
+        except StalenessError as exc:         # negative: a version counter went backwards
+            self.tel.emit(LogEvent(level="error", message=f"step {step}: {exc}"))
+            raise
+        if message := over_bound(staleness, self.cfg.async_policy.staleness_bound,
+                                 self.cfg.async_policy.type, step):
+            self.tel.emit(LogEvent(level="error", message=message))
+        adv = group_advantages(torch.tensor([s.reward for s in samples]),
+                               self.cfg.algorithm.group_size, self.cfg.algorithm.normalize_std)
+        for s, a in zip(samples, adv.tolist(), strict=True):
+            s.advantage = a
+        for w in d.sharing:                   # colocated: the engine yields the device
+            w.call(RolloutWorker.sleep)
+        m = d.learner.call(LearnerWorker.update, samples, step).result()
+        for w in d.sharing:
+            w.call(RolloutWorker.wake_up)
+        self.step, self.version = d.learner.call(LearnerWorker.state).result()
+        self._drain_spans()           # the phases so far reach the control plane before a
+        self._send(step)              # sync that may hang (PhaseHang names what follows)
+        self._settle(wait=not self.policy.overlaps)
+        self._drain_spans()
+        m |= self.tel.step_metrics(t0, time.time())
+        m |= reward_metrics([w.call(RolloutWorker.reward_metrics).result()
+                             for w in d.workers], m)
+        m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
+        m |= sync_metrics(self.last_sync)
+        m["buffer/dropped_stale"] = float(self.buffer.dropped_stale)
+        m["buffer/recycled"] = float(self.experience.recycled)
+        self.tel.emit(MetricsEvent(step=step, values=m))
+        return m
+
+    def _send(self, step: int, initial: bool = False) -> None:
+        self.d.sync.send(step, initial)
+        self.policy.weights_sent(self.version)
+
+    def _settle(self, wait: bool) -> None:
+        for res in self.d.sync.settle(wait):
+            self.last_sync = res
+            self.tel.emit(res.event())
+            if not res.matched:
+                self.tel.log(res.mismatch(), level="error")
+
+    def _drain_spans(self) -> None:
+        d = self.d
+        futures = [d.learner.call(LearnerWorker.drain_spans),
+                   *(w.call(RolloutWorker.drain_spans) for w in d.workers)]
+        for f in futures:
+            self.tel.ingest(*f.result())
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        t = self.cfg.telemetry.eval_temperature
+        temp = self.cfg.rollout.temperature if t is None else t
+        values = self.d.workers[0].call(RolloutWorker.evaluate, temp,
+                                        step_seed(self.cfg.model.seed, -1),
+                                        self.cfg.telemetry.eval_samples).result()
+        self.tel.emit(MetricsEvent(step=step, values=values))
+        return values
+
+    def checkpoint(self) -> None:
+        path, step, version, fp = self.d.learner.call(
+            LearnerWorker.save_checkpoint, self.ckpt_root, self.cfg.checkpoint.keep_last
+        ).result()
+        self.tel.emit(CheckpointEvent(step=step, version=version, path=path, fingerprint=fp))
+
+    def status(self, status: str, message: str = "") -> None:
+        self.tel.emit(RunStatusEvent(status=status, message=message))
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -1,0 +1,63 @@
+"""A step's metrics from what the step produced: pure functions the loop calls.
+
+    m = learner.update(...)                         learner/*, logprob_gap/*, tis/*
+    m |= tel.step_metrics(t0, t1)                   time/*, bubble, rollout_share, device/*
+    m |= sample_metrics(samples, staleness)         reward/*, response_length/*, staleness/*
+    m |= throughput_metrics(samples, m)             tokens and samples per second
+    m |= sync_metrics(last_sync)                    weight_sync/*
+
+Canonical names are in DESIGN.md section 4.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from engine.experience import Sample
+from engine.weightsync.base import SyncResult
+
+
+def percentile(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q))
+
+
+def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, float]:
+    rewards = [s.reward for s in samples]
+    lengths = [len(s.response_ids) for s in samples]
+    return {
+        "reward/mean": statistics.fmean(rewards),
+        "reward/std": statistics.pstdev(rewards),
+        "reward/accuracy": sum(r == 1.0 for r in rewards) / len(rewards),
+        "response_length/mean": statistics.fmean(lengths),
+        "response_length/p50": percentile(lengths, 50),
+        "response_length/p99": percentile(lengths, 99),
+        "response_length/max": float(max(lengths)),
+        "response/finished_frac": sum(s.finished for s in samples) / len(samples),
+        "staleness/mean": statistics.fmean(staleness),
+        "staleness/max": float(max(staleness)),
+        "samples/mixed_versions": float(sum(s.mixes_versions for s in samples)),
+    }
+
+
+def throughput_metrics(samples: list[Sample], phases: dict[str, float]) -> dict[str, float]:
+    """``phases``: the step's time/* metrics (tel.step_metrics)."""
+    tokens = sum(len(s.response_ids) for s in samples)
+    return {
+        "throughput/tokens_per_s": tokens / phases["time/step_s"],
+        "throughput/samples_per_s": len(samples) / phases["time/step_s"],
+        "rollout/tokens_per_s": tokens / max(phases["time/rollout_s"], 1e-9),
+    }
+
+
+def sync_metrics(res: SyncResult) -> dict[str, float]:
+    """The latest settled sync (under an overlapped policy, possibly the last step's)."""
+    return {
+        "weight_sync/latency_s": res.latency_s,
+        "weight_sync/bytes": float(res.bytes),
+        "weight_sync/gb_per_s": res.gb_per_s,
+        "weight_sync/version_learner": float(res.version_learner),
+        "weight_sync/version_rollout": float(res.version_rollout),
+        "weight_sync/matched": float(res.matched),
+    }
