@@ -97,3 +97,20 @@ def test_the_web_side_reaches_the_engine_only_through_api_and_config():
     ]
     rule = "jobs/ and controlplane/ may import only engine.api and engine.config"
     assert not offenders, rule + ":\n" + "\n".join(offenders)
+
+
+# The engine's command lines are clients of the facade, as the control plane is.
+ENGINE_ENTRY_POINTS = {"api.py", "cli.py", "ray_job.py", "__main__.py"}
+
+
+def test_no_engine_module_imports_the_public_facade():
+    """engine.api is the door into the engine; the engine's own modules import what they
+    need from engine.events, engine.config and each other, never through it."""
+    offenders = [
+        f"{where(path, line)} imports {module}" + (f" ({', '.join(names)})" if names else "")
+        for path in python_files("engine")
+        if path.relative_to(ROOT / "engine").as_posix() not in ENGINE_ENTRY_POINTS
+        for line, module, names in imported_modules(path)
+        if module == "engine.api" or (module == "engine" and "api" in names)
+    ]
+    assert not offenders, "engine modules must not import engine.api:\n" + "\n".join(offenders)
