@@ -125,21 +125,16 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
 
 
 def apply_engine_status(run: Run, event: RunStatusEvent) -> None:
-    """Follow the engine's status where the state machine allows it.
+    """Follow the engine's status where the state machine allows it (``Run.advance_to``:
+    an engine that stopped without a stop request goes through stopping, so the history
+    stays a legal path).
 
     A status the machine refuses (a late "running" after the run was marked lost, a replay
     after a stop) leaves the run as it is: its status_reason explains the state it is in,
-    and the event itself is kept in RunEvent. An engine that stopped without a stop request
-    (STOP file, SIGTERM) goes through stopping, so the history stays a legal path.
+    and the event itself is kept in RunEvent.
     """
-    target = ENGINE_STATUS[event.status]
-    run.refresh_from_db(fields=["status"])
-    if run.status == target:
-        return
     try:
-        if target == RunStatus.STOPPED and run.status == RunStatus.RUNNING:
-            run.transition_to(RunStatus.STOPPING, "the engine stopped without a stop request")
-        run.transition_to(target, event.message)
+        run.advance_to(ENGINE_STATUS[event.status], event.message)
     except InvalidTransition as exc:
         logger.warning("run %s: ignored engine status %r (seq %s): %s",
                        run.pk, event.status, event.seq, exc)

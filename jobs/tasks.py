@@ -188,18 +188,11 @@ def resubmit_stuck_runs() -> None:
 
 
 def follow(run: Run, target: RunStatus, reason: str) -> None:
-    """Move a live run to a final state along legal transitions: a submitting run passes
-    through running, a running one through stopping on its way to stopped."""
-    run.refresh_from_db(fields=["status"])
-    path = []
-    if target in (RunStatus.SUCCEEDED, RunStatus.STOPPED) and run.status == RunStatus.SUBMITTING:
-        path.append(RunStatus.RUNNING)
-    if target == RunStatus.STOPPED and run.status != RunStatus.STOPPING:
-        path.append(RunStatus.STOPPING)
+    """Move a live run to what its Ray job says, unless ingest (or another worker) got
+    there first."""
     try:
-        for status in [*path, target]:
-            run.transition_to(status, reason)
-    except InvalidTransition as exc:  # ingest (or another worker) got there first
+        run.advance_to(target, reason)
+    except InvalidTransition as exc:
         logger.info("sync_runs: %s", exc)
 
 
