@@ -123,7 +123,7 @@ def test_a_version_going_backwards_or_negative_staleness_is_a_regression():
 
 def test_phase_hang_names_the_phase_and_device_after_k_times_its_median():
     h = healthy(6)
-    last_end = max(s["end"] for s in h.spans)
+    last_end = max(s.end for s in h.spans)
     t = Thresholds(hang_factor=10, hang_min_s=1.0)
     # The last thing that happened was the weight sync: the run is waiting on rollout
     # (median 0.5 s); 10x is 5 s.
