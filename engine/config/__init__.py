@@ -34,6 +34,7 @@ from engine.config.errors import (
     dump_config,
     load_config,
     loads_config,
+    union_choices,
     validate_config,
 )
 from engine.config.errors import _format_error as _format_error
@@ -140,5 +141,6 @@ __all__ = [
     "load_config",
     "loads_config",
     "longest_answer",
+    "union_choices",
     "validate_config",
 ]
