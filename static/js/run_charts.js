@@ -7,7 +7,7 @@
   const plotConfig = {responsive: true, displaylogo: false};
   const maxPoints = {};  // per chart; undefined keeps every point
   const MAX_LOG_LINES = 500;
-  const TERMINAL = ["succeeded", "failed", "stopped", "lost"];
+  const TERMINAL = data.terminal_statuses;  // jobs/models/status.py, via the page
   let lastSeq = data.last_seq;
   let retryMs = 1000;
 

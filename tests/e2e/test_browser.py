@@ -138,9 +138,14 @@ def expect_status(page, status: str, timeout_s: float) -> None:
 
 
 def stop_from_page(page) -> None:
+    from playwright.sync_api import expect
+
     page.locator("form button.stop").click()
     page.wait_for_load_state()
     expect_status(page, "stopped", 60)
+    # Reached live (the page shows "stopping" after the click): a final status, as the
+    # server lists them, takes the Stop button away without a reload.
+    expect(page.locator("#stop-form")).to_have_count(0)
 
 
 @pytest.mark.slow

@@ -81,6 +81,7 @@ def test_the_run_page_draws_its_charts_from_the_stored_metrics(viewer, run):
     data = run_data(viewer.get(f"/runs/{run.pk}"))
 
     assert data["last_seq"] == 4 and data["ws_path"] == f"/ws/runs/{run.pk}/"
+    assert data["terminal_statuses"] == ["failed", "lost", "stopped", "succeeded"]
     lower, upper, mean = chart(data, "reward")["traces"]
     assert (mean["x"], mean["y"]) == ([1, 2], [0.2, 0.4])
     assert lower["y"] == pytest.approx([0.1, 0.3]) and upper["y"] == pytest.approx([0.3, 0.5])
