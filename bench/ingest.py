@@ -39,7 +39,7 @@ METRIC_NAMES = [  # the canonical ones (DESIGN.md section 4), padded to ~40 valu
     "time/reward_s", "time/learner_s", "time/weight_sync_s", "time/idle_s", "rollout_share",
     "bubble", "throughput/tokens_per_s", "staleness/mean", "staleness/max",
     "logprob_gap/mean", "logprob_gap/max", "tis/clip_frac", "weight_sync/latency_s",
-    "weight_sync/bytes", "weight_sync/gbps", "weight_sync/version_learner",
+    "weight_sync/bytes", "weight_sync/gb_per_s", "weight_sync/version_learner",
     "weight_sync/version_rollout", "learner/loss", "learner/grad_norm", "learner/kl_ref",
     "learner/entropy",
 ]

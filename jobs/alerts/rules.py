@@ -291,7 +291,7 @@ def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
                f"{latency / max(median, 1e-9):.0f}x the run's median {median:.2f} s."),
         runbook=("Check the transport (weight_sync.type) and the rollout workers it waits "
                  "for: a slow or stuck receiver, a network or object-store stall; "
-                 "weight_sync/gbps shows whether bandwidth dropped."),
+                 "weight_sync/gb_per_s (GB/s) shows whether bandwidth dropped."),
         evidence={"values": {"latency_s": latency, "median_s": median},
                   "series": chart(h, "weight_sync/latency_s")})]
 
