@@ -26,13 +26,12 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.models import InvalidTransition, Run, RunStatus
+from jobs.models import LIVE, InvalidTransition, Run, RunStatus
 from jobs.ray_cluster import job_not_found, ray_jobs, submission_id
 
 logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "RLPLANE_INGEST_TOKEN"
-LIVE = (RunStatus.SUBMITTING, RunStatus.RUNNING, RunStatus.STOPPING)
 STUCK_AFTER_S = 120  # a queued run that no submission reached by then gets another
 
 

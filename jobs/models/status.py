@@ -28,6 +28,8 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     S.STOPPING: frozenset({S.STOPPED, S.SUCCEEDED, S.FAILED, S.LOST}),
 }
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.LOST})
+# Submitted and not final: a Ray job may be working on it and sending events.
+LIVE = frozenset({S.SUBMITTING, S.RUNNING, S.STOPPING})
 
 
 def sources_of(new: RunStatus) -> list[str]:

@@ -1,6 +1,6 @@
 import pytest
 
-from jobs.models import TERMINAL, TRANSITIONS, InvalidTransition, Run, RunStatus
+from jobs.models import LIVE, TERMINAL, TRANSITIONS, InvalidTransition, Run, RunStatus
 from jobs.models.status import path_between
 
 S = RunStatus
@@ -158,3 +158,7 @@ def test_advance_to_a_state_no_walk_reaches_is_refused_and_changes_nothing(
 
     run.refresh_from_db()
     assert (run.status, run.status_reason) == (old, "kept")
+
+
+def test_a_live_run_is_one_that_was_submitted_and_is_not_final():
+    assert LIVE == set(S) - TERMINAL - {S.QUEUED}
