@@ -17,6 +17,7 @@ from django.db.models import Max
 from engine.api import CheckpointEvent, Event, MetricsEvent, RunStatusEvent, SpanEvent
 from jobs.alerts.lifecycle import do_evaluate_alerts
 from jobs.event_batch import json_safe
+from jobs.groups import RUNS_GROUP, run_group
 from jobs.models import (
     Checkpoint,
     InvalidTransition,
@@ -29,8 +30,6 @@ from jobs.models import (
 from jobs.tasks import stop_run, submit_run
 
 logger = logging.getLogger(__name__)
-
-RUNS_GROUP = "runs"  # the runs list page: one summary per ingested batch
 
 # The engine's run.status values -> the control plane's state machine.
 ENGINE_STATUS = {
@@ -158,7 +157,7 @@ def broadcast_events(run_id: int, events: list[dict], summary: dict | None = Non
     summary to the runs list's group."""
     message = {"type": "run.events", "run_id": run_id, "events": events}
     layer = get_channel_layer()
-    async_to_sync(layer.group_send)(f"run.{run_id}", message)
+    async_to_sync(layer.group_send)(run_group(run_id), message)
     if summary is not None:
         async_to_sync(layer.group_send)(RUNS_GROUP, summary)
 

@@ -58,11 +58,6 @@ class Run(models.Model):
         super().save(*args, **kwargs)
 
     @property
-    def group_name(self) -> str:
-        """The channel group that ingest broadcasts this run's events to."""
-        return f"run.{self.pk}"
-
-    @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
 
