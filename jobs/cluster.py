@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from jobs.tasks import SUBMISSION_PREFIX, ray_auth_headers
+from jobs.ray_cluster import ray_auth_headers, run_id_of
 
 TIMEOUT_S = 2.0
 # Ray's bookkeeping resources ("node:<ip>", "node:__internal_head__") say nothing useful.
@@ -161,8 +161,7 @@ def gpu_from_summary(gpu: dict) -> Gpu:
 
 
 def is_run_job(job: dict) -> bool:
-    sid = job.get("submission_id") or ""
-    return sid.startswith(SUBMISSION_PREFIX) and sid[len(SUBMISSION_PREFIX):].isdigit()
+    return run_id_of(job.get("submission_id") or "") is not None
 
 
 def run_job(job: dict) -> RunJob:
@@ -173,7 +172,7 @@ def run_job(job: dict) -> RunJob:
             holds[name] = float(job[key])
     for name, amount in (job.get("entrypoint_resources") or {}).items():
         holds[name] = float(amount)
-    return RunJob(run_id=int(sid[len(SUBMISSION_PREFIX):]), submission_id=sid,
+    return RunJob(run_id=run_id_of(sid), submission_id=sid,
                   status=job.get("status", "?"), node_id=job.get("driver_node_id") or "",
                   driver_pid=(job.get("driver_info") or {}).get("pid"), holds=holds)
 

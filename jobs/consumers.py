@@ -21,9 +21,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.template.loader import render_to_string
 
 from jobs import charts
-from jobs.actions import RUNS_GROUP
 from jobs.alerts.views import run_alerts
 from jobs.auth import is_operator
+from jobs.groups import RUNS_GROUP, run_group
 from jobs.models import Alert, Run, RunEvent
 
 BACKFILL_CHUNK = 500  # events per message while catching up
@@ -65,7 +65,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if not await database_sync_to_async(Run.objects.filter(pk=self.run_id).exists)():
             await self.close(code=4404)
             return
-        self.group = f"run.{self.run_id}"
+        self.group = run_group(self.run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
 

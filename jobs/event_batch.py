@@ -7,19 +7,27 @@ event that does not validate becomes an error entry {index, seq, error} and the 
 the batch is still stored: nothing valid is lost because a neighbour was bad.
 
 Each event must carry exactly its dataclass's fields (no unknown, none missing) with the
-declared JSON types, so that a row derived from it can always be written. Metric values may
-be NaN or +-inf (a diverging loss is worth seeing); they are stored as null.
+declared JSON types, so that a row derived from it can always be written: pydantic checks
+them, strictly (no "3" for 3), against a model made once per event class from the
+dataclass's own type hints. On top of that, what JSON and the tables need: integers a
+browser keeps exact, finite numbers outside metric values, seq >= 1, a known run status,
+named metrics. Metric values may be NaN or +-inf (a diverging loss is worth seeing); they
+are stored as null.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import typing
 from dataclasses import dataclass
 from typing import Any
 
-from engine.api import EVENT_TYPES, RUN_STATUSES, Event, RunStatusEvent
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from engine.api import EVENT_TYPES, RUN_STATUSES, Event, MetricsEvent, RunStatusEvent
 
 MAX_EVENTS_PER_BATCH = 5000
 MAX_SAFE_INT = 2**53 - 1  # what a browser's JSON.parse keeps exact
@@ -69,49 +77,58 @@ def parse_event(item: Any) -> Event:
         known = ", ".join(sorted(EVENT_TYPES))
         raise ValueError(f"unknown event type {kind!r} (known: {known})")
     cls = EVENT_TYPES[kind]
-    fields = {f.name: f.type for f in dataclasses.fields(cls)}
-    given = set(item) - {"type"}
-    if unknown := sorted(given - set(fields)):
-        raise ValueError(f"{kind}: unknown field(s) {', '.join(unknown)}")
-    if missing := sorted(set(fields) - given):
-        raise ValueError(f"{kind}: missing field(s) {', '.join(missing)}")
-    for name, annotation in fields.items():
-        if problem := type_problem(annotation, item[name]):
+    try:
+        fields = dict(schema_of(cls).model_validate({k: v for k, v in item.items()
+                                                      if k != "type"}))
+    except ValidationError as exc:
+        raise ValueError(f"{kind}{describe(exc.errors())}") from None
+    for name, value in fields.items():
+        if problem := out_of_range(value):
             raise ValueError(f"{kind}.{name}: {problem}")
-    if item["seq"] < 1:
-        raise ValueError(f"{kind}.seq: must be >= 1 (got {item['seq']})")
-    if cls is RunStatusEvent and item["status"] not in RUN_STATUSES:
-        raise ValueError(f"run.status.status: {item['status']!r} is not one of {RUN_STATUSES}")
-    return cls(**{name: item[name] for name in fields})
+    event = cls(**fields)
+    if event.seq < 1:
+        raise ValueError(f"{kind}.seq: must be >= 1 (got {event.seq})")
+    if isinstance(event, RunStatusEvent) and event.status not in RUN_STATUSES:
+        raise ValueError(f"{kind}.status: {event.status!r} is not one of {RUN_STATUSES}")
+    if isinstance(event, MetricsEvent) and "" in event.values:
+        raise ValueError(f"{kind}.values: a metric needs a name, got ''")
+    return event
 
 
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+@functools.cache
+def schema_of(cls: type[Event]) -> type[BaseModel]:
+    """A strict pydantic model of an event dataclass: its fields, each required."""
+    hints = typing.get_type_hints(cls)
+    return create_model(cls.__name__, __config__=ConfigDict(extra="forbid", strict=True),
+                        **{f.name: (hints[f.name], ...) for f in dataclasses.fields(cls)})
 
 
-def type_problem(annotation: str, value: Any) -> str | None:
-    """Why ``value`` does not fit the dataclass field annotation, or None if it does.
-    (engine.api uses postponed annotations, so these are strings.)"""
-    if annotation == "int":
-        if not isinstance(value, int) or isinstance(value, bool):
-            return f"expected an integer, got {value!r}"
-        if abs(value) > MAX_SAFE_INT:
-            return f"{value} is out of range (|n| <= 2**53 - 1)"
-    elif annotation == "float":
-        if not is_number(value) or not math.isfinite(value):
-            return f"expected a finite number, got {value!r}"
-    elif annotation == "str":
-        if not isinstance(value, str):
-            return f"expected a string, got {value!r}"
-    elif annotation == "bool":
-        if not isinstance(value, bool):
-            return f"expected true or false, got {value!r}"
-    elif annotation == "dict[str, float]":
-        if not isinstance(value, dict):
-            return f"expected an object of name -> number, got {value!r}"
-        for key, number in value.items():
-            if not key or not is_number(number):
-                return f"expected an object of name -> number, got {key!r}: {number!r}"
+EXPECTED = {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
+            "bool_type": "true or false", "dict_type": "an object"}
+
+
+def describe(errors: list[dict[str, Any]]) -> str:
+    """pydantic's errors as one message after the event type: all unknown fields, else
+    all missing ones, else the first field whose value is wrong and what it should be."""
+    for kind, what in (("extra_forbidden", "unknown"), ("missing", "missing")):
+        if names := sorted(str(e["loc"][0]) for e in errors if e["type"] == kind):
+            return f": {what} field(s) {', '.join(names)}"
+    err = errors[0]
+    field, *inner = err["loc"]
+    where = f" at {inner[0]!r}" if inner else ""
+    expected = EXPECTED.get(err["type"], err["msg"].removeprefix("Input should be ").lower())
+    return f".{field}: expected {expected}{where}, got {err['input']!r}"
+
+
+def out_of_range(value: Any) -> str | None:
+    """What JSON and the tables need beyond the type: integers a browser's JSON.parse
+    keeps exact, and finite numbers (a metric value, inside a dict, may be NaN)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and abs(value) > MAX_SAFE_INT:
+        return f"{value} is out of range (|n| <= 2**53 - 1)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"expected a finite number, got {value!r}"
     return None
 
 

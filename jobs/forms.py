@@ -13,27 +13,13 @@ from __future__ import annotations
 import difflib
 import hashlib
 import tomllib
-import typing
 
 from django import forms
-from pydantic import BaseModel
 
-from engine.config import ConfigError, RunConfig, dump_config, validate_config
+from engine.config import ConfigError, RunConfig, dump_config, union_choices, validate_config
 from jobs.models import Checkpoint, Run
 
 CHOICE_SECTIONS = ("placement", "async_policy")  # the explicit choices at the top
-
-
-def union_types(section: str) -> list[str]:
-    """The ``type`` values RunConfig accepts for a pluggable section, in union order."""
-
-    def members(annotation) -> list[type[BaseModel]]:
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            return [annotation]
-        return [m for arg in typing.get_args(annotation) for m in members(arg)]
-
-    return [m.model_fields["type"].default
-            for m in members(RunConfig.model_fields[section].annotation)]
 
 
 def initial_for(cfg: RunConfig) -> dict:
@@ -52,7 +38,7 @@ class RunConfigForm(forms.Form):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         for section in CHOICE_SECTIONS:
-            self.fields[section].choices = [(t, t) for t in union_types(section)]
+            self.fields[section].choices = [(t, t) for t in union_choices(section)]
         self.run_config: RunConfig | None = None
         self.config_errors: list[tuple[str, str]] = []  # (field path, message), in order
 

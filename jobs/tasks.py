@@ -8,8 +8,8 @@
     stop_run(id)      running -> stopping + the flag the driver polls; enforce_stop later
     enforce_stop(id)  still not exited after the timeout: stop the Ray job
 
-The submission id is derived from the run id, so a retried submit_run finds the job it
-already started instead of starting a second copy.
+The submission id is derived from the run id (jobs/ray_cluster.py), so a retried
+submit_run finds the job it already started instead of starting a second copy.
 """
 
 from __future__ import annotations
@@ -26,44 +26,13 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.models import InvalidTransition, Run, RunStatus
+from jobs.models import LIVE, InvalidTransition, Run, RunStatus
+from jobs.ray_cluster import job_not_found, ray_jobs, submission_id
 
 logger = logging.getLogger(__name__)
 
-SUBMISSION_PREFIX = "rlplane-run-"
 TOKEN_ENV = "RLPLANE_INGEST_TOKEN"
-LIVE = (RunStatus.SUBMITTING, RunStatus.RUNNING, RunStatus.STOPPING)
 STUCK_AFTER_S = 120  # a queued run that no submission reached by then gets another
-
-
-def submission_id(run: Run) -> str:
-    return f"{SUBMISSION_PREFIX}{run.pk}"
-
-
-def ray_auth_headers() -> dict[str, str]:
-    """The cluster's token as a header, looked up as Ray does it: $RAY_AUTH_TOKEN, else
-    the file RAY_AUTH_TOKEN_PATH (default ~/.ray/auth_token). Read per call, so a token
-    written after the control plane started is picked up. None found: no header (a
-    cluster with RAY_AUTH_MODE=disabled)."""
-    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
-    if not token:
-        path = Path(settings.RAY_AUTH_TOKEN_PATH)
-        token = path.read_text().strip() if path.is_file() else ""
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def ray_jobs():
-    """A JobSubmissionClient for the cluster (ray is imported here, not with the web app)."""
-    from ray.job_submission import JobSubmissionClient
-
-    # Explicit headers, rather than Ray's own token loader: that one reads RAY_AUTH_MODE
-    # once per process, and this process (a Celery worker) is no Ray node.
-    return JobSubmissionClient(settings.RAY_DASHBOARD_ADDRESS, headers=ray_auth_headers())
-
-
-def job_not_found(exc: Exception) -> bool:
-    # JobSubmissionClient raises a bare RuntimeError with the HTTP status in its text.
-    return isinstance(exc, RuntimeError) and "does not exist" in str(exc)
 
 
 def driver_entrypoint(run: Run) -> str:
@@ -100,7 +69,7 @@ def submit_run(self, run_id: int) -> None:
     elif run.status != RunStatus.SUBMITTING:
         logger.info("submit_run: run %s is %s; nothing to submit", run.pk, run.status)
         return
-    sid = submission_id(run)
+    sid = submission_id(run.pk)
     try:
         submit_once(run, ray_jobs())
     except Exception as exc:
@@ -114,7 +83,7 @@ def submit_once(run: Run, client) -> None:
     """Submit the run's driver unless its job exists. A job that exists (a retry after a
     crash, a lost acknowledgement, a racing twin) holds the token minted back then:
     minting another would lock that driver out of ingest."""
-    sid = submission_id(run)
+    sid = submission_id(run.pk)
     try:
         client.get_job_info(sid)
         Run.objects.filter(pk=run.pk).update(ray_submission_id=sid)
@@ -188,18 +157,11 @@ def resubmit_stuck_runs() -> None:
 
 
 def follow(run: Run, target: RunStatus, reason: str) -> None:
-    """Move a live run to a final state along legal transitions: a submitting run passes
-    through running, a running one through stopping on its way to stopped."""
-    run.refresh_from_db(fields=["status"])
-    path = []
-    if target in (RunStatus.SUCCEEDED, RunStatus.STOPPED) and run.status == RunStatus.SUBMITTING:
-        path.append(RunStatus.RUNNING)
-    if target == RunStatus.STOPPED and run.status != RunStatus.STOPPING:
-        path.append(RunStatus.STOPPING)
+    """Move a live run to what its Ray job says, unless ingest (or another worker) got
+    there first."""
     try:
-        for status in [*path, target]:
-            run.transition_to(status, reason)
-    except InvalidTransition as exc:  # ingest (or another worker) got there first
+        run.advance_to(target, reason)
+    except InvalidTransition as exc:
         logger.info("sync_runs: %s", exc)
 
 

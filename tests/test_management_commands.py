@@ -10,8 +10,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-import jobs.actions
 from jobs.auth import is_operator
+from jobs.models import Run
 
 pytestmark = pytest.mark.django_db
 
@@ -62,16 +62,20 @@ def test_a_password_set_by_hand_is_left_alone(tmp_path, monkeypatch):
     assert "RLPLANE_ADMIN_PASSWORD resets it" in out
 
 
-def test_launch_demo_says_what_is_missing_without_the_launch_action(monkeypatch):
-    monkeypatch.delattr(jobs.actions, "do_launch_run", raising=False)
-    get_user_model().objects.create_user("operator")
+def test_launch_demo_queues_the_demo_config_as_the_operator_and_prints_its_page(
+        django_capture_on_commit_callbacks):
+    operator = get_user_model().objects.create_user("operator")
+    out = StringIO()
 
-    with pytest.raises(CommandError, match="jobs.actions.do_launch_run is missing"):
-        call_command("launch_demo")
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        call_command("launch_demo", base_url="http://ctl:8000/", stdout=out)
+
+    run = Run.objects.get()
+    assert (run.name, run.status, run.created_by) == ("demo_arithmetic", "queued", operator)
+    assert len(queued) == 1      # submit_run, once the row committed
+    assert out.getvalue().strip() == f"demo run #{run.pk} launched: http://ctl:8000/runs/{run.pk}"
 
 
-def test_launch_demo_needs_the_operator_account(monkeypatch):
-    monkeypatch.setattr(jobs.actions, "do_launch_run", lambda **kw: None, raising=False)
-
+def test_launch_demo_needs_the_operator_account():
     with pytest.raises(CommandError, match="run manage.py ensure_operator first"):
         call_command("launch_demo", username="nobody")

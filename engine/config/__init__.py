@@ -31,6 +31,7 @@ from engine.config.errors import (
     dump_config,
     load_config,
     loads_config,
+    union_choices,
     validate_config,
 )
 from engine.config.faults import (
@@ -134,5 +135,6 @@ __all__ = [
     "load_config",
     "loads_config",
     "longest_answer",
+    "union_choices",
     "validate_config",
 ]

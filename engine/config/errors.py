@@ -31,6 +31,12 @@ def _sections_in(annotation: Any) -> list[type[BaseModel]]:
     return [m for arg in typing.get_args(annotation) for m in _sections_in(arg)]
 
 
+def union_choices(section: str) -> list[str]:
+    """The ``type`` values RunConfig accepts for a pluggable section, in union order."""
+    return [m.model_fields["type"].default
+            for m in _sections_in(RunConfig.model_fields[section].annotation)]
+
+
 def _model_at(path: tuple[Any, ...], data: Any) -> type[BaseModel] | None:
     """The section that owns the field at ``path`` (for 'allowed keys' hints)."""
     model: type[BaseModel] = RunConfig

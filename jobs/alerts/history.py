@@ -3,6 +3,7 @@
     h = RunHistory()
     for payload in events: h.add(payload)        # metrics.append, span, weight_sync.report
     h.series("reward/mean")  -> [(step, value), ...] by step
+    h.syncs[-1].version_rollout, h.spans[-1].phase   # the engine's typed events
     evaluate(h, RunFacts.from_config(cfg, status), Thresholds(), now)   (rules.py)
 
 The ingest path builds it from stored RunEvents and the engine tests from a MemorySink:
@@ -16,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.api import MetricsEvent, SpanEvent, WeightSyncEvent, event_from_dict
 from engine.config import RunConfig
 
 HISTORY_EVENTS = ("metrics.append", "span", "weight_sync.report")
@@ -24,19 +26,21 @@ HISTORY_EVENTS = ("metrics.append", "span", "weight_sync.report")
 class RunHistory:
     def __init__(self) -> None:
         self.metrics: dict[str, dict[int, float]] = {}
-        self.syncs: list[dict[str, Any]] = []
-        self.spans: list[dict[str, Any]] = []
+        self.syncs: list[WeightSyncEvent] = []
+        self.spans: list[SpanEvent] = []
         self.last_ts = 0.0
 
-    def add(self, event: dict[str, Any]) -> None:
-        self.last_ts = max(self.last_ts, event["ts"])
-        if event["type"] == "metrics.append":
-            for name, value in event["values"].items():
+    def add(self, payload: dict[str, Any]) -> None:
+        """One event as stored (``Event.to_dict()``, NaN metric values as None)."""
+        event = event_from_dict(payload)
+        self.last_ts = max(self.last_ts, event.ts)
+        if isinstance(event, MetricsEvent):
+            for name, value in event.values.items():
                 if value is not None:
-                    self.metrics.setdefault(name, {})[event["step"]] = value
-        elif event["type"] == "span":
+                    self.metrics.setdefault(name, {})[event.step] = value
+        elif isinstance(event, SpanEvent):
             self.spans.append(event)
-        elif event["type"] == "weight_sync.report":
+        elif isinstance(event, WeightSyncEvent):
             self.syncs.append(event)
 
     def series(self, name: str) -> list[tuple[int, float]]:

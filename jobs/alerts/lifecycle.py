@@ -22,6 +22,7 @@ from django.db import transaction
 from engine.config import validate_config
 from jobs.alerts.history import HISTORY_EVENTS, Finding, RunFacts, RunHistory, Thresholds
 from jobs.alerts.rules import evaluate
+from jobs.groups import run_group
 from jobs.models import (
     LIVE_STATES,
     Alert,
@@ -105,7 +106,7 @@ def announce(run_id: int, alert_ids: list[int], notification_ids: list[int]) -> 
 def broadcast_alerts(run_id: int, alert_ids: list[int]) -> None:
     """The run page's consumer renders each alert for its own user (operator buttons)."""
     async_to_sync(get_channel_layer().group_send)(
-        f"run.{run_id}", {"type": "run.alerts", "alert_ids": alert_ids})
+        run_group(run_id), {"type": "run.alerts", "alert_ids": alert_ids})
 
 
 def do_acknowledge(alert: Alert, user) -> bool:

@@ -37,30 +37,30 @@ def weight_sync_desync(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
     if not h.syncs:
         return []
     s = h.syncs[-1]
-    lag = s["version_learner"] - s["version_rollout"]
-    if s["version_learner"] == s["version_rollout"] and \
-            s["fingerprint_learner"] != s["fingerprint_rollout"]:
-        cause = (f"The rollout engine reports version {s['version_rollout']} but serves other "
-                 f"weights than the learner's (fingerprint {s['fingerprint_rollout'][:12]} vs "
-                 f"{s['fingerprint_learner'][:12]}): the generator is not receiving new weights.")
+    lag = s.version_learner - s.version_rollout
+    if s.version_learner == s.version_rollout and s.fingerprint_learner != s.fingerprint_rollout:
+        cause = (f"The rollout engine reports version {s.version_rollout} but serves other "
+                 f"weights than the learner's (fingerprint {s.fingerprint_rollout[:12]} vs "
+                 f"{s.fingerprint_learner[:12]}): the generator is not receiving new weights.")
     elif lag > t.desync_version_lag:
-        cause = (f"The rollout engine serves version {s['version_rollout']}, {lag} behind the "
-                 f"learner's {s['version_learner']}: the generator is not receiving new weights.")
+        cause = (f"The rollout engine serves version {s.version_rollout}, {lag} behind the "
+                 f"learner's {s.version_learner}: the generator is not receiving new weights.")
     else:
         return []
-    since = s["step"]          # the first sync of the current desync (events come batched)
+    since = s.step             # the first sync of the current desync (events come batched)
     for prior in reversed(h.syncs[:-1]):
-        if prior["matched"]:
+        if prior.matched:
             break
-        since = prior["step"]
+        since = prior.step
     return [Finding(
         kind="WeightSyncDesync", key="WeightSyncDesync", step=since, cause=cause,
         runbook=("Check that the weight sync really loads tensors into the engine (sleep/wake "
                  "mode, a transport that returns before applying, a swallowed error in the "
                  "receiver); compare weight_sync.report fingerprints per worker. Change "
                  "weight_sync.type to another transport to isolate it."),
-        evidence={"values": {k: s[k] for k in ("version_learner", "version_rollout",
-                                               "fingerprint_learner", "fingerprint_rollout")},
+        evidence={"values": {k: getattr(s, k) for k in (
+                      "version_learner", "version_rollout", "fingerprint_learner",
+                      "fingerprint_rollout")},
                   "series": chart(h, "weight_sync/matched")})]
 
 
@@ -69,10 +69,10 @@ def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[
     if len(pts) < t.stuck_window or abs(slope(pts)) >= t.stuck_slope:
         return []
     first = pts[0][0]
-    window = [s for s in h.syncs if s["step"] >= first]
-    versions = [s["version_rollout"] for s in window]
+    window = [s for s in h.syncs if s.step >= first]
+    versions = [s.version_rollout for s in window]
     gaps = [v for s, v in h.series("logprob_gap/mean") if s >= first]
-    if any(s["fingerprint_learner"] != s["fingerprint_rollout"] for s in window) or \
+    if any(s.fingerprint_learner != s.fingerprint_rollout for s in window) or \
             (len(versions) > 1 and max(versions) == min(versions)):
         key, why = "weights", "the generator is not receiving new weights"
         fix = "see WeightSyncDesync: check the weight sync and the fingerprints per worker"
@@ -104,8 +104,8 @@ def temperature_logprobs(h: RunHistory, f: RunFacts, t: Thresholds,
     raw = h.metrics.get("logprob_gap/untempered_mean", {}).get(step)
     stale = h.metrics.get("staleness/max", {}).get(step, 0.0)
     # The sync this step's rollout followed: the one that ended the previous step.
-    synced = [s for s in h.syncs if s["step"] == step - 1] or h.syncs[:1]
-    if gap is None or raw is None or stale != 0 or not synced or not synced[-1]["matched"]:
+    synced = [s for s in h.syncs if s.step == step - 1] or h.syncs[:1]
+    if gap is None or raw is None or stale != 0 or not synced or not synced[-1].matched:
         return []                  # only right after a sync that applied, on fresh samples
     if gap < t.temperature_gap or raw > gap / 4:
         return []
@@ -145,7 +145,7 @@ def logprob_gap_drift(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> 
         return []
     values = [v for _, v in pts]
     rising = all(b > a for a, b in zip(values, values[1:], strict=False))
-    prints = {s["fingerprint_learner"] for s in h.syncs if s["step"] >= pts[0][0]}
+    prints = {s.fingerprint_learner for s in h.syncs if s.step >= pts[0][0]}
     if not rising or values[-1] - values[0] < t.drift_min or len(prints) != 1:
         return []
     return [Finding(
@@ -200,24 +200,24 @@ def version_regression(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
 def phase_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     if f.status != "running" or len(h.steps) < 2 or not h.spans:
         return []
-    last = max(h.spans, key=lambda s: s["end"])
-    order = [s["phase"] for s in sorted((s for s in h.spans if s["step"] == h.steps[-1]),
-                                        key=lambda s: s["start"])]
+    last = max(h.spans, key=lambda s: s.end)
+    order = [s.phase for s in sorted((s for s in h.spans if s.step == h.steps[-1]),
+                                     key=lambda s: s.start)]
     order = list(dict.fromkeys(order))
-    if last["phase"] not in order:
+    if last.phase not in order:
         return []
-    i = order.index(last["phase"])
+    i = order.index(last.phase)
     phase = order[(i + 1) % len(order)]
-    durations = [s["end"] - s["start"] for s in h.spans if s["phase"] == phase]
+    durations = [s.end - s.start for s in h.spans if s.phase == phase]
     median = statistics.median(durations)
-    stalled = now - max(h.last_ts, last["end"])
+    stalled = now - max(h.last_ts, last.end)
     if stalled <= max(t.hang_factor * median, t.hang_min_s):
         return []
-    devices = sorted({s["device"] for s in h.spans if s["phase"] == phase
-                      and s["step"] == max(x["step"] for x in h.spans if x["phase"] == phase)})
+    devices = sorted({s.device for s in h.spans if s.phase == phase
+                      and s.step == max(x.step for x in h.spans if x.phase == phase)})
     where = ", ".join(devices)
     return [Finding(
-        kind="PhaseHang", key=f"PhaseHang:{phase}", step=last["step"],
+        kind="PhaseHang", key=f"PhaseHang:{phase}", step=last.step,
         cause=(f"Stuck in {phase} on {where}: no progress for {stalled:.0f} s, "
                f"{stalled / max(median, 1e-9):.0f}x the phase's median {median:.2f} s."),
         runbook=(f"Look at the {phase} worker on {where} (py-spy dump, Ray dashboard); a "
@@ -291,7 +291,7 @@ def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
                f"{latency / max(median, 1e-9):.0f}x the run's median {median:.2f} s."),
         runbook=("Check the transport (weight_sync.type) and the rollout workers it waits "
                  "for: a slow or stuck receiver, a network or object-store stall; "
-                 "weight_sync/gbps shows whether bandwidth dropped."),
+                 "weight_sync/gb_per_s (GB/s) shows whether bandwidth dropped."),
         evidence={"values": {"latency_s": latency, "median_s": median},
                   "series": chart(h, "weight_sync/latency_s")})]
 

@@ -17,20 +17,19 @@ from django.utils import timezone
 
 from jobs.alerts.lifecycle import do_evaluate_alerts
 from jobs.alerts.transports import TRANSPORTS, TransportError
-from jobs.models import Notification, NotificationStatus, Run, RunStatus
+from jobs.models import LIVE, Notification, NotificationStatus, Run, RunStatus
 
 logger = logging.getLogger(__name__)
 
 ATTEMPTS = 3
 BACKOFF_S = 1.0      # doubles after each failed attempt
-EVALUATED = (RunStatus.SUBMITTING, RunStatus.RUNNING, RunStatus.STOPPING)
 
 
 @shared_task
 def evaluate_alerts() -> None:
     """Live runs, and runs lost in the last hour (RunLost opens once for those)."""
     recent = timezone.now() - timedelta(hours=1)
-    runs = Run.objects.filter(status__in=EVALUATED) | Run.objects.filter(
+    runs = Run.objects.filter(status__in=LIVE) | Run.objects.filter(
         status=RunStatus.LOST, finished_at__gte=recent)
     for run_id in runs.values_list("pk", flat=True):
         with transaction.atomic():

@@ -2,7 +2,7 @@
 
     preset.py   Preset        a named, validated RunConfig
     run.py      Run           one run: config, status machine, ingest token
-    status.py   RunStatus     the run's states and the transitions between them
+    status.py   RunStatus     the run's states, the transitions between them, LIVE, TERMINAL
     series.py   MetricPoint   per-step metric values; PhaseSpan: device busy intervals
     events.py   RunEvent      every engine event, unique by (run, seq); Checkpoint
     alerts.py   Alert         a named condition on a run; AlertChannel; Notification
@@ -20,10 +20,10 @@ from jobs.models.events import Checkpoint, RunEvent
 from jobs.models.preset import Preset
 from jobs.models.run import Run
 from jobs.models.series import MetricPoint, PhaseSpan
-from jobs.models.status import TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
+from jobs.models.status import LIVE, TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
 
 __all__ = [
     "LIVE_STATES", "Alert", "AlertChannel", "AlertState", "Notification", "NotificationStatus",
-    "TERMINAL", "TRANSITIONS", "Checkpoint", "InvalidTransition", "MetricPoint", "PhaseSpan",
-    "Preset", "Run", "RunEvent", "RunStatus",
+    "LIVE", "TERMINAL", "TRANSITIONS", "Checkpoint", "InvalidTransition", "MetricPoint",
+    "PhaseSpan", "Preset", "Run", "RunEvent", "RunStatus",
 ]

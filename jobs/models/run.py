@@ -6,7 +6,13 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from jobs.models.status import TERMINAL, InvalidTransition, RunStatus, sources_of
+from jobs.models.status import (
+    TERMINAL,
+    InvalidTransition,
+    RunStatus,
+    path_between,
+    sources_of,
+)
 from jobs.models.validators import normalized_config, validate_run_config
 
 
@@ -52,11 +58,6 @@ class Run(models.Model):
         super().save(*args, **kwargs)
 
     @property
-    def group_name(self) -> str:
-        """The channel group that ingest broadcasts this run's events to."""
-        return f"run.{self.pk}"
-
-    @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
 
@@ -81,6 +82,22 @@ class Run(models.Model):
             raise InvalidTransition(self.pk, current, new)
         for field, value in changes.items():
             setattr(self, field, value)
+
+    def advance_to(self, target: str, reason: str = "") -> None:
+        """Move to ``target`` along the shortest legal walk from the stored status, each
+        step a ``transition_to`` with ``reason``: a submitting run passes through running,
+        a running one through stopping on its way to stopped. Already there: nothing to
+        do. Raises InvalidTransition when no walk leads there (a terminal run, stopping
+        back to running) or another writer moved the run in between."""
+        target = RunStatus(target)
+        self.refresh_from_db(fields=["status"])
+        if self.status == target:
+            return
+        path = path_between(self.status, target)
+        if not path:
+            raise InvalidTransition(self.pk, self.status, target)
+        for status in path:
+            self.transition_to(status, reason)
 
     def request_stop(self, reason: str) -> None:
         """Ask the driver to checkpoint and exit: running -> stopping, and the flag it polls.

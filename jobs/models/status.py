@@ -28,11 +28,33 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     S.STOPPING: frozenset({S.STOPPED, S.SUCCEEDED, S.FAILED, S.LOST}),
 }
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.LOST})
+# Submitted and not final: a Ray job may be working on it and sending events.
+LIVE = frozenset({S.SUBMITTING, S.RUNNING, S.STOPPING})
 
 
 def sources_of(new: RunStatus) -> list[str]:
     """The states from which a run may move to ``new``."""
     return sorted(old for old, targets in TRANSITIONS.items() if new in targets)
+
+
+def path_between(old: RunStatus, new: RunStatus) -> list[RunStatus]:
+    """The shortest walk along TRANSITIONS from ``old`` to ``new`` (``old`` left out,
+    ``new`` last), or [] when none leads there: submitting -> stopped is
+    [running, stopping, stopped]. Breadth first, so each state is visited once."""
+    came_from: dict[RunStatus, RunStatus | None] = {RunStatus(old): None}
+    frontier = [RunStatus(old)]
+    while frontier and new not in came_from:
+        state = frontier.pop(0)
+        for target in sorted(TRANSITIONS.get(state, ())):
+            if target not in came_from:
+                came_from[target] = state
+                frontier.append(target)
+    if new not in came_from or new == old:
+        return []
+    path = [RunStatus(new)]
+    while (before := came_from[path[-1]]) != old:
+        path.append(before)
+    return path[::-1]
 
 
 class InvalidTransition(Exception):

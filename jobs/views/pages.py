@@ -3,21 +3,13 @@ asks (the polling fallback and in-page refreshes)."""
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, render
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from jobs.alerts.views import run_alerts
 from jobs.auth import is_operator
 from jobs.models import Run
 from jobs.views import run_page
-
-
-def url_or(name: str, run_id: int, fallback: str) -> str:
-    """The named URL, or ``fallback`` while the view behind it does not exist yet."""
-    try:
-        return reverse(name, args=[run_id])
-    except NoReverseMatch:
-        return fallback
 
 
 @require_GET
@@ -42,8 +34,8 @@ def run_detail(request, run_id: int):
         "alerts": run_alerts(run),
         "config_toml": run_page.config_toml(run),
         "operator": is_operator(request.user),
-        "stop_url": url_or("run-stop", run.pk, f"/runs/{run.pk}/stop"),
-        "fork_url": url_or("run-fork", run.pk, f"/runs/{run.pk}/fork"),
+        "stop_url": reverse("run-stop", args=[run.pk]),
+        "fork_url": reverse("run-fork", args=[run.pk]),
     }
     if request.htmx:
         return render(request, "jobs/_run_panels.html", context)

@@ -10,7 +10,7 @@ from django.db.models import Max, OuterRef, Subquery
 
 from engine.config import dump_config, validate_config
 from jobs import charts
-from jobs.models import MetricPoint, PhaseSpan, Run, RunEvent
+from jobs.models import TERMINAL, MetricPoint, PhaseSpan, Run, RunEvent
 
 LOG_LINES = 200  # the newest log lines a page starts with
 
@@ -58,13 +58,14 @@ def recent_spans(run: Run) -> list[dict]:
 
 
 def chart_data(run: Run) -> dict:
-    """The json_script the run page draws from, and the seq its websocket resumes after."""
+    """The json_script the run page draws from, the seq its websocket resumes after, and
+    the statuses after which the run has nothing left to stop."""
     with snapshot():
         last_seq = RunEvent.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
         figures = charts.metric_figures(metric_steps(run))
         figures.append(charts.timeline_figure(recent_spans(run)))
     return {"run_id": run.pk, "last_seq": last_seq, "ws_path": f"/ws/runs/{run.pk}/",
-            "charts": figures}
+            "terminal_statuses": sorted(TERMINAL), "charts": figures}
 
 
 def recent_logs(run: Run) -> list[dict]:

@@ -7,9 +7,8 @@
   const plotConfig = {responsive: true, displaylogo: false};
   const maxPoints = {};  // per chart; undefined keeps every point
   const MAX_LOG_LINES = 500;
-  const TERMINAL = ["succeeded", "failed", "stopped", "lost"];
+  const TERMINAL = data.terminal_statuses;  // jobs/models/status.py, via the page
   let lastSeq = data.last_seq;
-  let retryMs = 1000;
 
   for (const fig of data.charts) {
     maxPoints[fig.id] = fig.max_points;
@@ -42,12 +41,8 @@
     lastSeq = msg.last_seq;
   }
 
-  function connect() {
-    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    const ws = new WebSocket(scheme + location.host + data.ws_path);
-    ws.onopen = () => { retryMs = 1000; ws.send(JSON.stringify({last_seq: lastSeq})); };
-    ws.onmessage = (e) => apply(JSON.parse(e.data));
-    ws.onclose = () => { setTimeout(connect, retryMs); retryMs = Math.min(retryMs * 2, 30000); };
-  }
-  connect();
+  window.rlplaneLiveSocket(data.ws_path, {  // live_socket.js
+    onOpen: (ws) => ws.send(JSON.stringify({last_seq: lastSeq})),
+    onMessage: apply,
+  });
 })();

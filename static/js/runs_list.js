@@ -2,7 +2,6 @@
 // table does not show yet makes htmx reload the table (it also reloads every 30 s).
 (function () {
   "use strict";
-  let retryMs = 1000;
 
   function setText(row, cls, text) {
     const cell = row.querySelector("." + cls);
@@ -21,12 +20,5 @@
     if (msg.step_s !== null) setText(row, "step-s", msg.step_s.toFixed(2) + " s");
   }
 
-  function connect() {
-    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    const ws = new WebSocket(scheme + location.host + "/ws/runs/");
-    ws.onopen = () => { retryMs = 1000; };
-    ws.onmessage = (e) => apply(JSON.parse(e.data));
-    ws.onclose = () => { setTimeout(connect, retryMs); retryMs = Math.min(retryMs * 2, 30000); };
-  }
-  connect();
+  window.rlplaneLiveSocket("/ws/runs/", {onMessage: apply});  // live_socket.js
 })();

@@ -4,7 +4,7 @@ main command starts (controlplane.stack --no-demo, free port, temp state dir).
     log in -> new run form -> run page: the reward chart grows without a reload
     -> Stop -> badge "stopped", a checkpoint listed (screenshot) -> Fork from it with a
     changed config -> review the diff -> Launch fork -> the fork's badge reaches "running"
-    -> Stop it too
+    -> the runs list shows the fork's steps live -> Stop it too
 
 No browser is ever downloaded: chromium comes from Debian (scripts/setup installs it as
 root). Without it this test fails, saying how to install it; it is never skipped.
@@ -138,9 +138,14 @@ def expect_status(page, status: str, timeout_s: float) -> None:
 
 
 def stop_from_page(page) -> None:
+    from playwright.sync_api import expect
+
     page.locator("form button.stop").click()
     page.wait_for_load_state()
     expect_status(page, "stopped", 60)
+    # Reached live (the page shows "stopping" after the click): a final status, as the
+    # server lists them, takes the Stop button away without a reload.
+    expect(page.locator("#stop-form")).to_have_count(0)
 
 
 @pytest.mark.slow
@@ -210,4 +215,17 @@ def operate(page, stack: str) -> None:
     page.wait_for_url(lambda url: re.search(r"/runs/\d+$", url) and url != run_url)
     assert page.locator(".fork-of").inner_text().startswith("fork of")
     expect_status(page, "running", 90)
+
+    # 7. The runs list follows the fork from its websocket: the step cell it was drawn
+    # with changes in place (an htmx reload of the table would replace the cell).
+    fork_url = page.url
+    page.goto(stack + "/")
+    page.evaluate("""(id) => {
+        window.__stepCell = document.querySelector("#run-" + id + " td.step");
+        window.__firstStep = window.__stepCell.textContent;
+    }""", fork_url.rsplit("/", 1)[1])
+    page.wait_for_function("""() => window.__stepCell.isConnected
+                              && window.__stepCell.textContent !== window.__firstStep""",
+                           timeout=60_000)
+    page.goto(fork_url)
     stop_from_page(page)

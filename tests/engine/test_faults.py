@@ -189,7 +189,7 @@ def test_a_hung_weight_sync_is_caught_while_it_hangs(tmp_path):
     hang = None
     while not done.wait(0.25) and hang is None:
         hang = next((f for f in watch.poll() if f.kind == "PhaseHang"), None)
-    synced_steps = {s["step"] for s in watch.history.syncs}
+    synced_steps = {s.step for s in watch.history.syncs}
     runner.join()
     assert hang is not None, "PhaseHang never fired during a 20 s hang"
     # Caught while the sync was still hung: its weight_sync report had not arrived.

@@ -123,7 +123,7 @@ def test_a_version_going_backwards_or_negative_staleness_is_a_regression():
 
 def test_phase_hang_names_the_phase_and_device_after_k_times_its_median():
     h = healthy(6)
-    last_end = max(s["end"] for s in h.spans)
+    last_end = max(s.end for s in h.spans)
     t = Thresholds(hang_factor=10, hang_min_s=1.0)
     # The last thing that happened was the weight sync: the run is waiting on rollout
     # (median 0.5 s); 10x is 5 s.
@@ -146,7 +146,8 @@ def test_bubble_high_needs_the_condition_for_the_whole_window_and_names_the_fix(
 
 def test_resync_slow_against_the_runs_own_median():
     h = healthy(**{"weight_sync/latency_s": lambda s: 3.0 if s == 5 else 0.05})
-    assert kinds(h) == {"ResyncSlow"}
+    [f] = evaluate(h, FACTS, Thresholds(), h.last_ts)
+    assert f.kind == "ResyncSlow" and "weight_sync/gb_per_s" in f.runbook  # a real metric
     h = healthy(**{"weight_sync/latency_s": lambda s: 0.5 if s == 5 else 0.05})
     assert kinds(h) == set()                       # 10x, but under resync_min_s
 

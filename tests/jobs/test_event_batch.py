@@ -51,11 +51,15 @@ GOOD = log(1).to_dict()
     ({**GOOD, "seq": "3"}, "log.seq: expected an integer"),
     ({**GOOD, "seq": True}, "log.seq: expected an integer"),
     ({**GOOD, "seq": 2**60}, "is out of range (|n| <= 2**53 - 1)"),
-    ({**GOOD, "ts": "now"}, "log.ts: expected a finite number"),
+    ({**GOOD, "ts": "now"}, "log.ts: expected a number, got 'now'"),
     ({**GOOD, "ts": math.nan}, "log.ts: expected a finite number"),
     ({**GOOD, "message": 5}, "log.message: expected a string"),
     ({**metrics(1, 0).to_dict(), "values": [1]}, "metrics.append.values: expected an object"),
     ({**metrics(1, 0).to_dict(), "values": {"x": "1"}}, "metrics.append.values: expected"),
+    ({**metrics(1, 0).to_dict(), "values": {"": 1.0}}, "metrics.append.values: a metric needs"),
+    ({**GOOD, "colour": "red", "size": 2}, "log: unknown field(s) colour, size"),
+    ({**GOOD, "level": True}, "log.level: expected a string"),
+    ({**span(1, 0).to_dict(), "end": math.inf}, "span.end: expected a finite number"),
     ({**metrics(1, 0).to_dict(), "step": 1.5}, "metrics.append.step: expected an integer"),
     ({**RunStatusEvent(seq=1).to_dict(), "status": "paused"}, "'paused' is not one of"),
 ])
@@ -67,6 +71,12 @@ def test_an_invalid_event_is_reported_with_its_index_seq_and_what_is_wrong(event
     assert problem["index"] == 1
     assert problem["seq"] == (event.get("seq") if isinstance(event, dict) else None)
     assert error in problem["error"]
+
+
+def test_a_whole_number_where_a_float_is_declared_is_accepted_as_a_float():
+    [event] = parse_event_batch(body({**GOOD, "ts": 1001}).encode()).events
+
+    assert event.ts == 1001.0 and isinstance(event.ts, float)
 
 
 def test_non_finite_metric_values_are_accepted_and_made_json_safe():

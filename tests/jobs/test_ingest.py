@@ -261,6 +261,17 @@ def test_an_engine_that_stops_on_its_own_passes_through_stopping(client, run, to
     assert (run.status, run.status_reason) == (S.STOPPED, "STOP file")
 
 
+def test_an_end_reported_before_running_walks_the_run_through_running(client, make_run):
+    run = make_run(S.SUBMITTING)  # its "running" batch is still in the driver's spool
+    token = run.issue_ingest_token()
+
+    post_events(client, run, token, [status(5, "succeeded", "10 steps")])
+
+    run.refresh_from_db()
+    assert (run.status, run.status_reason) == (S.SUCCEEDED, "10 steps")
+    assert run.started_at is not None
+
+
 def test_a_status_the_state_machine_refuses_leaves_the_run_alone_but_keeps_the_event(
         client, make_run, caplog):
     run = make_run(S.LOST, status_reason="ray job vanished")

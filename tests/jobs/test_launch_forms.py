@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.contrib.messages import get_messages
 
-from engine.config import RunConfig, dump_config, validate_config
+from engine.config import RunConfig, dump_config, union_choices, validate_config
 from jobs import tasks
 from jobs.auth import OPERATOR_GROUP
 from jobs.forms import RunConfigForm
@@ -123,6 +123,17 @@ def test_the_placement_choice_overrides_the_tables_type(client, operator):
     assert form.is_valid(), form.errors
     assert form.run_config.placement.devices == 2
     assert [t for t, _ in form.fields["placement"].choices] == ["colocated", "disaggregated"]
+
+
+def test_the_async_policy_select_offers_every_policy_the_config_accepts():
+    form = RunConfigForm()
+
+    offered = [t for t, _ in form.fields["async_policy"].choices]
+    assert offered == union_choices("async_policy")
+    assert {"sync", "one_step_off"} <= set(offered)
+    for policy in offered:
+        cfg = validate_config({**GOOD, "async_policy": {"type": policy}})
+        assert cfg.async_policy.type == policy
 
 
 def test_viewers_cannot_launch_stop_or_fork(client, viewer, make_run, queued):

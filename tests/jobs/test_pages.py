@@ -61,6 +61,7 @@ def test_the_runs_list_shows_each_runs_status_latest_reward_and_step_time(viewer
     assert "0.500" in html and "1.50 s" in html
     assert "badge-queued" in html
     assert "js/runs_list.js" in html and "vendor/htmx-2.0.4.min.js" in html
+    assert html.index("js/live_socket.js") < html.index("js/runs_list.js")
 
 
 def test_an_htmx_request_for_the_runs_list_gets_only_the_table(viewer, run):
@@ -81,6 +82,7 @@ def test_the_run_page_draws_its_charts_from_the_stored_metrics(viewer, run):
     data = run_data(viewer.get(f"/runs/{run.pk}"))
 
     assert data["last_seq"] == 4 and data["ws_path"] == f"/ws/runs/{run.pk}/"
+    assert data["terminal_statuses"] == ["failed", "lost", "stopped", "succeeded"]
     lower, upper, mean = chart(data, "reward")["traces"]
     assert (mean["x"], mean["y"]) == ([1, 2], [0.2, 0.4])
     assert lower["y"] == pytest.approx([0.1, 0.3]) and upper["y"] == pytest.approx([0.3, 0.5])
@@ -105,6 +107,7 @@ def test_the_run_page_shows_the_config_as_toml_the_logs_and_the_checkpoints(view
     assert "/ckpt/step_000005" in html
     assert 'id="run-status" class="badge badge-running"' in html
     assert "vendor/plotly-2.35.2.min.js" in html and "js/run_charts.js" in html
+    assert html.index("js/live_socket.js") < html.index("js/run_charts.js")
 
 
 def test_an_htmx_request_for_the_run_page_gets_its_panels_but_never_its_charts(viewer, run):

@@ -1,6 +1,7 @@
 import pytest
 
-from jobs.models import TERMINAL, TRANSITIONS, InvalidTransition, Run, RunStatus
+from jobs.models import LIVE, TERMINAL, TRANSITIONS, InvalidTransition, Run, RunStatus
+from jobs.models.status import path_between
 
 S = RunStatus
 LEGAL = sorted((old, new) for old, targets in TRANSITIONS.items() for new in targets)
@@ -100,3 +101,64 @@ def test_every_state_is_reachable_from_queued_and_nothing_leaves_a_terminal_stat
 
     assert reachable == set(S)
     assert not TERMINAL & set(TRANSITIONS)
+
+
+@pytest.mark.parametrize(("old", "new", "path"), [
+    (S.SUBMITTING, S.STOPPED, [S.RUNNING, S.STOPPING, S.STOPPED]),
+    (S.SUBMITTING, S.SUCCEEDED, [S.RUNNING, S.SUCCEEDED]),
+    (S.RUNNING, S.STOPPED, [S.STOPPING, S.STOPPED]),
+    (S.STOPPING, S.LOST, [S.LOST]),
+    (S.STOPPING, S.RUNNING, []),
+    (S.FAILED, S.RUNNING, []),
+    (S.RUNNING, S.RUNNING, []),
+])
+def test_the_path_between_two_states_is_the_shortest_legal_walk(old, new, path):
+    assert path_between(old, new) == path
+
+
+def test_advance_to_walks_every_step_of_the_path_and_records_the_reason(make_run):
+    run = make_run(S.SUBMITTING)
+
+    run.advance_to(S.STOPPED, "the Ray job was stopped")
+
+    run.refresh_from_db()
+    assert (run.status, run.status_reason) == (S.STOPPED, "the Ray job was stopped")
+    assert run.started_at is not None and run.finished_at is not None
+
+
+def test_advance_to_the_current_status_changes_nothing(make_run):
+    run = make_run(S.RUNNING, status_reason="kept")
+
+    run.advance_to(S.RUNNING, "again")
+
+    run.refresh_from_db()
+    assert (run.status, run.status_reason) == (S.RUNNING, "kept")
+
+
+def test_advance_to_reads_the_stored_status_not_a_stale_copy(make_run):
+    run = make_run(S.RUNNING)
+    stale = Run.objects.get(pk=run.pk)
+    run.transition_to(S.STOPPING, "operator asked")
+
+    stale.advance_to(S.STOPPED, "checkpointed")
+
+    assert stored_status(run) == S.STOPPED
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    (S.LOST, S.RUNNING, "is lost, which is final"),
+    (S.STOPPING, S.RUNNING, "cannot go from stopping to running"),
+])
+def test_advance_to_a_state_no_walk_reaches_is_refused_and_changes_nothing(
+        make_run, old, new, message):
+    run = make_run(old, status_reason="kept")
+
+    with pytest.raises(InvalidTransition, match=message):
+        run.advance_to(new)
+
+    run.refresh_from_db()
+    assert (run.status, run.status_reason) == (old, "kept")
+
+
+def test_a_live_run_is_one_that_was_submitted_and_is_not_final():
+    assert LIVE == set(S) - TERMINAL - {S.QUEUED}

@@ -29,6 +29,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from jobs import tasks
 from jobs.actions import do_fork_run
 from jobs.models import Checkpoint, MetricPoint, Run, RunEvent, RunStatus
+from jobs.ray_cluster import submission_id
 
 RAY = str(Path(sys.executable).with_name("ray"))
 TERMINAL_JOB = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
@@ -263,7 +264,7 @@ def test_of_two_racing_submitters_only_one_mints_a_token_and_it_is_the_one_ray_h
     token = next(v for k, v in env.items() if "TOKEN" in k)
     run.refresh_from_db()
     assert run.has_ingest_token(token)
-    assert run.ray_submission_id == tasks.submission_id(run)
+    assert run.ray_submission_id == submission_id(run.pk)
 
 
 @pytest.mark.django_db
@@ -389,7 +390,7 @@ def unlocked(fn, *args, **kwargs):
 
 def run_to_end(client, run: Run, timeout_s: float = 300) -> None:
     """Reconcile like beat does until the Ray job has ended, then once more."""
-    sid = tasks.submission_id(run)
+    sid = submission_id(run.pk)
 
     def ended():
         unlocked(tasks.sync_runs)

@@ -15,6 +15,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 
+from jobs.actions import do_launch_run
+
 
 class Command(BaseCommand):
     help = "Launch configs/demo_arithmetic.toml as a run and print the run page's URL."
@@ -28,14 +30,6 @@ class Command(BaseCommand):
                             or "http://127.0.0.1:8000")
 
     def handle(self, *args, config: Path, username: str, base_url: str, **options):
-        # Imported here so that this command still loads (and says what is missing)
-        # while the launch action is not there yet.
-        try:
-            from jobs.actions import do_launch_run
-        except ImportError as exc:
-            raise CommandError(
-                "jobs.actions.do_launch_run is missing, so no run can be launched yet "
-                f"({exc})") from exc
         try:
             data = tomllib.loads(config.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:

@@ -1,0 +1,57 @@
+"""The control plane's side of the Ray cluster, shared by the Celery tasks (jobs/tasks.py)
+and the cluster page (jobs/cluster.py):
+
+    submission_id(run_id)  "rlplane-run-<id>": a run's Ray job; run_id_of() reads it back
+    ray_auth_headers()     the cluster's bearer token, as Ray looks it up
+    ray_jobs()             a JobSubmissionClient with that token
+    job_not_found(exc)     the client's "no such job" error, told from the others
+
+Ray itself is imported only inside ``ray_jobs``: the web process never loads it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.conf import settings
+
+SUBMISSION_PREFIX = "rlplane-run-"
+
+
+def submission_id(run_id: int) -> str:
+    """The Ray job of a run. Derived from the run id, so a retried submission finds the
+    job it already started instead of starting a second copy."""
+    return f"{SUBMISSION_PREFIX}{run_id}"
+
+
+def run_id_of(sid: str) -> int | None:
+    """The run whose Ray job this is, or None for a job of someone else."""
+    rest = sid.removeprefix(SUBMISSION_PREFIX)
+    return int(rest) if rest != sid and rest.isdigit() else None
+
+
+def ray_auth_headers() -> dict[str, str]:
+    """The cluster's token as a header, looked up as Ray does it: $RAY_AUTH_TOKEN, else
+    the file RAY_AUTH_TOKEN_PATH (default ~/.ray/auth_token). Read per call, so a token
+    written after the control plane started is picked up. None found: no header (a
+    cluster with RAY_AUTH_MODE=disabled)."""
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if not token:
+        path = Path(settings.RAY_AUTH_TOKEN_PATH)
+        token = path.read_text().strip() if path.is_file() else ""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def ray_jobs():
+    """A JobSubmissionClient for the cluster."""
+    from ray.job_submission import JobSubmissionClient
+
+    # Explicit headers, rather than Ray's own token loader: that one reads RAY_AUTH_MODE
+    # once per process, and this process (a Celery worker, the web app) is no Ray node.
+    return JobSubmissionClient(settings.RAY_DASHBOARD_ADDRESS, headers=ray_auth_headers())
+
+
+def job_not_found(exc: Exception) -> bool:
+    # JobSubmissionClient raises a bare RuntimeError with the HTTP status in its text.
+    return isinstance(exc, RuntimeError) and "does not exist" in str(exc)
