@@ -1,7 +1,7 @@
 """Celery tasks: short ones only. The run itself is a Ray job that outlives any worker.
 
     submit_run(id)    queued -> submitting; mint the ingest token; submit
-                      `python -m engine.driver ...` as Ray job "rlplane-run-<id>"
+                      `python -m engine.ray_job ...` as Ray job "rlplane-run-<id>"
                       (the engine's own "running" event moves the run on, through ingest)
     sync_runs()       beat, every 10 s: each live run vs its Ray job's status;
                       a job Ray no longer knows -> lost; a run never submitted -> again
@@ -36,11 +36,11 @@ STUCK_AFTER_S = 120  # a queued run that no submission reached by then gets anot
 
 
 def driver_entrypoint(run: Run) -> str:
-    """The shell command of the Ray job: this checkout, this Python, the engine driver."""
+    """The shell command of the Ray job: this checkout, this Python, the engine's Ray job entry."""
     base = settings.RLPLANE_URL.rstrip("/")
     run_dir = Path(settings.RLPLANE_RUNS_DIR) / f"run-{run.pk}"
     args = [
-        sys.executable, "-m", "engine.driver",
+        sys.executable, "-m", "engine.ray_job",
         "--config-json", json.dumps(run.config, separators=(",", ":")),
         "--run-dir", str(run_dir),
         "--ingest-url", f"{base}/api/runs/{run.pk}/events",

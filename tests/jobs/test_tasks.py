@@ -2,7 +2,7 @@
 
 The head is started once for the module with `ray start --head --block` in a session of
 its own, on free ports and in its own temp dir, and killed by that session at teardown.
-The end-to-end tests run the real `python -m engine.driver` as a Ray job that posts to the
+The end-to-end tests run the real `python -m engine.ray_job` as a Ray job that posts to the
 ingest endpoint of pytest-django's live_server.
 """
 
@@ -154,7 +154,7 @@ def scheduled(monkeypatch):
 
 
 def submit_raw(client, entrypoint: str) -> str:
-    """A Ray job that is not the engine driver (a driver that hangs, one that crashes)."""
+    """A Ray job that is not the engine's entry (a driver that hangs, one that crashes)."""
     return client.submit_job(entrypoint=entrypoint,
                              submission_id=f"rlplane-test-{uuid.uuid4().hex[:8]}")
 
@@ -290,7 +290,7 @@ def test_the_driver_command_uses_this_python_checkout_and_checkpoint(make_run, s
 
     command = tasks.driver_entrypoint(run)
 
-    assert command.startswith(f"cd {settings.BASE_DIR} && exec {sys.executable} -m engine.driver")
+    assert command.startswith(f"cd {settings.BASE_DIR} && exec {sys.executable} -m engine.ray_job")
     assert f"--ingest-url http://cp.example:8000/api/runs/{run.pk}/events" in command
     assert f"--stop-url http://cp.example:8000/api/runs/{run.pk}/stop" in command
     assert "--from-checkpoint /runs/run-1/checkpoints/step_000004" in command
@@ -365,7 +365,7 @@ def test_enforce_stop_leaves_a_run_that_already_stopped_alone(cluster, make_run)
     assert Run.objects.get(pk=run.pk).status == RunStatus.STOPPED
 
 
-# --- end to end: the engine driver as a Ray job, posting to ingest -------------------------
+# --- end to end: the engine's Ray job entry, posting to ingest -------------------------
 
 @pytest.fixture
 def e2e(cluster, live_server, settings, model_cache):
@@ -406,7 +406,7 @@ def run_to_end(client, run: Run, timeout_s: float = 300) -> None:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_submitted_run_runs_the_engine_driver_on_ray_and_succeeds(e2e):
+def test_a_submitted_run_runs_the_engine_on_ray_and_succeeds(e2e):
     run = Run.objects.create(name="e2e", config=TINY)
 
     unlocked(tasks.submit_run, run.pk)
