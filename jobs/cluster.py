@@ -7,8 +7,9 @@
         GET /api/jobs/               Ray jobs; "rlplane-run-<id>" ones belong to runs
         GET /api/v0/actors           alive actors' resources, by job  (best effort)
         GET /api/v0/placement_groups reserved bundles, by job          (best effort)
+        GET /nodes/<id>              per worker process: CPU and memory (a live run's actors)
     utilization()                    this host: NVML per GPU when pynvml imports and finds
-                                     GPUs, else CPU per core and the run drivers' processes
+                                     GPUs, and CPU per core
 
 Every request goes through ``fetch_json`` (the one seam tests replace), with a short
 timeout and the cluster's bearer token. A cluster that does not answer gives a view with
@@ -18,7 +19,6 @@ timeout and the cluster's bearer token. A cluster that does not answer gives a v
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from jobs.ray_cluster import ray_auth_headers, run_id_of
+from jobs.run_processes import RunProcess, cpu_per_core, run_processes
 
 TIMEOUT_S = 2.0
 # Ray's bookkeeping resources ("node:<ip>", "node:__internal_head__") say nothing useful.
@@ -78,7 +79,9 @@ class RunJob:
     status: str
     node_id: str
     driver_pid: int | None
+    job_id: str | None = None
     holds: dict[str, float] = field(default_factory=dict)
+    processes: list[RunProcess] = field(default_factory=list)
 
 
 @dataclass
@@ -126,7 +129,9 @@ def cluster_view() -> ClusterView:
     view.runs = [run_job(job) for job in jobs if is_run_job(job)]
     view.other_jobs = sum(1 for job in jobs if not is_run_job(job)
                           and job.get("status") in LIVE_JOB)
-    add_holdings(view.runs, jobs)
+    actors, groups = live_state(view.runs)
+    add_holdings(view.runs, actors, groups)
+    add_processes(view, actors)
     by_node = {node.node_id: node for node in view.nodes}
     for run in view.runs:
         if run.status in LIVE_JOB and run.node_id in by_node:
@@ -174,22 +179,45 @@ def run_job(job: dict) -> RunJob:
         holds[name] = float(amount)
     return RunJob(run_id=run_id_of(sid), submission_id=sid,
                   status=job.get("status", "?"), node_id=job.get("driver_node_id") or "",
-                  driver_pid=(job.get("driver_info") or {}).get("pid"), holds=holds)
+                  driver_pid=(job.get("driver_info") or {}).get("pid"),
+                  job_id=job.get("job_id"), holds=holds)
 
 
-def add_holdings(runs: list[RunJob], jobs: list[dict]) -> None:
-    """Add what each live run's actors and placement groups hold. Best effort: the state
-    API may time out on a busy cluster, and the page is still useful without it."""
+def live_state(runs: list[RunJob]) -> tuple[list[dict], list[dict]]:
+    """The state API's actors and placement groups while a run is live. Best effort: it
+    may time out on a busy cluster, and the page is still useful without it."""
     if not any(run.status in LIVE_JOB for run in runs):
-        return
+        return [], []
     try:
-        actors = state_rows("/api/v0/actors?detail=1&limit=10000")
-        groups = state_rows("/api/v0/placement_groups?detail=1&limit=10000")
+        return (state_rows("/api/v0/actors?detail=1&limit=10000"),
+                state_rows("/api/v0/placement_groups?detail=1&limit=10000"))
     except ClusterUnreachable:
-        return
-    by_sid = {run.submission_id: run for run in runs}
-    job_ids = {job["job_id"]: by_sid[job["submission_id"]] for job in jobs
-               if job.get("job_id") and job.get("submission_id") in by_sid}
+        return [], []
+
+
+def add_processes(view: ClusterView, actors: list[dict]) -> None:
+    """Each live run's processes (jobs.run_processes), CPU and memory from where they run."""
+    hostnames = {node.node_id: node.hostname for node in view.nodes}
+    details: dict[str, dict[int, dict]] = {}
+
+    def worker_stats(node_id: str) -> dict[int, dict]:
+        if node_id not in details:
+            try:
+                workers = fetch_json(f"/nodes/{node_id}")["data"]["detail"].get("workers")
+            except (ClusterUnreachable, KeyError, TypeError):
+                workers = []
+            details[node_id] = {w.get("pid"): w for w in workers or []}
+        return details[node_id]
+
+    for run in view.runs:
+        if run.status in LIVE_JOB:
+            run.processes = run_processes(run.submission_id, run.job_id, actors,
+                                          worker_stats, hostnames)
+
+
+def add_holdings(runs: list[RunJob], actors: list[dict], groups: list[dict]) -> None:
+    """Add what each live run's actors and placement groups hold."""
+    job_ids = {run.job_id: run for run in runs if run.job_id and run.status in LIVE_JOB}
     held: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for group in groups:
         if group.get("state") == "CREATED" and group.get("creator_job_id") in job_ids:
@@ -213,45 +241,16 @@ def state_rows(path: str) -> list[dict]:
 
 @dataclass
 class Utilization:
-    """This host's devices: ``kind`` is "gpu" (NVML) or "cpu" (no GPUs, or no pynvml)."""
-    kind: str
+    """This host's devices: its GPUs through NVML where present, and its CPU per core."""
     label: str
     gpus: list[Gpu] = field(default_factory=list)
     cpu_per_core: list[float] = field(default_factory=list)
-    processes: list[dict] = field(default_factory=list)
 
 
-def utilization(runs: list[RunJob]) -> Utilization:
+def utilization() -> Utilization:
     gpus = nvml_gpus()
-    if gpus:
-        return Utilization(kind="gpu", label="GPU (NVML)", gpus=gpus)
-    import psutil
-
-    # interval=None: the load since the previous call in this process (the first poll of
-    # a fresh worker reads 0), instead of blocking the request for a sampling interval.
-    processes = []
-    for run in runs:
-        if run.status in LIVE_JOB and run.driver_pid:
-            processes.append(process_use(run, psutil))
-    return Utilization(kind="cpu", label="CPU/process (no GPUs)",
-                       cpu_per_core=psutil.cpu_percent(interval=None, percpu=True),
-                       processes=[p for p in processes if p])
-
-
-def process_use(run: RunJob, psutil) -> dict | None:
-    """CPU and memory of a run's driver and its children, when it runs on this host."""
-    try:
-        driver = psutil.Process(run.driver_pid)
-        family = [driver, *driver.children(recursive=True)]
-        for process in family:  # starts each process's sample window
-            process.cpu_percent(interval=None)
-        time.sleep(0.1)  # one short window for the whole family, not one per process
-        cpu = sum(p.cpu_percent(interval=None) for p in family)
-        rss_mb = sum(p.memory_info().rss for p in family) / 2**20
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-    return {"run_id": run.run_id, "pid": run.driver_pid, "processes": len(family),
-            "cpu_pct": cpu, "rss_mb": rss_mb}
+    return Utilization(label="GPU (NVML) and CPU" if gpus else "CPU (no GPUs visible to NVML)",
+                       gpus=gpus, cpu_per_core=cpu_per_core())
 
 
 def nvml_gpus() -> list[Gpu]:

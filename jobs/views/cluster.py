@@ -14,7 +14,7 @@ POLL_S = 3
 @login_required
 def cluster_page(request):
     view = cluster.cluster_view()
-    context = {"cluster": view, "utilization": cluster.utilization(view.runs),
+    context = {"cluster": view, "utilization": cluster.utilization(),
                "poll_s": POLL_S}
     if request.htmx:
         return render(request, "jobs/_cluster_panels.html", context)

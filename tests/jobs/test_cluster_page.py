@@ -2,6 +2,7 @@
 fragment. Ray is faked at jobs.cluster.fetch_json for the shapes, and real (a local head
 with two logical GPUs) for one test."""
 
+import re
 import time
 
 import pytest
@@ -36,7 +37,14 @@ def ray_answers(run_id: int, gpus=()) -> dict:
         "/api/jobs/": [job, {"submission_id": "someone-else", "status": "RUNNING"}],
         "/api/v0/actors?detail=1&limit=10000": {"data": {"result": {"result": [
             {"state": "ALIVE", "job_id": "02000000", "placement_group_id": None,
-             "required_resources": {"GPU": 1.0, "CPU": 1.0}}]}}},
+             "required_resources": {"GPU": 1.0, "CPU": 1.0}, "class_name": "LearnerWorker",
+             "pid": 4242, "node_id": NODE_ID},
+            {"state": "ALIVE", "job_id": "01000000", "name":
+             f"_ray_internal_job_actor_rlplane-run-{run_id}", "class_name": "JobSupervisor",
+             "pid": 4100, "node_id": NODE_ID, "required_resources": {}}]}}},
+        f"/nodes/{NODE_ID}": {"data": {"detail": {"workers": [
+            {"pid": 4242, "cpuPercent": 93.0, "memoryInfo": {"rss": 512 * 2**20}},
+            {"pid": 4100, "cpuPercent": 0.5, "memoryInfo": {"rss": 64 * 2**20}}]}}},
         "/api/v0/placement_groups?detail=1&limit=10000": {"data": {"result": {"result": []}}},
     }
 
@@ -80,10 +88,23 @@ def test_the_htmx_fragment_is_the_live_part_only(viewer, fake_ray):
     assert 'id="cluster"' in html and 'hx-trigger="every 3s"' in html and "gpu-box" in html
 
 
-def test_without_gpus_utilization_is_cpu_and_processes_clearly_labelled(viewer, fake_ray):
+def test_without_gpus_utilization_is_cpu_per_core_clearly_labelled(viewer, fake_ray):
     html = viewer.get("/cluster", headers=HTMX).content.decode()
 
-    assert "Utilization: CPU/process (no GPUs)" in html and "cpu0:" in html
+    assert "This host: CPU (no GPUs visible to NVML)" in html and "cpu0:" in html
+
+
+def test_a_live_runs_actors_are_listed_with_the_cpu_and_memory_their_node_measured(
+        viewer, fake_ray):
+    run, _ = fake_ray
+
+    html = viewer.get("/cluster", headers=HTMX).content.decode()
+
+    row = next(r for r in html.split('<tr class="run-process">')[1:] if "LearnerWorker" in r)
+    assert f"run #{run.pk}" in row and "4242" in row and "gpu-box" in row
+    assert "93 %" in row and "512 MiB" in row
+    # Its entrypoint runs on another host than the control plane: said, not guessed.
+    assert "entrypoint (on another host: not measured here)" in html
 
 
 def test_physical_gpus_that_ray_reports_are_listed_per_node(viewer, monkeypatch, make_run):
@@ -107,7 +128,7 @@ def test_an_unreachable_ray_is_said_plainly_instead_of_an_error(viewer, settings
         html = response.content.decode()
         assert response.status_code == 200
         assert "Ray is unreachable" in html and settings.RAY_DASHBOARD_ADDRESS in html
-        assert "CPU/process (no GPUs)" in html  # this host's utilization still shows
+        assert "This host: CPU" in html  # this host's utilization still shows
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +147,9 @@ def test_a_real_ray_head_shows_its_logical_gpus_and_a_runs_job(
     settings.RAY_AUTH_TOKEN_PATH = str(gpu_ray_head.token_path)
     run = make_run(name="real-ray")
     client = gpu_ray_head.client()
-    sid = client.submit_job(entrypoint="sleep 120", submission_id=f"rlplane-run-{run.pk}")
+    # A busy entrypoint, bounded by its own clock: the page must show its CPU, not 0.
+    busy = 'python -c "import time; t = time.time()\nwhile time.time() - t < 120: pass"'
+    sid = client.submit_job(entrypoint=busy, submission_id=f"rlplane-run-{run.pk}")
     try:
         deadline = time.monotonic() + 60
         while client.get_job_status(sid) != "RUNNING" and time.monotonic() < deadline:
@@ -134,7 +157,7 @@ def test_a_real_ray_head_shows_its_logical_gpus_and_a_runs_job(
         html = ""
         while time.monotonic() < deadline:  # the node registers a moment after the API
             html = viewer.get("/cluster").content.decode()
-            if "GPU (logical, num_gpus)" in html:
+            if "GPU (logical, num_gpus)" in html and 'class="run-process"' in html:
                 break
             time.sleep(0.5)
     finally:
@@ -143,3 +166,8 @@ def test_a_real_ray_head_shows_its_logical_gpus_and_a_runs_job(
     assert "Ray is unreachable" not in html
     assert "GPU (logical, num_gpus): 0 / 2" in html and "CPU: 0 / 2" in html
     assert "head" in html and f'href="/runs/{run.pk}"' in html and sid in html
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row)
+            for row in re.findall(r'<tr class="run-process">(.*?)</tr>', html, re.S)]
+    cpu = [float(cells[4].removesuffix(" %")) for cells in rows
+           if cells[1].startswith("entrypoint") and cells[4] != "–"]
+    assert cpu and max(cpu) > 0, rows        # the busy entrypoint, measured
