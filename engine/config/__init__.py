@@ -14,7 +14,7 @@ One module per section: ``model_task`` (model, task, warm start, algorithm), ``r
 ``placement``, ``async_policy``, ``weightsync``, ``reward``, ``faults``; ``run`` holds
 RunConfig and its cross-section checks, ``errors`` ConfigError and TOML load/dump, and
 ``_base`` the shared section base. Import from ``engine.config`` itself: every name is
-re-exported here.
+re-exported here. ``learner`` is how the learner computes (device, precision, packing).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from engine.config.faults import (
     UnscaledLogprobsFault,
     VersionResetFault,
 )
+from engine.config.learner import LearnerConfig
 from engine.config.model_task import (
     AlgorithmConfig,
     ArithmeticTaskConfig,
@@ -106,6 +107,7 @@ __all__ = [
     "FullyAsyncPolicyConfig",
     "GrpoConfig",
     "InPlaceSyncConfig",
+    "LearnerConfig",
     "LongTailTaskConfig",
     "ModelConfig",
     "ModelSize",
