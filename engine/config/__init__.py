@@ -13,8 +13,9 @@ This package imports neither torch nor ray: the web process validates configs wi
 One module per section: ``model_task`` (model, task, warm start, algorithm), ``rollout``,
 ``placement``, ``async_policy``, ``weightsync``, ``reward``, ``faults``; ``run`` holds
 RunConfig and its cross-section checks, ``errors`` ConfigError and TOML load/dump, and
-``_base`` the shared section base. Import from ``engine.config`` itself: every public
-name is re-exported here.
+``_base`` the shared section base; ``learner`` is how the learner computes (device,
+precision, packing). Import from ``engine.config`` itself: every public name is
+re-exported here.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from engine.config.faults import (
     UnscaledLogprobsFault,
     VersionResetFault,
 )
+from engine.config.learner import LearnerConfig
 from engine.config.model_task import (
     AlgorithmConfig,
     ArithmeticTaskConfig,
@@ -101,6 +103,7 @@ __all__ = [
     "FullyAsyncPolicyConfig",
     "GrpoConfig",
     "InPlaceSyncConfig",
+    "LearnerConfig",
     "LongTailTaskConfig",
     "ModelConfig",
     "ModelSize",

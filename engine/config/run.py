@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from engine.config._base import _Section
 from engine.config.async_policy import AsyncPolicyConfig, SyncPolicyConfig
 from engine.config.faults import FaultsConfig
+from engine.config.learner import LearnerConfig
 from engine.config.model_task import (
     AlgorithmConfig,
     ArithmeticTaskConfig,
@@ -59,6 +60,8 @@ class RunConfig(_Section):
     """Supervised steps on the task before RL, cached per (model, task, settings)."""
     algorithm: AlgorithmConfig = GrpoConfig()
     """The RL objective and optimizer ("grpo")."""
+    learner: LearnerConfig = LearnerConfig()
+    """How the learner computes its update: device, precision, micro-batches, packing."""
     rollout: RolloutConfig = TorchRolloutConfig()
     """The inference engine that generates completions and its sampling settings."""
     placement: PlacementConfig = ColocatedPlacementConfig()

@@ -1,24 +1,50 @@
-"""Pack samples into the learner's padded tensors.
+"""The learner's batch, and the two layouts a forward pass can see it in.
+
+The batch keeps one row per sample, in the loss layout every per-token quantity shares:
 
     columns:  [ pad .. pad  prompt | response  pad .. pad ]
                <------ P ------->  <------- R ------->
 
 Prompts are left-padded to P and responses right-padded to R, the layout the torch sampler
-uses, so positions (cumsum of the attention mask - 1) agree token for token. The logits
-at column P+t-1 predict response token t.
+uses, so positions (cumsum of the attention mask - 1) agree token for token. The output
+at column P+t-1 predicts response token t. Behaviour logprobs, advantages, masks and the
+logprobs a forward returns are all (B, R) in this layout.
+
+A forward pass sees the rows either as they are ("padded": B rows of P+R columns, most of
+them pad when lengths are ragged) or packed end to end into a few dense rows:
+
+    packed row 0:  [ a a a a a A A | b b b B B B B B | c c C ]     position ids restart at
+    packed row 1:  [ d d d d D D D D D D D | e e e E | pad pad ]    each sequence's start
+
+HF transformers (5.x, masking_utils.find_packed_sequence_indices) reads a packed row from
+position ids that restart, when no 2-D attention mask is given and no KV cache is in use:
+attention is then causal within each sequence and never crosses sequences, for sdpa and
+eager attention alike (and flash attention's varlen path). Pad only fills the tail of a
+packed row, after every real token, so no real token attends to it.
+
+Only the outputs that predict response tokens go through the LM head, in float32: the
+logits are the one place where a bf16 rounding would show up directly in the logprobs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.experience import Sample
 
+PACKED_ROW_TOKENS = 256
+"""Packed rows hold at least this many tokens (more when one sequence is longer). Attention
+costs each token its row's length, the MLPs nothing extra, so on models this size a longer
+row mostly saves pad; see bench/learner_throughput.py."""
+
 
 @dataclass
 class PackedBatch:
+    """The samples of one update in the loss layout (module docstring)."""
+
     input_ids: torch.Tensor        # (B, P+R)
     attention_mask: torch.Tensor   # (B, P+R)
     position_ids: torch.Tensor     # (B, P+R)
@@ -34,6 +60,16 @@ class PackedBatch:
         return PackedBatch(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
                            self.response_mask[idx], self.behaviour_logp[idx],
                            self.advantages[idx], self.prompt_len)
+
+    def to(self, device: torch.device) -> PackedBatch:
+        return PackedBatch(self.input_ids.to(device), self.attention_mask.to(device),
+                           self.position_ids.to(device), self.response_mask.to(device),
+                           self.behaviour_logp.to(device), self.advantages.to(device),
+                           self.prompt_len)
+
+    def row_tokens(self) -> list[int]:
+        """Real (prompt + response) tokens of each row."""
+        return self.attention_mask.sum(-1).tolist()
 
 
 def pack(samples: list[Sample], pad_id: int) -> PackedBatch:
@@ -56,18 +92,112 @@ def pack(samples: list[Sample], pad_id: int) -> PackedBatch:
     return PackedBatch(ids, attn, pos, rmask, beh, adv, P)
 
 
-def response_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Teacher-forced logprobs (B, R) of the response tokens under logits / temperature,
-    and optionally the per-token entropy (B, R) of that distribution."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids).logits          # (B, P+R, V)
+# --------------------------------------------------------------------------- layouts
+
+@dataclass
+class ForwardLayout:
+    """What the model is called with, and where its outputs for response tokens are."""
+
+    input_ids: torch.Tensor              # (N, T)
+    position_ids: torch.Tensor           # (N, T)
+    attention_mask: torch.Tensor | None  # (N, T) padded; None packed (positions say it)
+    predict_at: torch.Tensor             # (K,) flat index into N*T, one per response token,
+                                         # in the row-major order of response_mask
+
+    @property
+    def tokens(self) -> int:
+        """Token slots the forward computes, pad included."""
+        return self.input_ids.numel()
+
+
+def padded_layout(batch: PackedBatch) -> ForwardLayout:
+    B, S = batch.input_ids.shape
+    P, R = batch.prompt_len, batch.response_mask.shape[1]
+    cols = torch.arange(P - 1, P - 1 + R, device=batch.input_ids.device)          # (R,)
+    flat = torch.arange(B, device=cols.device)[:, None] * S + cols[None, :]        # (B, R)
+    return ForwardLayout(batch.input_ids, batch.position_ids, batch.attention_mask,
+                         flat[batch.response_mask.bool()])
+
+
+def bin_rows(lengths: list[int], capacity: int) -> tuple[list[int], list[int], int]:
+    """First-fit decreasing: (bin of each row, offset of each row in its bin, bins used).
+    Rows longer than ``capacity`` must not be given (the caller sizes capacity)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    free = np.full(len(lengths), capacity, dtype=np.int64)      # at most one bin per row
+    used = 0
+    row_bin, row_off = [0] * len(lengths), [0] * len(lengths)
+    for i in order:
+        n = lengths[i]
+        b = int(np.argmax(free[:used + 1] >= n))                # bin `used` is still empty
+        row_bin[i], row_off[i] = b, capacity - int(free[b])
+        free[b] -= n
+        used = max(used, b + 1)
+    return row_bin, row_off, used
+
+
+def packed_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> ForwardLayout:
+    lengths = batch.row_tokens()
+    capacity = max(row_tokens, max(lengths))
+    row_bin, row_off, n_bins = bin_rows(lengths, capacity)
+    T = max(o + n for o, n in zip(row_off, lengths, strict=True))   # trim the common tail
+    device = batch.input_ids.device
+    S = batch.input_ids.shape[1]
     P = batch.prompt_len
-    logits = logits[:, P - 1:-1].float() / temperature              # (B, R, V)
+    real = batch.attention_mask.bool()                                          # (B, S)
+    prompt_lens = batch.attention_mask.sum(-1) - batch.response_mask.sum(-1).long()
+    # Row i's real tokens sit at columns [P - p_i, P + r_i) and go to the dense slots
+    # bin_i * T + off_i + (column - (P - p_i)).
+    start = (torch.tensor(row_bin, device=device) * T + torch.tensor(row_off, device=device)
+             - (P - prompt_lens))                                               # (B,)
+    dest = start[:, None] + torch.arange(S, device=device)[None, :]            # (B, S)
+    ids = torch.zeros(n_bins * T, dtype=batch.input_ids.dtype, device=device)
+    pos = torch.zeros(n_bins * T, dtype=batch.position_ids.dtype, device=device)
+    ids[dest[real]] = batch.input_ids[real]
+    pos[dest[real]] = batch.position_ids[real]
+    predict_at = dest[:, P - 1:-1]                       # (B, R): column P+t-1 predicts t
+    return ForwardLayout(ids.view(n_bins, T), pos.view(n_bins, T), None,
+                         predict_at[batch.response_mask.bool()])
+
+
+def response_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float,
+                      with_entropy: bool = False, packed: bool = False,
+                      row_tokens: int = PACKED_ROW_TOKENS,
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Teacher-forced logprobs (B, R) of the response tokens under logits / temperature,
+    and optionally the per-token entropy (B, R) of that distribution; 0 off the response.
+    ``packed`` chooses the forward layout (``row_tokens``: packed_layout's); the result is
+    the same up to float rounding."""
+    lay = packed_layout(batch, row_tokens) if packed else padded_layout(batch)
+    hidden = model.base_model(input_ids=lay.input_ids, attention_mask=lay.attention_mask,
+                              position_ids=lay.position_ids,
+                              use_cache=False).last_hidden_state              # (N, T, H)
+    h = hidden.reshape(-1, hidden.shape[-1])[lay.predict_at]                   # (K, H)
+    head = model.get_output_embeddings()
+    with torch.autocast(h.device.type, enabled=False):
+        logits = head(h.to(head.weight.dtype)).float() / temperature          # (K, V)
     logp_all = torch.log_softmax(logits, dim=-1)
-    targets = batch.input_ids[:, P:]                                # (B, R)
-    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+    mask = batch.response_mask.bool()
+    targets = batch.input_ids[:, batch.prompt_len:][mask]                       # (K,)
+    logp = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
+    logp[mask] = logp_all.gather(-1, targets[:, None]).squeeze(-1)
     entropy = None
     if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        entropy = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
+        entropy[mask] = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
+
+
+def micro_batches(idx: torch.Tensor, costs: list[int], budget: int) -> list[torch.Tensor]:
+    """Split the rows ``idx`` (in order) into consecutive runs whose summed ``costs`` (the
+    tokens a forward computes for each row) stay within ``budget``; a row over the budget
+    alone is a run of its own. ``budget`` 0 = one run."""
+    if budget <= 0:
+        return [idx]
+    runs, start, used = [], 0, 0
+    for k, row in enumerate(idx.tolist()):
+        if k > start and used + costs[row] > budget:
+            runs.append(idx[start:k])
+            start, used = k, 0
+        used += costs[row]
+    runs.append(idx[start:])
+    return runs

@@ -53,7 +53,9 @@ def restore_checkpoint(path: Path, learner) -> dict:
     """Load optimizer, counters and RNG into ``learner`` (whose policy was already loaded
     from ``path``). Returns state.json."""
     state = json.loads((path / "state.json").read_text())
-    learner.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    # AdamW state goes where the parameters are now, not where it was saved from.
+    learner.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False,
+                                                 map_location=learner.device))
     rng = torch.load(path / "rng.pt", weights_only=False)
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])

@@ -4,58 +4,95 @@
     gap       = |behaviour_logp - old_logp|              # engine mismatch / staleness signal
     w_tis     = min(exp(old_logp - behaviour_logp), cap) # token-level TIS, detached
     for epoch in epochs, for minibatch in split(batch):
-        ratio = exp(new_logp - old_logp)
-        loss  = token_mean(-w_tis * min(ratio*A, clip(ratio)*A) + kl_coef * k3(new, ref))
+        for micro in split(minibatch, learner.micro_batch_tokens):   # gradients accumulate
+            ratio = exp(new_logp - old_logp)
+            per_token = -w_tis * min(ratio*A, clip(ratio)*A) + kl_coef * k3(new, ref)
+            (sum(per_token over micro) / response tokens of the minibatch).backward()
         AdamW step with global grad-norm clip
     version += 1                                         # weights changed: a new policy
 
-The learner owns the policy version; every weight sync carries it.
+The loss is a token mean over the whole minibatch, so each micro-batch's sum is divided
+by the minibatch's response tokens (its share of them, not 1 / micro-batches): the
+accumulated gradient is the one big batch's whatever the split.
+
+Where it runs is ``[learner]`` (engine.config.LearnerConfig): the policy and the
+reference live on the resolved device, batches move there, bf16 autocasts the forward
+and backward while parameters and AdamW state stay float32. The learner owns the policy
+version; every weight sync carries it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.config import GrpoConfig
-from engine.learner.batch import PackedBatch, response_logprobs
+from engine.config import GrpoConfig, LearnerConfig
+from engine.learner.batch import PackedBatch, micro_batches, response_logprobs
+from engine.learner.device import autocast, resolve_device
 from engine.learner.losses import clipped_surrogate, k3, masked_mean, tis_weights
 from engine.weightsync.fingerprint import fingerprint
 
 
 class Learner:
     def __init__(self, policy: torch.nn.Module, cfg: GrpoConfig, temperature: float,
-                 seed: int, reference: torch.nn.Module | None = None):
-        self.policy = policy.train()
+                 seed: int, reference: torch.nn.Module | None = None,
+                 setup: LearnerConfig | None = None):
+        self.setup = setup = setup or LearnerConfig()
+        self.device = resolve_device(setup.device)
+        self.policy = policy.to(self.device).train()
+        if setup.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         self.cfg = cfg
         # Learner logprobs are of the tempered distribution the sampler used (greedy -> 1).
         self.temperature = temperature if temperature > 0 else 1.0
         self.seed = seed
-        self.reference = reference.eval().requires_grad_(False) if reference is not None else None
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr,
+        self.reference = (reference.to(self.device).eval().requires_grad_(False)
+                          if reference is not None else None)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr,
                                            weight_decay=cfg.weight_decay)
         self.version = 0
         self.step = 0
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The policy's parameters, on the learner's device (weight sync reads them)."""
         return [(n, p.detach()) for n, p in self.policy.named_parameters()]
 
     def fingerprint(self) -> str:
         return fingerprint(self.named_tensors())
 
+    def logprobs(self, model: torch.nn.Module, batch: PackedBatch, temperature: float,
+                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, R) response logprobs on this learner's device, layout and precision."""
+        with autocast(self.device, self.setup):
+            return response_logprobs(model, batch, temperature, with_entropy,
+                                     packed=self.setup.packing)
+
     @torch.no_grad()
     def recompute(self, batch: PackedBatch) -> torch.Tensor:
         self.policy.eval()
-        logp, _ = response_logprobs(self.policy, batch, self.temperature)
+        logp = torch.cat([self.logprobs(self.policy, batch.select(i), self.temperature)[0]
+                          for i in self._micro_batches(batch, torch.arange(len(batch)))])
         self.policy.train()
         return logp
 
+    def _micro_batches(self, batch: PackedBatch, idx: torch.Tensor) -> list[torch.Tensor]:
+        """Rows ``idx`` split under learner.micro_batch_tokens, counting the tokens the
+        forward layout computes (real ones packed, the full padded width padded)."""
+        width = batch.input_ids.shape[1]
+        costs = batch.row_tokens() if self.setup.packing else [width] * len(batch)
+        return micro_batches(idx, costs, self.setup.micro_batch_tokens)
+
     def update(self, batch: PackedBatch) -> dict[str, float]:
-        cfg, mask = self.cfg, batch.response_mask
+        cfg = self.cfg
+        batch = batch.to(self.device)
+        mask = batch.response_mask
         old_logp = self.recompute(batch)                                   # (B, R)
         ref_logp = None
         if self.reference is not None and cfg.kl_coef > 0:
             with torch.no_grad():
-                ref_logp, _ = response_logprobs(self.reference, batch, self.temperature)
+                ref_logp = torch.cat([
+                    self.logprobs(self.reference, batch.select(i), self.temperature)[0]
+                    for i in self._micro_batches(batch, torch.arange(len(batch)))])
         gap = (batch.behaviour_logp - old_logp).abs() * mask
         w_tis, tis_clipped = tis_weights(old_logp, batch.behaviour_logp, cfg.tis_cap)
         metrics = {
@@ -69,48 +106,59 @@ class Learner:
             # temperature (TRL #4159), which the plain gap alone cannot tell from staleness.
             self.policy.eval()
             with torch.no_grad():
-                raw, _ = response_logprobs(self.policy, batch, 1.0)
+                raw = torch.cat([self.logprobs(self.policy, batch.select(i), 1.0)[0]
+                                 for i in self._micro_batches(batch, torch.arange(len(batch)))])
             self.policy.train()
             metrics["logprob_gap/untempered_mean"] = float(
                 masked_mean((batch.behaviour_logp - raw).abs(), mask))
 
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
-        losses, grad_norms, entropies, kls, clip_fracs = [], [], [], [], []
+        sums = {"loss": [], "grad_norm": [], "entropy": [], "kl_ref": [], "clip_frac": []}
         n = len(batch)
         for _ in range(cfg.epochs):
             perm = torch.randperm(n, generator=gen)
             for idx in perm.chunk(cfg.minibatches):
-                mb = batch.select(idx)
-                m = mb.response_mask
-                new_logp, entropy = response_logprobs(self.policy, mb, self.temperature,
-                                                      with_entropy=True)
-                surr, ppo_clipped = clipped_surrogate(new_logp, old_logp[idx],
-                                                      mb.advantages[:, None], cfg.clip_eps)
-                per_token = -w_tis[idx] * surr
-                if ref_logp is not None:
-                    kl = k3(new_logp, ref_logp[idx])
-                    per_token = per_token + cfg.kl_coef * kl
-                    kls.append(float(masked_mean(kl.detach(), m)))
-                loss = masked_mean(per_token, m)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                self.optimizer.step()
-                losses.append(float(loss.detach()))
-                grad_norms.append(float(norm))
-                entropies.append(float(masked_mean(entropy.detach(), m)))
-                clip_fracs.append(float(masked_mean(ppo_clipped.float(), m)))
+                step = self._minibatch_step(batch, idx, old_logp, w_tis, ref_logp)
+                for k, v in step.items():
+                    sums[k].append(v)
         self.step += 1
         self.version += 1
 
         def mean(xs: list[float]) -> float:
             return sum(xs) / len(xs) if xs else 0.0
 
-        metrics.update({
-            "learner/loss": mean(losses),
-            "learner/grad_norm": mean(grad_norms),
-            "learner/entropy": mean(entropies),
-            "learner/kl_ref": mean(kls),
-            "learner/clip_frac": mean(clip_fracs),
-        })
+        metrics.update({f"learner/{k}": mean(v) for k, v in sums.items()})
         return metrics
+
+    def _minibatch_step(self, batch: PackedBatch, idx: torch.Tensor, old_logp: torch.Tensor,
+                        w_tis: torch.Tensor, ref_logp: torch.Tensor | None) -> dict[str, float]:
+        """One optimizer step on the rows ``idx``, accumulated over their micro-batches.
+        Every metric is a token mean over the whole minibatch, as the loss is."""
+        cfg = self.cfg
+        n_tokens = batch.response_mask[idx].sum().clamp(min=1)
+        totals = torch.zeros(4, device=self.device)      # loss, entropy, kl, clipped tokens
+        self.optimizer.zero_grad(set_to_none=True)
+        for micro in self._micro_batches(batch, idx):
+            mb = batch.select(micro)
+            m = mb.response_mask
+            new_logp, entropy = self.logprobs(self.policy, mb, self.temperature,
+                                              with_entropy=True)
+            surr, ppo_clipped = clipped_surrogate(new_logp, old_logp[micro],
+                                                  mb.advantages[:, None], cfg.clip_eps)
+            per_token = -w_tis[micro] * surr
+            kl = torch.zeros((), device=self.device)
+            if ref_logp is not None:
+                kl_tok = k3(new_logp, ref_logp[micro])
+                per_token = per_token + cfg.kl_coef * kl_tok
+                kl = (kl_tok.detach() * m).sum()
+            loss_sum = (per_token * m).sum()
+            (loss_sum / n_tokens).backward()             # this micro-batch's share
+            totals += torch.stack([loss_sum.detach(), (entropy.detach() * m).sum(),
+                                   kl, (ppo_clipped.float() * m).sum()])
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        loss, entropy, kl, clipped = (totals / n_tokens).tolist()
+        step = {"loss": loss, "grad_norm": float(norm), "entropy": entropy, "clip_frac": clipped}
+        if ref_logp is not None:
+            step["kl_ref"] = kl
+        return step

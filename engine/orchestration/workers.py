@@ -146,7 +146,7 @@ class LearnerWorker(WeightSenderHost):
         alg = cfg.algorithm
         reference = load_policy(model_dir, dtype) if alg.kl_coef > 0 else None
         self.learner = Learner(load_policy(policy_dir, dtype), alg, cfg.rollout.temperature,
-                               cfg.model.seed, reference=reference)
+                               cfg.model.seed, reference=reference, setup=cfg.learner)
         if checkpoint is not None:
             restore_checkpoint(checkpoint, self.learner)
         self.pad_id = load_tokenizer(model_dir).pad_token_id

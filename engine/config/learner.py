@@ -1,0 +1,43 @@
+"""Config section of how the learner executes its update: device, precision, memory.
+
+The update's math (the loss, the optimizer step) is the algorithm section's; this section
+only chooses how it is computed, and every choice gives the same step up to float
+rounding (bf16 aside, which trades precision for speed on purpose).
+
+Whether a device exists is not checked here: this package is imported by the web process,
+which validates configs for a cluster it is not part of. The learner refuses an absent
+device where it would run (engine.learner.device.resolve_device).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from engine.config._base import _Section
+
+
+class LearnerConfig(_Section):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the learner trains. "auto" is CUDA when the learner's process sees a GPU
+    (under Ray, the one Ray assigned to the learner's bundle) and the CPU otherwise;
+    "cuda" refuses to start without one; "cpu" never uses a GPU."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Compute precision of forward and backward. "bf16" autocasts matmuls to bfloat16
+    while parameters, gradients and optimizer state stay in the dtype of model.dtype
+    (float32 master weights by default); logprobs and the loss are computed in float32
+    either way."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping
+    them (Hugging Face gradient_checkpointing_enable): less memory, about a third more
+    compute."""
+    micro_batch_tokens: int = Field(default=0, ge=0, le=100_000_000)
+    """Token budget (prompt + response tokens) of one forward/backward; each optimizer
+    minibatch is split into micro-batches under it and their gradients accumulate, weighted
+    by their share of response tokens, so the step equals one big batch's. A sequence longer
+    than the budget gets a micro-batch of its own. 0 = no split."""
+    packing: bool = True
+    """Pack prompt+response sequences end to end into dense rows (positions restart per
+    sequence, attention never crosses sequences) instead of padding each to the longest.
+    Same logprobs and loss as the padded layout, fewer wasted tokens."""

@@ -1,0 +1,47 @@
+"""Where and in what precision the learner computes: ``[learner]`` turned into torch.
+
+The device is resolved in the process that trains, never when the config is validated:
+the web process validates configs for a cluster it is not part of, so only the learner's
+own process can tell whether the GPU it was given exists. Under Ray that process sees
+exactly the GPUs of its bundle (Ray sets CUDA_VISIBLE_DEVICES), so "cuda" is the first
+of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from engine.config import LearnerConfig
+
+
+class DeviceUnavailableError(RuntimeError):
+    """``learner.device`` names a device this process does not have."""
+
+
+def resolve_device(choice: str) -> torch.device:
+    """"cpu" | "cuda" | "auto" -> the torch device to train on, or a refusal that names
+    the field and the fix."""
+    if choice == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if choice == "auto":
+        return torch.device("cpu")
+    why = ("this torch build has no CUDA support" if torch.version.cuda is None
+           else "torch sees no CUDA device (CUDA_VISIBLE_DEVICES="
+           f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r})")
+    raise DeviceUnavailableError(
+        f'learner.device = "cuda", but {why} in this process (torch {torch.__version__}); '
+        f'set learner.device = "auto" (a GPU where there is one, else the CPU) or "cpu", or '
+        f"place the learner where a GPU is assigned to it")
+
+
+def autocast(device: torch.device, cfg: LearnerConfig) -> contextlib.AbstractContextManager:
+    """bf16 autocast of matmuls for precision = "bf16" (parameters, gradients and
+    optimizer state keep their own dtype); a no-op for "fp32"."""
+    if cfg.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
