@@ -49,6 +49,18 @@ def offset(name: str, by: str, sign: int, label: str, **style) -> Trace:
     return Trace(label, (name, by), value, style)
 
 
+def first_of(label: str, names: tuple[str, ...], **style) -> Trace:
+    """The first of ``names`` reported: one device slot, whichever kind it was sampled as
+    (a "gpu:k" of a CPU box is measured as its process's CPU)."""
+    def value(values: Values) -> float | None:
+        return next((values[n] for n in names if values.get(n) is not None), None)
+    return Trace(label, names, value, style)
+
+
+# The device charts have a trace per placement device slot (gpu:k / cpu:k): fixed, so the
+# first render and every live update agree on trace indices.
+DEVICE_SLOTS = 8
+
 BAND = {"mode": "lines", "line": {"width": 0}, "showlegend": False, "hoverinfo": "skip"}
 
 METRIC_CHARTS: tuple[Chart, ...] = (
@@ -78,6 +90,12 @@ METRIC_CHARTS: tuple[Chart, ...] = (
         metric("weight_sync/version_rollout", "rollout version", yaxis="y2",
                line={"dash": "dash"}),
     ), {"yaxis2": {"overlaying": "y", "side": "right", "title": {"text": "version"}}}),
+    Chart("device_util", "Devices, measured: GPU (NVML) or process CPU (%)", tuple(
+        first_of(f"device {k}", (f"device/gpu_util/gpu:{k}", f"device/cpu_util/gpu:{k}",
+                                 f"device/cpu_util/cpu:{k}")) for k in range(DEVICE_SLOTS))),
+    Chart("device_memory", "Devices, measured: memory used (GB)", tuple(
+        first_of(f"device {k}", (f"device/memory_gb/gpu:{k}", f"device/memory_gb/cpu:{k}"))
+        for k in range(DEVICE_SLOTS))),
     Chart("throughput", "Throughput (tokens/s)", (metric("throughput/tokens_per_s", "tokens/s"),)),
     Chart("response_length", "Response length (tokens)", (
         metric("response_length/p50", "p50"), metric("response_length/p99", "p99"),

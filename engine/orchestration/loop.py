@@ -8,7 +8,8 @@
         adv     = group_advantages(rewards)
         metrics = learner.update(samples)           version += 1                   [span]
         sync.send(step) -> every rollout worker     each reports (version, fp)     [spans]
-        emit metrics.append (engine.telemetry.step_metrics; every actor's spans)
+        emit metrics.append (engine.telemetry.step_metrics; every actor's spans and
+                             the device/* its DeviceSampler measured)
     eval -> final checkpoint -> run.status
 
 Every policy runs on every placement; only on Ray do generation and training overlap. A
@@ -208,7 +209,7 @@ class RunLoop:
         m |= reward_metrics([w.call(RolloutWorker.reward_metrics).result()
                              for w in d.workers], m)
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
-        m |= sync_metrics(self.last_sync)
+        m |= sync_metrics(self.last_sync) | self._sample_devices()
         m["buffer/dropped_stale"] = float(self.buffer.dropped_stale)
         m["buffer/recycled"] = float(self.experience.recycled)
         self.tel.emit(MetricsEvent(step=step, values=m))
@@ -231,6 +232,12 @@ class RunLoop:
                    *(w.call(RolloutWorker.drain_spans) for w in d.workers)]
         for f in futures:
             self.tel.ingest(*f.result())
+
+    def _sample_devices(self) -> dict[str, float]:
+        d = self.d
+        futures = [d.learner.call(LearnerWorker.sample_devices),
+                   *(w.call(RolloutWorker.sample_devices) for w in d.workers)]
+        return {k: v for f in futures for k, v in f.result().items()}
 
     def evaluate(self, step: int) -> dict[str, float]:
         t = self.cfg.telemetry.eval_temperature

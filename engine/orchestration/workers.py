@@ -13,6 +13,7 @@
                                                            [span: weight_sync]
         .save_checkpoint(root, keep)
     both: .drain_spans() -> (closed, running)             (its own clock and devices)
+          .sample_devices() -> device/* metrics            (NVML on GPUs, else the process)
 
 The weight-sync methods come from engine.weightsync.session (WeightSenderHost,
 WeightReceiverHost), which the session drives for every transport.
@@ -46,6 +47,7 @@ from engine.rollout.preflight import check_logprob_semantics
 from engine.seeds import seed_everything
 from engine.tasks import build_task
 from engine.tasks.base import Problem
+from engine.telemetry.devices import DeviceSampler
 from engine.telemetry.recorder import SpanRecorder
 from engine.tinymodel import load_policy, load_tokenizer
 from engine.weightsync.session import WeightReceiverHost, WeightSenderHost
@@ -69,7 +71,7 @@ class RolloutWorker(WeightReceiverHost):
         if threads is not None:
             torch.set_num_threads(threads)
         seed_everything(cfg.model.seed)
-        self.cfg, self.rec = cfg, SpanRecorder(devices)
+        self.cfg, self.rec, self.sampler = cfg, SpanRecorder(devices), DeviceSampler(devices)
         self.tok = load_tokenizer(model_dir)
         self.task = build_task(cfg.task)
         self.step = 0                     # the step in progress, which faults key on
@@ -129,6 +131,10 @@ class RolloutWorker(WeightReceiverHost):
     def drain_spans(self):
         return self.rec.drain()
 
+    @concurrent("telemetry")
+    def sample_devices(self) -> dict[str, float]:
+        return self.sampler.sample()
+
     def close(self) -> None:
         self.close_receiver()
         close_reward = getattr(self.reward, "close", None)
@@ -151,6 +157,7 @@ class LearnerWorker(WeightSenderHost):
             restore_checkpoint(checkpoint, self.learner)
         self.pad_id = load_tokenizer(model_dir).pad_token_id
         self.cfg, self.model_dir, self.rec = cfg, model_dir, SpanRecorder(devices)
+        self.sampler = DeviceSampler(devices)
 
     def state(self) -> tuple[int, int]:
         return self.learner.step, self.learner.version
@@ -172,6 +179,10 @@ class LearnerWorker(WeightSenderHost):
     @concurrent("telemetry")
     def drain_spans(self):
         return self.rec.drain()
+
+    @concurrent("telemetry")
+    def sample_devices(self) -> dict[str, float]:
+        return self.sampler.sample()
 
     def close(self) -> None:
         self.close_sender()

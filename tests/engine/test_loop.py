@@ -29,6 +29,7 @@ CANONICAL = [
     "weight_sync/latency_s", "weight_sync/bytes", "weight_sync/gb_per_s",
     "weight_sync/version_learner", "weight_sync/version_rollout", "learner/loss",
     "learner/grad_norm", "learner/kl_ref", "learner/entropy", "device/utilization/cpu:0",
+    "device/cpu_util/cpu:0", "device/memory_gb/cpu:0",
 ]
 
 
@@ -60,6 +61,7 @@ def test_every_step_reports_the_canonical_metrics(two_step_run):
         assert v["staleness/max"] == 0                       # sync loop
         assert 0 < v["rollout_share"] < 1 and 0 <= v["bubble"] < 0.2
         assert v["logprob_gap/max"] < 1e-4                   # same weights, fp32
+        assert v["device/cpu_util/cpu:0"] > 0 and v["device/memory_gb/cpu:0"] > 0.05
         assert v["weight_sync/version_learner"] == v["weight_sync/version_rollout"] == e.step + 1
         phases = sum(v[f"time/{p}_s"] for p in ("rollout", "reward", "learner", "weight_sync"))
         assert phases <= v["time/step_s"] + 1e-6

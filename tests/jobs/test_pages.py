@@ -93,7 +93,22 @@ def test_the_run_page_draws_its_charts_from_the_stored_metrics(viewer, run):
     assert bars["y"] == ["cpu:0"] and bars["base"] == [11000.0] and bars["x"] == [500.0]
     assert {c["id"] for c in data["charts"]} == {
         "reward", "step_time", "share", "staleness", "logprob_gap", "weight_sync",
-        "throughput", "response_length", "timeline"}
+        "device_util", "device_memory", "throughput", "response_length", "timeline"}
+
+
+def test_the_device_charts_draw_what_each_device_measured_gpu_or_process(viewer, run):
+    do_ingest_events(run, [
+        metrics(1, 1, **{"device/gpu_util/gpu:0": 87.0, "device/cpu_util/gpu:1": 95.0,
+                         "device/memory_gb/gpu:0": 31.5}),
+        metrics(2, 2, **{"device/gpu_util/gpu:0": 91.0, "device/cpu_util/gpu:1": 40.0}),
+    ])
+
+    data = run_data(viewer.get(f"/runs/{run.pk}"))
+
+    util = chart(data, "device_util")["traces"]
+    assert (util[0]["name"], util[0]["x"], util[0]["y"]) == ("device 0", [1, 2], [87.0, 91.0])
+    assert util[1]["y"] == [95.0, 40.0] and util[2]["y"] == []
+    assert chart(data, "device_memory")["traces"][0]["y"] == [31.5]
 
 
 def test_the_run_page_shows_the_config_as_toml_the_logs_and_the_checkpoints(viewer, run):
