@@ -82,6 +82,20 @@ class Learner:
         costs = batch.row_tokens() if self.setup.packing else [width] * len(batch)
         return micro_batches(idx, costs, self.setup.micro_batch_tokens)
 
+    def _train_runs(self, batch: PackedBatch,
+                    idx: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+        """The micro-batches this process trains on for minibatch ``idx``, each with the
+        weight of its loss (engine.learner.sharded: a rank's share, padded)."""
+        return [(micro, 1.0) for micro in self._micro_batches(batch, idx)]
+
+    def _clip_grads(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(),
+                                              self.cfg.max_grad_norm)
+        return float(norm)
+
+    def _sum_over_ranks(self, totals: torch.Tensor) -> torch.Tensor:
+        return totals
+
     def update(self, batch: PackedBatch) -> dict[str, float]:
         cfg = self.cfg
         batch = batch.to(self.device)
@@ -138,7 +152,7 @@ class Learner:
         n_tokens = batch.response_mask[idx].sum().clamp(min=1)
         totals = torch.zeros(4, device=self.device)      # loss, entropy, kl, clipped tokens
         self.optimizer.zero_grad(set_to_none=True)
-        for micro in self._micro_batches(batch, idx):
+        for micro, weight in self._train_runs(batch, idx):
             mb = batch.select(micro)
             m = mb.response_mask
             new_logp, entropy = self.logprobs(self.policy, mb, self.temperature,
@@ -151,14 +165,14 @@ class Learner:
                 kl_tok = k3(new_logp, ref_logp[micro])
                 per_token = per_token + cfg.kl_coef * kl_tok
                 kl = (kl_tok.detach() * m).sum()
-            loss_sum = (per_token * m).sum()
+            loss_sum = (per_token * m).sum() * weight
             (loss_sum / n_tokens).backward()             # this micro-batch's share
             totals += torch.stack([loss_sum.detach(), (entropy.detach() * m).sum(),
-                                   kl, (ppo_clipped.float() * m).sum()])
-        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                                   kl, (ppo_clipped.float() * m).sum()]) * weight
+        norm = self._clip_grads()
         self.optimizer.step()
-        loss, entropy, kl, clipped = (totals / n_tokens).tolist()
-        step = {"loss": loss, "grad_norm": float(norm), "entropy": entropy, "clip_frac": clipped}
+        loss, entropy, kl, clipped = self._sum_over_ranks(totals / n_tokens).tolist()
+        step = {"loss": loss, "grad_norm": norm, "entropy": entropy, "clip_frac": clipped}
         if ref_logp is not None:
             step["kl_ref"] = kl
         return step

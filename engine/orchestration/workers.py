@@ -169,6 +169,9 @@ class LearnerWorker(WeightSenderHost):
             self.learner.version = 1
         return metrics
 
+    def sync_version(self) -> int:
+        return self.learner.version
+
     def sync_weights(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
         return self.learner.version, self.learner.named_tensors()
 

@@ -54,10 +54,14 @@ class Served:
 
 
 class WeightSenderHost:
-    """The learner actor's end. The host class provides ``rec`` (a SpanRecorder) and
-    ``sync_weights() -> (version, named_tensors)``."""
+    """The learner actor's end. The host class provides ``rec`` (a SpanRecorder),
+    ``sync_version()`` and ``sync_weights() -> (version, named_tensors)`` (which may be a
+    collective: a sharded learner gathers its full tensors)."""
 
     rec: SpanRecorder
+
+    def sync_version(self) -> int:
+        raise NotImplementedError
 
     def sync_weights(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
         raise NotImplementedError
@@ -74,14 +78,13 @@ class WeightSenderHost:
         self.sender.connect()
 
     def prepare(self, step: int, initial: bool) -> tuple[WeightMeta, Ticket]:
-        version, named = self.sync_weights()
-        with self.rec.phase("weight_sync", step, version):
+        with self.rec.phase("weight_sync", step, self.sync_version()):
+            version, named = self.sync_weights()
             meta = WeightMeta(version, self.weights_fingerprint(named))
             return meta, self.sender.prepare(named, version, initial)
 
     def transfer(self, step: int) -> None:
-        version, _ = self.sync_weights()
-        with self.rec.phase("weight_sync", step, version):
+        with self.rec.phase("weight_sync", step, self.sync_version()):
             self.sender.transfer()
 
     def close_sender(self) -> None:
@@ -174,6 +177,9 @@ class TensorSource(WeightSenderHost):
     def __init__(self, named: Sequence[tuple[str, torch.Tensor]], version: int = 0,
                  devices: Sequence[str] = ()):
         self.named, self.version, self.rec = list(named), version, SpanRecorder(list(devices))
+
+    def sync_version(self) -> int:
+        return self.version
 
     def sync_weights(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
         return self.version, self.named

@@ -1,0 +1,98 @@
+"""The learner sharded over N processes with FSDP2 (``placement.learner_devices = N``).
+
+    rank r of N (one process per device; gloo on CPU, NCCL on CUDA)
+      fully_shard(each decoder layer), fully_shard(model)   parameters, grads, AdamW state
+                                                            live as 1/N shards (DTensor)
+      recompute: every rank runs the forward over the whole batch (no grad), so each holds
+                 the old logprobs, TIS weights and gap metrics of every row
+      minibatch: rank r trains rows r, r+N, ... of it; its loss is its rows' token sum over
+                 the WHOLE minibatch's response tokens, gradients are reduce-scattered as a
+                 sum (divide factor 1), so the step is one process's on the whole minibatch
+      a rank with fewer micro-batches than another pads with zero-weight ones: FSDP's
+      collectives need the same number of forwards and backwards on every rank
+
+    ranks   0        1        ...  N-1         weight sync / checkpoint
+    shards  [0:k)    [k:2k)        ...         full_tensor() gathers every parameter on
+                                               every rank (a collective: all ranks call
+                                               named_tensors); rank 0 sends and writes
+
+Recomputing on every rank costs N x the forward-only work of one; training, the memory of
+parameters, gradients and optimizer state are split N ways.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from engine.config import GrpoConfig, LearnerConfig
+from engine.learner.batch import PackedBatch
+from engine.learner.learner import Learner
+
+
+def shard_policy(policy: torch.nn.Module, setup: LearnerConfig) -> torch.nn.Module:
+    """FSDP2 over the default process group: one unit per decoder layer, one for the base
+    model (embeddings, final norm), one for the output head, then the root. The loss calls
+    the base model and the head separately (engine.learner.batch.response_logprobs), so
+    each must gather its own parameters. bf16 precision computes in bfloat16 with float32
+    master shards and reductions."""
+    if policy.config.tie_word_embeddings:
+        raise ValueError("placement.learner_devices > 1 shards the output head apart from "
+                         "the embeddings, and this model ties them (tie_word_embeddings); "
+                         "train it with learner_devices = 1")
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if setup.precision == "bf16" else MixedPrecisionPolicy())
+    base = policy.base_model
+    for layer in base.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(base, mp_policy=mp)
+    fully_shard(policy.get_output_embeddings(), mp_policy=mp)
+    fully_shard(policy, mp_policy=mp)
+    for unit in (policy, base, policy.get_output_embeddings(), *base.layers):
+        unit.set_gradient_divide_factor(1.0)     # a sum: each rank's loss is its share
+        unit.set_force_sum_reduction_for_comms(True)   # gloo has neither AVG nor PREMUL_SUM
+    return policy
+
+
+class ShardedLearner(Learner):
+    """A Learner whose policy is FSDP2-sharded across the default process group."""
+
+    def __init__(self, policy: torch.nn.Module, cfg: GrpoConfig, temperature: float,
+                 seed: int, reference: torch.nn.Module | None = None,
+                 setup: LearnerConfig | None = None):
+        setup = setup or LearnerConfig()
+        if not dist.is_initialized():
+            raise RuntimeError("ShardedLearner needs torch.distributed initialized "
+                               "(one process per placement.learner_devices)")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        device = torch.device("cuda", torch.cuda.current_device()) if (
+            dist.get_backend() == "nccl") else torch.device("cpu")
+        policy = shard_policy(policy.to(device), setup)
+        if reference is not None:                # sharded the same way, never trained
+            reference = shard_policy(reference.to(device), setup)
+        super().__init__(policy, cfg, temperature, seed, reference, setup)
+
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """Full tensors, gathered from every rank's shard: every rank must call this."""
+        return [(n, p.detach().full_tensor() if isinstance(p, DTensor) else p.detach())
+                for n, p in self.policy.named_parameters()]
+
+    def _train_runs(self, batch: PackedBatch,
+                    idx: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+        mine = idx[self.rank::self.world]
+        runs = [(m, 1.0) for m in self._micro_batches(batch, mine)] if len(mine) else []
+        count = torch.tensor([len(runs)], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        filler = mine[:1] if len(mine) else idx[:1]
+        return runs + [(filler, 0.0)] * (int(count) - len(runs))
+
+    def _clip_grads(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(),
+                                              self.cfg.max_grad_norm)
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+    def _sum_over_ranks(self, totals: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(totals)
+        return totals
