@@ -44,6 +44,10 @@ class Run(models.Model):
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     # sha256 hex of the ingest token; the raw token exists only in the driver's environment.
     ingest_token_hash = models.CharField(max_length=64, blank=True, editable=False)
+    # The queue (jobs/queue.py) starts queued runs by priority (higher first), then FIFO.
+    priority = models.IntegerField(default=0)
+    # Archived runs leave the runs list and the API's default listing; nothing else changes.
+    archived_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
