@@ -72,7 +72,8 @@ def test_a_valid_config_launches_a_run_and_queues_its_submission(
 
     run = Run.objects.get()
     assert response.status_code == 302 and response.url == f"/runs/{run.pk}"
-    assert (run.name, run.status, run.created_by) == ("demo", RunStatus.QUEUED, operator)
+    # Committed queued; the queue admitted it at once (a free run slot) and submitted it.
+    assert (run.name, run.status, run.created_by) == ("demo", RunStatus.SUBMITTING, operator)
     assert run.config["steps"] == 5
     assert queued == [("submit", run.pk)]
 
