@@ -10,8 +10,17 @@ from engine.config import ConfigError, validate_config
 from jobs import cluster, tasks
 from jobs.auth import OPERATOR_GROUP
 from jobs.forms import RunConfigForm
-from jobs.models import Alert, AlertState, ApiToken, Checkpoint, MetricPoint, Preset, Run
-from jobs.models import RunEvent, RunStatus
+from jobs.models import (
+    Alert,
+    AlertState,
+    ApiToken,
+    Checkpoint,
+    MetricPoint,
+    Preset,
+    Run,
+    RunEvent,
+    RunStatus,
+)
 
 pytestmark = pytest.mark.django_db
 
