@@ -49,16 +49,15 @@ def demand_of(config: dict) -> Resources:
 
 
 def ray_capacity() -> tuple[Resources, Resources]:
-    """Ray's (total, used) per resource over all nodes. Raises ClusterUnreachable."""
+    """Ray's (total, used) per resource, cluster-wide. Raises ClusterUnreachable, also
+    while a fresh head has not reported its resources yet (its first seconds)."""
     status = fetch_json("/api/cluster_status")["data"]["clusterStatus"]
-    usage = (status.get("loadMetricsReport") or {}).get("usageByNode") or {}
-    total: Resources = defaultdict(float)
-    used: Resources = defaultdict(float)
-    for resources in usage.values():
-        for name, (in_use, of) in resources.items():
-            total[name] += of
-            used[name] += in_use
-    return dict(total), dict(used)
+    usage = (status.get("loadMetricsReport") or {}).get("usage") or {}
+    if not usage:
+        raise ClusterUnreachable("the Ray cluster has not reported its resources yet")
+    total = {name: float(of) for name, (_, of) in usage.items()}
+    used = {name: float(in_use) for name, (in_use, _) in usage.items()}
+    return total, used
 
 
 def plural(name: str, amount: float) -> str:
