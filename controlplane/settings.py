@@ -174,6 +174,7 @@ SPECTACULAR_SETTINGS = {
                    "Send a token from /settings/tokens as 'Authorization: Bearer <token>'.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],  # as every page
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
