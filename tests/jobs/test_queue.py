@@ -166,3 +166,37 @@ def test_on_a_two_gpu_head_a_priority_change_reorders_two_waiting_runs(
     assert schedule() == [second.pk]
     first.refresh_from_db()
     assert first.status == RunStatus.QUEUED and submitted == [second.pk]
+
+
+# --- the run page -------------------------------------------------------------------------------
+
+def test_a_queued_runs_page_says_why_it_waits_and_operators_reorder_or_cancel_it(
+        client, operator, submitted, settings, make_run, django_capture_on_commit_callbacks):
+    settings.RLPLANE_MAX_LOCAL_RUNS = 1
+    make_run(RunStatus.RUNNING)  # holds the one slot
+    waiting = queued(LOCAL)
+    with django_capture_on_commit_callbacks(execute=True):
+        queue.do_schedule_runs()
+
+    page = operator.get(f"/runs/{waiting.pk}").content.decode()
+    assert 'id="queue-reason"' in page and "waits for 1 run slot; 0 of 1 free" in page
+    assert 'id="priority-form"' in page and ">Cancel</button>" in page
+
+    with django_capture_on_commit_callbacks(execute=True):
+        operator.post(f"/runs/{waiting.pk}/priority", {"priority": "3"})
+    waiting.refresh_from_db()
+    assert waiting.priority == 3
+    operator.post(f"/runs/{waiting.pk}/stop")
+    waiting.refresh_from_db()
+    assert waiting.status == RunStatus.STOPPED
+
+
+def test_a_viewer_cannot_change_a_queued_runs_priority(client, django_user_model):
+    waiting = queued(LOCAL)
+    client.force_login(django_user_model.objects.create_user("vic"))
+
+    assert client.post(f"/runs/{waiting.pk}/priority", {"priority": "3"}).status_code == 403
+    page = client.get(f"/runs/{waiting.pk}").content.decode()
+    assert 'id="priority-form"' not in page
+    waiting.refresh_from_db()
+    assert waiting.priority == 0
