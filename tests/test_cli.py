@@ -5,13 +5,13 @@ a script relies on (rlplane.client EXIT_*)."""
 import stat
 
 import pytest
-from django.contrib.auth.models import Group, User
 
 from jobs import tasks
-from jobs.auth import OPERATOR_GROUP
-from jobs.models import ApiToken, Run, RunStatus
+from jobs.models import Run, RunStatus
 from rlplane import client as c
 from rlplane.cli import main
+
+from .jobs.helpers import api_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,21 +32,14 @@ def submitted(monkeypatch):
     return calls
 
 
-def token(username: str, operator: bool) -> str:
-    user = User.objects.create_user(username)
-    if operator:
-        user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
-    return ApiToken.issue(user, "cli")[1]
-
-
 @pytest.fixture
 def logged_in(live_server):
-    assert main(["login", live_server.url, "--token", token("olga", operator=True)]) == 0
+    assert main(["login", live_server.url, "--token", api_token("olga", operator=True)]) == 0
     return live_server.url
 
 
 def test_login_keeps_the_token_readable_only_by_its_owner(live_server, config_dir, capsys):
-    raw = token("olga", operator=True)
+    raw = api_token("olga", operator=True)
 
     assert main(["login", live_server.url, "--token", raw]) == c.EXIT_OK
 
@@ -96,7 +89,7 @@ def test_a_bad_config_is_refused_locally_with_each_field_and_exit_2(logged_in, t
 
 
 def test_a_viewer_cannot_launch_exit_4(live_server, tmp_path, capsys):
-    main(["login", live_server.url, "--token", token("vic", operator=False)])
+    main(["login", live_server.url, "--token", api_token("vic", operator=False)])
     config = tmp_path / "run.toml"
     config.write_text(GOOD)
 

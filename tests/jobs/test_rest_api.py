@@ -4,11 +4,10 @@ rules (a viewer's token reads and nothing more) and JSON errors that name the fi
 import json
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 
 from engine.config import ConfigError, validate_config
-from jobs import cluster, tasks
-from jobs.auth import OPERATOR_GROUP
+from jobs import cluster
 from jobs.forms import RunConfigForm
 from jobs.models import (
     Alert,
@@ -22,6 +21,8 @@ from jobs.models import (
     RunStatus,
 )
 
+from .helpers import api_token
+
 pytestmark = pytest.mark.django_db
 
 API = "/api/v1"
@@ -30,29 +31,13 @@ BAD_TOML = 'name = "bad"\n[rollout]\ntemperature = 9\n[placement]\ndevices = 0\n
 
 
 @pytest.fixture
-def queued(monkeypatch):
-    """The Celery tasks the actions queue on commit: recorded here, never sent."""
-    calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(tasks.submit_run, "delay", lambda run_id: calls.append(("submit", run_id)))
-    monkeypatch.setattr(tasks.stop_run, "delay", lambda run_id: calls.append(("stop", run_id)))
-    return calls
-
-
-def token_for(username: str, operator: bool) -> str:
-    user = User.objects.create_user(username)
-    if operator:
-        user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
-    return ApiToken.issue(user, "test")[1]
-
-
-@pytest.fixture
 def operator_token() -> str:
-    return token_for("olga", operator=True)
+    return api_token("olga", operator=True)
 
 
 @pytest.fixture
 def viewer_token() -> str:
-    return token_for("vic", operator=False)
+    return api_token("vic", operator=False)
 
 
 def call(client, method: str, path: str, token: str | None, body=None, **params):
