@@ -140,3 +140,28 @@ def test_fork_with_a_changed_field_alerts_and_logs(logged_in, capsys, submitted)
     assert "acknowledged" in capsys.readouterr().out
     assert main(["logs", str(parent.pk)]) == c.EXIT_OK
     assert "hello from p" in capsys.readouterr().out
+
+
+def test_watch_on_a_terminal_draws_the_table_with_the_open_alerts(logged_in):
+    import io
+
+    from rich.console import Console
+
+    from jobs.models import Alert, MetricPoint
+    from rlplane.watch import watch
+
+    run = Run.objects.create(name="w", config={"name": "w", "steps": 3},
+                             status=RunStatus.SUCCEEDED)
+    MetricPoint.objects.create(run=run, step=7, name="reward/mean", value=0.625)
+    MetricPoint.objects.create(run=run, step=5, name="eval/reward_mean", value=0.5)
+    Alert.objects.create(run=run, kind="StuckReward", dedup_key="s", cause="reward is flat",
+                         runbook="r")
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=120, color_system=None)
+
+    assert watch(c.Client.from_credentials(), run.pk, 0.01, None, console) == c.EXIT_OK
+
+    drawn = screen.getvalue()
+    for text in ("succeeded", "step 7", "0.625", "held-out reward", "0.5", "open alerts",
+                 "StuckReward", "reward is flat"):
+        assert text in drawn, text
