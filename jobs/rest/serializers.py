@@ -4,6 +4,7 @@ the OpenAPI schema names every field; run configs stay the engine's RunConfig as
 from rest_framework import serializers
 
 from jobs.models import Alert, Checkpoint, Preset, Run
+from jobs.models.run import PRIORITY_BOUND
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -57,13 +58,15 @@ class ConfigInput(serializers.Serializer):
 
 
 class LaunchSerializer(ConfigInput):
-    priority = serializers.IntegerField(default=0, min_value=-1000, max_value=1000)
+    priority = serializers.IntegerField(default=0, min_value=-PRIORITY_BOUND,
+                                        max_value=PRIORITY_BOUND)
 
 
 class ForkSerializer(ConfigInput):
     checkpoint = serializers.IntegerField(
         required=False, help_text="a checkpoint id of the parent; default: its latest")
-    priority = serializers.IntegerField(default=0, min_value=-1000, max_value=1000)
+    priority = serializers.IntegerField(default=0, min_value=-PRIORITY_BOUND,
+                                        max_value=PRIORITY_BOUND)
 
     def validate(self, attrs):  # the config may be left out: the parent's, renamed
         if "toml" in attrs and "config" in attrs:
@@ -72,7 +75,7 @@ class ForkSerializer(ConfigInput):
 
 
 class PrioritySerializer(serializers.Serializer):
-    priority = serializers.IntegerField(min_value=-1000, max_value=1000)
+    priority = serializers.IntegerField(min_value=-PRIORITY_BOUND, max_value=PRIORITY_BOUND)
 
 
 class CheckpointSerializer(serializers.ModelSerializer):
