@@ -377,3 +377,14 @@ def test_the_docs_page_renders_the_schema_for_a_logged_in_user_from_local_files(
 
     assert "swagger-ui" in page and "cdn." not in page  # served from static: works offline
     assert schema.status_code == 200 and b"/api/v1/runs" in schema.content
+
+
+def test_an_archived_run_leaves_the_runs_page(api, client, make_run):
+    kept, archived = make_run(RunStatus.STOPPED, name="kept"), make_run(
+        RunStatus.STOPPED, name="gone-to-archive")
+
+    assert api("post", f"/runs/{archived.pk}/archive").json()["archived"] is True
+
+    client.force_login(User.objects.get(username="olga"))
+    page = client.get("/").content.decode()
+    assert f'id="run-{kept.pk}"' in page and "gone-to-archive" not in page
