@@ -42,6 +42,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # the docs page's Swagger UI, served locally (offline)
     "jobs",
 ]
 
@@ -142,3 +145,37 @@ RLPLANE_URL = os.environ.get("RLPLANE_URL", "http://127.0.0.1:8000")
 # How long a driver has to checkpoint and exit after a stop request before its Ray job is
 # stopped (which kills it after a short grace period).
 RLPLANE_STOP_TIMEOUT_S = float(os.environ.get("RLPLANE_STOP_TIMEOUT_S", "120"))
+
+# --- The queue (jobs/queue.py): how many in-process runs (the default colocated placement,
+# which reserves nothing on Ray) may run at once on this host.
+RLPLANE_MAX_LOCAL_RUNS = int(os.environ.get("RLPLANE_MAX_LOCAL_RUNS", "2"))
+
+# --- Prometheus: /metrics answers only a scrape that sends this bearer token; unset, it
+# answers 403 (a run's metrics are not public).
+RLPLANE_METRICS_TOKEN = os.environ.get("RLPLANE_METRICS_TOKEN", "")
+
+# --- The REST API (jobs/rest/): API tokens or the session; reading needs a login,
+# changing state needs an operator (jobs.auth), as on the pages.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "jobs.rest.auth.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["jobs.rest.auth.ReadOrOperator"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "jobs.rest.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "rlplane API",
+    "DESCRIPTION": "Runs, metrics, events, checkpoints, alerts, presets and the cluster. "
+                   "Send a token from /settings/tokens as 'Authorization: Bearer <token>'.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],  # as every page
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}

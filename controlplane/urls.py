@@ -9,5 +9,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("login", auth_views.LoginView.as_view(), name="login"),
     path("logout", auth_views.LogoutView.as_view(), name="logout"),  # POST only
+    path("api/v1/", include("jobs.rest.urls")),
     path("", include("jobs.urls")),
 ]

@@ -35,7 +35,7 @@ __all__ = [
     "EVENT_TYPES", "RUN_STATUSES", "CheckpointEvent", "ConfigError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
     "RunSummary", "SpanEvent", "WeightSyncEvent", "event_from_dict", "load_config",
-    "run_local", "validate",
+    "placement_demand", "run_local", "validate",
 ]
 
 
@@ -53,3 +53,15 @@ def run_local(cfg: RunConfig, out_dir: str | Path, *, steps: int | None = None,
 
     return RunLoop(cfg, Path(out_dir), sink=sink, progress=progress,
                    stop_requested=stop_requested).run(steps=steps, resume=resume)
+
+
+def placement_demand(cfg: RunConfig) -> dict[str, float]:
+    """What the run's placement reserves on Ray, summed over its bundles ({"GPU": 4.0}),
+    or {} for the in-process default, which reserves nothing on Ray."""
+    from engine.orchestration.placement import layout_for  # keeps this module light
+
+    demand: dict[str, float] = {}
+    for bundle in layout_for(cfg.placement).bundles:
+        for name, amount in bundle.items():
+            demand[name] = demand.get(name, 0.0) + amount
+    return demand

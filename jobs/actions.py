@@ -13,6 +13,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from engine.api import CheckpointEvent, Event, MetricsEvent, RunStatusEvent, SpanEvent
 from jobs.alerts.lifecycle import do_evaluate_alerts
@@ -27,7 +28,8 @@ from jobs.models import (
     RunEvent,
     RunStatus,
 )
-from jobs.tasks import stop_run, submit_run
+from jobs.queue import schedule_on_commit
+from jobs.tasks import stop_run
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,8 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         for event in new:
             if isinstance(event, RunStatusEvent):
                 apply_engine_status(run, event)
+        if run.is_terminal and any(isinstance(e, RunStatusEvent) for e in new):
+            schedule_on_commit()  # what the run held is free now
         if new:
             # Under the run's row lock, like the periodic task. A failing rule must not
             # cost the events: it is logged, its savepoint rolled back, the batch stored.
@@ -162,17 +166,23 @@ def broadcast_events(run_id: int, events: list[dict], summary: dict | None = Non
         async_to_sync(layer.group_send)(RUNS_GROUP, summary)
 
 
-# --- launch, stop, fork -------------------------------------------------------------------
+# --- launch, stop, fork, queue, archive ------------------------------------------------------
 
-def do_launch_run(user, name: str, config: dict) -> Run:
-    """Save a queued run; submit it to Ray once the row is committed."""
+class Refused(Exception):
+    """An action the run's state does not allow; the message says why."""
+
+
+def do_launch_run(user, name: str, config: dict, priority: int = 0) -> Run:
+    """Save a queued run; once the row is committed the queue starts it when its
+    placement fits (jobs/queue.py)."""
     with transaction.atomic():
-        run = Run.objects.create(name=name, config=config, created_by=user)
-        transaction.on_commit(lambda: submit_run.delay(run.pk))
+        run = Run.objects.create(name=name, config=config, created_by=user, priority=priority)
+        schedule_on_commit()
     return run
 
 
-def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict) -> Run:
+def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict,
+                priority: int = 0) -> Run:
     """A new run that starts from one of ``parent``'s checkpoints with ``config``."""
     if checkpoint.run_id != parent.pk:
         raise ValueError(f"checkpoint {checkpoint.pk} belongs to run {checkpoint.run_id}, "
@@ -180,16 +190,44 @@ def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict) -> Run:
     with transaction.atomic():
         run = Run.objects.create(name=config.get("name") or parent.name, config=config,
                                  created_by=user, parent=parent,
-                                 source_checkpoint=checkpoint.path)
-        transaction.on_commit(lambda: submit_run.delay(run.pk))
+                                 source_checkpoint=checkpoint.path, priority=priority)
+        schedule_on_commit()
     return run
 
 
 def do_stop_run(user, run: Run) -> None:
     """Ask the run's driver to checkpoint and exit. The flag is in the database, where the
     driver polls it, before any task runs; the task only stops the Ray job if the driver
-    has not exited in time. Raises InvalidTransition when the run cannot be stopped."""
+    has not exited in time. A run still waiting in the queue is cancelled: it never
+    starts. Raises InvalidTransition when the run cannot be stopped."""
     with transaction.atomic():
+        if run.status == RunStatus.QUEUED:
+            run.transition_to(RunStatus.STOPPED, f"cancelled in the queue by {user}")
+            return
         run.request_stop(f"stop requested by {user}")
         transaction.on_commit(lambda: stop_run.delay(run.pk))
+
+
+def do_set_priority(user, run: Run, priority: int) -> None:
+    """Change a queued run's place in the queue (higher starts first). Raises Refused
+    when the run is no longer queued."""
+    with transaction.atomic():
+        if not Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(priority=priority):
+            run.refresh_from_db(fields=["status"])
+            raise Refused(f"run {run.pk} is {run.status}; only a queued run's priority "
+                          "can change")
+        run.priority = priority
+        logger.info("run %s: priority %s set by %s", run.pk, priority, user)
+        schedule_on_commit()
+
+
+def do_archive_run(user, run: Run) -> None:
+    """Take a finished run off the runs list. Raises Refused for a run that is not
+    finished (stop it first)."""
+    if not run.is_terminal:
+        raise Refused(f"run {run.pk} is {run.status}; only a finished run can be archived "
+                      "(stop it first)")
+    if run.archived_at is None:
+        run.archived_at = timezone.now()
+        Run.objects.filter(pk=run.pk, archived_at=None).update(archived_at=run.archived_at)
 

@@ -3,6 +3,7 @@ from django.contrib import admin
 from jobs.models import (
     Alert,
     AlertChannel,
+    ApiToken,
     Checkpoint,
     MetricPoint,
     Notification,
@@ -21,7 +22,8 @@ class PresetAdmin(admin.ModelAdmin):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = ["id", "name", "status", "created_by", "created_at", "finished_at"]
+    list_display = ["id", "name", "status", "priority", "created_by", "created_at",
+                    "finished_at"]
     list_filter = ["status"]
     search_fields = ["name", "ray_submission_id"]
     raw_id_fields = ["parent"]
@@ -76,3 +78,23 @@ class NotificationAdmin(admin.ModelAdmin):
     list_display = ["alert", "channel", "event", "status", "attempts", "created_at"]
     list_filter = ["status"]
     raw_id_fields = ["alert"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Admins see and revoke anyone's tokens; the raw token exists only where it was shown."""
+
+    list_display = ["name", "user", "hint", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["revoked_at"]
+    search_fields = ["name", "user__username"]
+    readonly_fields = ["user", "name", "hint", "created_at", "last_used_at"]
+    exclude = ["token_hash"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False  # a token is created by its owner, on /settings/tokens
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request, queryset):
+        for token in queryset:
+            token.revoke()

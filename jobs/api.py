@@ -10,14 +10,10 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from jobs.actions import do_ingest_events
+from jobs.auth import bearer_token
 from jobs.event_batch import MalformedBatch, parse_event_batch
 from jobs.models import Run
-
-
-def bearer_token(request) -> str | None:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
+from jobs.prometheus import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
 
 
 def error(status: int, message: str, **headers) -> JsonResponse:
@@ -43,6 +39,13 @@ def run_for_token(request, run_id: int) -> Run | JsonResponse:
 def ingest_events(request, run_id: int):
     """POST {"events": [...]} -> 200 {stored, duplicates, last_seq}; a partly bad batch
     stores the good events and answers 400 with the same counts plus errors."""
+    with INGEST_SECONDS.time():
+        response = ingest(request, run_id)
+    INGEST_BATCHES.labels(str(response.status_code)).inc()
+    return response
+
+
+def ingest(request, run_id: int) -> JsonResponse:
     run = run_for_token(request, run_id)
     if isinstance(run, JsonResponse):
         return run
@@ -53,6 +56,8 @@ def ingest_events(request, run_id: int):
     except MalformedBatch as exc:
         return error(exc.status, str(exc))
     result = do_ingest_events(run, batch.events)
+    INGEST_EVENTS.labels("stored").inc(result.stored)
+    INGEST_EVENTS.labels("duplicate").inc(result.duplicates)
     body = {"stored": result.stored, "duplicates": result.duplicates,
             "last_seq": result.last_seq}
     if batch.errors:

@@ -14,6 +14,13 @@ from django.core.exceptions import PermissionDenied
 OPERATOR_GROUP = "operator"
 
 
+def bearer_token(request) -> str | None:
+    """The token of an 'Authorization: Bearer <token>' header, or None."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
 def is_operator(user) -> bool:
     return bool(user.is_authenticated and (
         user.is_superuser or user.groups.filter(name=OPERATOR_GROUP).exists()))

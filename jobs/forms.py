@@ -22,6 +22,15 @@ from jobs.models import Checkpoint, Run
 CHOICE_SECTIONS = ("placement", "async_policy")  # the explicit choices at the top
 
 
+def toml_table(text: str) -> dict:
+    """A config's TOML text as a table; ConfigError at "(toml)" when it does not parse
+    (the form and the REST API say it the same way)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([("(toml)", f"not valid TOML: {exc}")]) from None
+
+
 def initial_for(cfg: RunConfig) -> dict:
     return {"config": dump_config(cfg), **{s: getattr(cfg, s).type for s in CHOICE_SECTIONS}}
 
@@ -48,9 +57,10 @@ class RunConfigForm(forms.Form):
         if text is None or any(s not in cleaned for s in CHOICE_SECTIONS):
             return cleaned
         try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            self._config_error("(toml)", f"not valid TOML: {exc}")
+            data = toml_table(text)
+        except ConfigError as exc:
+            for path, message in exc.errors:
+                self._config_error(path, message)
             return cleaned
         for section in CHOICE_SECTIONS:
             table = data.setdefault(section, {})

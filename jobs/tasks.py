@@ -4,7 +4,8 @@
                       `python -m engine.ray_job ...` as Ray job "rlplane-run-<id>"
                       (the engine's own "running" event moves the run on, through ingest)
     sync_runs()       beat, every 10 s: each live run vs its Ray job's status;
-                      a job Ray no longer knows -> lost; a run never submitted -> again
+                      a job Ray no longer knows -> lost; a run never submitted -> again;
+                      then the queue (jobs/queue.py) admits what now fits
     stop_run(id)      running -> stopping + the flag the driver polls; enforce_stop later
     enforce_stop(id)  still not exited after the timeout: stop the Ray job
 
@@ -116,7 +117,14 @@ def submit_once(run: Run, client) -> None:
 def sync_runs() -> None:
     """Follow each live run's Ray job. The engine's own status events are the main path;
     this catches what they cannot say: a driver that died, a job stopped or lost."""
+    from jobs.queue import do_schedule_runs  # the queue submits through this module
+
     resubmit_stuck_runs()
+    follow_ray_jobs()
+    do_schedule_runs()
+
+
+def follow_ray_jobs() -> None:
     runs = list(Run.objects.filter(status__in=LIVE).exclude(ray_submission_id=""))
     if not runs:
         return
@@ -145,11 +153,12 @@ def sync_runs() -> None:
 
 
 def resubmit_stuck_runs() -> None:
-    """Queue submit_run again for runs that no submission reached (a message lost with
-    the broker or a worker): submit_run is idempotent per run, so a late twin is harmless."""
+    """Queue submit_run again for admitted runs that no submission reached (a message lost
+    with the broker or a worker): submit_run is idempotent per run, so a late twin is
+    harmless. Queued runs are the queue's (do_schedule_runs admits them)."""
     cutoff = timezone.now() - timedelta(seconds=STUCK_AFTER_S)
-    stuck = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.SUBMITTING],
-                               ray_submission_id="", created_at__lt=cutoff)
+    stuck = Run.objects.filter(status=RunStatus.SUBMITTING, ray_submission_id="",
+                               created_at__lt=cutoff)
     for run_id in stuck.values_list("pk", flat=True):
         logger.warning("sync_runs: run %s was never submitted; queueing submit_run again",
                        run_id)

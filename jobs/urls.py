@@ -1,10 +1,10 @@
 from django.urls import path
 
-from jobs import api, views
+from jobs import api, prometheus, views
 from jobs.alerts import views as alerts
 from jobs.alerts.lifecycle import do_acknowledge, do_resolve
 from jobs.alerts.thresholds import preset_thresholds
-from jobs.views import cluster, launch
+from jobs.views import cluster, launch, tokens
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -21,4 +21,8 @@ urlpatterns = [
     path("alerts/<int:alert_id>/resolve", alerts.alert_change, {"change": do_resolve},
          name="alert-resolve"),
     path("presets/<int:preset_id>/alerts", preset_thresholds, name="preset-thresholds"),
+    path("runs/<int:run_id>/priority", launch.run_priority, name="run-priority"),
+    path("settings/tokens", tokens.tokens_page, name="tokens"),
+    path("settings/tokens/<int:token_id>/revoke", tokens.token_revoke, name="token-revoke"),
+    path("metrics", prometheus.metrics, name="metrics"),
 ]

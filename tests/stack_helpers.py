@@ -8,9 +8,14 @@ SQLite file, small Ray resources so two stacks fit on a 2-core box.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -42,3 +47,27 @@ def wait_ready(state: Path, supervisor: subprocess.Popen, timeout_s: float = 120
             pytest.fail(f"the stack exited ({supervisor.returncode}):\n{supervisor.stdout.read()}")
         time.sleep(0.3)
     pytest.fail("the stack was not ready in time")
+
+
+@contextmanager
+def running_stack(prefix: str, **env: str) -> Iterator[tuple[str, Path]]:
+    """A started stack in a fresh /tmp state dir (short: Ray's unix sockets live under it):
+    yields (web URL, state dir); stopped at the end, asserting it left no process."""
+    state = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    supervisor = start_stack(state, state / "db.sqlite3", RLPLANE_RUNS_DIR=str(state / "runs"),
+                             **env)
+    try:
+        record = wait_ready(state, supervisor)
+        yield record.urls["web"].rstrip("/"), state
+    finally:
+        if supervisor.poll() is None:
+            supervisor.send_signal(signal.SIGTERM)
+            try:
+                supervisor.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                supervisor.kill()
+                supervisor.wait()
+        proc.terminate(proc.marked_processes(str(state / "stack")), grace_s=2)
+        left = proc.marked_processes(str(state / "stack"))
+        shutil.rmtree(state, ignore_errors=True)
+        assert left == set(), f"the stack left processes behind: {sorted(left)}"

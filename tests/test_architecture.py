@@ -114,3 +114,19 @@ def test_no_engine_module_imports_the_public_facade():
         if module == "engine.api" or (module == "engine" and "api" in names)
     ]
     assert not offenders, "engine modules must not import engine.api:\n" + "\n".join(offenders)
+
+
+def test_the_cli_is_a_client_of_the_rest_api():
+    """rlplane/ talks HTTP to /api/v1/: no Django, no control plane, and of the engine only
+    engine.config (a TOML is validated locally before it is sent)."""
+    files = python_files("rlplane")
+    assert files, "no .py files under rlplane/"
+    offenders = [
+        f"{where(path, line)} imports {module}"
+        for path in files
+        for line, module, names in imported_modules(path)
+        if module.split(".")[0] in WEB_PACKAGES | {"rest_framework", "drf_spectacular"}
+        or (module.split(".")[0] == "engine" and module != "engine.config")
+    ]
+    assert not offenders, "rlplane/ must reach the control plane over HTTP:\n" + "\n".join(
+        offenders)

@@ -6,6 +6,7 @@
     series.py   MetricPoint   per-step metric values; PhaseSpan: device busy intervals
     events.py   RunEvent      every engine event, unique by (run, seq); Checkpoint
     alerts.py   Alert         a named condition on a run; AlertChannel; Notification
+    tokens.py   ApiToken      a user's REST API token, stored hashed
 """
 
 from jobs.models.alerts import (
@@ -19,11 +20,13 @@ from jobs.models.alerts import (
 from jobs.models.events import Checkpoint, RunEvent
 from jobs.models.preset import Preset
 from jobs.models.run import Run
-from jobs.models.series import MetricPoint, PhaseSpan
+from jobs.models.series import MetricPoint, PhaseSpan, latest_values
 from jobs.models.status import LIVE, TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
+from jobs.models.tokens import ApiToken
 
 __all__ = [
-    "LIVE_STATES", "Alert", "AlertChannel", "AlertState", "Notification", "NotificationStatus",
+    "LIVE_STATES", "Alert", "AlertChannel", "AlertState", "ApiToken", "Notification",
+    "NotificationStatus",
     "LIVE", "TERMINAL", "TRANSITIONS", "Checkpoint", "InvalidTransition", "MetricPoint",
-    "PhaseSpan", "Preset", "Run", "RunEvent", "RunStatus",
+    "PhaseSpan", "Preset", "Run", "RunEvent", "RunStatus", "latest_values",
 ]

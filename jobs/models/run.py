@@ -3,6 +3,7 @@ import hmac
 import secrets
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -14,6 +15,8 @@ from jobs.models.status import (
     sources_of,
 )
 from jobs.models.validators import normalized_config, validate_run_config
+
+PRIORITY_BOUND = 1000  # priorities run from -1000 to 1000; higher starts first
 
 
 def hash_token(token: str) -> str:
@@ -44,6 +47,11 @@ class Run(models.Model):
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     # sha256 hex of the ingest token; the raw token exists only in the driver's environment.
     ingest_token_hash = models.CharField(max_length=64, blank=True, editable=False)
+    # The queue (jobs/queue.py) starts queued runs by priority (higher first), then FIFO.
+    priority = models.IntegerField(default=0, validators=[
+        MinValueValidator(-PRIORITY_BOUND), MaxValueValidator(PRIORITY_BOUND)])
+    # Archived runs leave the runs list and the API's default listing; nothing else changes.
+    archived_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -4,6 +4,7 @@
       |            |            |            |
       |            |            +------------+-------> succeeded
       +------------+------------+------------+-------> failed | lost
+      +--- cancelled while it waits in the queue ----> stopped
 """
 
 from django.db import models
@@ -22,7 +23,7 @@ class RunStatus(models.TextChoices):
 
 S = RunStatus
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    S.QUEUED: frozenset({S.SUBMITTING, S.FAILED, S.LOST}),
+    S.QUEUED: frozenset({S.SUBMITTING, S.STOPPED, S.FAILED, S.LOST}),
     S.SUBMITTING: frozenset({S.RUNNING, S.FAILED, S.LOST}),
     S.RUNNING: frozenset({S.STOPPING, S.SUCCEEDED, S.FAILED, S.LOST}),
     S.STOPPING: frozenset({S.STOPPED, S.SUCCEEDED, S.FAILED, S.LOST}),

@@ -2,7 +2,8 @@
 
     GET  /runs/new[?preset=ID]           the run form, from a preset (or the defaults)
     POST /runs/new                       valid -> do_launch_run -> the run page
-    POST /runs/<id>/stop                 do_stop_run -> the run page
+    POST /runs/<id>/stop                 do_stop_run -> the run page (a queued run: cancelled)
+    POST /runs/<id>/priority             do_set_priority (a queued run) -> the run page
     GET  /runs/<id>/fork[?checkpoint=ID] the run form from the parent's config
     POST /runs/<id>/fork                 valid -> the diff against the parent; posted again
                                          unchanged -> do_fork_run -> the fork's page
@@ -13,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from engine.config import RunConfig, validate_config
-from jobs.actions import do_fork_run, do_launch_run, do_stop_run
+from jobs.actions import Refused, do_fork_run, do_launch_run, do_set_priority, do_stop_run
 from jobs.auth import operator_required
 from jobs.forms import ForkForm, RunConfigForm, initial_for
 from jobs.models import InvalidTransition, Preset, Run
@@ -43,13 +44,30 @@ def run_new(request):
 @require_POST
 def run_stop(request, run_id: int):
     run = get_object_or_404(Run, pk=run_id)
+    was_queued = run.status == "queued"
     try:
         do_stop_run(request.user, run)
     except InvalidTransition as exc:
         messages.error(request, f"Not stopped: {exc}")
     else:
-        messages.info(request, "Stop requested: the driver checkpoints after the step in "
-                               "progress, then exits.")
+        messages.info(request, "Cancelled: the run left the queue without starting."
+                      if was_queued else "Stop requested: the driver checkpoints after the "
+                                         "step in progress, then exits.")
+    return redirect("run-detail", run_id=run.pk)
+
+
+@operator_required
+@require_POST
+def run_priority(request, run_id: int):
+    run = get_object_or_404(Run, pk=run_id)
+    try:
+        do_set_priority(request.user, run, int(request.POST.get("priority", "")))
+    except ValueError:
+        messages.error(request, "Priority must be a whole number (higher starts first).")
+    except Refused as exc:
+        messages.error(request, f"Priority not changed: {exc}")
+    else:
+        messages.info(request, f"Priority set to {run.priority}.")
     return redirect("run-detail", run_id=run.pk)
 
 

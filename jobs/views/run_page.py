@@ -33,7 +33,7 @@ def latest_metric(name: str, field: str = "value") -> Subquery:
 
 
 def runs_with_latest_metrics():
-    return Run.objects.annotate(
+    return Run.objects.filter(archived_at=None).annotate(
         reward_mean=latest_metric("reward/mean"), step_s=latest_metric("time/step_s"),
         step=latest_metric("time/step_s", "step"),
     )

@@ -13,18 +13,12 @@ root). Without it this test fails, saying how to install it; it is never skipped
 from __future__ import annotations
 
 import re
-import shutil
-import signal
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from controlplane import processes as proc
-
-from ..stack_helpers import start_stack, wait_ready
+from ..stack_helpers import running_stack
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -77,25 +71,9 @@ def chromium() -> Path:
 def stack():
     """The real stack, started once for the module; stopped at the end, leaving nothing."""
     chromium()
-    # A short path: Ray's unix sockets live under its temp dir (107-byte limit).
-    state = Path(tempfile.mkdtemp(prefix="rle2e", dir="/tmp"))
-    supervisor = start_stack(state, state / "db.sqlite3", RLPLANE_RUNS_DIR=str(state / "runs"),
-                             RLPLANE_ADMIN_USER="operator", RLPLANE_ADMIN_PASSWORD=PASSWORD)
-    try:
-        record = wait_ready(state, supervisor)
-        yield record.urls["web"].rstrip("/")
-    finally:
-        if supervisor.poll() is None:
-            supervisor.send_signal(signal.SIGTERM)
-            try:
-                supervisor.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                supervisor.kill()
-                supervisor.wait()
-        proc.terminate(proc.marked_processes(str(state / "stack")), grace_s=2)
-        left = proc.marked_processes(str(state / "stack"))
-        shutil.rmtree(state, ignore_errors=True)
-        assert left == set(), f"the stack left processes behind: {sorted(left)}"
+    with running_stack("rle2e", RLPLANE_ADMIN_USER="operator",
+                       RLPLANE_ADMIN_PASSWORD=PASSWORD) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,12 @@
-"""Events and requests for ingest tests."""
+"""Events and requests for ingest tests; API tokens for the REST API's."""
 
 import json
 
+from django.contrib.auth.models import Group, User
+
 from engine.api import CheckpointEvent, LogEvent, MetricsEvent, RunStatusEvent, SpanEvent
+from jobs.auth import OPERATOR_GROUP
+from jobs.models import ApiToken
 
 
 def post_events(client, run, token, events, **extra):
@@ -36,3 +40,11 @@ def log(seq, message="hello"):
 def checkpoint(seq, step, path="/ckpt"):
     return CheckpointEvent(seq=seq, ts=1000.0 + seq, step=step, version=step,
                            path=f"{path}/step_{step:06d}", fingerprint=f"fp{step}")
+
+
+def api_token(username: str, operator: bool) -> str:
+    """A new user's API token; an operator's when ``operator``."""
+    user = User.objects.create_user(username)
+    if operator:
+        user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
+    return ApiToken.issue(user, "test")[1]

@@ -8,7 +8,6 @@ from django.contrib.auth.models import Group, User
 from django.contrib.messages import get_messages
 
 from engine.config import RunConfig, dump_config, union_choices, validate_config
-from jobs import tasks
 from jobs.auth import OPERATOR_GROUP
 from jobs.forms import RunConfigForm
 from jobs.models import Checkpoint, Preset, Run, RunStatus
@@ -16,15 +15,6 @@ from jobs.models import Checkpoint, Preset, Run, RunStatus
 pytestmark = pytest.mark.django_db
 
 GOOD = {"name": "demo", "steps": 5, "warm_start": {"steps": 0}}
-
-
-@pytest.fixture
-def queued(monkeypatch):
-    """The Celery tasks the actions queue on commit: recorded here, never sent."""
-    calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(tasks.submit_run, "delay", lambda run_id: calls.append(("submit", run_id)))
-    monkeypatch.setattr(tasks.stop_run, "delay", lambda run_id: calls.append(("stop", run_id)))
-    return calls
 
 
 @pytest.fixture
@@ -72,7 +62,8 @@ def test_a_valid_config_launches_a_run_and_queues_its_submission(
 
     run = Run.objects.get()
     assert response.status_code == 302 and response.url == f"/runs/{run.pk}"
-    assert (run.name, run.status, run.created_by) == ("demo", RunStatus.QUEUED, operator)
+    # Committed queued; the queue admitted it at once (a free run slot) and submitted it.
+    assert (run.name, run.status, run.created_by) == ("demo", RunStatus.SUBMITTING, operator)
     assert run.config["steps"] == 5
     assert queued == [("submit", run.pk)]
 

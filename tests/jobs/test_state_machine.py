@@ -62,7 +62,7 @@ def test_the_error_for_a_wrong_step_names_the_steps_that_are_allowed(make_run):
     run = make_run(S.QUEUED)
 
     with pytest.raises(InvalidTransition, match=r"from queued to running \(allowed: "
-                                                r"failed, lost, submitting\)"):
+                                                r"failed, lost, stopped, submitting\)"):
         run.transition_to(S.RUNNING)
 
 

@@ -298,17 +298,17 @@ def test_the_driver_command_uses_this_python_checkout_and_checkpoint(make_run, s
 
 
 @pytest.mark.django_db
-def test_sync_runs_queues_runs_that_no_submission_reached_again(make_run, monkeypatch):
+def test_admitted_runs_that_no_submission_reached_are_submitted_again(make_run, monkeypatch):
     queued = []
     monkeypatch.setattr(tasks.submit_run, "delay", queued.append)
-    stuck, fresh = make_run(RunStatus.QUEUED), make_run(RunStatus.QUEUED)
-    half_submitted = make_run(RunStatus.SUBMITTING)
-    Run.objects.filter(pk__in=[stuck.pk, half_submitted.pk]).update(
+    waiting = make_run(RunStatus.QUEUED)  # the queue's to admit, not a lost submission
+    stuck, fresh = make_run(RunStatus.SUBMITTING), make_run(RunStatus.SUBMITTING)
+    Run.objects.filter(pk__in=[stuck.pk, waiting.pk]).update(
         created_at=timezone.now() - timedelta(minutes=5))
 
-    tasks.sync_runs()
+    tasks.resubmit_stuck_runs()
 
-    assert sorted(queued) == sorted([stuck.pk, half_submitted.pk]) and fresh.pk not in queued
+    assert queued == [stuck.pk] and fresh.pk not in queued and waiting.pk not in queued
 
 
 # --- sync_runs and stop_run against the real head --------------------------------------------

@@ -1,0 +1,127 @@
+"""The capacity-aware queue: a queued run starts when the cluster can hold its placement.
+
+    do_schedule_runs()        on launch/fork/priority commit, on a run's end, every beat
+        free = capacity - taken
+        for each queued run, priority (high first), then FIFO:
+            fits  -> queued -> submitting, its demand taken from free; submit_run on commit
+            else  -> stays queued; status_reason "waits for 2 GPUs; 0 of 4 free"
+
+What a run asks for (``demand_of``):
+    a Ray placement  its placement bundles, summed (engine.api.placement_demand): {GPU: 4}
+    in process       one run slot; RLPLANE_MAX_LOCAL_RUNS of them (the default colocated
+                     placement runs inside its Ray job's driver and reserves nothing on Ray,
+                     but every such run shares the control plane host's CPUs)
+
+What is taken: what live runs' placements ask for, or what Ray reports in use, whichever
+is more (a run just admitted counts before its placement group exists; a job that is not
+an rlplane run counts too). Capacity of Ray resources is Ray's total
+(GET /api/cluster_status), asked only when a queued run needs Ray resources.
+
+A run that does not fit does not hold back smaller runs behind it (first fit, in order):
+a run asking for more than the cluster has can wait for a bigger cluster without blocking
+everyone. Two schedulers never admit into the same free space: each holds the queued and
+live rows' locks (on SQLite, the IMMEDIATE transaction's write lock) while it decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from functools import partial
+
+from django.conf import settings
+from django.db import transaction
+
+from engine.api import placement_demand
+from engine.config import validate_config
+from jobs.cluster import ClusterUnreachable, fetch_json
+from jobs.models import LIVE, Run, RunStatus
+from jobs.tasks import submit_run
+
+logger = logging.getLogger(__name__)
+
+RUN_SLOT = "run slot"  # not a Ray resource: the in-process runs' share of this host
+Resources = dict[str, float]
+
+
+def demand_of(config: dict) -> Resources:
+    return placement_demand(validate_config(config)) or {RUN_SLOT: 1.0}
+
+
+def ray_capacity() -> tuple[Resources, Resources]:
+    """Ray's (total, used) per resource, cluster-wide. Raises ClusterUnreachable, also
+    while a fresh head has not reported its resources yet (its first seconds)."""
+    status = fetch_json("/api/cluster_status")["data"]["clusterStatus"]
+    usage = (status.get("loadMetricsReport") or {}).get("usage") or {}
+    if not usage:
+        raise ClusterUnreachable("the Ray cluster has not reported its resources yet")
+    total = {name: float(of) for name, (_, of) in usage.items()}
+    used = {name: float(in_use) for name, (in_use, _) in usage.items()}
+    return total, used
+
+
+def plural(name: str, amount: float) -> str:
+    return name if amount == 1 else f"{name}s"
+
+
+def wait_reason(asked: Resources, free: Resources, total: Resources) -> str:
+    """"waits for 2 GPUs; 0 of 4 free", for each resource that is short."""
+    return "; ".join(f"waits for {asked[name]:g} {plural(name, asked[name])}; "
+                     f"{max(free.get(name, 0.0), 0.0):g} of {total.get(name, 0.0):g} free"
+                     for name in sorted(asked) if asked[name] > free.get(name, 0.0))
+
+
+def do_schedule_runs() -> list[int]:
+    """Admit the queued runs that fit, in priority then FIFO order; record why the others
+    wait. Returns the admitted run ids (their submit_run is queued on commit)."""
+    waiting = list(Run.objects.filter(status=RunStatus.QUEUED).values_list("config", flat=True))
+    if not waiting:
+        return []
+    total: Resources = {RUN_SLOT: float(settings.RLPLANE_MAX_LOCAL_RUNS)}
+    ray_used: Resources = {}
+    ray_error = ""
+    if any(set(demand_of(config)) - {RUN_SLOT} for config in waiting):
+        try:
+            ray_total, ray_used = ray_capacity()
+            total.update(ray_total)
+        except ClusterUnreachable as exc:
+            ray_error = str(exc)
+    admitted: list[int] = []
+    with transaction.atomic():
+        rows = list(Run.objects.select_for_update()
+                    .filter(status__in=[RunStatus.QUEUED, *LIVE]).order_by("pk"))
+        taken: Resources = defaultdict(float)
+        for run in rows:
+            if run.status != RunStatus.QUEUED:
+                for name, amount in demand_of(run.config).items():
+                    taken[name] += amount
+        free = {name: amount - max(taken.get(name, 0.0), ray_used.get(name, 0.0))
+                for name, amount in total.items()}
+        queued = sorted((r for r in rows if r.status == RunStatus.QUEUED),
+                        key=lambda r: (-r.priority, r.created_at, r.pk))
+        for run in queued:
+            asked = demand_of(run.config)
+            if ray_error and set(asked) - {RUN_SLOT}:
+                reason = f"waits for the Ray cluster to answer: {ray_error}"
+            elif all(amount <= free.get(name, 0.0) for name, amount in asked.items()):
+                for name, amount in asked.items():
+                    free[name] -= amount
+                run.transition_to(RunStatus.SUBMITTING, "admitted by the queue")
+                admitted.append(run.pk)
+                continue
+            else:
+                reason = wait_reason(asked, free, total)
+            if reason != run.status_reason:
+                Run.objects.filter(pk=run.pk, status=RunStatus.QUEUED) \
+                    .update(status_reason=reason)
+        for run_id in admitted:
+            transaction.on_commit(partial(submit_run.delay, run_id))
+    if admitted:
+        logger.info("queue: admitted runs %s", admitted)
+    return admitted
+
+
+def schedule_on_commit() -> None:
+    """Run the queue once the caller's transaction commits. Robust: the launch (or the
+    status change) stands even if scheduling fails; the beat's next pass retries."""
+    transaction.on_commit(do_schedule_runs, robust=True)

@@ -1,0 +1,13 @@
+"""The public REST API under /api/v1/ (Django REST framework; OpenAPI by drf-spectacular).
+
+    runs.py         runs: list, launch, detail, stop, fork, archive, priority, metrics,
+                    events, checkpoints
+    views.py        alerts (list, acknowledge, resolve), presets, cluster
+    auth.py         per-user API tokens (or the browser session); the pages' role rules
+    errors.py       every error as JSON with the field path
+    openapi.yaml    the generated schema, checked in (tests/jobs/test_rest_schema.py);
+                    GET /api/v1/schema serves it live, /api/v1/docs renders it
+
+Every change goes through jobs/actions.py, as the pages' do. The engine's ingest endpoint
+(jobs/api.py, run-token auth) is a different door and stays where it is.
+"""

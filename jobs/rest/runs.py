@@ -1,0 +1,241 @@
+"""Runs over HTTP: the same actions as the pages (jobs/actions.py), as JSON.
+
+    GET  /api/v1/runs                      ?status=running,queued &name= &archived=1 &limit=
+    POST /api/v1/runs                      {toml | config, priority} -> 201 the queued run
+    GET  /api/v1/runs/<id>                 + config, latest metrics, open alerts
+    POST /api/v1/runs/<id>/stop            running: checkpoint and exit; queued: cancel
+    POST /api/v1/runs/<id>/fork            {checkpoint?, toml | config?, priority}
+    POST /api/v1/runs/<id>/archive         a finished run leaves the list
+    POST /api/v1/runs/<id>/priority        {priority}: a queued run's place in the queue
+    GET  /api/v1/runs/<id>/metrics         ?name=reward/mean&name=bubble &start= &end= &points=
+    GET  /api/v1/runs/<id>/metric-names
+    GET  /api/v1/runs/<id>/events          ?after_seq= &type=log &limit=
+    GET  /api/v1/runs/<id>/checkpoints
+"""
+
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.decorators import api_view
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from engine.config import RunConfig, validate_config
+from jobs.actions import (
+    do_archive_run,
+    do_fork_run,
+    do_launch_run,
+    do_set_priority,
+    do_stop_run,
+)
+from jobs.forms import toml_table
+from jobs.models import LIVE_STATES, MetricPoint, Run, RunEvent, RunStatus, latest_values
+from jobs.rest import serializers as s
+
+MAX_LIMIT = 1000
+MAX_POINTS = 5000
+
+
+def config_from(data: dict) -> RunConfig:
+    """The request's run config, validated; ConfigError (-> 400 with field paths) if not."""
+    return validate_config(toml_table(data["toml"]) if "toml" in data else data["config"])
+
+
+def valid(serializer_class, request):
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def int_param(request, name: str, default: int | None = None, lo: int = 0,
+              hi: int | None = None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError({name: f"must be an integer, got {raw!r}"}) from None
+    if value < lo or (hi is not None and value > hi):
+        raise ValidationError({name: f"must be between {lo} and {hi}, got {value}"})
+    return value
+
+
+def run_detail(run: Run) -> dict:
+    run.latest = {name: {"step": step, "value": value}
+                  for name, (step, value) in latest_values([run.pk]).get(run.pk, {}).items()}
+    run.open_alerts = list(run.alerts.filter(state__in=LIVE_STATES))
+    return s.RunDetailSerializer(run).data
+
+
+@extend_schema(
+    methods=["GET"], responses=s.RunSerializer(many=True),
+    parameters=[OpenApiParameter("status", str, description="comma-separated statuses"),
+                OpenApiParameter("name", str, description="part of the name"),
+                OpenApiParameter("archived", bool, description="list archived runs too"),
+                OpenApiParameter("limit", int)])
+@extend_schema(methods=["POST"], request=s.LaunchSerializer,
+               responses={201: s.RunDetailSerializer, 400: s.ErrorSerializer})
+@api_view(["GET", "POST"])
+def runs(request):
+    if request.method == "POST":
+        data = valid(s.LaunchSerializer, request)
+        cfg = config_from(data)
+        run = do_launch_run(request.user, cfg.name, cfg.model_dump(mode="json"),
+                            priority=data["priority"])
+        run.refresh_from_db()
+        return Response(run_detail(run), status=status.HTTP_201_CREATED)
+    rows = Run.objects.select_related("created_by")
+    statuses = [x for x in request.query_params.get("status", "").split(",") if x]
+    unknown = sorted(set(statuses) - set(RunStatus.values))
+    if unknown:
+        raise ValidationError({"status": f"unknown status {', '.join(unknown)}; one of "
+                                         f"{', '.join(RunStatus.values)}"})
+    if statuses:
+        rows = rows.filter(status__in=statuses)
+    if request.query_params.get("name"):
+        rows = rows.filter(name__icontains=request.query_params["name"])
+    if request.query_params.get("archived", "").lower() not in {"1", "true", "yes"}:
+        rows = rows.filter(archived_at=None)
+    limit = int_param(request, "limit", 100, 1, MAX_LIMIT)
+    return Response(s.RunSerializer(rows[:limit], many=True).data)
+
+
+@extend_schema(responses=s.RunDetailSerializer)
+@api_view(["GET"])
+def run(request, run_id: int):
+    return Response(run_detail(get_object_or_404(Run, pk=run_id)))
+
+
+@extend_schema(request=None, responses={200: s.RunDetailSerializer, 409: s.ErrorSerializer})
+@api_view(["POST"])
+def stop(request, run_id: int):
+    target = get_object_or_404(Run, pk=run_id)
+    do_stop_run(request.user, target)
+    target.refresh_from_db()
+    return Response(run_detail(target))
+
+
+@extend_schema(request=s.ForkSerializer,
+               responses={201: s.RunDetailSerializer, 400: s.ErrorSerializer,
+                          409: s.ErrorSerializer})
+@api_view(["POST"])
+def fork(request, run_id: int):
+    parent = get_object_or_404(Run, pk=run_id)
+    data = valid(s.ForkSerializer, request)
+    checkpoints = parent.checkpoints.order_by("-step")
+    if "checkpoint" in data:
+        checkpoint = checkpoints.filter(pk=data["checkpoint"]).first()
+        if checkpoint is None:
+            raise ValidationError({"checkpoint": f"run {parent.pk} has no checkpoint "
+                                                 f"{data['checkpoint']}"})
+    else:
+        checkpoint = checkpoints.first()
+        if checkpoint is None:
+            raise ValidationError({"checkpoint": f"run {parent.pk} has no checkpoint yet; "
+                                                 "a fork starts from one"})
+    if "toml" in data or "config" in data:
+        cfg = config_from(data)
+    else:
+        cfg = validate_config(parent.config)
+        cfg = cfg.model_copy(update={"name": f"{cfg.name}-fork"[:100]})
+    child = do_fork_run(request.user, parent, checkpoint, cfg.model_dump(mode="json"),
+                        priority=data["priority"])
+    child.refresh_from_db()
+    return Response(run_detail(child), status=status.HTTP_201_CREATED)
+
+
+@extend_schema(request=None, responses={200: s.RunSerializer, 409: s.ErrorSerializer})
+@api_view(["POST"])
+def archive(request, run_id: int):
+    target = get_object_or_404(Run, pk=run_id)
+    do_archive_run(request.user, target)
+    return Response(s.RunSerializer(target).data)
+
+
+@extend_schema(request=s.PrioritySerializer,
+               responses={200: s.RunSerializer, 409: s.ErrorSerializer})
+@api_view(["POST"])
+def priority(request, run_id: int):
+    target = get_object_or_404(Run, pk=run_id)
+    do_set_priority(request.user, target, valid(s.PrioritySerializer, request)["priority"])
+    target.refresh_from_db()
+    return Response(s.RunSerializer(target).data)
+
+
+def downsample(points: list[tuple[int, float | None]], limit: int) -> list:
+    """At most ``limit`` points, evenly spaced by index; the first and last always kept."""
+    if len(points) <= limit:
+        return points
+    if limit == 1:
+        return points[-1:]
+    last = len(points) - 1
+    return [points[round(i * last / (limit - 1))] for i in range(limit)]
+
+
+@extend_schema(
+    responses=s.MetricsSerializer,
+    parameters=[OpenApiParameter("name", str, many=True, required=True,
+                                 description="a metric name (repeat for several)"),
+                OpenApiParameter("start", int, description="first step"),
+                OpenApiParameter("end", int, description="last step"),
+                OpenApiParameter("points", int, description="at most this many per series")])
+@api_view(["GET"])
+def metrics(request, run_id: int):
+    target = get_object_or_404(Run, pk=run_id)
+    names = request.query_params.getlist("name")
+    if not names:
+        raise ValidationError({"name": "name at least one metric, e.g. ?name=reward/mean "
+                                       "(GET .../metric-names lists them)"})
+    start = int_param(request, "start")
+    end = int_param(request, "end")
+    points = int_param(request, "points", 500, 1, MAX_POINTS)
+    rows = MetricPoint.objects.filter(run=target, name__in=names)
+    if start is not None:
+        rows = rows.filter(step__gte=start)
+    if end is not None:
+        rows = rows.filter(step__lte=end)
+    by_name: dict[str, list] = {name: [] for name in names}
+    for name, step, value in rows.order_by("name", "step").values_list("name", "step", "value"):
+        by_name[name].append((step, value))
+    series = {}
+    for name, pts in by_name.items():
+        kept = downsample(pts, points)
+        series[name] = {"steps": [p[0] for p in kept], "values": [p[1] for p in kept]}
+    return Response({"series": series})
+
+
+@extend_schema(responses={200: OpenApiTypes.OBJECT})
+@api_view(["GET"])
+def metric_names(request, run_id: int):
+    target = get_object_or_404(Run, pk=run_id)
+    names = MetricPoint.objects.filter(run=target).values_list("name", flat=True)
+    return Response({"names": sorted(set(names))})
+
+
+@extend_schema(
+    responses=s.EventsSerializer,
+    parameters=[OpenApiParameter("after_seq", int), OpenApiParameter("type", str, many=True),
+                OpenApiParameter("limit", int)])
+@api_view(["GET"])
+def events(request, run_id: int):
+    target = get_object_or_404(Run, pk=run_id)
+    after = int_param(request, "after_seq", 0)
+    limit = int_param(request, "limit", 500, 1, MAX_LIMIT)
+    rows = RunEvent.backfill(target, after)
+    types = request.query_params.getlist("type")
+    if types:
+        rows = rows.filter(type__in=types)
+    payloads = list(rows.values_list("seq", "payload")[:limit])
+    last_seq = payloads[-1][0] if payloads else after
+    return Response({"events": [p for _, p in payloads], "last_seq": last_seq})
+
+
+@extend_schema(responses=s.CheckpointSerializer(many=True))
+@api_view(["GET"])
+def checkpoints(request, run_id: int):
+    target = get_object_or_404(Run, pk=run_id)
+    return Response(s.CheckpointSerializer(target.checkpoints.order_by("step"), many=True).data)

@@ -1,0 +1,109 @@
+"""What the API reads and writes. Output shapes are plain serializers over the models, so
+the OpenAPI schema names every field; run configs stay the engine's RunConfig as JSON."""
+
+from rest_framework import serializers
+
+from jobs.models import Alert, Checkpoint, Preset, Run
+from jobs.models.run import PRIORITY_BOUND
+
+
+class RunSerializer(serializers.ModelSerializer):
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    archived = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Run
+        fields = ["id", "name", "status", "status_reason", "priority", "parent",
+                  "source_checkpoint", "created_by", "created_at", "started_at",
+                  "finished_at", "archived"]
+
+    def get_archived(self, run) -> bool:
+        return run.archived_at is not None
+
+
+class LatestMetricSerializer(serializers.Serializer):
+    step = serializers.IntegerField()
+    value = serializers.FloatField(allow_null=True)
+
+
+class AlertSerializer(serializers.ModelSerializer):
+    run_name = serializers.CharField(source="run.name", read_only=True)
+
+    class Meta:
+        model = Alert
+        fields = ["id", "run", "run_name", "kind", "state", "cause", "runbook", "evidence",
+                  "step", "last_step", "opened_at", "acknowledged_at", "resolved_at",
+                  "resolved_reason"]
+
+
+class RunDetailSerializer(RunSerializer):
+    latest = serializers.DictField(child=LatestMetricSerializer(), read_only=True,
+                                   help_text="each metric at its last reported step")
+    open_alerts = AlertSerializer(many=True, read_only=True)
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "config", "latest", "open_alerts"]
+
+
+class ConfigInput(serializers.Serializer):
+    """A run config: TOML text (as in configs/) or the same as a JSON object; not both."""
+
+    toml = serializers.CharField(required=False, trim_whitespace=False)
+    config = serializers.DictField(required=False)
+
+    def validate(self, attrs):
+        if ("toml" in attrs) == ("config" in attrs):
+            raise serializers.ValidationError({"toml": "send either toml or config"})
+        return attrs
+
+
+class LaunchSerializer(ConfigInput):
+    priority = serializers.IntegerField(default=0, min_value=-PRIORITY_BOUND,
+                                        max_value=PRIORITY_BOUND)
+
+
+class ForkSerializer(ConfigInput):
+    checkpoint = serializers.IntegerField(
+        required=False, help_text="a checkpoint id of the parent; default: its latest")
+    priority = serializers.IntegerField(default=0, min_value=-PRIORITY_BOUND,
+                                        max_value=PRIORITY_BOUND)
+
+    def validate(self, attrs):  # the config may be left out: the parent's, renamed
+        if "toml" in attrs and "config" in attrs:
+            raise serializers.ValidationError({"toml": "send either toml or config"})
+        return attrs
+
+
+class PrioritySerializer(serializers.Serializer):
+    priority = serializers.IntegerField(min_value=-PRIORITY_BOUND, max_value=PRIORITY_BOUND)
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "run", "step", "version", "path", "fingerprint", "created_at"]
+
+
+class PresetSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Preset
+        fields = ["id", "name", "description", "config", "alert_thresholds", "updated_at"]
+
+
+class SeriesSerializer(serializers.Serializer):
+    steps = serializers.ListField(child=serializers.IntegerField())
+    values = serializers.ListField(child=serializers.FloatField(allow_null=True))
+
+
+class MetricsSerializer(serializers.Serializer):
+    series = serializers.DictField(child=SeriesSerializer())
+
+
+class EventsSerializer(serializers.Serializer):
+    events = serializers.ListField(child=serializers.DictField())
+    last_seq = serializers.IntegerField(help_text="pass as after_seq to read on")
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    errors = serializers.ListField(child=serializers.DictField(), required=False)

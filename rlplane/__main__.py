@@ -1,0 +1,5 @@
+import sys
+
+from rlplane.cli import main
+
+sys.exit(main())

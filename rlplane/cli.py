@@ -1,0 +1,272 @@
+"""rlplane: operate runs from a terminal or a script, through the REST API.
+
+    rlplane login URL [--token T]          check the token, keep URL + token (0600)
+    rlplane runs [--status S,..] [--all] [--json]
+    rlplane launch CONFIG.toml [--set key=value ...] [--priority N] [-q]
+    rlplane watch RUN [--interval S] [--steps N]
+    rlplane stop RUN                       a queued run is cancelled
+    rlplane fork RUN [CONFIG.toml] [--checkpoint ID] [--set key=value ...] [-q]
+    rlplane priority RUN N                 a queued run's place in the queue
+    rlplane logs RUN [--follow]
+    rlplane alerts [--run RUN] [--state open|acknowledged|resolved] [--ack ID] [--resolve ID]
+
+Exit codes (rlplane.client): 0 ok; 1 server error; 2 bad arguments or input (each bad field
+printed as "path: message"); 3 not logged in or token refused; 4 not allowed for your role;
+5 not found; 6 the run's state does not allow it; 7 control plane unreachable; 8 `watch`:
+the run ended failed or lost. Errors go to stderr; `launch -q` / `fork -q` print only the
+new run's id on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from engine.config import ConfigError, validate_config
+from rlplane import watch as watching
+from rlplane.client import (
+    EXIT_OK,
+    EXIT_USAGE,
+    ApiError,
+    Client,
+    save_credentials,
+)
+
+
+class UsageError(ApiError):
+    def __init__(self, message: str, errors: list[dict] | None = None):
+        super().__init__(message, EXIT_USAGE, errors)
+
+
+def set_path(data: dict, dotted: str, raw: str) -> None:
+    """--set rollout.temperature=0.7: the value as TOML (numbers, booleans, "strings",
+    [lists]), else as a bare string."""
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    *tables, key = dotted.split(".")
+    node = data
+    for name in tables:
+        node = node.setdefault(name, {})
+        if not isinstance(node, dict):
+            raise UsageError(f"--set {dotted}: {name} is not a table")
+    node[key] = value
+
+
+def config_with_overrides(path: Path | None, sets: list[str], base: dict | None = None) -> dict:
+    """The TOML file (or ``base``) with each --set applied, validated here first."""
+    data = dict(base or {})
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise UsageError(f"{path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{path} is not valid TOML: {exc}") from None
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set {item!r}: write key=value, e.g. rollout.temperature=0.7")
+        set_path(data, key.strip(), raw.strip())
+    try:
+        validate_config(data)
+    except ConfigError as exc:
+        raise UsageError("invalid run config", [{"field": p, "message": m}
+                                                for p, m in exc.errors]) from None
+    return data
+
+
+def print_runs(console: Console, runs: list[dict]) -> None:
+    grid = Table("id", "name", "status", "priority", "by", "created", "reason")
+    for r in runs:
+        grid.add_row(str(r["id"]), r["name"], r["status"], str(r["priority"]),
+                     r["created_by"] or "", r["created_at"][:19].replace("T", " "),
+                     r["status_reason"][:60])
+    console.print(grid)
+
+
+def announce(console: Console, client: Client, run: dict, verb: str, quiet: bool) -> None:
+    if quiet:
+        print(run["id"])
+    else:
+        page = client.page_url(f"/runs/{run['id']}")
+        console.print(f"{verb} run #{run['id']} ({run['status']}): {page}", highlight=False)
+
+
+def cmd_login(args, console: Console) -> int:
+    token = args.token
+    if token is None:
+        prompt = f"API token (create one at {args.url.rstrip('/')}/settings/tokens): "
+        token = getpass.getpass(prompt) if sys.stdin.isatty() else sys.stdin.readline()
+    token = token.strip()
+    if not token:
+        raise UsageError("no token given")
+    client = Client(args.url, token)
+    client.get("/runs", limit=1)  # 401 -> exit 3, nothing saved
+    path = save_credentials(client.url, token)
+    console.print(f"logged in to {client.url}; token kept in {path}", highlight=False)
+    return EXIT_OK
+
+
+def cmd_runs(args, console: Console, client: Client) -> int:
+    runs = client.get("/runs", status=args.status, archived="1" if args.all else None,
+                      limit=args.limit)
+    if args.json:
+        print(json.dumps(runs, indent=2))
+    else:
+        print_runs(console, runs)
+    return EXIT_OK
+
+
+def cmd_launch(args, console: Console, client: Client) -> int:
+    config = config_with_overrides(args.config, args.set)
+    run = client.post("/runs", {"config": config, "priority": args.priority})
+    announce(console, client, run, "launched", args.quiet)
+    return EXIT_OK
+
+
+def cmd_watch(args, console: Console, client: Client) -> int:
+    return watching.watch(client, args.run, args.interval, args.steps, console)
+
+
+def cmd_stop(args, console: Console, client: Client) -> int:
+    run = client.post(f"/runs/{args.run}/stop")
+    console.print(f"run #{run['id']} is {run['status']}: {run['status_reason']}",
+                  highlight=False)
+    return EXIT_OK
+
+
+def cmd_fork(args, console: Console, client: Client) -> int:
+    body: dict = {"priority": args.priority}
+    if args.checkpoint is not None:
+        body["checkpoint"] = args.checkpoint
+    if args.config is not None or args.set:
+        base = None
+        if args.config is None:  # --set alone: the parent's config with the changes
+            base = client.get(f"/runs/{args.run}")["config"]
+            base["name"] = f"{base['name']}-fork"[:100]
+        body["config"] = config_with_overrides(args.config, args.set, base)
+    run = client.post(f"/runs/{args.run}/fork", body)
+    announce(console, client, run, "forked", args.quiet)
+    return EXIT_OK
+
+
+def cmd_priority(args, console: Console, client: Client) -> int:
+    run = client.post(f"/runs/{args.run}/priority", {"priority": args.priority})
+    console.print(f"run #{run['id']}: priority {run['priority']}", highlight=False)
+    return EXIT_OK
+
+
+def cmd_logs(args, console: Console, client: Client) -> int:
+    after = 0
+    while True:
+        page = client.get(f"/runs/{args.run}/events", type=["log", "run.status"],
+                          after_seq=after)
+        for event in page["events"]:
+            text = event.get("message") or event.get("status", "")
+            if event["type"] == "run.status":
+                text = f"[status] {event.get('status')} {event.get('message', '')}".rstrip()
+            print(f"{event['seq']:>6} {text}")
+        after = page["last_seq"]
+        if not args.follow:
+            return EXIT_OK
+        if not page["events"]:
+            if client.get(f"/runs/{args.run}")["status"] in watching.TERMINAL:
+                return EXIT_OK
+            time.sleep(args.interval)
+
+
+def cmd_alerts(args, console: Console, client: Client) -> int:
+    for alert_id, action in ((args.ack, "acknowledge"), (args.resolve, "resolve")):
+        if alert_id is not None:
+            alert = client.post(f"/alerts/{alert_id}/{action}")
+            console.print(f"alert {alert['id']} is {alert['state']}", highlight=False)
+            return EXIT_OK
+    alerts = client.get("/alerts", run=args.run, state=args.state)
+    grid = Table("id", "run", "kind", "state", "step", "cause")
+    for a in alerts:
+        grid.add_row(str(a["id"]), f"#{a['run']}", a["kind"], a["state"],
+                     str(a["last_step"]), a["cause"][:80])
+    console.print(grid)
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlplane", description=__doc__.split("\n")[0],
+                                epilog="exit codes: see `pydoc rlplane.cli`",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    login = sub.add_parser("login", help="keep the control plane's URL and your API token")
+    login.add_argument("url")
+    login.add_argument("--token", help="default: read from the prompt (or stdin)")
+    runs = sub.add_parser("runs", help="list runs")
+    runs.add_argument("--status", help="comma-separated: running,queued,...")
+    runs.add_argument("--all", action="store_true", help="archived runs too")
+    runs.add_argument("--limit", type=int, default=50)
+    runs.add_argument("--json", action="store_true")
+    for name in ("launch", "fork"):
+        cmd = sub.add_parser(name, help=f"{name} a run")
+        if name == "fork":
+            cmd.add_argument("run", type=int)
+            cmd.add_argument("config", type=Path, nargs="?")
+            cmd.add_argument("--checkpoint", type=int, help="checkpoint id; default the latest")
+        else:
+            cmd.add_argument("config", type=Path)
+        cmd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a config field, e.g. rollout.temperature=0.7")
+        cmd.add_argument("--priority", type=int, default=0, help="higher starts first")
+        cmd.add_argument("-q", "--quiet", action="store_true", help="print only the run id")
+    w = sub.add_parser("watch", help="a live view of a run")
+    w.add_argument("run", type=int)
+    w.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
+    w.add_argument("--steps", type=int, help="return after this many new steps")
+    stop = sub.add_parser("stop", help="stop a run (cancel a queued one)")
+    stop.add_argument("run", type=int)
+    prio = sub.add_parser("priority", help="change a queued run's priority")
+    prio.add_argument("run", type=int)
+    prio.add_argument("priority", type=int)
+    logs = sub.add_parser("logs", help="a run's log lines")
+    logs.add_argument("run", type=int)
+    logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument("--interval", type=float, default=2.0)
+    alerts = sub.add_parser("alerts", help="list, acknowledge or resolve alerts")
+    alerts.add_argument("--run", type=int)
+    alerts.add_argument("--state", choices=["open", "acknowledged", "resolved"])
+    alerts.add_argument("--ack", type=int, metavar="ALERT_ID")
+    alerts.add_argument("--resolve", type=int, metavar="ALERT_ID")
+    return p
+
+
+COMMANDS = {"runs": cmd_runs, "launch": cmd_launch, "watch": cmd_watch, "stop": cmd_stop,
+            "fork": cmd_fork, "priority": cmd_priority, "logs": cmd_logs,
+            "alerts": cmd_alerts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)  # bad arguments: argparse exits 2
+    console = Console()
+    errors = Console(stderr=True, highlight=False)
+    try:
+        if args.command == "login":
+            return cmd_login(args, console)
+        return COMMANDS[args.command](args, console, Client.from_credentials())
+    except ApiError as exc:
+        errors.print(f"rlplane: {exc}", markup=False)
+        for e in exc.errors:
+            errors.print(f"  {e['field']}: {e['message']}", markup=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
