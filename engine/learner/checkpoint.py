@@ -30,18 +30,27 @@ def save_checkpoint(root: Path, learner, model_dir: Path, keep_last: int) -> Pat
 
     def write(d: Path) -> None:
         learner.policy.save_pretrained(d, safe_serialization=True)
-        load_tokenizer(model_dir).save_pretrained(d)
         torch.save(learner.optimizer.state_dict(), d / "optimizer.pt")
-        torch.save({"python": random.getstate(), "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state()}, d / "rng.pt")
-        (d / "state.json").write_text(json.dumps({
-            "step": learner.step, "version": learner.version,
-            "fingerprint": learner.fingerprint()}))
+        write_run_state(d, learner, model_dir, learner.fingerprint())
 
     atomic_dir(final, write)
+    prune_checkpoints(root, keep_last)
+    return final
+
+
+def write_run_state(d: Path, learner, model_dir: Path, fp: str) -> None:
+    """What every checkpoint holds besides weights and optimizer: the tokenizer, the RNG
+    states, and step / weight version / fingerprint."""
+    load_tokenizer(model_dir).save_pretrained(d)
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state()}, d / "rng.pt")
+    (d / "state.json").write_text(json.dumps({
+        "step": learner.step, "version": learner.version, "fingerprint": fp}))
+
+
+def prune_checkpoints(root: Path, keep_last: int) -> None:
     for old in sorted(root.glob("step_*"))[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -52,10 +61,15 @@ def latest_checkpoint(root: Path) -> Path | None:
 def restore_checkpoint(path: Path, learner) -> dict:
     """Load optimizer, counters and RNG into ``learner`` (whose policy was already loaded
     from ``path``). Returns state.json."""
-    state = json.loads((path / "state.json").read_text())
     # AdamW state goes where the parameters are now, not where it was saved from.
     learner.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False,
                                                  map_location=learner.device))
+    return read_run_state(path, learner)
+
+
+def read_run_state(path: Path, learner) -> dict:
+    """Counters and RNG back into ``learner``; its weights must match the fingerprint."""
+    state = json.loads((path / "state.json").read_text())
     rng = torch.load(path / "rng.pt", weights_only=False)
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])

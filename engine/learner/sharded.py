@@ -22,6 +22,9 @@ parameters, gradients and optimizer state are split N ways.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -29,7 +32,9 @@ from torch.distributed.tensor import DTensor
 
 from engine.config import GrpoConfig, LearnerConfig
 from engine.learner.batch import PackedBatch
+from engine.learner.checkpoint import prune_checkpoints, read_run_state, write_run_state
 from engine.learner.learner import Learner
+from engine.weightsync.fingerprint import fingerprint
 
 
 def shard_policy(policy: torch.nn.Module, setup: LearnerConfig) -> torch.nn.Module:
@@ -96,3 +101,59 @@ class ShardedLearner(Learner):
     def _sum_over_ranks(self, totals: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(totals)
         return totals
+
+
+# --------------------------------------------------------------------------- checkpoints
+#
+#   <run>/checkpoints/step_000012/   as a single-process checkpoint (HF dir of the full
+#       ...                          weights, rng.pt, state.json), written by rank 0, plus
+#       optim/                       AdamW state in torch.distributed.checkpoint's sharded
+#                                    format: each rank writes and reads its own shards
+#
+# The ranks of one learner sit in one placement bundle, so on one node: they share the
+# run directory's filesystem, which the staging directory and the rename rely on.
+
+def save_sharded_checkpoint(root: Path, learner: ShardedLearner, model_dir: Path,
+                            keep_last: int) -> tuple[Path, str]:
+    """Every rank calls this (it gathers weights and writes optimizer shards); returns the
+    checkpoint and the fingerprint of its weights."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    final = root / f"step_{learner.step:06d}"
+    staging = root / f".{final.name}.staging"
+    if learner.rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    dist.barrier()
+    named = learner.named_tensors()                               # collective
+    fp = fingerprint(named)
+    dcp.save({"optim": get_optimizer_state_dict(learner.policy, learner.optimizer)},
+             checkpoint_id=staging / "optim")                     # collective
+    if learner.rank == 0:
+        full = {n: t.cpu() for n, t in named}
+        learner.policy.save_pretrained(staging, state_dict=full, safe_serialization=True)
+        write_run_state(staging, learner, model_dir, fp)
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+        prune_checkpoints(root, keep_last)
+    dist.barrier()
+    return final, fp
+
+
+def restore_sharded_checkpoint(path: Path, learner: ShardedLearner) -> dict:
+    """Every rank calls this, with a learner whose policy was loaded from ``path``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if not (path / "optim").is_dir():
+        raise RuntimeError(f"{path} was not written by a sharded learner (no optim/): resume "
+                           f"it with the placement.learner_devices it was written with")
+    state = {"optim": get_optimizer_state_dict(learner.policy, learner.optimizer)}
+    dcp.load(state, checkpoint_id=path / "optim")
+    set_optimizer_state_dict(learner.policy, learner.optimizer, state["optim"])
+    return read_run_state(path, learner)

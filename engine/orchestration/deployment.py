@@ -16,6 +16,7 @@ bundle, joined by the configured two-sided transport.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -68,9 +69,9 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
             log(f"placed on Ray: {len(layout.workers)} rollout worker(s) + learner in "
                 f"bundles {layout.bundles} ({layout.strategy}), {threads} torch thread(s) "
                 f"per actor")
-            learner = RayActor.start(LearnerWorker, (*learner_args, threads),
-                                     layout.learner.gpus, pg, layout.learner.bundle)
-            started.append((learner, LearnerWorker))
+            ranks = start_learner_ranks(layout, learner_args, threads, pg)
+            started += [(r, LearnerWorker) for r in ranks]
+            learner = ranks[0]
             workers = []
             for w in layout.workers:
                 workers.append(RayActor.start(
@@ -88,6 +89,23 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
         yield Deployment(learner, workers, sharing, sync)
     finally:
         _teardown(started, layout.on_ray, pg, ray_started)
+
+
+def start_learner_ranks(layout: Layout, learner_args: tuple, threads: int,
+                        pg) -> list[RayActor]:
+    """The learner's actors on its bundle: one, or one per device of a sharded learner,
+    which meet at a rendezvous file on their node; rank 0 gets the others' handles."""
+    n, slot = layout.learner_ranks, layout.learner
+    if n == 1:
+        return [RayActor.start(LearnerWorker, (*learner_args, threads), slot.gpus, pg,
+                               slot.bundle)]
+    cfg, policy_dir, model_dir, _, checkpoint = learner_args
+    rendezvous = f"file:///tmp/rlplane-fsdp-{uuid.uuid4().hex}"
+    ranks = [RayActor.start(LearnerWorker, (cfg, policy_dir, model_dir, [slot.devices[r]],
+                                            checkpoint, threads, r, n, rendezvous),
+                            slot.gpus / n, pg, slot.bundle) for r in range(n)]
+    ranks[0].call(LearnerWorker.attach_peers, ranks[1:]).result()
+    return ranks
 
 
 def _teardown(started: list, on_ray: bool, pg, ray_started: bool) -> None:

@@ -8,6 +8,9 @@
         bundle 0 {GPU: 1}  gpu:0  rollout worker 0
         bundle 1 {GPU: 1}  gpu:1  rollout worker 1
         bundle 2 {GPU: 1}  gpu:2  learner
+    disaggregated, rollout_workers=1, learner_devices=2 (an FSDP2-sharded learner):
+        bundle 0 {GPU: 1}  gpu:0  rollout worker 0
+        bundle 1 {GPU: 2}  gpu:1  learner rank 0     gpu:2  learner rank 1
 
 Device names number the placement's devices (gpu:<k>), not the node's. Spans are recorded
 per logical device, so bubble and utilization mean the same on a CPU slot, a logical GPU
@@ -40,6 +43,7 @@ class Layout:
     bundles: list[dict[str, float]]
     strategy: str
     on_ray: bool
+    learner_ranks: int = 1     # processes of the learner: one per device when sharded
 
     @property
     def rollout(self) -> list[str]:
@@ -57,7 +61,8 @@ def layout_for(cfg: ColocatedPlacementConfig | DisaggregatedPlacementConfig) -> 
         learner = Slot(n, cfg.learner_devices,
                        [f"gpu:{n * per + j}" for j in range(cfg.learner_devices)])
         bundles = [{"GPU": float(per)}] * n + [{"GPU": float(cfg.learner_devices)}]
-        return Layout(workers, learner, bundles, cfg.strategy, on_ray=True)
+        return Layout(workers, learner, bundles, cfg.strategy, on_ray=True,
+                      learner_ranks=cfg.learner_devices)
     if not cfg.ray:
         devices = [f"cpu:{i}" for i in range(cfg.devices)]
         return Layout([Slot(0, 0, devices)], Slot(0, 0, devices), [], cfg.strategy,

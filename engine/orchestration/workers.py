@@ -143,49 +143,116 @@ class RolloutWorker(WeightReceiverHost):
 
 
 class LearnerWorker(WeightSenderHost):
+    """The learner, or with ``world`` > 1 one rank of an FSDP2-sharded learner
+    (engine.learner.sharded). Rank 0 is the one the loop calls: it forwards each
+    collective call (update, the weight gather of a sync, checkpoints) to the other ranks,
+    given by ``attach_peers``, and gathers their spans and device samples; to the loop a
+    sharded learner is one actor. The ranks meet at ``rendezvous`` (a file:// URL on their
+    node: one bundle holds them all)."""
+
     def __init__(self, cfg: RunConfig, policy_dir: Path, model_dir: Path, devices: list[str],
-                 checkpoint: Path | None = None, threads: int | None = None):
+                 checkpoint: Path | None = None, threads: int | None = None, rank: int = 0,
+                 world: int = 1, rendezvous: str | None = None):
         if threads is not None:
             torch.set_num_threads(threads)
         seed_everything(cfg.model.seed)
         dtype = DTYPES[cfg.model.dtype]
         alg = cfg.algorithm
         reference = load_policy(model_dir, dtype) if alg.kl_coef > 0 else None
-        self.learner = Learner(load_policy(policy_dir, dtype), alg, cfg.rollout.temperature,
-                               cfg.model.seed, reference=reference, setup=cfg.learner)
-        if checkpoint is not None:
-            restore_checkpoint(checkpoint, self.learner)
+        self.peers: list = []
+        self.world = world
+        if world > 1:
+            from engine.learner.sharded import ShardedLearner, restore_sharded_checkpoint
+
+            init_process_group(cfg, rank, world, rendezvous)
+            self.learner = ShardedLearner(load_policy(policy_dir, dtype), alg,
+                                          cfg.rollout.temperature, cfg.model.seed,
+                                          reference=reference, setup=cfg.learner)
+            if checkpoint is not None:
+                restore_sharded_checkpoint(checkpoint, self.learner)
+        else:
+            self.learner = Learner(load_policy(policy_dir, dtype), alg,
+                                   cfg.rollout.temperature, cfg.model.seed,
+                                   reference=reference, setup=cfg.learner)
+            if checkpoint is not None:
+                restore_checkpoint(checkpoint, self.learner)
         self.pad_id = load_tokenizer(model_dir).pad_token_id
         self.cfg, self.model_dir, self.rec = cfg, model_dir, SpanRecorder(devices)
         self.sampler = DeviceSampler(devices)
+
+    def attach_peers(self, peers: list) -> None:
+        """Rank 0: the handles of ranks 1..N-1, in rank order."""
+        self.peers = peers
+
+    def _with_peers(self, method, *args) -> list:
+        return [p.call(method, *args) for p in self.peers]
 
     def state(self) -> tuple[int, int]:
         return self.learner.step, self.learner.version
 
     def update(self, samples: list[Sample], step: int) -> dict[str, float]:
+        peers = self._with_peers(LearnerWorker.update, samples, step)
         with self.rec.phase("learner", step, self.learner.version):
             metrics = self.learner.update(pack(samples, self.pad_id))
         if resets_version(self.cfg.faults, step):
             self.learner.version = 1
+        for f in peers:
+            f.result()
         return metrics
 
     def sync_version(self) -> int:
         return self.learner.version
 
     def sync_weights(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
-        return self.learner.version, self.learner.named_tensors()
+        peers = self._with_peers(LearnerWorker.gather_weights)
+        named = self.learner.named_tensors()          # sharded: a gather every rank joins
+        for f in peers:
+            f.result()
+        return self.learner.version, named
+
+    def gather_weights(self) -> None:
+        """A peer's part of rank 0's gather of the full weights."""
+        self.learner.named_tensors()
 
     def save_checkpoint(self, root: Path, keep_last: int) -> tuple[str, int, int, str]:
-        path = save_checkpoint(root, self.learner, self.model_dir, keep_last)
-        return str(path), self.learner.step, self.learner.version, self.learner.fingerprint()
+        if self.world > 1:
+            from engine.learner.sharded import save_sharded_checkpoint
+
+            peers = self._with_peers(LearnerWorker.save_checkpoint, root, keep_last)
+            path, fp = save_sharded_checkpoint(root, self.learner, self.model_dir, keep_last)
+            for f in peers:
+                f.result()
+        else:
+            path = save_checkpoint(root, self.learner, self.model_dir, keep_last)
+            fp = self.learner.fingerprint()
+        return str(path), self.learner.step, self.learner.version, fp
 
     @concurrent("telemetry")
     def drain_spans(self):
-        return self.rec.drain()
+        peers = self._with_peers(LearnerWorker.drain_spans)
+        closed, running = self.rec.drain()
+        for f in peers:
+            c, r = f.result()
+            closed, running = closed + c, running + r
+        return closed, running
 
     @concurrent("telemetry")
     def sample_devices(self) -> dict[str, float]:
-        return self.sampler.sample()
+        peers = self._with_peers(LearnerWorker.sample_devices)
+        out = self.sampler.sample()
+        for f in peers:
+            out |= f.result()
+        return out
 
     def close(self) -> None:
         self.close_sender()
+
+
+def init_process_group(cfg: RunConfig, rank: int, world: int, rendezvous: str) -> None:
+    """The sharded learner's group: NCCL where the learner trains on CUDA, else gloo."""
+    import torch.distributed as dist
+
+    from engine.learner.device import resolve_device
+
+    backend = "nccl" if resolve_device(cfg.learner.device).type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=rendezvous, rank=rank, world_size=world)
