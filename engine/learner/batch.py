@@ -35,10 +35,12 @@ import torch
 
 from engine.experience import Sample
 
-PACKED_ROW_TOKENS = 256
-"""Packed rows hold at least this many tokens (more when one sequence is longer). Attention
-costs each token its row's length, the MLPs nothing extra, so on models this size a longer
-row mostly saves pad; see bench/learner_throughput.py."""
+PACKED_ROW_TOKENS = 64
+"""Packed rows hold at least this many tokens (more when one sequence is longer). A row
+of several sequences needs a materialized block-diagonal mask, and sdpa then computes all
+T x T scores of the row, so attention costs each token its row's length T while a longer
+row saves little more pad once it holds a few sequences. 64 was fastest or near it for
+the demo and long-tail recipes on CPU (bench/learner_throughput.py --row-tokens)."""
 
 
 @dataclass
@@ -137,9 +139,17 @@ def bin_rows(lengths: list[int], capacity: int) -> tuple[list[int], list[int], i
 
 def packed_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> ForwardLayout:
     lengths = batch.row_tokens()
-    capacity = max(row_tokens, max(lengths))
-    row_bin, row_off, n_bins = bin_rows(lengths, capacity)
-    T = max(o + n for o, n in zip(row_off, lengths, strict=True))   # trim the common tail
+
+    def binned(capacity: int) -> tuple[list[int], list[int], int, int]:
+        row_bin, row_off, n_bins = bin_rows(lengths, capacity)
+        T = max(o + n for o, n in zip(row_off, lengths, strict=True))   # the common tail
+        return row_bin, row_off, n_bins, T
+
+    # Rows of about one length fill a row_tokens bin badly (6 x 11 > 64): then bins of the
+    # longest sequence, mostly one per row, compute fewer slots and need no mask at all.
+    row_bin, row_off, n_bins, T = min((binned(max(lengths))),
+                                      binned(max(row_tokens, max(lengths))),
+                                      key=lambda b: (b[2] * b[3], b[3]))
     device = batch.input_ids.device
     S = batch.input_ids.shape[1]
     P = batch.prompt_len
@@ -154,6 +164,15 @@ def packed_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> Fo
     pos = torch.zeros(n_bins * T, dtype=batch.position_ids.dtype, device=device)
     ids[dest[real]] = batch.input_ids[real]
     pos[dest[real]] = batch.position_ids[real]
+    # Tail pad continues the positions of its row's last sequence rather than starting a
+    # sequence of its own: a row holding one sequence then reads as unpacked, and HF runs
+    # it with plain causal attention and no mask. Pad after every real token is harmless.
+    last = {}
+    for i, (b, o) in enumerate(zip(row_bin, row_off, strict=True)):
+        if o >= last.get(b, (-1, 0))[0]:
+            last[b] = (o, o + lengths[i])
+    for b, (start, end) in last.items():
+        pos[b * T + end:(b + 1) * T] = torch.arange(end - start, T - start, device=device)
     predict_at = dest[:, P - 1:-1]                       # (B, R): column P+t-1 predicts t
     return ForwardLayout(ids.view(n_bins, T), pos.view(n_bins, T), None,
                          predict_at[batch.response_mask.bool()])
