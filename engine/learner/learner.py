@@ -29,6 +29,7 @@ from engine.config import GrpoConfig, LearnerConfig
 from engine.learner.batch import PackedBatch, micro_batches, response_logprobs
 from engine.learner.device import autocast, resolve_device
 from engine.learner.losses import clipped_surrogate, k3, masked_mean, tis_weights
+from engine.seeds import minibatch_seed
 from engine.weightsync.fingerprint import fingerprint
 
 
@@ -126,7 +127,7 @@ class Learner:
             metrics["logprob_gap/untempered_mean"] = float(
                 masked_mean((batch.behaviour_logp - raw).abs(), mask))
 
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
+        gen = torch.Generator().manual_seed(minibatch_seed(self.seed, self.step))
         sums = {"loss": [], "grad_norm": [], "entropy": [], "kl_ref": [], "clip_frac": []}
         n = len(batch)
         for _ in range(cfg.epochs):
