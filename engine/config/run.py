@@ -26,6 +26,8 @@ from engine.config.weightsync import InPlaceSyncConfig, WeightSyncConfig
 
 # --------------------------------------------------------------------------- run plumbing
 
+DEFAULT_WARM_START_STEPS = 300   # the built-in model's; see WarmStartConfig.steps
+
 class CheckpointConfig(_Section):
     every_steps: int = Field(default=0, ge=0, le=1_000_000)
     """Save a checkpoint every N steps (0 = only at the end of the run)."""
@@ -52,7 +54,7 @@ class RunConfig(_Section):
     max_seconds: float | None = Field(default=None, gt=0.0)
     """Optional wall-clock bound on the RL phase; the run stops after the step in progress."""
     model: ModelConfig = ModelConfig()
-    """The policy: size preset, dtype, seed."""
+    """The policy: the built-in size preset or a Hugging Face directory, dtype, seed."""
     task: TaskConfig = ArithmeticTaskConfig()
     """What the policy is trained on: "arithmetic", the long-tail "reverse" or "code"."""
     warm_start: WarmStartConfig = WarmStartConfig()
@@ -79,6 +81,14 @@ class RunConfig(_Section):
     """Held-out eval cadence and event outputs."""
     faults: FaultsConfig = FaultsConfig()
     """Fault injection for rehearsing failures (all off by default)."""
+
+    @property
+    def warm_start_steps(self) -> int:
+        """Supervised warm-start steps this run takes (warm_start.steps, or its default
+        for the kind of model: 300 built-in, 0 for a model.path checkpoint)."""
+        if self.warm_start.steps is not None:
+            return self.warm_start.steps
+        return 0 if self.model.path is not None else DEFAULT_WARM_START_STEPS
 
     @model_validator(mode="after")
     def _sandbox_needs_programs(self) -> RunConfig:
