@@ -20,11 +20,12 @@ import time
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from engine.config import ArithmeticTaskConfig, VllmRolloutConfig  # noqa: E402
+from engine.model import load_policy, load_tokenizer  # noqa: E402
 from engine.rollout.base import SamplingParams  # noqa: E402
 from engine.rollout.torch_backend import TorchRollout  # noqa: E402
 from engine.rollout.vllm_backend import VllmRollout  # noqa: E402
 from engine.tasks import ArithmeticTask  # noqa: E402
-from engine.tinymodel import ensure_base_model, load_policy, load_tokenizer  # noqa: E402
+from engine.tinymodel import ensure_base_model  # noqa: E402
 
 
 def bench_size(size: str, batch: int, new: int, rounds: int) -> dict[str, float]:
