@@ -58,12 +58,18 @@ def served_hf_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     for name, mod in model.named_modules():
         w = getattr(mod, "weight", None)
         leaf = name.rsplit(".", 1)[-1]
-        if not isinstance(w, torch.Tensor) or (tied and leaf == "lm_head"):
+        if not isinstance(w, torch.Tensor):
             continue
         if hasattr(mod, "cpu_linear"):                    # CPU: weight lives in the kernel
             k = w.shape[1] if w.numel() else mod.input_size_per_partition
             eye = torch.eye(k, dtype=w.dtype)
             w = mod.cpu_linear(eye, w, None).t()
+        if tied and leaf == "lm_head":
+            # One tensor with the embedding, as on the learner's side: left out while
+            # the head's kernel serves exactly it, reported (a mismatch) when it does not.
+            embed = out.get(name.replace("lm_head", "model.embed_tokens") + ".weight")
+            if embed is not None and torch.equal(w.detach().to(dtype)[: cfg.vocab_size], embed):
+                continue
         b = getattr(mod, "bias", None)
         params = {"weight": w, "bias": b if isinstance(b, torch.Tensor) else None}
         for kind, t in params.items():
@@ -79,6 +85,17 @@ def served_hf_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             else:
                 out[f"{name}.{kind}"] = t
     return out
+
+
+def _repack_tied_head(worker) -> None:
+    """On CPU vLLM packs lm_head's weight into its GEMM kernel when weights are processed.
+    A tied head shares the embedding tensor but receives no weights of its own in an
+    in-place reload, so its kernel keeps serving the old embedding (the fingerprint
+    above sees it); pack it again from the reloaded shared tensor."""
+    model = worker.model_runner.model
+    head = getattr(model, "lm_head", None)
+    if getattr(model.config, "tie_word_embeddings", False) and hasattr(head, "cpu_linear"):
+        head.quant_method.process_weights_after_loading(head)
 
 
 def _set_version(worker, version: int) -> int:
@@ -167,6 +184,7 @@ class VllmRollout:
     def _reload(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={
             "weights_iterator": tensors, "is_checkpoint_format": True})
+        self.llm.collective_rpc(_repack_tied_head)
         self.llm.reset_prefix_cache()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
@@ -200,6 +218,7 @@ class VllmRollout:
         self.llm.collective_rpc("start_weight_update")
         self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
         self.llm.collective_rpc("finish_weight_update")
+        self.llm.collective_rpc(_repack_tied_head)
         self.llm.reset_prefix_cache()
         self._weights_lost = False
         self.llm.collective_rpc(_set_version, args=(version,))
@@ -214,6 +233,12 @@ class VllmRollout:
 
     def fingerprint(self) -> str:
         return self._report()[1]
+
+    def close(self) -> None:
+        """Shut the in-process engine down now, its distributed state with it, so that
+        another engine can start in this process (left to the garbage collector, the
+        teardown would run whenever, and take the next engine's state down)."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     # ------------------------------------------------------------------ colocated GPU
 

@@ -93,7 +93,7 @@ def build_hf_model(path: Path, arch: str, seed: int = 0) -> Path:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     config = config_cls(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
         bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=pad, **extra)
     torch.manual_seed(seed)
     model = model_cls(config)
