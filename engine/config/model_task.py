@@ -66,6 +66,19 @@ class ModelConfig(_Section):
         return self
 
 
+def max_positions(path: Path) -> int | None:
+    """The longest sequence the directory's config.json allows (max_position_embeddings),
+    or None when it does not say (or the file is unreadable: model_dir_problem reports
+    that)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    text = config.get("text_config", config) if isinstance(config, dict) else {}
+    value = text.get("max_position_embeddings") if isinstance(text, dict) else None
+    return value if isinstance(value, int) else None
+
+
 _WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
 _VOCAB_FILES = ("vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
                 "sentencepiece.bpe.model", "tiktoken.model")

@@ -4,7 +4,9 @@ TYPE_CHECKING: pydantic resolves RunConfig's annotations in this module's namesp
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pathlib import Path
+
+from pydantic import Field, ValidationInfo, model_validator
 
 from engine.config._base import _Section
 from engine.config.async_policy import AsyncPolicyConfig, SyncPolicyConfig
@@ -18,6 +20,7 @@ from engine.config.model_task import (
     ModelConfig,
     TaskConfig,
     WarmStartConfig,
+    max_positions,
 )
 from engine.config.placement import ColocatedPlacementConfig, PlacementConfig
 from engine.config.reward import RewardConfig, RuleRewardConfig
@@ -107,6 +110,19 @@ class RunConfig(_Section):
         if self.faults.unscaled_logprobs is not None and self.rollout.type != "torch":
             raise ValueError('faults.unscaled_logprobs=only the torch rollout injects it; '
                              'with vLLM set rollout.logprobs_mode = "raw_logprobs" instead')
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_fits_the_model(self, info: ValidationInfo) -> RunConfig:
+        if (self.rollout.type != "vllm" or self.model.path is None
+                or not (info.context or {}).get("check_files", True)):
+            return self
+        limit = max_positions(Path(self.model.path).expanduser())
+        if limit is not None and self.rollout.max_model_len > limit:
+            raise ValueError(f"rollout.max_model_len={self.rollout.max_model_len} is longer "
+                             f"than the model allows (max_position_embeddings = {limit} in "
+                             f"model.path's config.json), which vLLM refuses; set "
+                             f"rollout.max_model_len <= {limit}")
         return self
 
     @model_validator(mode="after")

@@ -128,3 +128,15 @@ def test_validating_a_config_imports_no_torch(good_dir):
             f"validate_config({{'model': {{'path': {str(good_dir)!r}}}}}); "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_vllm_context_longer_than_the_model_allows_is_refused(good_dir):
+    # hf_models' checkpoints allow 512 positions
+    with pytest.raises(ConfigError) as exc:
+        validate_config({"model": {"path": str(good_dir)},
+                         "rollout": {"type": "vllm", "max_model_len": 1024}})
+    [(path, msg)] = exc.value.errors
+    assert path == "rollout.max_model_len"
+    assert "max_position_embeddings = 512" in msg and "<= 512" in msg
+    validate_config({"model": {"path": str(good_dir)},
+                     "rollout": {"type": "vllm", "max_model_len": 512}})
