@@ -86,9 +86,11 @@ def build_bpe_tokenizer(with_pad: bool = True, vocab_size: int = 300) -> PreTrai
     return fast
 
 
-def build_hf_model(path: Path, arch: str, seed: int = 0) -> Path:
-    """Write a random-weight ``arch`` model and its tokenizer to ``path``; returns it."""
+def build_hf_model(path: Path, arch: str, seed: int = 0, **config_overrides) -> Path:
+    """Write a random-weight ``arch`` model and its tokenizer to ``path``; returns it.
+    ``config_overrides`` change the architecture's config (e.g. tie_word_embeddings)."""
     config_cls, model_cls, extra = ARCH[arch]
+    extra = {**extra, **config_overrides}
     tok = build_bpe_tokenizer(with_pad=arch != "qwen2")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     config = config_cls(

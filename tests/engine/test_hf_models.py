@@ -80,6 +80,33 @@ def test_the_self_built_llama_path_serves_llama_and_every_other_arch_its_own_for
     assert kinds == {"llama": LlamaKV, "qwen2": HFKV, "qwen3": HFKV, "mistral": HFKV}
 
 
+def test_a_tied_llama_takes_the_fast_path_with_the_embedding_as_its_head(tmp_path):
+    path = build_hf_model(tmp_path / "tied", "llama", tie_word_embeddings=True)
+    tok = load_tokenizer(path)
+    engine = TorchRollout.from_pretrained(path)
+    assert isinstance(engine.model, LlamaKV) and "lm_head.weight" not in engine.tensors
+    learner = Learner(load_policy(path), GrpoConfig(), 1.0, seed=0)
+    new = perturbed(learner.policy)
+    assert sync_in_place(engine, learner.named_tensors(), 1).matched
+    prompts = prompts_for(tok)
+    outs = engine.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=10), 2)
+    lp, behaviour, mask = recompute(new.eval(), prompts, outs, 0.7, tok.pad_token_id)
+    assert (lp - behaviour).abs()[mask].max() < 1e-4
+
+
+def test_llama3_rope_scaling_is_left_to_the_models_own_forward():
+    from transformers import LlamaConfig
+
+    plain = LlamaConfig(hidden_size=64, num_attention_heads=2)
+    scaled = LlamaConfig(hidden_size=64, num_attention_heads=2, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192})
+    biased = LlamaConfig(hidden_size=64, num_attention_heads=2, attention_bias=True)
+    assert LlamaKV.supports(plain)
+    assert not LlamaKV.supports(scaled) and not LlamaKV.supports(biased)
+
+
 def test_both_forwards_sample_the_same_tokens_on_a_llama(hf_dirs):
     path = hf_dirs["llama"]
     prompts = prompts_for(load_tokenizer(path))
