@@ -8,20 +8,18 @@ import torch
 
 from engine.api import run_local
 from engine.config import GrpoConfig
-from engine.experience import Sample
-from engine.learner.batch import pack, response_logprobs
 from engine.learner.learner import Learner
 from engine.model import load_policy, load_tokenizer, stop_token_ids
 from engine.rollout.base import SamplingParams
 from engine.rollout.hf_kv import HFKV
 from engine.rollout.llama_kv import LlamaKV
 from engine.rollout.torch_backend import TorchRollout
-from engine.tasks import Problem
 from engine.weightsync.fingerprint import fingerprint
 
 from .conftest import small_run
 from .hf_models import ARCHITECTURES, IM_END, build_hf_model
 from .sync_session import sync_in_place
+from .test_vllm_backend import perturbed, recompute
 
 TEXTS = ["12+34=", "Natalia sold clips to 48 of her friends.", "rev:abcdef=", "7*8=",
          "How many clips did she sell? Let us think step by step."]
@@ -39,23 +37,6 @@ def prompts_for(tok) -> list[list[int]]:
                                      add_generation_prompt=True, tokenize=False)
              for t in TEXTS[:2]]
     return [tok(t)["input_ids"] for t in TEXTS + chats]
-
-
-def recompute(policy, prompts, outs, temperature, pad_id):
-    samples = [Sample(Problem("", ""), p, o.token_ids, o.logprobs, o.finished, 0, 0)
-               for p, o in zip(prompts, outs, strict=True)]
-    batch = pack(samples, pad_id)
-    with torch.no_grad():
-        logp, _ = response_logprobs(policy, batch, temperature)
-    return logp, batch.behaviour_logp, batch.response_mask.bool()
-
-
-def perturbed(policy, scale=0.05, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in policy.named_parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale)
-    return policy
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

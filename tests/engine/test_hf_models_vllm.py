@@ -14,7 +14,8 @@ from engine.weightsync.fingerprint import fingerprint
 
 from .hf_models import ARCHITECTURES, IM_END, build_hf_model
 from .sync_session import sync_in_place
-from .test_hf_models import perturbed, prompts_for, recompute
+from .test_hf_models import prompts_for
+from .test_vllm_backend import perturbed, recompute
 
 pytestmark = pytest.mark.vllm
 
