@@ -217,3 +217,17 @@ def test_a_configured_warm_start_trains_a_path_model_before_rl(hf_dirs, tmp_path
     m = summary.last_metrics
     assert m["weight_sync/matched"] == 1.0
     assert m["learner/grad_norm"] > 0.0 and m["learner/kl_ref"] > 0.0
+
+
+def test_the_unscaled_logprobs_fault_works_on_the_generic_forward(hf_dirs):
+    from engine.faults import untempered_logprobs
+
+    path = hf_dirs["qwen3"]
+    tok, policy = load_tokenizer(path), load_policy(path).eval()
+    engine = TorchRollout.from_pretrained(path)
+    prompts = prompts_for(tok)
+    outs = engine.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=8), 1)
+    for o, lps in zip(outs, untempered_logprobs(engine, prompts, outs), strict=True):
+        o.logprobs = lps
+    raw, behaviour, mask = recompute(policy, prompts, outs, 1.0, tok.pad_token_id)
+    assert (raw - behaviour).abs()[mask].max() < 1e-4
