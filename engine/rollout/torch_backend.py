@@ -72,7 +72,8 @@ class TorchRollout:
         policy = load_policy(path, dtype, trust_remote_code)
         config = policy.config
         eos = eos_token_ids(path)
-        pad = config.pad_token_id if config.pad_token_id is not None else eos[0]
+        # Pad slots are masked everywhere; any id in the vocabulary will do.
+        pad = config.pad_token_id if config.pad_token_id is not None else (eos or (0,))[0]
         if forward == "auto" and LlamaKV.supports(config):
             tensors = {n: p.detach() for n, p in policy.named_parameters()}
             return cls(LlamaKV(config, tensors), tensors, eos, pad)
