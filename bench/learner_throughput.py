@@ -39,10 +39,11 @@ from engine.experience import Sample
 from engine.learner.batch import pack, packed_layout, padded_layout
 from engine.learner.learner import Learner
 from engine.learner.warmstart import encode, ensure_warm_start
+from engine.model import load_policy, load_tokenizer
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import build_task
-from engine.tinymodel import ensure_base_model, load_policy, load_tokenizer
+from engine.tinymodel import ensure_base_model
 
 ROOT = Path(__file__).parents[1]
 

@@ -26,6 +26,7 @@ import ray
 
 from engine.config import load_config
 from engine.learner.warmstart import ensure_warm_start
+from engine.model import load_tokenizer
 from engine.orchestration.producer import RolloutProducer
 from engine.reward import build_reward
 from engine.reward.service import RewardPool
@@ -34,7 +35,6 @@ from engine.rollout.torch_backend import TorchRollout
 from engine.seeds import step_seed
 from engine.tasks import build_task
 from engine.telemetry.recorder import SpanRecorder
-from engine.tinymodel import load_tokenizer
 
 PRESET = Path(__file__).parents[1] / "configs" / "code_sandbox.toml"
 

@@ -17,10 +17,11 @@ import time
 import torch
 
 from engine.config import ArithmeticTaskConfig
+from engine.model import load_policy, load_tokenizer
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import ArithmeticTask
-from engine.tinymodel import ensure_base_model, load_policy, load_tokenizer
+from engine.tinymodel import ensure_base_model
 
 
 def main() -> None:

@@ -29,8 +29,9 @@ import ray
 import torch
 
 from engine.config import VllmRolloutConfig, validate_config
+from engine.model import load_policy
 from engine.orchestration.actors import LocalActor, RayActor
-from engine.tinymodel import ensure_base_model, load_policy
+from engine.tinymodel import ensure_base_model
 from engine.weightsync.session import EngineHost, TensorSource, WeightSyncSession
 
 PATHS = {"broadcast": {"type": "broadcast"}, "vllm_native": {"type": "vllm_native"},

@@ -52,9 +52,8 @@ def untempered_logprobs(engine, prompts: list[list[int]],
         ids[i, P:P + len(o.token_ids)] = torch.tensor(o.token_ids, dtype=torch.long)
         valid[i, P - len(p):P + len(o.token_ids)] = True
     positions = (valid.long().cumsum(-1) - 1).clamp(min=0)                  # (B, S)
-    dtype = engine.tensors["model.embed_tokens.weight"].dtype
     with torch.no_grad():
-        logits = engine.model.forward(ids, positions, engine.model.new_cache(B, S, dtype),
+        logits = engine.model.forward(ids, positions, engine.model.new_cache(B, S, engine.dtype),
                                       0, valid)                             # (B, S, V)
         logp = torch.log_softmax(logits[:, P - 1:-1].float(), dim=-1)      # (B, R, V)
         picked = logp.gather(-1, ids[:, P:, None]).squeeze(-1)             # (B, R)

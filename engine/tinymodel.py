@@ -2,7 +2,8 @@
 
 Nothing is downloaded. ``ensure_base_model`` writes a HF-format directory (safetensors,
 config.json, tokenizer.json) into the local cache, keyed by a hash of everything that
-defines it, so the learner, the torch sampler and vLLM all load the same directory:
+defines it, so the learner, the torch sampler and vLLM all load the same directory (through
+engine.model, like a ``model.path`` directory):
 
     ~/.cache/rlplane/models/tiny-<key>/   config.json  model.safetensors  tokenizer.json ...
 
@@ -100,15 +101,6 @@ def ensure_base_model(size: str, seed: int) -> Path:
         build_tokenizer().save_pretrained(d)
 
     return atomic_dir(cache_root() / "models" / f"{size}-{key}", write)
-
-
-def load_policy(path: Path, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    model = LlamaForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    return model
-
-
-def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast.from_pretrained(path)
 
 
 def num_params(model: torch.nn.Module) -> int:

@@ -43,11 +43,12 @@ from engine.learner.batch import (  # noqa: E402
     response_logprobs,
 )
 from engine.learner.learner import Learner  # noqa: E402
+from engine.model import load_policy, load_tokenizer  # noqa: E402
 from engine.rollout.base import SamplingParams  # noqa: E402
 from engine.rollout.torch_backend import TorchRollout  # noqa: E402
 from engine.tasks import ArithmeticTask, ReverseTask  # noqa: E402
 from engine.telemetry.devices import DeviceSampler  # noqa: E402
-from engine.tinymodel import ensure_base_model, load_policy, load_tokenizer  # noqa: E402
+from engine.tinymodel import ensure_base_model  # noqa: E402
 from engine.weightsync.fingerprint import fingerprint  # noqa: E402
 
 CUDA = torch.cuda.is_available()

@@ -79,10 +79,14 @@ def _format_error(err: dict[str, Any], data: Any) -> tuple[str, str]:
     return path, f"{msg}{got_s}"
 
 
-def validate_config(data: dict[str, Any]) -> RunConfig:
-    """Validate a plain dict (from TOML, JSON or a form) into a RunConfig."""
+def validate_config(data: dict[str, Any], check_files: bool = True) -> RunConfig:
+    """Validate a plain dict (from TOML, JSON or a form) into a RunConfig.
+
+    ``check_files`` also checks that the files the config names exist and hold what they
+    should (model.path). Turn it off to re-read the config of a run that already ran,
+    whose files may since have moved: the stored config stays readable."""
     try:
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(data, context={"check_files": check_files})
     except ValidationError as exc:
         raise ConfigError([_format_error(e, data) for e in exc.errors()]) from None
 

@@ -3,9 +3,11 @@ RL algorithm."""
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from engine.config._base import _choice, _Section
 
@@ -15,14 +17,116 @@ ModelSize = Literal["tiny", "small"]
 
 
 class ModelConfig(_Section):
-    size: ModelSize = "tiny"
-    """Preset of the Llama-architecture policy the engine builds itself: "tiny" (~2.7M
-    params) or "small" (~20M params). Both use head_dim 64, which vLLM's CPU attention
-    accepts."""
+    """The policy: the Llama the engine builds itself (``size``) or a local Hugging Face
+    directory (``path``), exactly one of the two; neither means size = "tiny"."""
+
+    size: ModelSize | None = None
+    """Preset of the Llama-architecture policy the engine builds itself, with a character
+    tokenizer: "tiny" (~2.7M params) or "small" (~20M params). Both use head_dim 64, which
+    vLLM's CPU attention accepts. Leave unset when ``path`` is set."""
+    path: str | None = Field(default=None, min_length=1, max_length=4096)
+    """A local Hugging Face causal-LM directory (config.json naming a ...ForCausalLM
+    architecture, *.safetensors or pytorch_model*.bin weights, tokenizer files, and its
+    chat template), loaded by the learner, the reference model, the torch sampler and
+    vLLM alike. Nothing is downloaded at run time: the directory must exist at this same
+    path on the machine that validates the config AND on every Ray worker node that runs
+    a learner or rollout worker (a shared filesystem, or a copy on each node, e.g.
+    ``huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir /models/qwen``). A
+    path model starts RL from its own weights: the synthetic warm start is skipped unless
+    warm_start.steps is set."""
+    trust_remote_code: bool = False
+    """Let transformers and vLLM run the Python modelling code shipped inside ``path``
+    (architectures transformers does not know). Only for directories you trust."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype of learner and rollout. float32 keeps logprobs exact on CPU."""
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     """Seed for weight init, data order, sampling and warm start."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _size_or_path(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        size, path = data.get("size"), data.get("path")
+        if size is not None and path is not None:
+            raise ValueError(f"model.path=set model.size or model.path, not both (got size "
+                             f"{size!r} and path {path!r}); remove model.size to train the "
+                             f"directory, or model.path to use the built-in model")
+        if size is None and path is None:
+            return {**data, "size": "tiny"}
+        return data
+
+    @model_validator(mode="after")
+    def _path_holds_a_causal_lm(self, info: ValidationInfo) -> ModelConfig:
+        if self.path is None or not (info.context or {}).get("check_files", True):
+            return self
+        problem = model_dir_problem(Path(self.path).expanduser())
+        if problem is not None:
+            raise ValueError(f"model.path={problem}")
+        return self
+
+
+def max_positions(path: Path) -> int | None:
+    """The longest sequence the directory's config.json allows (max_position_embeddings),
+    or None when it does not say (or the file is unreadable: model_dir_problem reports
+    that)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    text = config.get("text_config", config) if isinstance(config, dict) else {}
+    value = text.get("max_position_embeddings") if isinstance(text, dict) else None
+    return value if isinstance(value, int) else None
+
+
+_WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
+_VOCAB_FILES = ("vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
+                "sentencepiece.bpe.model", "tiktoken.model")
+
+
+def model_dir_problem(path: Path) -> str | None:
+    """What keeps ``path`` from being a loadable causal-LM directory, naming the missing
+    file and the fix; None when config, weights and tokenizer are all there. Reads only
+    config.json and the file names (no torch, no transformers)."""
+    fix_copy = ("download the full model repository to it (huggingface-cli download "
+                f"<repo> --local-dir {path}) or save model and tokenizer there with "
+                "save_pretrained")
+    if not path.exists():
+        return (f"{path} does not exist; point model.path at a local Hugging Face model "
+                f"directory (it must exist on every Ray worker too), or {fix_copy}")
+    if not path.is_dir():
+        return f"{path} is a file; model.path names the directory that holds config.json"
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        return f"{path} has no config.json, so it is not a Hugging Face model directory; " \
+               f"{fix_copy}"
+    try:
+        config = json.loads(cfg_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"{cfg_file} is not readable JSON ({exc}); restore it from the model repository"
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    if not archs or not isinstance(archs, list):
+        return (f"{cfg_file} names no architectures, so it cannot tell which model class "
+                f"to load; add \"architectures\": [\"<Name>ForCausalLM\"] as in the model "
+                f"repository")
+    if not any(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs):
+        return (f"{cfg_file} names architectures {archs}, not a causal LM (...ForCausalLM); "
+                f"RL here trains decoder-only causal LMs: use the checkpoint of the causal "
+                f"LM (for an encoder or a reward/classification head there is nothing to "
+                f"sample from)")
+    if not any(next(path.glob(g), None) for g in _WEIGHTS):
+        return (f"{path} holds no weights (model.safetensors, model-0000x-of-0000y"
+                f".safetensors or pytorch_model*.bin); download the weight files too "
+                f"(huggingface-cli download <repo> --local-dir {path})")
+    if not (path / "tokenizer.json").is_file():
+        if not (path / "tokenizer_config.json").is_file():
+            return (f"{path} holds no tokenizer (tokenizer.json or tokenizer_config.json); "
+                    f"save it next to the weights with tokenizer.save_pretrained({str(path)!r})")
+        if not any((path / f).is_file() for f in _VOCAB_FILES):
+            return (f"{path} has tokenizer_config.json but no vocabulary (tokenizer.json, "
+                    f"vocab.json + merges.txt or tokenizer.model); copy the tokenizer files "
+                    f"from the model repository or save it with tokenizer.save_pretrained")
+    return None
 
 
 # --------------------------------------------------------------------------- task
@@ -106,8 +210,10 @@ TaskConfig = _choice(ArithmeticTaskConfig, LongTailTaskConfig, CodeTaskConfig)
 # --------------------------------------------------------------------------- warm start
 
 class WarmStartConfig(_Section):
-    steps: int = Field(default=300, ge=0, le=20_000)
-    """Supervised steps on the task's own examples before RL (0 = start from init)."""
+    steps: int | None = Field(default=None, ge=0, le=20_000)
+    """Supervised steps on the task's own examples before RL (0 = start from the model as
+    it is). Unset: 300 for the built-in model (RL from a random init never sees a reward),
+    0 for a model.path checkpoint (it starts RL from its own weights)."""
     batch_size: int = Field(default=64, ge=1, le=1024)
     """Examples per supervised step."""
     lr: float = Field(default=1e-3, gt=0.0, le=1.0)

@@ -4,7 +4,9 @@ TYPE_CHECKING: pydantic resolves RunConfig's annotations in this module's namesp
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pathlib import Path
+
+from pydantic import Field, ValidationInfo, model_validator
 
 from engine.config._base import _Section
 from engine.config.async_policy import AsyncPolicyConfig, SyncPolicyConfig
@@ -19,6 +21,7 @@ from engine.config.model_task import (
     ModelConfig,
     TaskConfig,
     WarmStartConfig,
+    max_positions,
 )
 from engine.config.placement import ColocatedPlacementConfig, PlacementConfig
 from engine.config.reward import RewardConfig, RuleRewardConfig
@@ -26,6 +29,8 @@ from engine.config.rollout import RolloutConfig, TorchRolloutConfig
 from engine.config.weightsync import InPlaceSyncConfig, WeightSyncConfig
 
 # --------------------------------------------------------------------------- run plumbing
+
+DEFAULT_WARM_START_STEPS = 300   # the built-in model's; see WarmStartConfig.steps
 
 class CheckpointConfig(_Section):
     every_steps: int = Field(default=0, ge=0, le=1_000_000)
@@ -53,7 +58,7 @@ class RunConfig(_Section):
     max_seconds: float | None = Field(default=None, gt=0.0)
     """Optional wall-clock bound on the RL phase; the run stops after the step in progress."""
     model: ModelConfig = ModelConfig()
-    """The policy: size preset, dtype, seed."""
+    """The policy: the built-in size preset or a Hugging Face directory, dtype, seed."""
     task: TaskConfig = ArithmeticTaskConfig()
     """What the policy is trained on: "arithmetic", the long-tail "reverse" or "code"."""
     warm_start: WarmStartConfig = WarmStartConfig()
@@ -83,6 +88,14 @@ class RunConfig(_Section):
     faults: FaultsConfig = FaultsConfig()
     """Fault injection for rehearsing failures (all off by default)."""
 
+    @property
+    def warm_start_steps(self) -> int:
+        """Supervised warm-start steps this run takes (warm_start.steps, or its default
+        for the kind of model: 300 built-in, 0 for a model.path checkpoint)."""
+        if self.warm_start.steps is not None:
+            return self.warm_start.steps
+        return 0 if self.model.path is not None else DEFAULT_WARM_START_STEPS
+
     @model_validator(mode="after")
     def _sandbox_needs_programs(self) -> RunConfig:
         if self.reward.type == "sandbox" and self.task.type != "code":
@@ -100,6 +113,19 @@ class RunConfig(_Section):
         if self.faults.unscaled_logprobs is not None and self.rollout.type != "torch":
             raise ValueError('faults.unscaled_logprobs=only the torch rollout injects it; '
                              'with vLLM set rollout.logprobs_mode = "raw_logprobs" instead')
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_fits_the_model(self, info: ValidationInfo) -> RunConfig:
+        if (self.rollout.type != "vllm" or self.model.path is None
+                or not (info.context or {}).get("check_files", True)):
+            return self
+        limit = max_positions(Path(self.model.path).expanduser())
+        if limit is not None and self.rollout.max_model_len > limit:
+            raise ValueError(f"rollout.max_model_len={self.rollout.max_model_len} is longer "
+                             f"than the model allows (max_position_embeddings = {limit} in "
+                             f"model.path's config.json), which vLLM refuses; set "
+                             f"rollout.max_model_len <= {limit}")
         return self
 
     @model_validator(mode="after")

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.tinymodel import atomic_dir, load_tokenizer
+from engine.model import load_tokenizer
+from engine.tinymodel import atomic_dir
 
 
 def save_checkpoint(root: Path, learner, model_dir: Path, keep_last: int) -> Path:

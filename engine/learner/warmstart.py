@@ -1,9 +1,14 @@
-"""Supervised warm start on the task's own examples, cached like the base model.
+"""The model directory of a run: its base model after an optional supervised warm start
+on the task's own examples, cached like the base model.
 
 RL from a random init never sees a reward; RL from a converged model has nothing to
 learn. A short SFT (bounded by steps and by wall time) lands the policy in between:
 
-    base model (random init) --SFT, answer tokens only--> warm start dir --> RL step 0
+    base model (built-in random init, or model.path)
+        --SFT, answer tokens only--> warm start dir --> RL step 0
+
+A model.path checkpoint skips it unless warm_start.steps is set (RunConfig.
+warm_start_steps): its directory is the run's model directory as it is, loaded in place.
 
 The cache key covers the base model, the task and the warm-start settings (not the time
 bound), so the demo and the tests pay for it once per machine. A warm start cut short by
@@ -23,28 +28,36 @@ import torch
 from engine.config import RunConfig
 from engine.experience import Sample
 from engine.learner.batch import pack, response_logprobs
+from engine.model import base_model_dir, load_policy, load_tokenizer
 from engine.tasks import build_task
-from engine.tinymodel import (
-    _key,
-    atomic_dir,
-    cache_root,
-    ensure_base_model,
-    load_policy,
-    load_tokenizer,
-)
+from engine.tinymodel import _key, atomic_dir, cache_root
 
 
 def encode(tokenizer, problem_prompt: str) -> list[int]:
     return tokenizer(problem_prompt)["input_ids"]
 
 
+def base_identity(base: Path) -> str:
+    """What names a base model in a cache key: a built-in model's directory name is its
+    own content hash; a user's directory is its path plus its files' sizes and mtimes."""
+    if base.parent == cache_root() / "models":
+        return base.name
+    files = sorted(f for f in base.iterdir() if f.is_file())
+    return _key({"path": str(base.resolve()),
+                 "files": [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]})
+
+
 def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
-    base = ensure_base_model(cfg.model.size, cfg.model.seed)
-    ws = cfg.warm_start
-    if ws.steps == 0:
+    """THE model directory of the run (what the learner, the reference model and every
+    rollout engine load): the base model, warm-started when the run asks for it."""
+    base = base_model_dir(cfg.model)
+    ws, steps = cfg.warm_start, cfg.warm_start_steps
+    if steps == 0:
         return base
-    key = _key({"base": base.name, "task": cfg.task.model_dump(mode="json"),
-                "ws": ws.model_dump(mode="json", exclude={"max_seconds"}), "v": 1})
+    remote = cfg.model.trust_remote_code
+    key = _key({"base": base_identity(base), "task": cfg.task.model_dump(mode="json"),
+                "ws": {**ws.model_dump(mode="json", exclude={"max_seconds"}), "steps": steps},
+                "v": 1})
     final = cache_root() / "warmstart" / f"{base.name}-{key}"
     if final.exists():
         return final
@@ -52,15 +65,15 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
     def write(d: Path) -> int:
         torch.manual_seed(cfg.model.seed)
         task = build_task(cfg.task)
-        tok = load_tokenizer(base)
-        model = load_policy(base).train()
+        tok = load_tokenizer(base, remote)
+        model = load_policy(base, trust_remote_code=remote).train()
         opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
         # Linear warmup, then constant: a short warm start is still learning at its end,
         # and decaying to zero would only waste its last steps.
-        warmup = max(1, ws.steps // 20)
+        warmup = max(1, steps // 20)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
         t0, done, loss = time.monotonic(), 0, float("nan")
-        for step in range(ws.steps):
+        for step in range(steps):
             samples = [Sample(problem=p, prompt_ids=encode(tok, p.prompt),
                               response_ids=tok(p.answer, add_special_tokens=False)["input_ids"]
                               + [tok.eos_token_id],
@@ -85,13 +98,13 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
         (d / "warmstart.json").write_text(json.dumps({
             "steps_done": done, "final_loss": float(loss.detach()),
             "seconds": round(time.monotonic() - t0, 1)}))
-        if done < ws.steps:
+        if done < steps:
             log(f"warm start cut short by warm_start.max_seconds: not cached; this run "
-                f"starts from it, the next one tries the full {ws.steps} steps again")
+                f"starts from it, the next one tries the full {steps} steps again")
         return done
 
-    log(f"warm start: {ws.steps} supervised steps (cached afterwards)")
-    return atomic_dir(final, lambda d: None if write(d) == ws.steps else cut_short(final))
+    log(f"warm start: {steps} supervised steps (cached afterwards)")
+    return atomic_dir(final, lambda d: None if write(d) == steps else cut_short(final))
 
 
 def cut_short(final: Path) -> Path:

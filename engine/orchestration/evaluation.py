@@ -12,14 +12,16 @@ from engine.tasks import Task
 
 
 def evaluate(engine: RolloutEngine, task: Task, tokenizer, temperature: float,
-             max_new_tokens: int, seed: int, samples: int = 1) -> dict[str, float]:
+             max_new_tokens: int, seed: int, samples: int = 1,
+             stop_token_ids: tuple[int, ...] = ()) -> dict[str, float]:
     held_out = task.eval_problems()
     out: dict[str, float] = {}
     for label, temp, n in (("", temperature, samples), ("greedy_", 0.0, 1)):
         problems = [p for p in held_out for _ in range(n)]
         prompts = [tokenizer(p.prompt)["input_ids"] for p in problems]
-        comps = engine.generate(prompts, SamplingParams(temperature=temp,
-                                                        max_new_tokens=max_new_tokens), seed)
+        comps = engine.generate(prompts, SamplingParams(
+            temperature=temp, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids),
+            seed)
         rewards = [task.score(p, tokenizer.decode(c.token_ids, skip_special_tokens=True),
                               c.finished) for p, c in zip(problems, comps, strict=True)]
         out[f"eval/{label}reward_mean"] = sum(rewards) / len(rewards)

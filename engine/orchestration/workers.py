@@ -36,6 +36,7 @@ from engine.faults import resets_version, wrap_reward, wrap_rollout
 from engine.learner.batch import pack
 from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
 from engine.learner.learner import Learner
+from engine.model import load_policy, load_tokenizer, stop_token_ids
 from engine.orchestration.actors import concurrent
 from engine.orchestration.evaluation import evaluate
 from engine.orchestration.partial import PartialGroup, continue_groups
@@ -49,14 +50,14 @@ from engine.tasks import build_task
 from engine.tasks.base import Problem
 from engine.telemetry.devices import DeviceSampler
 from engine.telemetry.recorder import SpanRecorder
-from engine.tinymodel import load_policy, load_tokenizer
 from engine.weightsync.session import WeightReceiverHost, WeightSenderHost
 
 
-def sampling_params(cfg: RunConfig) -> SamplingParams:
+def sampling_params(cfg: RunConfig, stop_ids: tuple[int, ...] = ()) -> SamplingParams:
+    """``stop_ids``: what ends a completion besides EOS (engine.model.stop_token_ids)."""
     r = cfg.rollout
     return SamplingParams(temperature=r.temperature, top_p=r.top_p,
-                          max_new_tokens=r.max_new_tokens)
+                          max_new_tokens=r.max_new_tokens, stop_token_ids=stop_ids)
 
 
 def native_backend(cfg: RunConfig) -> str | None:
@@ -72,17 +73,17 @@ class RolloutWorker(WeightReceiverHost):
             torch.set_num_threads(threads)
         seed_everything(cfg.model.seed)
         self.cfg, self.rec, self.sampler = cfg, SpanRecorder(devices), DeviceSampler(devices)
-        self.tok = load_tokenizer(model_dir)
+        self.tok = load_tokenizer(model_dir, cfg.model.trust_remote_code)
         self.task = build_task(cfg.task)
         self.step = 0                     # the step in progress, which faults key on
         self.engine = wrap_rollout(
             build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed,
-                          native_backend(cfg)),
+                          native_backend(cfg), cfg.model.trust_remote_code),
             cfg.faults, lambda: self.step)
         self.logs: list[str] = []         # what the parts say at start; the loop logs them
         self.reward = wrap_reward(build_reward(cfg.reward, self.task, log=self.logs.append),
                                   cfg.faults, lambda: self.step)
-        self.params = sampling_params(cfg)
+        self.params = sampling_params(cfg, stop_token_ids(self.tok, model_dir))
         self.producer = RolloutProducer(self.engine, self.reward, self.tok, self.params,
                                         cfg.algorithm.group_size, self.rec)
 
@@ -98,16 +99,19 @@ class RolloutWorker(WeightReceiverHost):
 
     def evaluate(self, temperature: float, seed: int, samples: int) -> dict[str, float]:
         return evaluate(self.engine, self.task, self.tok, temperature,
-                        self.cfg.rollout.max_new_tokens, seed=seed, samples=samples)
+                        self.cfg.rollout.max_new_tokens, seed=seed, samples=samples,
+                        stop_token_ids=self.params.stop_token_ids)
 
     def preflight(self, policy_dir: Path, seed: int):
         """Compare this engine's logprobs with a recompute by the policy in ``policy_dir``
         (the weights both start from)."""
         prompts = [p.prompt for p in self.task.train_problems(-1, 8, stream="preflight")]
-        full = sampling_params(self.cfg)
+        full = self.params
         params = SamplingParams(temperature=full.temperature, top_p=full.top_p,
-                                max_new_tokens=min(8, full.max_new_tokens))
-        policy = load_policy(policy_dir, DTYPES[self.cfg.model.dtype])
+                                max_new_tokens=min(8, full.max_new_tokens),
+                                stop_token_ids=full.stop_token_ids)
+        policy = load_policy(policy_dir, DTYPES[self.cfg.model.dtype],
+                             self.cfg.model.trust_remote_code)
         return check_logprob_semantics(self.engine, policy, self.tok, prompts, params,
                                        self.tok.pad_token_id, seed)
 
@@ -158,25 +162,25 @@ class LearnerWorker(WeightSenderHost):
         seed_everything(cfg.model.seed)
         dtype = DTYPES[cfg.model.dtype]
         alg = cfg.algorithm
-        reference = load_policy(model_dir, dtype) if alg.kl_coef > 0 else None
+        remote = cfg.model.trust_remote_code
+        reference = load_policy(model_dir, dtype, remote) if alg.kl_coef > 0 else None
+        policy = load_policy(policy_dir, dtype, remote)
         self.peers: list = []
         self.world = world
         if world > 1:
             from engine.learner.sharded import ShardedLearner, restore_sharded_checkpoint
 
             init_process_group(cfg, rank, world, rendezvous)
-            self.learner = ShardedLearner(load_policy(policy_dir, dtype), alg,
-                                          cfg.rollout.temperature, cfg.model.seed,
+            self.learner = ShardedLearner(policy, alg, cfg.rollout.temperature, cfg.model.seed,
                                           reference=reference, setup=cfg.learner)
             if checkpoint is not None:
                 restore_sharded_checkpoint(checkpoint, self.learner)
         else:
-            self.learner = Learner(load_policy(policy_dir, dtype), alg,
-                                   cfg.rollout.temperature, cfg.model.seed,
+            self.learner = Learner(policy, alg, cfg.rollout.temperature, cfg.model.seed,
                                    reference=reference, setup=cfg.learner)
             if checkpoint is not None:
                 restore_checkpoint(checkpoint, self.learner)
-        self.pad_id = load_tokenizer(model_dir).pad_token_id
+        self.pad_id = load_tokenizer(model_dir, remote).pad_token_id
         self.cfg, self.model_dir, self.rec = cfg, model_dir, SpanRecorder(devices)
         self.sampler = DeviceSampler(devices)
 

@@ -17,12 +17,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def build_rollout(cfg: TorchRolloutConfig | VllmRolloutConfig, model_dir: Path, dtype: str,
-                  seed: int, weight_transfer: str | None = None):
+                  seed: int, weight_transfer: str | None = None,
+                  trust_remote_code: bool = False):
     """``weight_transfer``: the backend of weight_sync.type = "vllm_native" (vLLM only)."""
     if isinstance(cfg, VllmRolloutConfig):
         from engine.rollout.vllm_backend import VllmRollout
 
-        return VllmRollout(model_dir, cfg, dtype, seed, weight_transfer)
+        return VllmRollout(model_dir, cfg, dtype, seed, weight_transfer, trust_remote_code)
     from engine.rollout.torch_backend import TorchRollout
 
-    return TorchRollout.from_pretrained(model_dir, DTYPES[dtype])
+    return TorchRollout.from_pretrained(model_dir, DTYPES[dtype], trust_remote_code)

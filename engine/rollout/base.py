@@ -26,14 +26,17 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 16
-    ignore_eos: bool = False  # benchmarks force equal lengths with this
+    ignore_eos: bool = False  # benchmarks force equal lengths with this (stop ids too)
+    # Ids that end a completion besides the model's EOS: the chat template's end-of-turn
+    # token (engine.model.stop_token_ids). The stop token is kept and counts as finished.
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass
 class Completion:
     token_ids: list[int]          # generated ids, EOS included when it was sampled
     logprobs: list[float]         # one per token, under the sampling distribution used
-    finished: bool                # True when EOS ended it, False when the budget did
+    finished: bool                # True when EOS / a stop id ended it, False: the budget
     version: int                  # policy version that generated it
     aborted: bool = False         # cut short by an on_complete stop (partial rollout)
 

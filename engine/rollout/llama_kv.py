@@ -2,7 +2,10 @@
 
 It reads the same HF-named tensors as ``LlamaForCausalLM`` (so weight sync speaks one
 naming) and reproduces its math in fp32: RMSNorm, rotary embedding (rotate_half
-convention), SDPA attention, SwiGLU MLP, untied lm_head.
+convention, default rope), SDPA attention, SwiGLU MLP, lm_head (the input embedding
+when tied). ``supports(config)`` says which Llama configs that is; the torch sampler
+takes this path for them (it is faster than the model's own forward over transformers'
+growing cache) and engine.rollout.hf_kv for every other causal LM.
 
 Cache layout, one slot per position of the padded batch:
 
@@ -21,13 +24,24 @@ from transformers import LlamaConfig
 
 
 class LlamaKV:
+    @staticmethod
+    def supports(config) -> bool:
+        """Whether this forward reproduces ``config``'s model exactly: a Llama without
+        biases, with SiLU and plain rotary embeddings (no Llama-3 style rope scaling)."""
+        rope = getattr(config, "rope_parameters", None) or {}
+        return (config.model_type == "llama" and not config.attention_bias
+                and not config.mlp_bias and config.hidden_act == "silu"
+                and rope.get("rope_type", "default") == "default"
+                and getattr(config, "pretraining_tp", 1) in (None, 1))
+
     def __init__(self, config: LlamaConfig, tensors: dict[str, torch.Tensor]):
         self.cfg = config
         self.w = tensors
         self.n_layers = config.num_hidden_layers
         self.n_heads = config.num_attention_heads
         self.n_kv = config.num_key_value_heads
-        self.head_dim = config.head_dim
+        self.head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads)
         self.eps = config.rms_norm_eps
         theta = config.rope_parameters["rope_theta"] if getattr(
             config, "rope_parameters", None) else config.rope_theta
@@ -53,12 +67,18 @@ class LlamaKV:
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((-x2, x1), dim=-1)
 
+    @staticmethod
+    def select(cache: tuple[torch.Tensor, ...], rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The cache of the batch rows ``rows`` (finished rows stop costing compute)."""
+        return cache[0][:, rows], cache[1][:, rows]
+
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: tuple[torch.Tensor, ...],
-                start: int, valid: torch.Tensor) -> torch.Tensor:
+                start: int, valid: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Logits for ``ids`` (B, T) written at slots [start, start+T).
 
-        ``valid`` (B, S) marks the non-pad slots up to start+T. Returns (B, T, V).
+        ``valid`` (B, S) marks the non-pad slots up to start+T. Returns (B, T, V), or
+        (B, 1, V) for the last position only with ``last_only`` (a prefill that samples).
         """
         w, (k_cache, v_cache) = self.w, cache
         B, T = ids.shape
@@ -94,5 +114,8 @@ class LlamaKV:
             gate = F.linear(h, w[p + "mlp.gate_proj.weight"])
             up = F.linear(h, w[p + "mlp.up_proj.weight"])
             x = x + F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
+        if last_only:
+            x = x[:, -1:]
         x = self._rms(x, w["model.norm.weight"])
-        return F.linear(x, w["lm_head.weight"])                       # (B, T, V)
+        head = w.get("lm_head.weight", w["model.embed_tokens.weight"])   # tied: one tensor
+        return F.linear(x, head)                                      # (B, T, V)

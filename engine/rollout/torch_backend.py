@@ -1,11 +1,14 @@
-"""Rollout backend "torch": batched sampling over a preallocated KV cache.
+"""Rollout backend "torch": batched sampling over a KV cache, for any causal LM.
 
-The fallback engine and the oracle for other backends. One call:
+The fallback engine and the oracle for other backends. The forward is the hand-written
+Llama over a preallocated cache (engine.rollout.llama_kv) where it reproduces the model,
+else the model's own forward over transformers' cache (engine.rollout.hf_kv). One call:
 
     prefill all prompts (left-padded to P)  ->  loop t < max_new_tokens:
         logits (B, V) -> / temperature -> log_softmax -> top-p mask + renormalize
         -> sample -> record token + its logprob under that distribution
-        -> rows that sampled EOS finish (on_complete(i, completion) for each; True
+        -> rows that sampled EOS or a stop token id (SamplingParams.stop_token_ids: the
+           chat template's end of turn) finish (on_complete(i, completion) for each; True
            stops the call and returns the rows still running as aborted partials);
            the batch is compacted as rows finish
         -> decode one token for the rows still running
@@ -23,9 +26,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig
 
+from engine.model import eos_token_ids, load_policy
 from engine.rollout.base import Completion, OnComplete, SamplingParams, WeightReport
+from engine.rollout.hf_kv import HFKV
 from engine.rollout.llama_kv import LlamaKV
 from engine.weightsync.fingerprint import fingerprint
 
@@ -50,21 +54,31 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
 class TorchRollout:
     """Holds its own copy of the weights; ``load_weights`` is the only way they change."""
 
-    def __init__(self, config: LlamaConfig, tensors: dict[str, torch.Tensor],
-                 eos_id: int, pad_id: int, version: int = 0):
-        self.config = config
-        self.tensors = {k: v.detach().clone() for k, v in tensors.items()}
-        self.model = LlamaKV(config, self.tensors)
-        self.eos_id, self.pad_id = eos_id, pad_id
+    def __init__(self, model: LlamaKV | HFKV, tensors: dict[str, torch.Tensor],
+                 eos_ids: Iterable[int], pad_id: int, version: int = 0):
+        """``tensors``: the HF-named parameters ``model`` computes with (this engine's own
+        copy); ``eos_ids``: what ends a completion whatever the sampling params say."""
+        self.model, self.tensors = model, tensors
+        self.eos_ids = tuple(eos_ids)
+        self.pad_id = pad_id
+        self.dtype = next(iter(tensors.values())).dtype
         self._version = version
 
     @classmethod
-    def from_pretrained(cls, path: Path, dtype: torch.dtype = torch.float32) -> TorchRollout:
-        from safetensors.torch import load_file
-
-        config = LlamaConfig.from_pretrained(path)
-        tensors = {k: v.to(dtype) for k, v in load_file(Path(path) / "model.safetensors").items()}
-        return cls(config, tensors, config.eos_token_id, config.pad_token_id)
+    def from_pretrained(cls, path: Path, dtype: torch.dtype = torch.float32,
+                        trust_remote_code: bool = False, forward: str = "auto") -> TorchRollout:
+        """``forward``: "auto" takes the hand-written Llama where it reproduces the model,
+        "hf" always the model's own forward (for comparing the two)."""
+        policy = load_policy(path, dtype, trust_remote_code)
+        config = policy.config
+        eos = eos_token_ids(path)
+        # Pad slots are masked everywhere; any id in the vocabulary will do.
+        pad = config.pad_token_id if config.pad_token_id is not None else (eos or (0,))[0]
+        if forward == "auto" and LlamaKV.supports(config):
+            tensors = {n: p.detach() for n, p in policy.named_parameters()}
+            return cls(LlamaKV(config, tensors), tensors, eos, pad)
+        hf = HFKV(policy)
+        return cls(hf, hf.tensors(), eos, pad)
 
     # ------------------------------------------------------------------ weights
 
@@ -100,7 +114,6 @@ class TorchRollout:
         gen = torch.Generator().manual_seed(seed)
         B, P = len(prompts), max(len(p) for p in prompts)
         S = P + params.max_new_tokens
-        dtype = self.tensors["model.embed_tokens.weight"].dtype
         ids = torch.full((B, P), self.pad_id, dtype=torch.long)
         valid = torch.zeros((B, S), dtype=torch.bool)
         for i, p in enumerate(prompts):
@@ -108,8 +121,9 @@ class TorchRollout:
             valid[i, P - len(p):P] = True
         positions = (valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)     # (B, P)
         next_pos = valid[:, :P].sum(-1)                                    # (B,)
-        cache = self.model.new_cache(B, S, dtype)
-        logits = self.model.forward(ids, positions, cache, 0, valid)[:, -1]  # (B, V)
+        cache = self.model.new_cache(B, S, self.dtype)
+        logits = self.model.forward(ids, positions, cache, 0, valid, last_only=True)[:, -1]
+        stop_ids = torch.tensor(sorted({*self.eos_ids, *params.stop_token_ids}), dtype=torch.long)
 
         out_tok = torch.full((B, params.max_new_tokens), self.pad_id, dtype=torch.long)
         out_lp = torch.zeros((B, params.max_new_tokens))
@@ -129,7 +143,7 @@ class TorchRollout:
             tok, lp = sample_next(logits, params.temperature, params.top_p, gen)
             out_tok[rows, t], out_lp[rows, t] = tok, lp
             lengths[rows] = t + 1
-            done = tok == self.eos_id
+            done = torch.isin(tok, stop_ids)
             if params.ignore_eos:
                 done = torch.zeros_like(done)
             finished[rows[done]] = True
@@ -147,7 +161,7 @@ class TorchRollout:
             if bool(done.any()):          # compact: finished rows stop costing compute
                 keep = (~done).nonzero().squeeze(-1)
                 rows, tok, next_pos, valid = rows[keep], tok[keep], next_pos[keep], valid[keep]
-                cache = (cache[0][:, keep], cache[1][:, keep])
+                cache = self.model.select(cache, keep)
             slot = P + t
             valid[:, slot] = True
             logits = self.model.forward(tok[:, None], next_pos[:, None], cache, slot, valid)[:, -1]

@@ -11,9 +11,15 @@
 The fingerprint is computed inside vLLM's worker from the weights it serves. On CPU vLLM
 repacks every linear layer for oneDNN / sgl kernels and empties the parameter, so the
 worker recovers each weight through the serving kernel itself (W = linear(I)^T, exact in
-fp32), splits the fused qkv / gate_up projections back into HF names and drops the
-vocabulary padding. That makes it bit-comparable with the learner's fingerprint; an echo
-of what was sent would not catch a sync that did not apply.
+fp32), splits the fused qkv / gate_up projections (weights and biases, e.g. Qwen2's q/k/v
+biases) back into HF names, drops the vocabulary padding, and leaves out a tied lm_head
+(the learner's named_parameters() lists a tied embedding once, under embed_tokens). That
+makes it bit-comparable with the learner's fingerprint; an echo of what was sent would not
+catch a sync that did not apply.
+
+Stopping: vLLM ends a request at the tokenizer's EOS, at generation_config.json's EOS ids
+and at SamplingParams.stop_token_ids (the chat template's end of turn), like the torch
+backend; a completion that ends on one of them is finished, not truncated.
 
 vLLM is imported lazily: only a run with rollout.type = "vllm" pays for it.
 """
@@ -28,6 +34,7 @@ from pathlib import Path
 import torch
 
 from engine.config import VllmRolloutConfig
+from engine.model import eos_token_ids
 from engine.rollout.base import Completion, OnComplete, SamplingParams, WeightReport
 from engine.weightsync.fingerprint import fingerprint
 
@@ -44,26 +51,51 @@ def served_hf_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                      cfg.num_key_value_heads * head_dim],
         "gate_up_proj": [cfg.intermediate_size, cfg.intermediate_size],
     }
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    # The served dtype: norms are never repacked (sgl kernels keep biases in fp32).
+    dtype = next(p.dtype for n, p in model.named_parameters() if n.endswith("norm.weight"))
     out: dict[str, torch.Tensor] = {}
     for name, mod in model.named_modules():
         w = getattr(mod, "weight", None)
+        leaf = name.rsplit(".", 1)[-1]
         if not isinstance(w, torch.Tensor):
             continue
         if hasattr(mod, "cpu_linear"):                    # CPU: weight lives in the kernel
             k = w.shape[1] if w.numel() else mod.input_size_per_partition
             eye = torch.eye(k, dtype=w.dtype)
             w = mod.cpu_linear(eye, w, None).t()
-        w = w.detach().float().cpu().contiguous()
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in _FUSED:
-            prefix = name.rsplit(".", 1)[0]
-            for part, chunk in zip(_FUSED[leaf], w.split(sizes[leaf]), strict=True):
-                out[f"{prefix}.{part}.weight"] = chunk
-        elif leaf in ("embed_tokens", "lm_head"):
-            out[f"{name}.weight"] = w[: cfg.vocab_size]   # drop vocab padding
-        else:
-            out[f"{name}.weight"] = w
+        if tied and leaf == "lm_head":
+            # One tensor with the embedding, as on the learner's side: left out while
+            # the head's kernel serves exactly it, reported (a mismatch) when it does not.
+            embed = out.get(name.replace("lm_head", "model.embed_tokens") + ".weight")
+            if embed is not None and torch.equal(w.detach().to(dtype)[: cfg.vocab_size], embed):
+                continue
+        b = getattr(mod, "bias", None)
+        params = {"weight": w, "bias": b if isinstance(b, torch.Tensor) else None}
+        for kind, t in params.items():
+            if t is None:
+                continue
+            t = t.detach().to(dtype).cpu().contiguous()
+            if leaf in _FUSED:
+                prefix = name.rsplit(".", 1)[0]
+                for part, chunk in zip(_FUSED[leaf], t.split(sizes[leaf]), strict=True):
+                    out[f"{prefix}.{part}.{kind}"] = chunk
+            elif leaf in ("embed_tokens", "lm_head"):
+                out[f"{name}.{kind}"] = t[: cfg.vocab_size]   # drop vocab padding
+            else:
+                out[f"{name}.{kind}"] = t
     return out
+
+
+def _repack_tied_head(worker) -> None:
+    """On CPU vLLM packs lm_head's weight into its GEMM kernel when weights are processed.
+    A tied head shares the embedding tensor but receives no weights of its own in an
+    in-place reload, so its kernel keeps serving the old embedding (the fingerprint
+    above sees it); pack it again from the reloaded shared tensor."""
+    model = worker.model_runner.model
+    head = getattr(model, "lm_head", None)
+    if getattr(model.config, "tie_word_embeddings", False) and hasattr(head, "cpu_linear"):
+        head.quant_method.process_weights_after_loading(head)
 
 
 def _set_version(worker, version: int) -> int:
@@ -100,7 +132,7 @@ def _discard_update(worker, update_info: dict) -> None:
 
 class VllmRollout:
     def __init__(self, model_dir: Path, cfg: VllmRolloutConfig, dtype: str, seed: int,
-                 weight_transfer: str | None = None):
+                 weight_transfer: str | None = None, trust_remote_code: bool = False):
         """``weight_transfer`` names a backend of vLLM's weight-transfer API ("gloo",
         "nccl", "ipc"; weight_sync.type = "vllm_native"); None syncs by reload_weights."""
         # In-process engine: ~3 s start instead of ~14 s, and tensors pass to the worker
@@ -119,7 +151,8 @@ class VllmRollout:
                       max_model_len=cfg.max_model_len, seed=seed,
                       enable_prefix_caching=cfg.enable_prefix_caching,
                       tensor_parallel_size=cfg.tensor_parallel_size,
-                      enable_sleep_mode=cfg.sleep_level > 0)
+                      enable_sleep_mode=cfg.sleep_level > 0,
+                      trust_remote_code=trust_remote_code)
         if weight_transfer is not None:
             from engine.weightsync.vllm_native import register_gloo_engine, vllm_backend_name
 
@@ -131,7 +164,8 @@ class VllmRollout:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         self.cfg = cfg
         self.llm = LLM(**kwargs)
-        self.eos_id = self.llm.get_tokenizer().eos_token_id
+        # What vLLM itself stops at (tokenizer EOS + generation_config's EOS ids).
+        self.eos_ids = {self.llm.get_tokenizer().eos_token_id, *eos_token_ids(model_dir)}
         self._version = 0
         self._fingerprint = ""
         self._request_ids = itertools.count()
@@ -150,6 +184,7 @@ class VllmRollout:
     def _reload(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={
             "weights_iterator": tensors, "is_checkpoint_format": True})
+        self.llm.collective_rpc(_repack_tied_head)
         self.llm.reset_prefix_cache()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
@@ -183,6 +218,7 @@ class VllmRollout:
         self.llm.collective_rpc("start_weight_update")
         self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
         self.llm.collective_rpc("finish_weight_update")
+        self.llm.collective_rpc(_repack_tied_head)
         self.llm.reset_prefix_cache()
         self._weights_lost = False
         self.llm.collective_rpc(_set_version, args=(version,))
@@ -197,6 +233,12 @@ class VllmRollout:
 
     def fingerprint(self) -> str:
         return self._report()[1]
+
+    def close(self) -> None:
+        """Shut the in-process engine down now, its distributed state with it, so that
+        another engine can start in this process (left to the garbage collector, the
+        teardown would run whenever, and take the next engine's state down)."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     # ------------------------------------------------------------------ colocated GPU
 
@@ -253,6 +295,7 @@ class VllmRollout:
             sp = VSP(temperature=params.temperature, top_p=params.top_p,
                      max_tokens=params.max_new_tokens, logprobs=0, seed=(seed + i) % (2**31),
                      ignore_eos=params.ignore_eos, skip_special_tokens=False, detokenize=False,
+                     stop_token_ids=[] if params.ignore_eos else list(params.stop_token_ids),
                      output_kind=RequestOutputKind.DELTA)
             engine.add_request(base + str(i), TokensPrompt(prompt_token_ids=p), sp)
             ids[base + str(i)] = i
@@ -264,6 +307,7 @@ class VllmRollout:
             return Completion(token_ids=list(toks), logprobs=list(logprobs), finished=finished,
                               version=self._version, aborted=aborted)
 
+        stops = self.eos_ids | set(params.stop_token_ids)
         stop = False
         while not stop and engine.has_unfinished_requests():
             for out in engine.step():
@@ -275,7 +319,7 @@ class VllmRollout:
                                                                 strict=True))
                 if out.finished:
                     done = (c.finish_reason == "stop" and bool(tokens[i])
-                            and tokens[i][-1] == self.eos_id)
+                            and tokens[i][-1] in stops)
                     results[i] = completion(i, done)
                     if on_complete is not None and on_complete(i, results[i]):
                         stop = True

@@ -60,8 +60,8 @@ def test_unscaled_logprobs_is_refused_for_vllm_with_the_real_knob_named():
 
 
 def test_unscaled_logprobs_are_the_untempered_distributions(tiny_dir):
+    from engine.model import load_policy
     from engine.rollout.torch_backend import TorchRollout
-    from engine.tinymodel import load_policy
 
     engine = TorchRollout.from_pretrained(tiny_dir)
     faulty = wrap_rollout(engine, small_run(faults={"unscaled_logprobs": {}}).faults, lambda: 5)

@@ -7,10 +7,10 @@ from engine.config import GrpoConfig, validate_config
 from engine.experience import Sample
 from engine.learner.batch import pack
 from engine.learner.learner import Learner
+from engine.model import load_policy, load_tokenizer
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import Problem
-from engine.tinymodel import load_policy, load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -23,10 +23,10 @@ from engine.learner.batch import (
 )
 from engine.learner.device import DeviceUnavailableError, resolve_device
 from engine.learner.learner import Learner
+from engine.model import load_policy, load_tokenizer
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import Problem
-from engine.tinymodel import load_policy, load_tokenizer
 from engine.weightsync.fingerprint import fingerprint
 
 

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from engine.config import GrpoConfig, LearnerConfig
 from engine.learner.learner import Learner
-from engine.tinymodel import load_policy
+from engine.model import load_policy
 from engine.weightsync.fingerprint import fingerprint
 
 from .test_learner_devices import ragged_batch  # noqa: F401  (the fixture)

@@ -119,11 +119,11 @@ class _Generating:
 
 
 def test_the_producer_streams_completions_to_the_pool_while_generating(cluster, tiny_dir):
+    from engine.model import load_tokenizer
     from engine.orchestration.producer import RolloutProducer
     from engine.rollout.base import SamplingParams
     from engine.rollout.torch_backend import TorchRollout
     from engine.telemetry.recorder import SpanRecorder
-    from engine.tinymodel import load_tokenizer
 
     engine = _Generating(TorchRollout.from_pretrained(tiny_dir))
     task = ArithmeticTask(ArithmeticTaskConfig(max_digits=1))

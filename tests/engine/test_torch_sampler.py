@@ -6,10 +6,10 @@ import torch
 
 from engine.experience import Sample
 from engine.learner.batch import pack, response_logprobs
+from engine.model import load_policy, load_tokenizer
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout, sample_next
 from engine.tasks import Problem
-from engine.tinymodel import load_policy, load_tokenizer
 
 PROMPTS = ["12+34=", "1*2=", "987*654=", "rev:abcdefgh=", "5-9="]   # different lengths
 

@@ -148,7 +148,7 @@ def test_shm_workers_read_the_shared_buffer_itself(workers, learner):
 def test_shm_syncs_adopted_learner_parameters_without_a_learner_side_copy(workers, tiny_dir):
     """After adopt, the policy's parameters are the shared buffer's slots: an optimizer
     step writes into shared memory and the workers serve exactly the stepped weights."""
-    from engine.tinymodel import load_policy
+    from engine.model import load_policy
 
     policy = load_policy(tiny_dir)
     sync = _connect(workers, "shm")

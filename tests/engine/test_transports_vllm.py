@@ -12,9 +12,9 @@ import ray
 import torch
 
 from engine.config import VllmRolloutConfig, validate_config
+from engine.model import load_policy
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout
-from engine.tinymodel import load_policy
 from engine.weightsync.base import StaleVersionError
 from engine.weightsync.fingerprint import fingerprint
 from engine.weightsync.session import EngineHost

@@ -12,10 +12,10 @@ import torch
 from engine.config import VllmRolloutConfig, dump_config
 from engine.experience import Sample
 from engine.learner.batch import pack, response_logprobs
+from engine.model import load_policy, load_tokenizer
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import Problem
-from engine.tinymodel import load_policy, load_tokenizer
 from engine.weightsync.fingerprint import fingerprint
 
 from .conftest import small_run

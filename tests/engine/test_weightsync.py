@@ -5,10 +5,10 @@ from engine.config import GrpoConfig
 from engine.experience import Sample
 from engine.learner.batch import pack
 from engine.learner.learner import Learner
+from engine.model import load_policy, load_tokenizer
 from engine.rollout.base import SamplingParams, WeightReport
 from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import Problem
-from engine.tinymodel import load_policy, load_tokenizer
 from engine.weightsync.fingerprint import fingerprint
 
 from .sync_session import sync_in_place
