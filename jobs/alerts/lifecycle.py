@@ -57,8 +57,8 @@ def load_history(run: Run) -> RunHistory:
 def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
     """Open, refresh and resolve the run's alerts from its history; returns the alerts
     whose state changed."""
-    findings = evaluate(load_history(run), RunFacts.from_config(validate_config(run.config),
-                                                                run.status),
+    cfg = validate_config(run.config, check_files=False)   # its model may have moved since
+    findings = evaluate(load_history(run), RunFacts.from_config(cfg, run.status),
                         thresholds_for(run), time.time() if now is None else now)
     return do_apply_findings(run, findings)
 

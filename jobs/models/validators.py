@@ -13,7 +13,7 @@ def normalized_config(data: Any) -> dict:
     if not isinstance(data, dict):
         raise ValidationError("the config must be a JSON object (a TOML table)")
     try:
-        return validate_config(data).model_dump(mode="json")
+        return validate_config(data, check_files=False).model_dump(mode="json")
     except ConfigError as exc:
         raise ValidationError([f"{path}: {message}" for path, message in exc.errors]) from None
 

@@ -140,7 +140,7 @@ def fork(request, run_id: int):
     if "toml" in data or "config" in data:
         cfg = config_from(data)
     else:
-        cfg = validate_config(parent.config)
+        cfg = validate_config(parent.config, check_files=False)
         cfg = cfg.model_copy(update={"name": f"{cfg.name}-fork"[:100]})
     child = do_fork_run(request.user, parent, checkpoint, cfg.model_dump(mode="json"),
                         priority=data["priority"])

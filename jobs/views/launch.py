@@ -92,7 +92,7 @@ def run_fork(request, run_id: int):
             form = ForkForm(parent, data)
             form.is_valid()
     else:
-        cfg = validate_config(parent.config)
+        cfg = validate_config(parent.config, check_files=False)
         cfg = cfg.model_copy(update={"name": f"{cfg.name}-fork"[:100]})
         checkpoints = parent.checkpoints.order_by("-step")
         wanted = request.GET.get("checkpoint", "")

@@ -167,3 +167,30 @@ def test_static_files_are_served_locally_without_collectstatic(client, path):
 
     assert response.status_code == 200
     assert b"".join(response.streaming_content)
+
+
+def test_a_run_whose_model_directory_moved_away_still_shows_and_updates(
+        viewer, make_run, tmp_path):
+    """model.path is checked when a run is launched, not each time its stored config is
+    read again: after the directory is gone the page, a status change and the alert
+    evaluation still work."""
+    import json
+    import shutil
+
+    from jobs.alerts.lifecycle import do_evaluate_alerts
+    from jobs.models import RunStatus
+
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (model / "model.safetensors").write_bytes(b"")
+    (model / "tokenizer.json").write_text("{}")
+    run = make_run(name="moved")
+    run.config = {"model": {"path": str(model)}, "warm_start": {"steps": 0}}
+    run.save()
+    shutil.rmtree(model)
+
+    assert viewer.get(f"/runs/{run.pk}").status_code == 200
+    run.transition_to(RunStatus.STOPPING, "test")
+    run.save()
+    do_evaluate_alerts(run)
