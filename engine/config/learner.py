@@ -37,6 +37,11 @@ class LearnerConfig(_Section):
     minibatch is split into micro-batches under it and their gradients accumulate, weighted
     by their share of response tokens, so the step equals one big batch's. A sequence longer
     than the budget gets a micro-batch of its own. 0 = no split."""
+    reference: Literal["device", "cpu"] = "device"
+    """Where the KL reference model (algorithm.kl_coef > 0) lives: "device" with the
+    learner (sharded the same way when placement.learner_devices > 1), or "cpu": in host
+    memory, one unsharded copy per learner process, its forward run on the CPU. "cpu"
+    frees the device memory of a whole model at the cost of a CPU forward per step."""
     packing: bool = True
     """Pack prompt+response sequences end to end into dense rows (positions restart per
     sequence, attention never crosses sequences) instead of padding each to the longest.

@@ -47,7 +47,11 @@ class Learner:
         # Learner logprobs are of the tempered distribution the sampler used (greedy -> 1).
         self.temperature = temperature if temperature > 0 else 1.0
         self.seed = seed
-        self.reference = (reference.to(self.device).eval().requires_grad_(False)
+        # The KL reference is never trained: with the learner on its device, or kept in
+        # host memory and run on the CPU (learner.reference = "cpu") to spare the device.
+        self.reference_device = (self.device if setup.reference == "device"
+                                 else torch.device("cpu"))
+        self.reference = (reference.to(self.reference_device).eval().requires_grad_(False)
                           if reference is not None else None)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr,
                                            weight_decay=cfg.weight_decay)
@@ -67,6 +71,16 @@ class Learner:
         with autocast(self.device, self.setup):
             return response_logprobs(model, batch, temperature, with_entropy,
                                      packed=self.setup.packing)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        """(B, R) on the learner's device, computed where the reference lives."""
+        on = batch.to(self.reference_device)
+        with autocast(self.reference_device, self.setup):
+            return torch.cat([
+                response_logprobs(self.reference, on.select(i), self.temperature,
+                                  packed=self.setup.packing)[0]
+                for i in self._micro_batches(on, torch.arange(len(on)))]).to(self.device)
 
     @torch.no_grad()
     def recompute(self, batch: PackedBatch) -> torch.Tensor:
@@ -104,10 +118,7 @@ class Learner:
         old_logp = self.recompute(batch)                                   # (B, R)
         ref_logp = None
         if self.reference is not None and cfg.kl_coef > 0:
-            with torch.no_grad():
-                ref_logp = torch.cat([
-                    self.logprobs(self.reference, batch.select(i), self.temperature)[0]
-                    for i in self._micro_batches(batch, torch.arange(len(batch)))])
+            ref_logp = self.reference_logprobs(batch)
         gap = (batch.behaviour_logp - old_logp).abs() * mask
         w_tis, tis_clipped = tis_weights(old_logp, batch.behaviour_logp, cfg.tis_cap)
         metrics = {

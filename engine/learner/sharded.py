@@ -75,8 +75,8 @@ class ShardedLearner(Learner):
         device = torch.device("cuda", torch.cuda.current_device()) if (
             dist.get_backend() == "nccl") else torch.device("cpu")
         policy = shard_policy(policy.to(device), setup)
-        if reference is not None:                # sharded the same way, never trained
-            reference = shard_policy(reference.to(device), setup)
+        if reference is not None and setup.reference == "device":
+            reference = shard_policy(reference.to(device), setup)   # never trained
         super().__init__(policy, cfg, temperature, seed, reference, setup)
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
