@@ -147,7 +147,7 @@ def packed_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> Fo
 
     # Rows of about one length fill a row_tokens bin badly (6 x 11 > 64): then bins of the
     # longest sequence, mostly one per row, compute fewer slots and need no mask at all.
-    row_bin, row_off, n_bins, T = min((binned(max(lengths))),
+    row_bin, row_off, n_bins, T = min(binned(max(lengths)),
                                       binned(max(row_tokens, max(lengths))),
                                       key=lambda b: (b[2] * b[3], b[3]))
     device = batch.input_ids.device
@@ -171,8 +171,8 @@ def packed_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> Fo
     for i, (b, o) in enumerate(zip(row_bin, row_off, strict=True)):
         if o >= last.get(b, (-1, 0))[0]:
             last[b] = (o, o + lengths[i])
-    for b, (start, end) in last.items():
-        pos[b * T + end:(b + 1) * T] = torch.arange(end - start, T - start, device=device)
+    for b, (first, end) in last.items():
+        pos[b * T + end:(b + 1) * T] = torch.arange(end - first, T - first, device=device)
     predict_at = dest[:, P - 1:-1]                       # (B, R): column P+t-1 predicts t
     return ForwardLayout(ids.view(n_bins, T), pos.view(n_bins, T), None,
                          predict_at[batch.response_mask.bool()])
