@@ -6,7 +6,7 @@
     packed vs padded logprobs (fp32)       CUDA                      CPU
     cuda_ipc transport, 2 processes        spawned receiver          skipped (no CUDA)
     NVML sampling                          DeviceSampler on GPU 0    skipped, CPU sampling
-    FSDP2, 2 processes                     NCCL where >1 GPU         gloo
+    FSDP2 ShardedLearner, 2 processes      NCCL where >1 GPU         gloo
 
 Needs torch and this project's engine only: no Ray, vLLM or Django is imported (the
 engine modules used here import none of them). The torch sampler runs on the CPU (it has
@@ -227,47 +227,39 @@ def cpu_sampling():
             f"after 0.3 s busy: cpu_util {util:.0f} %, rss {m['device/memory_gb/cpu:0']:.2f} GB")
 
 
-def _fsdp_rank(rank: int, world: int, backend: str, port: int, model_dir: str, outbox) -> None:
-    """One FSDP2 rank: shard the tiny policy, one AdamW step on the full batch (every rank
-    sees all of it, so the step must equal the single-process one), gather the weights."""
+def _sharded_rank(rank: int, world: int, backend: str, port: int, model_dir: str,
+                  outbox) -> None:
+    """One rank of the engine's ShardedLearner (engine/learner/sharded.py): one GRPO
+    update on the shared batch, then the gathered full weights."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
+
+    from engine.learner.sharded import ShardedLearner
 
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 init_method=f"tcp://127.0.0.1:{port}")
-        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        if backend == "nccl":
-            torch.cuda.set_device(device)
-        model = load_policy(Path(model_dir)).to(device)
-        # The learner calls the decoder and the LM head, never the CausalLM's own forward,
-        # so each is a root of its own (a root's hooks gather its parameters).
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model.model)
-        fully_shard(model.lm_head)
-        loss, full = _one_step(model, Path(model_dir), device)
+        learner = ShardedLearner(load_policy(Path(model_dir)), GrpoConfig(minibatches=2),
+                                 1.0, seed=0, setup=_sharded_setup(backend))
+        metrics = learner.update(_sharded_batch(Path(model_dir)))
+        full = learner.named_tensors()                       # a gather every rank joins
         if rank == 0:
             # numpy, pickled by value: torch tensors would travel as shared-memory handles
             # that die with this process, which may exit before the parent reads them
-            outbox.put(("ok", loss, fingerprint(full), {n: t.cpu().numpy() for n, t in full}))
+            outbox.put(("ok", metrics["learner/loss"], fingerprint(full),
+                        {n: t.cpu().numpy() for n, t in full}))
         dist.destroy_process_group()
     except Exception as exc:
         outbox.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}", "", {}))
 
 
-def _one_step(model, model_dir: Path, device) -> tuple[float, list]:
-    batch = pack(samples(model_dir, prompts=4, group=4),
-                 load_tokenizer(model_dir).pad_token_id).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    logp, _ = response_logprobs(model, batch, 1.0, packed=True)
-    mask = batch.response_mask
-    loss = -(logp * mask).sum() / mask.sum()
-    loss.backward()
-    opt.step()
-    full = [(n, p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach())
-            for n, p in model.named_parameters()]
-    return float(loss.detach()), full
+def _sharded_setup(backend: str) -> LearnerConfig:
+    return LearnerConfig(device="cuda" if backend == "nccl" else "cpu")
+
+
+def _sharded_batch(model_dir: Path):
+    return pack(samples(model_dir, prompts=4, group=4), load_tokenizer(model_dir).pad_token_id)
 
 
 def fsdp2():
@@ -279,8 +271,8 @@ def fsdp2():
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     outbox = ctx.Queue()
-    procs = [ctx.Process(target=_fsdp_rank, args=(r, 2, backend, port, str(model_dir), outbox))
-             for r in range(2)]
+    procs = [ctx.Process(target=_sharded_rank,
+                         args=(r, 2, backend, port, str(model_dir), outbox)) for r in range(2)]
     for p in procs:
         p.start()
     status, loss, fp, sharded = outbox.get(timeout=300)
@@ -288,15 +280,17 @@ def fsdp2():
         p.join(timeout=60)
     if status != "ok":
         return "FAIL", loss
-    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
-    ref_loss, ref = _one_step(load_policy(model_dir).to(device), model_dir, device)
-    dw = max(float((torch.from_numpy(sharded[n]) - t.cpu()).abs().max()) for n, t in ref)
+    single = Learner(load_policy(model_dir), GrpoConfig(minibatches=2), 1.0, seed=0,
+                     setup=_sharded_setup(backend))
+    ref_loss = single.update(_sharded_batch(model_dir))["learner/loss"]
+    dw = max(float((torch.from_numpy(sharded[n]) - t.cpu()).abs().max())
+             for n, t in single.named_tensors())
     ok = abs(loss - ref_loss) < 1e-5 and dw < 1e-5
     where = "NCCL, 2 GPUs" if backend == "nccl" else (
         f"gloo on CPU ({gpus} GPU: NCCL needs 2, skipped)" if CUDA else "gloo on CPU")
     return ("PASS" if ok else "FAIL",
-            f"{where}: loss {loss:.6f} vs 1 process {ref_loss:.6f}, max |dw| {dw:.1e} "
-            f"(bound 1e-5)")
+            f"ShardedLearner, {where}: loss {loss:.6f} vs 1 process {ref_loss:.6f}, "
+            f"max |dw| {dw:.1e} (bound 1e-5)")
 
 
 def main() -> int:
