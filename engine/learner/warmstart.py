@@ -23,7 +23,7 @@ import torch
 from engine.config import RunConfig
 from engine.experience import Sample
 from engine.learner.batch import pack, response_logprobs
-from engine.tasks import build_task
+from engine.tasks import task_for
 from engine.tinymodel import (
     _key,
     atomic_dir,
@@ -43,15 +43,16 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
     ws = cfg.warm_start
     if ws.steps == 0:
         return base
+    task = task_for(cfg, load_tokenizer(base))
     key = _key({"base": base.name, "task": cfg.task.model_dump(mode="json"),
-                "ws": ws.model_dump(mode="json", exclude={"max_seconds"}), "v": 1})
+                **task.identity(), "ws": ws.model_dump(mode="json", exclude={"max_seconds"}),
+                "v": 1})
     final = cache_root() / "warmstart" / f"{base.name}-{key}"
     if final.exists():
         return final
 
     def write(d: Path) -> int:
         torch.manual_seed(cfg.model.seed)
-        task = build_task(cfg.task)
         tok = load_tokenizer(base)
         model = load_policy(base).train()
         opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
@@ -62,7 +63,8 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
         t0, done, loss = time.monotonic(), 0, float("nan")
         for step in range(ws.steps):
             samples = [Sample(problem=p, prompt_ids=encode(tok, p.prompt),
-                              response_ids=tok(p.answer, add_special_tokens=False)["input_ids"]
+                              response_ids=tok(task.demonstration(p),
+                                               add_special_tokens=False)["input_ids"]
                               + [tok.eos_token_id],
                               behaviour_logprobs=[], finished=True, version=0, group=0)
                        for p in task.train_problems(step, ws.batch_size, stream="sft")]
