@@ -43,7 +43,8 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
     ws = cfg.warm_start
     if ws.steps == 0:
         return base
-    task = task_for(cfg, load_tokenizer(base))
+    tok = load_tokenizer(base)
+    task = task_for(cfg, tok)
     key = _key({"base": base.name, "task": cfg.task.model_dump(mode="json"),
                 **task.identity(), "ws": ws.model_dump(mode="json", exclude={"max_seconds"}),
                 "v": 1})
@@ -53,7 +54,6 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
 
     def write(d: Path) -> int:
         torch.manual_seed(cfg.model.seed)
-        tok = load_tokenizer(base)
         model = load_policy(base).train()
         opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
         # Linear warmup, then constant: a short warm start is still learning at its end,

@@ -165,7 +165,7 @@ def test_a_raising_reward_is_counted_logged_once_alerted_and_the_run_finishes(tm
     events = events_of(tmp_path / "run")
     steps = [e.values for e in events if isinstance(e, MetricsEvent) and "reward/mean" in e.values]
     fracs = [m["reward/error_frac"] for m in steps]
-    assert all(0.0 < f < 1.0 for f in fracs), fracs
+    assert max(fracs) > 0.1 and all(f < 1.0 for f in fracs), fracs
     for m in steps:
         assert m["reward/python/reward_error"] == m["reward/error_frac"] * 32
 
