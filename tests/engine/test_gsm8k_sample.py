@@ -53,6 +53,7 @@ def test_the_preset_loads_the_sample_with_its_held_out_file():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)      # ~20 min on 2 cores shared five ways; minutes when idle
 def test_grpo_on_the_sample_with_the_math_verifier_raises_held_out_reward(tmp_path):
     cfg = load_config(PRESET).model_copy(update={"steps": 30, "max_seconds": None})
     sink = MemorySink()
