@@ -10,7 +10,8 @@ This package imports neither torch nor ray: the web process validates configs wi
     cfg = load_config("configs/demo_arithmetic.toml")   # ConfigError names field + fix
     text = dump_config(cfg)                             # TOML, round-trips
 
-One module per section: ``model_task`` (model, task, warm start, algorithm), ``rollout``,
+One module per section: ``model_task`` (model, task, warm start, algorithm;
+``datafile`` reads a dataset file's shape for it), ``rollout``,
 ``placement``, ``async_policy``, ``weightsync``, ``reward``, ``faults``; ``run`` holds
 RunConfig and its cross-section checks, ``errors`` ConfigError and TOML load/dump, and
 ``_base`` the shared section base; ``learner`` is how the learner computes (device,
@@ -51,6 +52,7 @@ from engine.config.model_task import (
     AlgorithmConfig,
     ArithmeticTaskConfig,
     CodeTaskConfig,
+    DatasetTaskConfig,
     GrpoConfig,
     LongTailTaskConfig,
     ModelConfig,
@@ -66,6 +68,8 @@ from engine.config.placement import (
 )
 from engine.config.placement import _PlacementCommon as _PlacementCommon
 from engine.config.reward import (
+    MathRewardConfig,
+    PythonRewardConfig,
     RewardConfig,
     RewardModelConfig,
     RuleRewardConfig,
@@ -98,6 +102,7 @@ __all__ = [
     "ColocatedPlacementConfig",
     "ConfigError",
     "CudaIpcSyncConfig",
+    "DatasetTaskConfig",
     "DisaggregatedPlacementConfig",
     "FaultsConfig",
     "FullyAsyncPolicyConfig",
@@ -105,12 +110,14 @@ __all__ = [
     "InPlaceSyncConfig",
     "LearnerConfig",
     "LongTailTaskConfig",
+    "MathRewardConfig",
     "ModelConfig",
     "ModelSize",
     "ObjectStoreSyncConfig",
     "OneStepOffPolicyConfig",
     "PartialRolloutPolicyConfig",
     "PlacementConfig",
+    "PythonRewardConfig",
     "RewardConfig",
     "RewardModelConfig",
     "RolloutConfig",

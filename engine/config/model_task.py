@@ -204,7 +204,76 @@ class CodeTaskConfig(_Section):
     with EOS within the token budget."""
 
 
-TaskConfig = _choice(ArithmeticTaskConfig, LongTailTaskConfig, CodeTaskConfig)
+class DatasetTaskConfig(_Section):
+    """Your own data: prompts and answers read from a local file with the ``datasets``
+    library (nothing is downloaded). Checked here (the file, its columns, its rows) and
+    again when the engine loads it, with the same messages."""
+
+    type: Literal["dataset"] = "dataset"
+    path: str = Field(min_length=1, max_length=1000)
+    """Training data: a .jsonl, .json or .parquet file, or a directory written by
+    ``Dataset.save_to_disk``. A relative path is read from the working directory, else
+    from the rlplane checkout. It must exist where the run's workers run."""
+    prompt_key: str = Field(default="prompt", min_length=1, max_length=200)
+    """Column of the prompt: text, or a list of chat messages ({role, content}, veRL's
+    layout). Dotted for nested columns."""
+    answer_key: str = Field(default="answer", min_length=1, max_length=200)
+    """Column of the reference answer the reward compares with (dotted for nested columns,
+    e.g. ``reward_model.ground_truth``). Numbers are read as their text."""
+    sft_key: str | None = Field(default=None, min_length=1, max_length=200)
+    """Column the supervised warm start imitates (a worked solution in the model's own
+    alphabet); None imitates the answer column."""
+    eval_path: str | None = Field(default=None, min_length=1, max_length=1000)
+    """Held-out data in a file of its own (same formats and columns). Training drops any
+    row whose prompt is also a held-out prompt."""
+    eval_fraction: float | None = Field(default=None, gt=0.0, lt=1.0)
+    """Without eval_path: the share of distinct prompts held out (None: 0.1), chosen by a
+    hash of the prompt text (the same split for every seed and every row order)."""
+    eval_size: int = Field(default=256, ge=1, le=100_000)
+    """Most held-out prompts an eval scores (the first of the split, in a fixed order)."""
+    chat_template: bool = False
+    """Render each prompt with the tokenizer's chat template (as a user message, after the
+    system prompt); False feeds the prompt text as it is."""
+    system_prompt: str | None = Field(default=None, max_length=20_000)
+    """System message put before each prompt when chat_template is on (unless the prompt's
+    messages start with their own)."""
+    max_prompt_tokens: int = Field(default=1024, ge=1, le=1_048_576)
+    """Prompts longer than this many tokens (after rendering) are dropped; the run's log
+    says how many."""
+    format_penalty: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Subtracted when the completion did not end with EOS within the token budget or no
+    answer can be read from it."""
+
+    @model_validator(mode="after")
+    def _data_readable(self) -> DatasetTaskConfig:
+        from engine.config.datafile import CONFIG_PROBE_ROWS, DataFileError, probe
+
+        if self.eval_path is not None and self.eval_fraction is not None:
+            raise ValueError("task.eval_fraction=holds out part of task.path, and task."
+                             "eval_path names held-out data of its own; set only one")
+        if self.system_prompt is not None and not self.chat_template:
+            raise ValueError("task.system_prompt=is only sent through a chat template; set "
+                             "task.chat_template = true or remove system_prompt")
+        try:
+            for field, raw in (("task.path", self.path), ("task.eval_path", self.eval_path)):
+                if raw is not None:
+                    probe(field, raw, self.columns(), CONFIG_PROBE_ROWS)
+        except DataFileError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def held_out_fraction(self) -> float:
+        return 0.1 if self.eval_fraction is None else self.eval_fraction
+
+    def columns(self) -> dict[str, str]:
+        """Each key field and the dotted column it names."""
+        keys = {"task.prompt_key": self.prompt_key, "task.answer_key": self.answer_key}
+        if self.sft_key is not None:
+            keys["task.sft_key"] = self.sft_key
+        return keys
+
+
+TaskConfig = _choice(ArithmeticTaskConfig, LongTailTaskConfig, CodeTaskConfig, DatasetTaskConfig)
 
 
 # --------------------------------------------------------------------------- warm start

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -80,4 +81,56 @@ class RewardModelConfig(_RewardPool):
     """How long the server waits for more requests to fill a batch."""
 
 
-RewardConfig = _choice(RuleRewardConfig, SandboxRewardConfig, RewardModelConfig)
+class MathRewardConfig(_RewardPool):
+    """Answer extraction and equivalence with the ``math-verify`` package: a GSM8K
+    ``#### 42`` line, ``\\boxed{...}``, fractions, decimals and LaTeX forms, each verdict with
+    a reason (correct, wrong, no_answer, unfinished, gold_unparsed)."""
+
+    type: Literal["math"] = "math"
+    timeout_s: int = Field(default=5, ge=1, le=60)
+    """Bound on parsing and on comparing one answer (a SIGALRM timer, so it applies where
+    the scorer runs in a process's main thread; elsewhere math-verify runs unbounded)."""
+
+
+class PythonRewardConfig(_RewardPool):
+    """Your own reward function, called as ``fn(prompt, completion, answer, **row) ->
+    float`` in the rollout worker (or reward pool). ``row`` holds the dataset row's other
+    columns. A call that raises or returns a non-number scores 0 with reason
+    "reward_error"; its traceback goes to the run's log once per distinct error."""
+
+    type: Literal["python"] = "python"
+    function: str = Field(min_length=3, max_length=1000)
+    """``package.module:callable`` (importable on the workers) or ``path/to/file.py:callable``
+    (relative paths as for task.path)."""
+
+    @model_validator(mode="after")
+    def _function_named(self) -> PythonRewardConfig:
+        target, _, name = self.function.rpartition(":")
+        if not target or not name.isidentifier():
+            raise ValueError(f"reward.function={self.function!r} must be "
+                             '"package.module:callable" or "path/to/file.py:callable"')
+        if is_file_target(target):
+            from engine.config.datafile import resolve
+
+            if not resolve(target).is_file():
+                raise ValueError(f"reward.function={self.function!r}: no such file "
+                                 f"{target!r}; fix the path (relative to the working "
+                                 "directory or the rlplane checkout)")
+            return self
+        if not all(part.isidentifier() for part in target.split(".")):
+            raise ValueError(f"reward.function={self.function!r}: {target!r} is not a module "
+                             "name; use dotted identifiers, or a path ending in .py")
+        top = target.split(".")[0]
+        if top in sys.stdlib_module_names or top == "engine":
+            raise ValueError(f"reward.function={self.function!r} names a module of "
+                             f"{'the standard library' if top != 'engine' else 'rlplane'}; "
+                             "point it at your own module or file")
+        return self
+
+
+def is_file_target(target: str) -> bool:
+    return target.endswith(".py") or "/" in target
+
+
+RewardConfig = _choice(RuleRewardConfig, SandboxRewardConfig, RewardModelConfig,
+                       MathRewardConfig, PythonRewardConfig)

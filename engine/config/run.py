@@ -16,6 +16,7 @@ from engine.config.model_task import (
     AlgorithmConfig,
     ArithmeticTaskConfig,
     CodeTaskConfig,
+    DatasetTaskConfig,
     GrpoConfig,
     LongTailTaskConfig,
     ModelConfig,
@@ -60,7 +61,8 @@ class RunConfig(_Section):
     model: ModelConfig = ModelConfig()
     """The policy: the built-in size preset or a Hugging Face directory, dtype, seed."""
     task: TaskConfig = ArithmeticTaskConfig()
-    """What the policy is trained on: "arithmetic", the long-tail "reverse" or "code"."""
+    """What the policy is trained on: "arithmetic", the long-tail "reverse", "code" or
+    your own "dataset"."""
     warm_start: WarmStartConfig = WarmStartConfig()
     """Supervised steps on the task before RL, cached per (model, task, settings)."""
     algorithm: AlgorithmConfig = GrpoConfig()
@@ -80,7 +82,8 @@ class RunConfig(_Section):
     "object_store", "broadcast", "checkpoint", "cuda_ipc" or "vllm_native"."""
     reward: RewardConfig = RuleRewardConfig()
     """How completions are scored: "rule" (a deterministic verifier), "sandbox" (run the
-    program against unit tests) or "reward_model" (a served learned scorer)."""
+    program against unit tests), "reward_model" (a served learned scorer), "math"
+    (math-verify equivalence) or "python" (your own function)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """When checkpoints are written and how many are kept."""
     telemetry: TelemetryConfig = TelemetryConfig()
@@ -102,6 +105,14 @@ class RunConfig(_Section):
             raise ValueError(f"reward.type=\"sandbox\" runs programs, and task.type="
                              f"\"{self.task.type}\" asks for none; use task.type = \"code\" "
                              "or another reward.type")
+        if self.reward.type == "math" and self.task.type in ("reverse", "code"):
+            raise ValueError(f"reward.type=\"math\" compares numbers and expressions, and "
+                             f"task.type=\"{self.task.type}\" answers with text; use "
+                             "reward.type = \"rule\" or a task with mathematical answers")
+        if self.reward.type == "reward_model" and self.task.type == "dataset":
+            raise ValueError('reward.type="reward_model" trains its classifier on the '
+                             'synthetic tasks\' own examples; with task.type = "dataset" use '
+                             'reward.type = "math", "rule" or "python"')
         return self
 
     @model_validator(mode="after")
@@ -170,8 +181,12 @@ class RunConfig(_Section):
         return self
 
 
-def longest_answer(task: ArithmeticTaskConfig | LongTailTaskConfig | CodeTaskConfig) -> int:
-    """Characters (= tokens) of the longest correct answer the task can ask for."""
+def longest_answer(task: ArithmeticTaskConfig | LongTailTaskConfig | CodeTaskConfig
+                   | DatasetTaskConfig) -> int:
+    """Characters (= tokens) of the longest correct answer the task can ask for (0 for a
+    dataset: its answers are free text in the model's own tokens)."""
+    if isinstance(task, DatasetTaskConfig):
+        return 0
     if isinstance(task, LongTailTaskConfig):
         return task.max_len
     if isinstance(task, CodeTaskConfig):                   # f=lambda x:x*12+3

@@ -29,7 +29,7 @@ from engine.config import RunConfig
 from engine.experience import Sample
 from engine.learner.batch import pack, response_logprobs
 from engine.model import base_model_dir, load_policy, load_tokenizer
-from engine.tasks import build_task
+from engine.tasks import task_for
 from engine.tinymodel import _key, atomic_dir, cache_root
 
 
@@ -55,7 +55,10 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
     if steps == 0:
         return base
     remote = cfg.model.trust_remote_code
+    tok = load_tokenizer(base, remote)
+    task = task_for(cfg, tok)
     key = _key({"base": base_identity(base), "task": cfg.task.model_dump(mode="json"),
+                **task.identity(),
                 "ws": {**ws.model_dump(mode="json", exclude={"max_seconds"}), "steps": steps},
                 "v": 1})
     final = cache_root() / "warmstart" / f"{base.name}-{key}"
@@ -64,8 +67,6 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
 
     def write(d: Path) -> int:
         torch.manual_seed(cfg.model.seed)
-        task = build_task(cfg.task)
-        tok = load_tokenizer(base, remote)
         model = load_policy(base, trust_remote_code=remote).train()
         opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
         # Linear warmup, then constant: a short warm start is still learning at its end,
@@ -75,7 +76,8 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
         t0, done, loss = time.monotonic(), 0, float("nan")
         for step in range(steps):
             samples = [Sample(problem=p, prompt_ids=encode(tok, p.prompt),
-                              response_ids=tok(p.answer, add_special_tokens=False)["input_ids"]
+                              response_ids=tok(task.demonstration(p),
+                                               add_special_tokens=False)["input_ids"]
                               + [tok.eos_token_id],
                               behaviour_logprobs=[], finished=True, version=0, group=0)
                        for p in task.train_problems(step, ws.batch_size, stream="sft")]

@@ -82,8 +82,8 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
                        if set(w.devices) & set(layout.learner.devices)]
             sync_cfg = cfg.weight_sync
         for w in workers:                     # what their parts said (a reward model's fit)
-            for line in w.call(RolloutWorker.drain_logs).result():
-                log(line)
+            for level, line in w.call(RolloutWorker.drain_logs).result():
+                log(line, level=level)
         sync = WeightSyncSession(learner, workers, sync_cfg)
         sync.connect()
         yield Deployment(learner, workers, sharing, sync)

@@ -47,6 +47,7 @@ from engine.faults import wrap_buffer
 from engine.learner.checkpoint import latest_checkpoint
 from engine.learner.losses import group_advantages
 from engine.learner.warmstart import ensure_warm_start
+from engine.model import load_tokenizer
 from engine.orchestration.deployment import Deployment, deploy
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import Experience, buffer_bound, build_policy
@@ -54,7 +55,7 @@ from engine.orchestration.workers import LearnerWorker, RolloutWorker
 from engine.reward import reward_metrics
 from engine.rollout.preflight import preflight_verdict
 from engine.seeds import seed_everything, step_seed
-from engine.tasks import build_task
+from engine.tasks import task_for
 from engine.telemetry.recorder import Telemetry
 from engine.telemetry.sinks import FanoutSink, JsonlSink, MemorySink, last_seq
 from engine.telemetry.step_metrics import sample_metrics, sync_metrics, throughput_metrics
@@ -77,6 +78,7 @@ class RunLoop:
         self.buffer = ExperienceBuffer()       # replaced once deployed
         self.policy = self.experience = None
         self.last_sync: SyncResult | None = None
+        self._logged: set[str] = set()         # worker log lines already logged
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -146,7 +148,9 @@ class RunLoop:
                          f"{self.version})")
         self.buffer = wrap_buffer(ExperienceBuffer(buffer_bound(cfg.async_policy)),
                                   cfg.faults, lambda: self.step)
-        self.experience = Experience(d.workers, build_task(cfg.task), self.buffer,
+        task = task_for(cfg, load_tokenizer(policy_dir, cfg.model.trust_remote_code),
+                        log=self.tel.log)
+        self.experience = Experience(d.workers, task, self.buffer,
                                      cfg.rollout.prompts_per_step, cfg.algorithm.group_size,
                                      cfg.model.seed, resumed_at=self.step)
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
@@ -213,7 +217,17 @@ class RunLoop:
         m["buffer/dropped_stale"] = float(self.buffer.dropped_stale)
         m["buffer/recycled"] = float(self.experience.recycled)
         self.tel.emit(MetricsEvent(step=step, values=m))
+        self._drain_logs()
         return m
+
+    def _drain_logs(self) -> None:
+        """What the workers said during the step (a reward function's traceback, once per
+        distinct error); several workers hitting one error log it once."""
+        for w in self.d.workers:
+            for level, line in w.call(RolloutWorker.drain_logs).result():
+                if line not in self._logged:
+                    self._logged.add(line)
+                    self.tel.log(line, level=level)
 
     def _send(self, step: int, initial: bool = False) -> None:
         self.d.sync.send(step, initial)

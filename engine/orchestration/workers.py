@@ -46,7 +46,7 @@ from engine.rollout import DTYPES, build_rollout
 from engine.rollout.base import SamplingParams
 from engine.rollout.preflight import check_logprob_semantics
 from engine.seeds import seed_everything
-from engine.tasks import build_task
+from engine.tasks import task_for
 from engine.tasks.base import Problem
 from engine.telemetry.devices import DeviceSampler
 from engine.telemetry.recorder import SpanRecorder
@@ -74,14 +74,15 @@ class RolloutWorker(WeightReceiverHost):
         seed_everything(cfg.model.seed)
         self.cfg, self.rec, self.sampler = cfg, SpanRecorder(devices), DeviceSampler(devices)
         self.tok = load_tokenizer(model_dir, cfg.model.trust_remote_code)
-        self.task = build_task(cfg.task)
+        self.task = task_for(cfg, self.tok)
         self.step = 0                     # the step in progress, which faults key on
         self.engine = wrap_rollout(
             build_rollout(cfg.rollout, policy_dir, cfg.model.dtype, cfg.model.seed,
                           native_backend(cfg), cfg.model.trust_remote_code),
             cfg.faults, lambda: self.step)
-        self.logs: list[str] = []         # what the parts say at start; the loop logs them
-        self.reward = wrap_reward(build_reward(cfg.reward, self.task, log=self.logs.append),
+        # (level, message): what the parts say (at start; reward errors as they happen)
+        self.logs: list[tuple[str, str]] = []
+        self.reward = wrap_reward(build_reward(cfg.reward, self.task, log=self._log),
                                   cfg.faults, lambda: self.step)
         self.params = sampling_params(cfg, stop_token_ids(self.tok, model_dir))
         self.producer = RolloutProducer(self.engine, self.reward, self.tok, self.params,
@@ -115,7 +116,12 @@ class RolloutWorker(WeightReceiverHost):
         return check_logprob_semantics(self.engine, policy, self.tok, prompts, params,
                                        self.tok.pad_token_id, seed)
 
-    def drain_logs(self) -> list[str]:
+    def _log(self, message: str, level: str = "info") -> None:
+        self.logs.append((level, message))
+
+    @concurrent("telemetry")     # beside an in-flight produce: never waits for generation
+    def drain_logs(self) -> list[tuple[str, str]]:
+        """(level, message) said since the last call; the loop logs them each step."""
         logs, self.logs = self.logs, []
         return logs
 

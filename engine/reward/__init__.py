@@ -4,18 +4,29 @@
       rule          RuleVerifier      exact / numeric / the task's verifier, + format check
       sandbox       SandboxVerifier   run the program against unit tests (engine/reward/sandbox.py)
       reward_model  RewardModelJudge  served classifier (engine/reward/model.py), verifier alongside
+      math          MathVerifier      math-verify extraction + equivalence
+                                      (engine/reward/math_answer.py)
+      python        PythonRewardJudge the user's fn(prompt, completion, answer, **row)
+                                      (engine/reward/user_function.py)
     workers = 0 -> InlineReward (after generation, in process)
     workers > 0 -> RewardPool (Ray actors; .streaming: submit as completions finish, collect)
 
 Every judge returns a Verdict (reward + reason); the service turns them into reward/*
-metrics (engine/reward/service.py).
+metrics (engine/reward/service.py), reward/error_frac among them, and logs the traceback
+of each distinct reward_error once through ``log``.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from engine.config import RewardModelConfig, RuleRewardConfig, SandboxRewardConfig
+from engine.config import (
+    MathRewardConfig,
+    PythonRewardConfig,
+    RewardModelConfig,
+    RuleRewardConfig,
+    SandboxRewardConfig,
+)
 from engine.reward.verdict import Judge, Verdict
 from engine.tasks.base import Problem, Task
 
@@ -50,6 +61,14 @@ def build_judge(cfg, task: Task, rm_server=None) -> Judge:
         from engine.reward.model import RewardModelJudge
 
         return RewardModelJudge(verifier_for(task), rm_server)
+    if isinstance(cfg, MathRewardConfig):
+        from engine.reward.math_answer import MathVerifier
+
+        return MathVerifier(cfg, task)
+    if isinstance(cfg, PythonRewardConfig):
+        from engine.reward.user_function import PythonRewardJudge
+
+        return PythonRewardJudge(cfg, task)
     from engine.reward.rules import RuleVerifier
 
     return RuleVerifier(cfg, task)
@@ -57,7 +76,8 @@ def build_judge(cfg, task: Task, rm_server=None) -> Judge:
 
 def build_reward(cfg, task: Task, log=print) -> RewardFn:
     """The reward a run's config asks for. A reward model is trained (cached) and served
-    first, and its held-out agreement with the verifier is logged."""
+    first, and its held-out agreement with the verifier is logged. ``log(message,
+    level=...)`` also gets each distinct reward_error's traceback, once."""
     from engine.reward.service import InlineReward, RewardPool
 
     server = None
@@ -73,8 +93,8 @@ def build_reward(cfg, task: Task, log=print) -> RewardFn:
             f"agreement {fit['agreement']:.2f} over {fit['n']:.0f} examples")
     judge = build_judge(cfg, task, server)
     if cfg.workers == 0:
-        return InlineReward(judge)
-    pool = RewardPool(judge.kind, cfg, task, server)
+        return InlineReward(judge, log)
+    pool = RewardPool(judge.kind, cfg, task, server, log)
     groups = sorted(pg or "none" for pg in pool.placement_groups)
     log(f"reward pool: {cfg.workers} Ray worker(s) in placement group(s) {', '.join(groups)}")
     return pool

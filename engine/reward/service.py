@@ -9,7 +9,13 @@
     verdicts = pool.collect(len(prompts))                  # in index order
 
     reward.metrics()   # since the last call: reward/latency_s_p50|p99, reward/queue_depth,
-                       # reward/busy_s, reward/<kind>/<reason> counts, RM-vs-verifier agreement
+                       # reward/busy_s, reward/<kind>/<reason> counts, reward/error_frac,
+                       # RM-vs-verifier agreement
+
+A verdict with reason "reward_error" (the user's function raised or returned a non-number)
+counts towards reward/error_frac; the first time an error is seen (by its last traceback
+line) its traceback goes to ``log`` at level "error", so a run that fails on every sample
+logs once, not once per sample.
 
 A submit past ``max_in_flight`` waits for a result first (back-pressure: the generating
 thread blocks inside on_complete). Latency runs from submit to the worker's end of scoring,
@@ -32,13 +38,17 @@ SANDBOX_REASONS = {"pass": "pass", "wrong_answer": "wrong_answer", "crash": "cra
                    "timeout": "timeout", "limit_exceeded": "limit"}
 
 
+ERRORS_LOGGED = 20     # distinct reward errors logged per service; later ones are counted
+
+
 class RewardService:
     """Scoring statistics shared by the inline scorer and the pool."""
 
     streaming = False
 
-    def __init__(self, kind: str):
-        self.kind = kind
+    def __init__(self, kind: str, log=None):
+        self.kind, self.log = kind, log
+        self.errors_seen: set[str] = set()
         self._reset()
 
     def _reset(self) -> None:
@@ -55,6 +65,22 @@ class RewardService:
                      else v.reason] += 1
         if v.verifier is not None:
             self.pairs.append((v.reward, v.verifier))
+        if v.reason == "reward_error":
+            self._log_error(v.detail or "no traceback")
+
+    def _log_error(self, detail: str) -> None:
+        from engine.reward.user_function import error_key
+
+        key = error_key(detail)
+        if key in self.errors_seen or self.log is None:
+            return
+        self.errors_seen.add(key)
+        if len(self.errors_seen) <= ERRORS_LOGGED:
+            more = ("" if len(self.errors_seen) < ERRORS_LOGGED else
+                    "\n(further distinct reward errors are counted in reward/error_frac, "
+                    "not logged)")
+            self.log(f"reward function error (scored 0, reason reward_error; logged once "
+                     f"per distinct error):\n{detail}{more}", level="error")
 
     def metrics(self) -> dict[str, float]:
         if not self.latencies:
@@ -63,7 +89,8 @@ class RewardService:
         out = {"reward/latency_s_p50": float(p50), "reward/latency_s_p99": float(p99),
                "reward/queue_depth": statistics.fmean(self.depths) if self.depths else 0.0,
                "reward/queue_depth_max": float(max(self.depths, default=0)),
-               "reward/busy_s": self.busy_s}
+               "reward/busy_s": self.busy_s,
+               "reward/error_frac": self.reasons["reward_error"] / len(self.latencies)}
         names = set(SANDBOX_REASONS.values()) if self.kind == "sandbox" else set()
         for reason in names | set(self.reasons):
             out[f"reward/{self.kind}/{reason}"] = float(self.reasons[reason])
@@ -80,8 +107,8 @@ class RewardService:
 class InlineReward(RewardService):
     """Scores a batch in the calling process, one completion after another."""
 
-    def __init__(self, judge: Judge):
-        super().__init__(judge.kind)
+    def __init__(self, judge: Judge, log=None):
+        super().__init__(judge.kind, log)
         self.judge = judge
 
     def verdicts(self, problems: list[Problem], texts: list[str],
@@ -127,10 +154,10 @@ class RewardPool(RewardService):
 
     streaming = True
 
-    def __init__(self, kind: str, reward_cfg, task: Task, rm_server=None):
+    def __init__(self, kind: str, reward_cfg, task: Task, rm_server=None, log=None):
         import ray
 
-        super().__init__(kind)
+        super().__init__(kind, log)
         ensure_ray()
         # The actor mostly waits on its sandboxed child, which its own rlimits bound; it
         # reserves no CPU so that a pool never starves the rollout and learner of theirs.

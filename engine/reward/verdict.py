@@ -13,9 +13,10 @@ class Verdict:
     reward: float
     reason: str                     # e.g. "correct", "format", "pass", "timeout"
     verifier: float | None = None   # the verifier's reward where a learned RM set .reward
+    detail: str | None = None       # reason "reward_error": the user function's traceback
 
 
 class Judge(Protocol):
-    kind: str                       # "rule" or "sandbox": names the outcome metrics
+    kind: str                       # "rule", "sandbox", "math", "python": names the metrics
 
     def judge(self, problem: Problem, text: str, finished: bool) -> Verdict: ...

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Problem:
     prompt: str        # what the policy sees after <bos>
     answer: str        # the exact completion that earns reward 1 (EOS not included)
+    # a dataset's row (every column), handed to a user's reward function as keywords
+    row: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class Task(ABC):
@@ -30,6 +33,14 @@ class Task(ABC):
     @abstractmethod
     def is_correct(self, problem: Problem, text: str) -> bool | None:
         """True/False for a well-formed answer, None when the text is malformed."""
+
+    def demonstration(self, problem: Problem) -> str:
+        """What the supervised warm start imitates after the prompt."""
+        return problem.answer
+
+    def identity(self) -> dict:
+        """What, besides the task's config, defines its problems (a cache key part)."""
+        return {}
 
     def eval_problems(self) -> list[Problem]:
         if self._eval is None:

@@ -112,6 +112,9 @@ class Thresholds(BaseModel):
     """ResyncSlow when resync latency exceeds this many times the run's median."""
     resync_min_s: float = Field(default=2.0, ge=0.0, le=86_400.0)
     """ResyncSlow never fires below this latency."""
+    reward_error_frac: float = Field(default=0.1, ge=0.0, le=1.0)
+    """RewardErrors when more than this share of a step's samples failed in the reward
+    function (reward/error_frac)."""
 
 
 @dataclass

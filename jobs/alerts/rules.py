@@ -308,14 +308,33 @@ def run_lost(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Find
                   "series": chart(h, "reward/mean")})]
 
 
+def reward_errors(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
+    pts = h.last("reward/error_frac", 1)
+    if not pts or pts[0][1] <= t.reward_error_frac:
+        return []
+    step, frac = pts[0]
+    return [Finding(
+        kind="RewardErrors", key="RewardErrors", step=step,
+        cause=(f"The reward function failed on {frac:.0%} of step {step}'s samples (raised "
+               f"or returned a non-number; each scored 0 with reason reward_error), over "
+               f"the {t.reward_error_frac:.0%} threshold: the policy is learning from "
+               f"zeros, not from your reward."),
+        runbook=("Read the traceback in the run's log (each distinct error is logged once) "
+                 "and fix the function reward.function names: its signature is "
+                 "fn(prompt, completion, answer, **row) -> float, and row holds the "
+                 "dataset's other columns. reward/python/reward_error counts the failures."),
+        evidence={"values": {"reward/error_frac": frac, "threshold": t.reward_error_frac},
+                  "series": chart(h, "reward/error_frac")})]
+
+
 RULES: list[Rule] = [
     weight_sync_desync, stuck_reward, temperature_logprobs, logprob_gap_high,
     logprob_gap_drift, staleness_over_bound, version_regression, phase_hang, bubble_high,
-    resync_slow, run_lost,
+    resync_slow, run_lost, reward_errors,
 ]
 KINDS = ["WeightSyncDesync", "StuckReward", "TemperatureLogprobs", "LogprobGapHigh",
          "LogprobGapDrift", "StalenessOverBound", "VersionRegression", "PhaseHang",
-         "BubbleHigh", "ResyncSlow", "RunLost"]
+         "BubbleHigh", "ResyncSlow", "RunLost", "RewardErrors"]
 
 
 def evaluate(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
