@@ -33,6 +33,7 @@ def run_detail(request, run_id: int):
         "checkpoints": run.checkpoints.order_by("step"),
         "alerts": run_alerts(run),
         "config_toml": run_page.config_toml(run),
+        "facts": run_page.run_facts(run),
         "operator": is_operator(request.user),
         "stop_url": reverse("run-stop", args=[run.pk]),
         "fork_url": reverse("run-fork", args=[run.pk]),

@@ -75,3 +75,19 @@ def recent_logs(run: Run) -> list[dict]:
 
 def config_toml(run: Run) -> str:
     return dump_config(validate_config(run.config, check_files=False))
+
+
+def run_facts(run: Run) -> list[tuple[str, str]]:
+    """What the run trains, on what, and how: the run header's line."""
+    cfg = validate_config(run.config, check_files=False)
+    task = cfg.task.type + (f" {cfg.task.path}" if cfg.task.type == "dataset" else "")
+    placement = cfg.placement.type
+    if cfg.placement.type == "disaggregated":
+        placement += (f" ({cfg.placement.rollout_workers} rollout x "
+                      f"{cfg.placement.devices_per_worker}, learner "
+                      f"{cfg.placement.learner_devices})")
+    return [("model", str(cfg.model.path) if cfg.model.path else cfg.model.size),
+            ("task", task), ("reward", cfg.reward.type),
+            ("algorithm", cfg.algorithm.type), ("placement", placement),
+            ("async policy", cfg.async_policy.type), ("steps", str(cfg.steps))]
+

@@ -159,6 +159,62 @@ def log_in_and_launch(page, stack: str, run_toml: str) -> None:
     expect_status(page, "running", 90)
 
 
+# The shipped GSM8K-format sample with the math verifier, on the in-process placement.
+DATASET_TOML = f"""\
+name = "e2e-dataset"
+steps = 5000
+
+[model]
+size = "tiny"
+
+[task]
+type = "dataset"
+path = "{REPO / 'data' / 'gsm8k_sample' / 'train.jsonl'}"
+eval_path = "{REPO / 'data' / 'gsm8k_sample' / 'test.jsonl'}"
+prompt_key = "question"
+answer_key = "answer"
+max_prompt_tokens = 64
+eval_size = 8
+
+[reward]
+type = "math"
+
+[warm_start]
+steps = 0
+
+[algorithm]
+group_size = 2
+minibatches = 1
+
+[rollout]
+max_new_tokens = 6
+prompts_per_step = 4
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_dataset_run_with_the_math_verifier_launches_from_the_form(stack, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(30_000)
+    try:
+        log_in_and_launch(page, stack, DATASET_TOML)
+        facts = page.locator("#run-facts").inner_text()
+        assert "dataset" in facts and "train.jsonl" in facts and "math" in facts
+        growth = wait_for_growth(page, times=2, deadline_s=90)
+        print(f"dataset run, reward chart points, live: {growth}")
+        stop_from_page(page)
+    except BaseException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / "dataset_failure.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print(f"the page when the test failed ({page.url}): {shot}")
+        raise
+    finally:
+        page.close()
+
+
 def operate(page, stack: str) -> None:
 
     # 1-2. Log in (every page requires it) and launch a run from the new-run form.

@@ -194,3 +194,23 @@ def test_a_run_whose_model_directory_moved_away_still_shows_and_updates(
     run.transition_to(RunStatus.STOPPING, "test")
     run.save()
     do_evaluate_alerts(run)
+
+
+def test_the_run_header_names_the_model_the_dataset_and_how_it_runs(viewer, make_run):
+    run = make_run(name="own-data")
+    run.config = {"task": {"type": "dataset", "path": "data/gsm8k_sample/train.jsonl",
+                           "eval_path": "data/gsm8k_sample/test.jsonl",
+                           "prompt_key": "question", "answer_key": "answer"},
+                  "reward": {"type": "math"}, "warm_start": {"steps": 0},
+                  "placement": {"type": "disaggregated", "learner_devices": 2},
+                  "weight_sync": {"type": "shm"}}
+    run.save()
+
+    html = viewer.get(f"/runs/{run.pk}").content.decode()
+
+    facts = html[html.index('id="run-facts"'):html.index("</dl>")]
+    for text in ("<dt>model</dt><dd>tiny</dd>",
+                 "<dt>task</dt><dd>dataset data/gsm8k_sample/train.jsonl</dd>",
+                 "<dt>reward</dt><dd>math</dd>",
+                 "<dt>placement</dt><dd>disaggregated (1 rollout x 1, learner 2)</dd>"):
+        assert text in facts, facts
