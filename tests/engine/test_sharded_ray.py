@@ -44,3 +44,19 @@ def test_a_two_rank_learner_trains_syncs_checkpoints_and_resumes(ray_gpus, tmp_p
     assert summary.steps_done == 3
     assert list(losses(resumed)) == [2]
     assert losses(resumed)[2] == pytest.approx(losses(straight)[2], abs=1e-6)
+
+
+def test_grpo_with_a_two_rank_learner_raises_held_out_reward(ray_gpus, tmp_path, model_cache):
+    """The demo recipe, 40 steps, its learner two FSDP2 ranks on Ray. Measured 2026-11-30
+    on 2 cores: held-out mean reward 0.567 -> 0.693 (the in-process torch run of the same
+    recipe: +0.14); the margin is the learning test's."""
+    from engine.config import load_config, validate_config
+
+    data = load_config("configs/demo_arithmetic.toml").model_dump(mode="json")
+    data.update(steps=40, max_seconds=None, placement=SHARDED,
+                weight_sync={"type": "shm"})
+    summary = run_local(validate_config(data), tmp_path)
+
+    before = summary.eval_before["eval/reward_mean"]
+    after = summary.eval_after["eval/reward_mean"]
+    assert summary.status == "succeeded" and after - before >= 0.05, (before, after)
