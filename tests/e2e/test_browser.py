@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -130,13 +131,20 @@ def stop_from_page(page) -> None:
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_launch_watch_stop_and_fork_a_run_in_the_browser(stack, browser):
+    with browser_page(browser, "failure.png") as page:
+        operate(page, stack)
+
+
+@contextmanager
+def browser_page(browser, failure_shot: str):
+    """A page that leaves a full-page screenshot in artifacts/ when the test fails."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(30_000)
     try:
-        operate(page, stack)
+        yield page
     except BaseException:
         ARTIFACTS.mkdir(exist_ok=True)
-        shot = ARTIFACTS / "failure.png"
+        shot = ARTIFACTS / failure_shot
         page.screenshot(path=str(shot), full_page=True)
         print(f"the page when the test failed ({page.url}): {shot}")
         raise
@@ -196,23 +204,13 @@ prompts_per_step = 4
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_a_dataset_run_with_the_math_verifier_launches_from_the_form(stack, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(30_000)
-    try:
+    with browser_page(browser, "dataset_failure.png") as page:
         log_in_and_launch(page, stack, DATASET_TOML)
         facts = page.locator("#run-facts").inner_text()
         assert "dataset" in facts and "train.jsonl" in facts and "math" in facts
         growth = wait_for_growth(page, times=2, deadline_s=90)
         print(f"dataset run, reward chart points, live: {growth}")
         stop_from_page(page)
-    except BaseException:
-        ARTIFACTS.mkdir(exist_ok=True)
-        shot = ARTIFACTS / "dataset_failure.png"
-        page.screenshot(path=str(shot), full_page=True)
-        print(f"the page when the test failed ({page.url}): {shot}")
-        raise
-    finally:
-        page.close()
 
 
 def operate(page, stack: str) -> None:
