@@ -43,7 +43,10 @@ def write_run_state(d: Path, learner, model_dir: Path, fp: str) -> None:
     """What every checkpoint holds besides weights and optimizer: the tokenizer, the RNG
     states, and step / weight version / fingerprint."""
     load_tokenizer(model_dir).save_pretrained(d)
-    torch.save({"python": random.getstate(), "numpy": np.random.get_state(),
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    # Plain lists and numbers only, so a resume loads it with weights_only=True.
+    torch.save({"python": random.getstate(),
+                "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
                 "torch": torch.get_rng_state()}, d / "rng.pt")
     (d / "state.json").write_text(json.dumps({
         "step": learner.step, "version": learner.version, "fingerprint": fp}))
@@ -63,7 +66,7 @@ def restore_checkpoint(path: Path, learner) -> dict:
     """Load optimizer, counters and RNG into ``learner`` (whose policy was already loaded
     from ``path``). Returns state.json."""
     # AdamW state goes where the parameters are now, not where it was saved from.
-    learner.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False,
+    learner.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True,
                                                  map_location=learner.device))
     return read_run_state(path, learner)
 
@@ -71,9 +74,10 @@ def restore_checkpoint(path: Path, learner) -> dict:
 def read_run_state(path: Path, learner) -> dict:
     """Counters and RNG back into ``learner``; its weights must match the fingerprint."""
     state = json.loads((path / "state.json").read_text())
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    rng = torch.load(path / "rng.pt", weights_only=True)
     random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
+    kind, keys, pos, has_gauss, gauss = rng["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(rng["torch"])
     learner.step, learner.version = state["step"], state["version"]
     if learner.fingerprint() != state["fingerprint"]:
