@@ -6,6 +6,7 @@ Parsed with urllib so the web process needs no extra package for it:
     sqlite:////abs/path/db.sqlite3        (sqlite:///rel/path is relative to the cwd)
 """
 
+import os
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -17,9 +18,14 @@ POSTGRES_SCHEMES = {"postgres", "postgresql", "pgsql"}
 def sqlite_database(path: Path | str) -> dict:
     # WAL lets the dashboard read while ingest writes; IMMEDIATE takes the write lock at
     # BEGIN so concurrent writers wait on `timeout` instead of failing with "locked".
+    # The test database is a file beside it too (not Django's shared-cache in-memory
+    # default, where a second writer fails at once with "table is locked" instead of
+    # waiting), so tests see the same locking as a deployment; one file per test process.
+    path = Path(path)
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": str(path),
+        "TEST": {"NAME": str(path.with_name(f"test-{os.getpid()}-{path.name}"))},
         "OPTIONS": {
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             "transaction_mode": "IMMEDIATE",
