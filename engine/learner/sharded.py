@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -37,24 +38,28 @@ from engine.learner.learner import Learner
 from engine.weightsync.fingerprint import fingerprint
 
 
-def shard_policy(policy: torch.nn.Module, setup: LearnerConfig) -> torch.nn.Module:
+def shard_policy(policy: torch.nn.Module, setup: LearnerConfig,
+                 device: torch.device) -> torch.nn.Module:
     """FSDP2 over the default process group: one unit per decoder layer, one for the base
     model (embeddings, final norm), one for the output head, then the root. The loss calls
     the base model and the head separately (engine.learner.batch.response_logprobs), so
     each must gather its own parameters. bf16 precision computes in bfloat16 with float32
-    master shards and reductions."""
+    master shards and reductions. The mesh is named for ``device``: fully_shard's default
+    mesh is CUDA wherever CUDA exists, which put a gloo (CPU) learner's shards on cuda:0 on
+    a GPU machine (found by scripts/gpu-check on an H200)."""
     if policy.config.tie_word_embeddings:
         raise ValueError("placement.learner_devices > 1 shards the output head apart from "
                          "the embeddings, and this model ties them (tie_word_embeddings); "
                          "train it with learner_devices = 1")
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if setup.precision == "bf16" else MixedPrecisionPolicy())
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     base = policy.base_model
     for layer in base.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(base, mp_policy=mp)
-    fully_shard(policy.get_output_embeddings(), mp_policy=mp)
-    fully_shard(policy, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(base, mesh=mesh, mp_policy=mp)
+    fully_shard(policy.get_output_embeddings(), mesh=mesh, mp_policy=mp)
+    fully_shard(policy, mesh=mesh, mp_policy=mp)
     for unit in (policy, base, policy.get_output_embeddings(), *base.layers):
         unit.set_gradient_divide_factor(1.0)     # a sum: each rank's loss is its share
         unit.set_force_sum_reduction_for_comms(True)   # gloo has neither AVG nor PREMUL_SUM
@@ -74,9 +79,9 @@ class ShardedLearner(Learner):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         device = torch.device("cuda", torch.cuda.current_device()) if (
             dist.get_backend() == "nccl") else torch.device("cpu")
-        policy = shard_policy(policy.to(device), setup)
+        policy = shard_policy(policy.to(device), setup, device)
         if reference is not None and setup.reference == "device":
-            reference = shard_policy(reference.to(device), setup)   # never trained
+            reference = shard_policy(reference.to(device), setup, device)   # never trained
         super().__init__(policy, cfg, temperature, seed, reference, setup)
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:

@@ -63,19 +63,25 @@ def _visible_gpus(nvml: ModuleType) -> list:
 class DeviceSampler:
     def __init__(self, devices: list[str], nvml: ModuleType | None = None):
         """``devices``: the worker's device names (its SpanRecorder's). ``nvml``: an
-        initialized pynvml-like module; by default pynvml, started here."""
+        initialized pynvml-like module; by default pynvml, started here. Only "gpu:k"
+        devices are read from NVML; a "cpu:k" device is always the process, also on a GPU
+        machine (a CPU learner or reward worker there must not report GPU 0 as its own)."""
         self.devices = list(devices)
+        self.gpu_devices = [d for d in self.devices if d.startswith("gpu")]
         self.nvml_error: str | None = None
-        if nvml is None:
+        if self.gpu_devices and nvml is None:
             nvml, self.nvml_error = _load_nvml()
+        elif not self.gpu_devices:
+            self.nvml_error = "no GPU among this worker's devices"
+            nvml = None
         self._nvml, self._gpus = nvml, []
         if nvml is not None:
             self._gpus = _visible_gpus(nvml)
             if not self._gpus:
                 self.nvml_error = "NVML started, but this process sees no GPU"
-            elif len(self._gpus) < len(self.devices):
-                self.nvml_error = (f"{len(self.devices)} devices but {len(self._gpus)} "
-                                   f"visible GPUs")
+            elif len(self._gpus) < len(self.gpu_devices):
+                self.nvml_error = (f"{len(self.gpu_devices)} GPU devices but "
+                                   f"{len(self._gpus)} visible GPUs")
             if self.nvml_error:
                 self._gpus = []
         self._process = psutil.Process()
@@ -90,11 +96,15 @@ class DeviceSampler:
         return time.monotonic(), t.user + t.system
 
     def sample(self) -> dict[str, float]:
-        return self._sample_gpus() if self.on_gpu else self._sample_process()
+        if not self.on_gpu:
+            return self._sample_process(self.devices)
+        out = self._sample_gpus()
+        cpus = [d for d in self.devices if d not in self.gpu_devices]
+        return {**out, **self._sample_process(cpus)} if cpus else out
 
     def _sample_gpus(self) -> dict[str, float]:
         nvml, out = self._nvml, {}
-        for device, handle in zip(self.devices, self._gpus, strict=False):
+        for device, handle in zip(self.gpu_devices, self._gpus, strict=False):
             util = nvml.nvmlDeviceGetUtilizationRates(handle)
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
             out[f"device/gpu_util/{device}"] = float(util.gpu)
@@ -102,13 +112,13 @@ class DeviceSampler:
             out[f"device/memory_total_gb/{device}"] = mem.total / GB
         return out
 
-    def _sample_process(self) -> dict[str, float]:
+    def _sample_process(self, devices: list[str]) -> dict[str, float]:
         wall0, cpu0 = self._last
         self._last = wall1, cpu1 = self._cpu_clock()
-        share = 100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9) / max(len(self.devices), 1)
+        share = 100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9) / max(len(devices), 1)
         rss = self._process.memory_info().rss / GB
         out = {}
-        for device in self.devices:
+        for device in devices:
             out[f"device/cpu_util/{device}"] = share
             out[f"device/memory_gb/{device}"] = rss
         return out

@@ -86,3 +86,13 @@ def test_a_process_that_sees_no_gpu_is_sampled_as_a_process(monkeypatch):
     sampler = DeviceSampler(["gpu:0"], nvml=FakeNvml())
     assert not sampler.on_gpu and "sees no GPU" in sampler.nvml_error
     assert "device/cpu_util/gpu:0" in sampler.sample()
+
+
+def test_a_cpu_device_on_a_gpu_machine_is_its_process_not_gpu_0(monkeypatch):
+    """gpu-check on an H200 found a CPU worker reporting GPU 0's NVML numbers as its own."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    m = DeviceSampler(["cpu:0"], nvml=FakeNvml()).sample()
+    assert set(m) == {"device/cpu_util/cpu:0", "device/memory_gb/cpu:0"}
+    mixed = DeviceSampler(["gpu:0", "cpu:0"], nvml=FakeNvml()).sample()
+    assert mixed["device/gpu_util/gpu:0"] == 35.0 and "device/cpu_util/cpu:0" in mixed
+    assert "device/gpu_util/cpu:0" not in mixed
