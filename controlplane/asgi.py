@@ -1,6 +1,7 @@
 """ASGI entry point (`uvicorn controlplane.asgi:application`): HTTP through Django, and
 websockets through Channels, where the session cookie gives the consumers their user and
 the Origin header must be one of ALLOWED_HOSTS (a page elsewhere cannot use the cookie).
+Request bodies are bounded before Django spools them (controlplane.body_limit).
 """
 
 import os
@@ -16,10 +17,11 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from controlplane.body_limit import BodyLimit  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
-    "http": django_asgi_app,
+    "http": BodyLimit(django_asgi_app),
     "websocket": AllowedHostsOriginValidator(
         AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

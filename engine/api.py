@@ -18,6 +18,7 @@ from typing import Any
 from engine.config import ConfigError, RunConfig, load_config, validate_config
 from engine.events import (
     EVENT_TYPES,
+    LOG_MESSAGE_LIMIT,
     RUN_STATUSES,
     CheckpointEvent,
     Event,
@@ -32,7 +33,7 @@ from engine.events import (
 )
 
 __all__ = [
-    "EVENT_TYPES", "RUN_STATUSES", "CheckpointEvent", "ConfigError",
+    "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES", "CheckpointEvent", "ConfigError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
     "RunSummary", "SpanEvent", "WeightSyncEvent", "event_from_dict", "load_config",
     "placement_demand", "run_local", "validate",

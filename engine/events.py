@@ -28,11 +28,27 @@ class Event:
         return {"type": self.type, **dataclasses.asdict(self)}
 
 
+LOG_MESSAGE_LIMIT = 65536
+"""Characters of a message (a log line, a status's reason) the control plane stores."""
+
+
+def storable_message(message: str) -> str:
+    """``message`` as the control plane will take it: at most LOG_MESSAGE_LIMIT characters
+    (the tail kept: the end of a traceback is the part worth reading), no NUL."""
+    if len(message) > LOG_MESSAGE_LIMIT:
+        cut = len(message) - LOG_MESSAGE_LIMIT + 40
+        message = f"[{cut} characters cut] " + message[cut:]
+    return message.replace("\x00", "\\0")
+
+
 @dataclass
 class RunStatusEvent(Event):
     type: ClassVar[str] = "run.status"
     status: str = "starting"
     message: str = ""
+
+    def __post_init__(self) -> None:
+        self.message = storable_message(self.message)
 
 
 @dataclass
@@ -86,6 +102,9 @@ class LogEvent(Event):
     type: ClassVar[str] = "log"
     level: str = "info"
     message: str = ""
+
+    def __post_init__(self) -> None:
+        self.message = storable_message(self.message)
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

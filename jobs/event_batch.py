@@ -13,6 +13,14 @@ dataclass's own type hints. On top of that, what JSON and the tables need: integ
 browser keeps exact, finite numbers outside metric values, seq >= 1, a known run status,
 named metrics. Metric values may be NaN or +-inf (a diverging loss is worth seeing); they
 are stored as null.
+
+A run token is as good as a password for one run, so it is treated as hostile: every
+value is bounded before anything is stored or drawn. Times (ts, a span's start and end)
+are unix seconds between 1970 and 2200; text carries no NUL (PostgreSQL refuses it) and
+has a length limit (a message MAX_LOG_CHARS, any other string MAX_TEXT_CHARS); an event
+carries at most MAX_METRICS_PER_EVENT metric names of at most MAX_TEXT_CHARS. A body that
+is not JSON a server should parse (integers past Python's digit limit, nesting past the
+recursion limit) is refused whole, as malformed.
 """
 
 from __future__ import annotations
@@ -27,10 +35,22 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from engine.api import EVENT_TYPES, RUN_STATUSES, Event, MetricsEvent, RunStatusEvent
+from engine.api import (
+    EVENT_TYPES,
+    LOG_MESSAGE_LIMIT,
+    RUN_STATUSES,
+    Event,
+    MetricsEvent,
+    RunStatusEvent,
+)
 
 MAX_EVENTS_PER_BATCH = 5000
 MAX_SAFE_INT = 2**53 - 1  # what a browser's JSON.parse keeps exact
+MAX_UNIX_S = 7_258_118_400.0  # 2200-01-01: later "times" overflow datetimes and charts
+MAX_LOG_CHARS = LOG_MESSAGE_LIMIT  # the engine cuts its own log lines to this
+MAX_TEXT_CHARS = 4096
+MAX_METRICS_PER_EVENT = 2000
+TIME_FIELDS = ("ts", "start", "end")
 
 
 class MalformedBatch(ValueError):
@@ -52,6 +72,10 @@ def parse_event_batch(body: bytes) -> EventBatch:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedBatch(f"the body is not JSON ({exc})") from None
+    except RecursionError:
+        raise MalformedBatch("the body nests JSON too deeply; events are flat objects") from None
+    except ValueError as exc:      # e.g. an integer past Python's 4300-digit limit
+        raise MalformedBatch(f"the body has a value no event can hold ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("events"), list):
         raise MalformedBatch('the body must be a JSON object {"events": [event, ...]}')
     items = data["events"]
@@ -83,7 +107,7 @@ def parse_event(item: Any) -> Event:
     except ValidationError as exc:
         raise ValueError(f"{kind}{describe(exc.errors())}") from None
     for name, value in fields.items():
-        if problem := out_of_range(value):
+        if problem := out_of_range(value) or out_of_bounds(cls, name, value):
             raise ValueError(f"{kind}.{name}: {problem}")
     event = cls(**fields)
     if event.seq < 1:
@@ -129,6 +153,32 @@ def out_of_range(value: Any) -> str | None:
         return f"{value} is out of range (|n| <= 2**53 - 1)"
     if isinstance(value, float) and not math.isfinite(value):
         return f"expected a finite number, got {value!r}"
+    return None
+
+
+def out_of_bounds(cls: type[Event], name: str, value: Any) -> str | None:
+    """The limits a hostile token could otherwise push past (module docstring)."""
+    if name in TIME_FIELDS and isinstance(value, float | int) and not (
+            0 <= value <= MAX_UNIX_S):
+        return f"{value!r} is not a time (unix seconds between 1970 and 2200)"
+    if isinstance(value, str):
+        limit = MAX_LOG_CHARS if name == "message" else MAX_TEXT_CHARS
+        return text_problem(value, limit)
+    if isinstance(value, dict):
+        if len(value) > MAX_METRICS_PER_EVENT:
+            return (f"{len(value)} metrics in one event; send at most "
+                    f"{MAX_METRICS_PER_EVENT}")
+        for key in value:
+            if problem := text_problem(key, MAX_TEXT_CHARS):
+                return f"a name {problem}"
+    return None
+
+
+def text_problem(text: str, limit: int) -> str | None:
+    if "\x00" in text:
+        return "contains a NUL character"
+    if len(text) > limit:
+        return f"is {len(text)} characters long; the limit is {limit}"
     return None
 
 

@@ -15,12 +15,21 @@
     POST <url>  Authorization: Bearer <token>  {"events": [event.to_dict(), ...]}
         200                   delivered
         400 with "errors"     delivered; the server stored the valid events and named the
-                              bad ones, which are logged and dropped (never retried)
+                              bad ones, which are set aside (never retried)
         400 with "error", 413 the server refuses the batch as a whole (malformed, too
                               large): it is split in halves, and a single event refused
-                              alone is logged and dropped
-        anything else         (no connection, timeout, 5xx, 401/403/404, a 400 that is not
-                              the ingest's own JSON, e.g. a host check) retried with backoff
+                              alone is set aside
+        500                   retried with backoff; after POISON_AFTER 500s in a row for the
+                              same batch it is split in halves the same way, and a single
+                              event that still gets them is set aside: one event the
+                              server cannot store must not hold the run's telemetry forever
+        anything else         (no connection, timeout, 502/503/504, 401/403/404, a 400 that
+                              is not the ingest's own JSON, e.g. a host check) retried with
+                              backoff, without limit: those say the server is away, not
+                              that the batch is bad
+
+Set aside = appended to ``<spool>.rejected`` (JSON lines, the server's reason beside each
+event), counted in ``set_aside`` and logged as an error: nothing is silently dropped.
 
 Delivery guarantee: at least once, in emit order. A batch whose answer was lost is sent
 again, and the server drops what it already has by (run, seq). While the control plane is
@@ -51,6 +60,7 @@ from engine.events import Event
 logger = logging.getLogger(__name__)
 
 _WAKE = object()  # put on the queue by close() so a waiting sender notices at once
+POISON_AFTER = 5  # 500s in a row for one batch before it is split (module docstring)
 
 
 class HttpSink:
@@ -73,6 +83,9 @@ class HttpSink:
         self._deadline: float | None = None  # set by close()
         self._closed = False
         self.delivered_all = False
+        self.set_aside = 0   # events the server refused or could not store (module doc)
+        self.rejected_path = self.spool_path.with_name(self.spool_path.name + ".rejected")
+        self._server_errors: dict[int | None, int] = {}   # first seq -> 500s in a row
         self._repair_spool()
         self._thread = threading.Thread(target=self._run, name="http-sink", daemon=True)
         self._thread.start()
@@ -168,32 +181,55 @@ class HttpSink:
 
     # --- delivery -------------------------------------------------------------------------
 
-    def _deliver(self, events: list[dict]) -> int:
+    def _deliver(self, events: list[dict], isolating: bool = False) -> int:
         """Send events in order; returns how many from the front are done with (delivered,
-        or dropped because the server refused them). The rest are to be retried."""
+        or set aside because the server refused them). The rest are to be retried.
+        ``isolating``: these events are half of a batch that kept getting 500s, so a 500
+        splits them at once (module docstring)."""
         try:
             status, body = self._post(events)
         except (OSError, HTTPException) as exc:  # URLError, timeouts, resets are OSErrors
             logger.warning("HttpSink: %s unreachable (%s); will retry", self.url, exc)
             return 0
+        key = events[0].get("seq")
+        if status != 500:
+            self._server_errors.pop(key, None)
         if status == 200:
             return len(events)
         if status == 400 and isinstance(body.get("errors"), list):
+            by_seq = {e.get("seq"): e for e in events}
             for error in body["errors"]:
-                logger.error("HttpSink: the server refused event %s: %s; dropped",
-                             error.get("seq"), error.get("error"))
+                self._set_aside(by_seq.get(error.get("seq"), {"seq": error.get("seq")}),
+                                f"400: {error.get('error')}")
             return len(events)
-        if status == 413 or status == 400 and "error" in body:
+        poisoned = status == 500 and (isolating or self._count_server_error(key))
+        if status == 413 or status == 400 and "error" in body or poisoned:
             if len(events) == 1:
-                logger.error("HttpSink: the server refused event %s (%s: %s); dropped",
-                             events[0].get("seq"), status, body.get("error"))
+                self._set_aside(events[0], f"{status}: {body.get('error')}")
                 return 1
             half = len(events) // 2
-            done = self._deliver(events[:half])
-            return done if done < half else half + self._deliver(events[half:])
+            done = self._deliver(events[:half], poisoned)
+            return done if done < half else half + self._deliver(events[half:], poisoned)
         logger.warning("HttpSink: %s answered %s (%s); will retry",
                        self.url, status, body.get("error"))
         return 0
+
+    def _count_server_error(self, key: int | None) -> bool:
+        """One more 500 for the batch starting at seq ``key``; True once it has had
+        POISON_AFTER in a row; its halves are then split further on any 500 of theirs."""
+        self._server_errors[key] = self._server_errors.get(key, 0) + 1
+        if self._server_errors[key] < POISON_AFTER:
+            return False
+        del self._server_errors[key]
+        return True
+
+    def _set_aside(self, event: dict, reason: str) -> None:
+        self.set_aside += 1
+        logger.error("HttpSink: the server refused event %s (%s); set aside in %s",
+                     event.get("seq"), reason, self.rejected_path)
+        self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.rejected_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"reason": reason, "event": event}) + "\n")
 
     def _post(self, events: list[dict]) -> tuple[int, dict]:
         request = urllib.request.Request(

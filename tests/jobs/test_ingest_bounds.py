@@ -1,0 +1,111 @@
+"""A valid run token is treated as hostile (issue 19 items 5-6): each value that used to
+give a 500 or an unbounded row is refused with a 400 naming the field, the rest of the
+batch is stored, and bodies are bounded before Django spools them."""
+
+import asyncio
+import json
+
+import pytest
+
+from controlplane.asgi import application
+from engine.api import LOG_MESSAGE_LIMIT, LogEvent, RunStatusEvent
+from jobs.models import Checkpoint, PhaseSpan, RunEvent
+
+from .helpers import checkpoint, log, post_body, post_events, span
+
+pytestmark = pytest.mark.django_db
+
+
+def hostile(**fields) -> dict:
+    return {"type": "log", "seq": 2, "ts": 1000.0, "level": "info", "message": "x", **fields}
+
+
+@pytest.mark.parametrize("body, error", [
+    ('{"events": [{"type": "log", "seq": ' + "9" * 5000 + "}]}", "no event can hold"),
+    ('{"events": ' + "[" * 100_000 + "]" * 100_000 + "}", "nests JSON too deeply"),
+])
+def test_json_a_server_should_not_parse_is_a_400(client, run, token, body, error):
+    response = post_body(client, run.pk, body, token=token)
+
+    assert response.status_code == 400 and error in response.json()["error"]
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"type": "checkpoint.saved", "seq": 2, "ts": 1e300, "step": 1, "version": 1,
+      "path": "/c", "fingerprint": "f"}, "checkpoint.saved.ts"),
+    ({"type": "span", "seq": 2, "ts": 1000.0, "device": "cpu:0", "phase": "rollout",
+      "start": 1e306, "end": 1e306, "step": 1, "version": 1}, "span.start"),
+    ({"type": "span", "seq": 2, "ts": 1000.0, "device": "cpu:0", "phase": "rollout",
+      "start": 10.0, "end": -1.0, "step": 1, "version": 1}, "span.end"),
+    ({"type": "metrics.append", "seq": 2, "ts": 1000.0, "step": 1,
+      "values": {f"m{i}": 1.0 for i in range(60_000)}}, "metrics.append.values"),
+    ({"type": "metrics.append", "seq": 2, "ts": 1000.0, "step": 1,
+      "values": {"n" * 5000: 1.0}}, "metrics.append.values"),
+    (hostile(message="x" * 200_000), "log.message"),
+    (hostile(message="a\x00b"), "log.message"),
+    (hostile(level="info\x00"), "log.level"),
+])
+def test_each_unbounded_value_is_refused_by_name_and_the_rest_is_stored(
+        client, run, token, bad, field):
+    response = post_events(client, run, token, [log(1), bad, span(3, 1)])
+
+    assert response.status_code == 400
+    [error] = response.json()["errors"]
+    assert error["seq"] == 2 and error["error"].startswith(field + ":")
+    assert list(RunEvent.backfill(run).values_list("seq", flat=True)) == [1, 3]
+    assert PhaseSpan.objects.filter(run=run).count() == 1
+    assert not Checkpoint.objects.exists()
+
+
+def test_a_plausible_checkpoint_time_is_stored(client, run, token):
+    assert post_events(client, run, token, [checkpoint(1, 5)]).status_code == 200
+    assert Checkpoint.objects.get(run=run).step == 5
+
+
+def test_the_engine_cuts_its_own_messages_to_what_ingest_takes():
+    long = LogEvent(message="y" * (3 * LOG_MESSAGE_LIMIT) + "the end\x00")
+    status = RunStatusEvent(status="failed", message="z" * (2 * LOG_MESSAGE_LIMIT))
+
+    assert len(long.message) <= LOG_MESSAGE_LIMIT and len(status.message) <= LOG_MESSAGE_LIMIT
+    assert long.message.startswith("[") and long.message.endswith("the end\\0")
+    assert "\x00" not in long.message
+
+
+# --- bodies bounded before Django reads them ---------------------------------------------
+
+def asgi_post(path: str, headers: dict[bytes, bytes], body: bytes = b"") -> tuple[int, dict]:
+    """One POST through the deployed ASGI application; also says whether the body was
+    read at all."""
+    sent, read = [], []
+
+    async def receive():
+        read.append(True)
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "headers": list(headers.items()), "scheme": "http",
+             "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5000),
+             "asgi": {"version": "3.0"}, "http_version": "1.1", "root_path": ""}
+    asyncio.run(application(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {"body_read": bool(read), **json.loads(body or b"{}")}
+
+
+def test_a_body_declared_over_the_limit_is_413_without_being_read(settings):
+    status, answer = asgi_post("/api/runs/1/events", {
+        b"content-length": str(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1).encode(),
+        b"authorization": b"Bearer whatever", b"host": b"127.0.0.1"})
+
+    assert status == 413 and not answer["body_read"]
+
+
+def test_an_ingest_post_without_a_token_is_401_without_its_body_being_read():
+    status, answer = asgi_post("/api/runs/1/events", {
+        b"content-length": b"1000000", b"host": b"127.0.0.1"})
+
+    assert status == 401 and not answer["body_read"]
+    assert "Authorization: Bearer" in answer["error"]
