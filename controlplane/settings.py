@@ -153,6 +153,12 @@ RLPLANE_MAX_LOCAL_RUNS = int(os.environ.get("RLPLANE_MAX_LOCAL_RUNS", "2"))
 # --- Prometheus: /metrics answers only a scrape that sends this bearer token; unset, it
 # answers 403 (a run's metrics are not public).
 RLPLANE_METRICS_TOKEN = os.environ.get("RLPLANE_METRICS_TOKEN", "")
+# Webhook targets (jobs.alerts.http): hosts or networks let through although not public,
+# and ones never reached; comma-separated, e.g. "hooks.internal,10.20.0.0/16".
+RLPLANE_WEBHOOK_ALLOW = [h.strip() for h in
+                         os.environ.get("RLPLANE_WEBHOOK_ALLOW", "").split(",") if h.strip()]
+RLPLANE_WEBHOOK_DENY = [h.strip() for h in
+                        os.environ.get("RLPLANE_WEBHOOK_DENY", "").split(",") if h.strip()]
 
 # --- The REST API (jobs/rest/): API tokens or the session; reading needs a login,
 # changing state needs an operator (jobs.auth), as on the pages.

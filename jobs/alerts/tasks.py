@@ -48,7 +48,14 @@ def deliver_notification(notification_id: int, backoff_s: float = BACKOFF_S) -> 
     error = ""
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            transport.notify(n)
+            try:
+                transport.notify(n)
+            except TransportError:
+                raise
+            except Exception as exc:   # a transport's bug must not leave it claimed, pending
+                logger.exception("notification %s: the %s transport failed", n.pk,
+                                 n.channel.kind)
+                raise TransportError(f"{type(exc).__name__}: {exc}", permanent=True) from None
         except TransportError as exc:
             error = str(exc)
             logger.warning("notification %s attempt %s: %s", n.pk, attempt, exc)

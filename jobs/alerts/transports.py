@@ -2,7 +2,8 @@
 ``notify(notification)`` returns None on success, raises TransportError on failure
 (``permanent=True``: retrying cannot help).
 
-    webhook   JSON POST of the alert; 5xx / no answer -> retry, 4xx -> permanent
+    webhook   JSON POST of the alert; 5xx / no answer -> retry, 3xx (redirects are not
+              followed), 4xx, a target the policy refuses (jobs.alerts.http) -> permanent
     email     Django's email backend (EMAIL_* settings)
 """
 
@@ -33,8 +34,13 @@ class Webhook:
     def notify(self, n: Notification) -> None:
         try:
             status = http.post_json(n.channel.target, payload(n))
+        except http.TargetRefused as exc:
+            raise TransportError(str(exc), permanent=True) from None
         except http.HttpError as exc:
             raise TransportError(str(exc)) from None
+        if 300 <= status < 400:
+            raise TransportError(f"the receiver redirected: HTTP {status}; redirects are not "
+                                 "followed, give the final URL", permanent=True)
         if 400 <= status < 500:
             raise TransportError(f"the receiver refused it: HTTP {status}", permanent=True)
         if status >= 500:

@@ -11,6 +11,7 @@ auto-resolver) cannot both win.
 """
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -88,6 +89,15 @@ class AlertChannel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind} {self.target})"
+
+    def clean(self) -> None:
+        from jobs.alerts.http import TargetRefused, check_syntax
+
+        if self.kind == self.Kind.WEBHOOK:
+            try:
+                check_syntax(self.target)
+            except TargetRefused as exc:
+                raise ValidationError({"target": str(exc)}) from None
 
 
 class NotificationStatus(models.TextChoices):

@@ -19,7 +19,7 @@ class Receiver:
     """A webhook receiver on 127.0.0.1 that records each POST and answers ``status``."""
 
     def __init__(self, status: int = 200):
-        self.status, self.bodies = status, []
+        self.status, self.bodies, self.location = status, [], None
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -27,6 +27,8 @@ class Receiver:
                 length = int(self.headers["Content-Length"])
                 receiver.bodies.append(json.loads(self.rfile.read(length)))
                 self.send_response(receiver.status)
+                if receiver.location:
+                    self.send_header("Location", receiver.location)
                 self.end_headers()
 
             def log_message(self, *args):
@@ -39,6 +41,13 @@ class Receiver:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def local_webhooks_allowed(settings):
+    """The receivers here listen on loopback, which the webhook policy refuses unless
+    RLPLANE_WEBHOOK_ALLOW names it (jobs.alerts.http)."""
+    settings.RLPLANE_WEBHOOK_ALLOW = ["127.0.0.1"]
 
 
 @pytest.fixture
@@ -119,3 +128,72 @@ def test_email_goes_through_djangos_backend(run, settings):
     [message] = mail.outbox
     assert message.to == ["ops@example.com"] and "WeightSyncDesync" in message.subject
     assert "not receiving new weights" in message.body and "check the sync" in message.body
+
+
+# --- the webhook target policy (issue 19 item 8) -----------------------------------------
+
+@pytest.mark.parametrize("target, why", [
+    ("file:///etc/passwd", "http:// or https://"),
+    ("gopher://127.0.0.1:6379/_PING", "http:// or https://"),
+    ("127.0.0.1:8000/hook", "http:// or https://"),
+    ("http://localhost:9/hook", "non-public address"),
+    ("http://10.1.2.3/hook", "non-public address"),
+    ("http://169.254.169.254/latest/meta-data", "non-public address"),
+    ("http://[::1]:9/hook", "non-public address"),
+])
+def test_a_target_the_policy_refuses_fails_at_once_and_sends_nothing(run, settings, target,
+                                                                       why):
+    settings.RLPLANE_WEBHOOK_ALLOW = []
+    n = notification(run, "webhook", target)
+
+    assert deliver_notification(n.pk, backoff_s=0) == "failed"
+    n.refresh_from_db()
+    assert n.attempts == 1 and why in n.error
+
+
+def test_the_deny_list_wins_over_the_allow_list(run, receiver, settings):
+    settings.RLPLANE_WEBHOOK_DENY = ["127.0.0.0/8"]
+    n = notification(run, "webhook", receiver.url)
+
+    assert deliver_notification(n.pk, backoff_s=0) == "failed"
+    assert receiver.bodies == []
+    n.refresh_from_db()
+    assert "RLPLANE_WEBHOOK_DENY" in n.error
+
+
+def test_a_redirect_is_not_followed(run, receiver):
+    inner = Receiver()
+    try:
+        receiver.status = 302
+        receiver.location = inner.url             # e.g. to an internal service
+        n = notification(run, "webhook", receiver.url)
+
+        assert deliver_notification(n.pk, backoff_s=0) == "failed"
+        assert inner.bodies == [] and len(receiver.bodies) == 1
+        n.refresh_from_db()
+        assert "redirects are not followed" in n.error
+    finally:
+        inner.close()
+
+
+def test_a_transport_that_raises_past_its_contract_is_recorded_not_left_pending(
+        run, receiver, monkeypatch):
+    from jobs.alerts import http
+
+    def broken(url, payload, timeout_s=10.0):
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(http, "post_json", broken)
+    n = notification(run, "webhook", receiver.url)
+
+    assert deliver_notification(n.pk, backoff_s=0) == "failed"
+    n.refresh_from_db()
+    assert n.status == NotificationStatus.FAILED and "KeyError" in n.error
+
+
+def test_a_webhook_channel_with_a_non_http_target_does_not_validate():
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="http:// or https://"):
+        AlertChannel(name="x", kind="webhook", target="file:///etc/passwd").full_clean()
+    AlertChannel(name="y", kind="webhook", target="https://hooks.example.com/x").full_clean()
