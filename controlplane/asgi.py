@@ -1,6 +1,7 @@
 """ASGI entry point (`uvicorn controlplane.asgi:application`): HTTP through Django, and
 websockets through Channels, where the session cookie gives the consumers their user and
-the Origin header must be one of ALLOWED_HOSTS (a page elsewhere cannot use the cookie).
+the Origin must be this site itself, scheme, host and port (controlplane.ws_origin): a page
+elsewhere cannot use the cookie.
 Request bodies are bounded before Django spools them (controlplane.body_limit).
 """
 
@@ -18,10 +19,11 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from controlplane.body_limit import BodyLimit  # noqa: E402
+from controlplane.ws_origin import SameOriginValidator  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": BodyLimit(django_asgi_app),
-    "websocket": AllowedHostsOriginValidator(
-        AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": SameOriginValidator(AllowedHostsOriginValidator(
+        AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
 })

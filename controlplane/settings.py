@@ -6,9 +6,20 @@ the environment:
     RLPLANE_ALLOWED_HOSTS  comma-separated; default localhost,127.0.0.1
     DATABASE_URL           postgres://...; default SQLite (WAL) at ./db.sqlite3
     REDIS_URL              channel layer; default redis://127.0.0.1:6379/0
+
+Behind TLS (the deploy switches; `manage.py check --deploy` is clean with them on):
+
+    RLPLANE_SECURE                 1: secure cookies, HTTPS redirect, HSTS (a year)
+    RLPLANE_PROXY_TLS              1: trust X-Forwarded-Proto from the reverse proxy (only
+                                   when the proxy sets it and strips a client's own)
+    RLPLANE_CSRF_TRUSTED_ORIGINS   comma-separated, e.g. https://rl.example.com
+    RLPLANE_SESSION_HOURS          how long a login lasts; default 12
+    RLPLANE_LOGIN_FAILURES         failed logins (per user and address) before a 15-minute
+                                   lockout (django-axes); default 5
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 from controlplane.database import parse_database_url, sqlite_database
@@ -45,6 +56,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # the docs page's Swagger UI, served locally (offline)
+    "axes",
     "jobs",
 ]
 
@@ -59,7 +71,36 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Login throttling; last, as django-axes asks.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# --- Logins: throttled by django-axes (a well-kept lockout with an audit trail in the
+# admin), per username and address, so one guessed account does not lock out the others.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("RLPLANE_LOGIN_FAILURES", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+SESSION_COOKIE_AGE = int(float(os.environ.get("RLPLANE_SESSION_HOURS", "12")) * 3600)
+
+# --- Deploy switches (module docstring). Off by default: the embedded stack is plain
+# HTTP on loopback.
+if env_flag("RLPLANE_PROXY_TLS", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+if env_flag("RLPLANE_SECURE", default=False):
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]      # load balancer probes speak plain HTTP
+    SECURE_HSTS_SECONDS = 365 * 24 * 3600
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in
+                        os.environ.get("RLPLANE_CSRF_TRUSTED_ORIGINS", "").split(",")
+                        if o.strip()]
 
 ROOT_URLCONF = "controlplane.urls"
 WSGI_APPLICATION = "controlplane.wsgi.application"

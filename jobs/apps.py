@@ -4,3 +4,21 @@ from django.apps import AppConfig
 class JobsConfig(AppConfig):
     name = "jobs"
     verbose_name = "RL jobs"
+
+    def ready(self) -> None:
+        from django.contrib.auth.signals import user_logged_out
+
+        user_logged_out.connect(close_sessions_sockets, dispatch_uid="jobs-close-sockets")
+
+
+def close_sessions_sockets(sender, request, user, **kwargs) -> None:
+    """Logging out closes the live sockets that login opened (jobs.consumers)."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from jobs.groups import session_group
+
+    key = getattr(getattr(request, "session", None), "session_key", None)
+    layer = get_channel_layer()
+    if key and layer is not None:
+        async_to_sync(layer.group_send)(session_group(key), {"type": "session.ended"})

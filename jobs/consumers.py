@@ -23,7 +23,7 @@ from django.template.loader import render_to_string
 from jobs import charts
 from jobs.alerts.views import run_alerts
 from jobs.auth import is_operator
-from jobs.groups import RUNS_GROUP, run_group
+from jobs.groups import RUNS_GROUP, run_group, session_group
 from jobs.models import Alert, Run, RunEvent
 
 BACKFILL_CHUNK = 500  # events per message while catching up
@@ -54,12 +54,33 @@ def run_update(events: list[dict], status: tuple[str, str] | None) -> dict:
             "append": append, "swap": swap}
 
 
-class RunConsumer(AsyncJsonWebsocketConsumer):
+class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
+    """A socket that lives no longer than the login it was opened with: logging out
+    closes it (4401), as the pages it streams would then redirect to the login."""
+
+    async def join_session(self) -> bool:
+        """False (and the socket closed) for an anonymous user."""
+        session = self.scope.get("session")
+        if not self.scope["user"].is_authenticated or session is None or not session.session_key:
+            await self.close(code=4401)
+            return False
+        self.session_group = session_group(session.session_key)
+        await self.channel_layer.group_add(self.session_group, self.channel_name)
+        return True
+
+    async def leave_session(self) -> None:
+        if hasattr(self, "session_group"):
+            await self.channel_layer.group_discard(self.session_group, self.channel_name)
+
+    async def session_ended(self, message):
+        await self.close(code=4401)
+
+
+class RunConsumer(SessionBoundConsumer):
     last_sent: int | None = None  # None until the client said where it is
 
     async def connect(self):
-        if not self.scope["user"].is_authenticated:
-            await self.close(code=4401)
+        if not await self.join_session():
             return
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         if not await database_sync_to_async(Run.objects.filter(pk=self.run_id).exists)():
@@ -70,6 +91,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
 
     async def disconnect(self, code):
+        await self.leave_session()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -136,18 +158,18 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         return Run.objects.values_list("status", "status_reason").get(pk=self.run_id)
 
 
-class RunsConsumer(AsyncJsonWebsocketConsumer):
+class RunsConsumer(SessionBoundConsumer):
     """The runs list: one summary per ingested batch, for rows to update in place."""
 
     async def connect(self):
-        if not self.scope["user"].is_authenticated:
-            await self.close(code=4401)
+        if not await self.join_session():
             return
         await self.channel_layer.group_add(RUNS_GROUP, self.channel_name)
         self.joined = True
         await self.accept()
 
     async def disconnect(self, code):
+        await self.leave_session()
         if getattr(self, "joined", False):
             await self.channel_layer.group_discard(RUNS_GROUP, self.channel_name)
 

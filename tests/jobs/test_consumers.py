@@ -40,6 +40,7 @@ WebsocketCommunicator = websocket_communicator_class()
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ORIGIN = (b"origin", b"http://localhost")
+HOST = (b"host", b"localhost")
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ ingest = database_sync_to_async(do_ingest_events)
 
 
 async def open_socket(path, *headers):
-    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, *headers])
+    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, HOST, *headers])
     connected, code = await communicator.connect(timeout=10)
     return communicator, connected, code
 
@@ -97,12 +98,48 @@ def test_a_socket_from_another_origin_is_refused(run, channel_layer, session_coo
     async def scenario():
         communicator = WebsocketCommunicator(
             application, f"/ws/runs/{run.pk}/",
-            headers=[(b"origin", b"http://evil.example"), session_cookie])
+            headers=[(b"origin", b"http://evil.example"), HOST, session_cookie])
         return await communicator.connect(timeout=10)
 
     connected, _ = run_async(scenario)
 
     assert not connected
+
+
+@pytest.mark.parametrize("origin", [b"http://localhost:9999", b"https://localhost", b"null"])
+def test_a_socket_from_the_same_host_on_another_port_or_scheme_is_refused(
+        run, channel_layer, session_cookie, origin):
+    """Issue 19 item 9: the origin check once compared the host alone, so a page of any
+    other local server could use the operator's cookie."""
+    async def scenario():
+        communicator = WebsocketCommunicator(
+            application, f"/ws/runs/{run.pk}/", headers=[(b"origin", origin), HOST,
+                                                         session_cookie])
+        return await communicator.connect(timeout=10)
+
+    connected, _ = run_async(scenario)
+
+    assert not connected
+
+
+def test_logging_out_closes_the_sockets_that_login_opened(run, channel_layer,
+                                                          django_user_model):
+    client = Client()
+    client.force_login(django_user_model.objects.create_user("leaver"))
+    cookie = (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
+
+    async def scenario():
+        run_socket, connected, _ = await open_socket(f"/ws/runs/{run.pk}/", cookie)
+        list_socket, listed, _ = await open_socket("/ws/runs/", cookie)
+        assert connected and listed
+        await database_sync_to_async(client.post)("/logout")
+        closed = [await s.receive_output(timeout=10) for s in (run_socket, list_socket)]
+        return closed
+
+    closed = run_async(scenario)
+
+    assert [m["type"] for m in closed] == ["websocket.close"] * 2
+    assert {m.get("code") for m in closed} == {4401}
 
 
 def test_a_socket_for_an_unknown_run_is_closed(run, channel_layer, session_cookie):
