@@ -1,8 +1,7 @@
 import math
 
-import torch
-
 import pytest
+import torch
 
 from engine.experience import overlong_penalty
 from engine.learner.losses import (
