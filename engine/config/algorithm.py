@@ -128,10 +128,11 @@ class GrpoConfig(_PolicyGradient):
 
     @model_validator(mode="after")
     def _std_is_grpos(self) -> GrpoConfig:
-        if "normalize_std" in self.model_fields_set and self.adv_estimator != "grpo":
-            raise ValueError(f'algorithm.normalize_std=applies to adv_estimator = "grpo" '
-                             f'only, and adv_estimator is "{self.adv_estimator}"; remove '
-                             f'normalize_std')
+        # Only the non-default is refused: a dumped config spells out normalize_std = true.
+        if not self.normalize_std and self.adv_estimator != "grpo":
+            raise ValueError(f'algorithm.normalize_std=false applies to adv_estimator = '
+                             f'"grpo" only, and adv_estimator is "{self.adv_estimator}"; '
+                             f'remove normalize_std')
         return self
 
 
