@@ -135,7 +135,7 @@ class SyncPolicy:
                 for group in f.result():
                     exp.admit(group)
             out += exp.buffer.take(n - len(out), learner_version)
-            if len(out) == n or exp.exhausted():
+            if len(out) == n or not exp.filtering or exp.exhausted():
                 return out
             rounds += 1
             problems = exp.task.train_problems(step, n - len(out), stream=f"resample{rounds}")
