@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from engine.config import NoOverlongConfig, OverlongConfig, OverlongPenaltyConfig
 from engine.tasks.base import Problem
 
 
@@ -32,10 +33,43 @@ class Sample:
     advantage: float = 0.0
     last_version: int | None = None   # newest version, when continued under new weights
     recycled: int = 0                 # steps it was carried over unfinished
+    shaping: float = 0.0              # added to reward for advantages (overlong penalty)
+    in_loss: bool = True              # False: masked out of the loss (overlong filter)
+
+    @property
+    def learning_reward(self) -> float:
+        """What advantages and dynamic sampling see: the reward plus its shaping."""
+        return self.reward + self.shaping
 
     @property
     def mixes_versions(self) -> bool:
         return self.last_version is not None and self.last_version != self.version
+
+
+def zero_variance(group: list[Sample]) -> bool:
+    """A group whose learning rewards all agree: every group-relative advantage is 0."""
+    rewards = [s.learning_reward for s in group]
+    return max(rewards) == min(rewards)
+
+
+def overlong_penalty(length: int, max_tokens: int, buffer_len: int, factor: float) -> float:
+    """DAPO's soft overlong punishment: 0 up to max_tokens - buffer_len tokens, then
+    falling linearly to -factor at max_tokens."""
+    excess = length - (max_tokens - buffer_len)
+    return min(-excess / buffer_len * factor, 0.0)
+
+
+def apply_overlong(group: list[Sample], overlong: OverlongConfig, max_tokens: int) -> None:
+    """algorithm.overlong on a scored group: the soft penalty goes into ``shaping``, the
+    filter takes truncated samples out of the loss (they keep their place in the group)."""
+    if isinstance(overlong, NoOverlongConfig):
+        return
+    for s in group:
+        if isinstance(overlong, OverlongPenaltyConfig):
+            s.shaping = overlong_penalty(len(s.response_ids), max_tokens, overlong.buffer_len,
+                                         overlong.penalty_factor)
+        else:
+            s.in_loss = s.finished
 
 
 class StalenessError(RuntimeError):

@@ -10,8 +10,8 @@ This package imports neither torch nor ray: the web process validates configs wi
     cfg = load_config("configs/demo_arithmetic.toml")   # ConfigError names field + fix
     text = dump_config(cfg)                             # TOML, round-trips
 
-One module per section: ``model_task`` (model, task, warm start, algorithm;
-``datafile`` reads a dataset file's shape for it), ``rollout``,
+One module per section: ``model_task`` (model, task, warm start; ``datafile`` reads a
+dataset file's shape for it), ``algorithm`` (the RL objective), ``rollout``,
 ``placement``, ``async_policy``, ``weightsync``, ``reward``, ``faults``; ``run`` holds
 RunConfig and its cross-section checks, ``errors`` ConfigError and TOML load/dump, and
 ``_base`` the shared section base; ``learner`` is how the learner computes (device,
@@ -21,6 +21,16 @@ re-exported here.
 
 from __future__ import annotations
 
+from engine.config.algorithm import (
+    AdvEstimator,
+    AlgorithmConfig,
+    GrpoConfig,
+    LossAggMode,
+    NoOverlongConfig,
+    OverlongConfig,
+    OverlongFilterConfig,
+    OverlongPenaltyConfig,
+)
 from engine.config.async_policy import (
     AsyncPolicyConfig,
     FullyAsyncPolicyConfig,
@@ -49,11 +59,9 @@ from engine.config.faults import (
 )
 from engine.config.learner import LearnerConfig
 from engine.config.model_task import (
-    AlgorithmConfig,
     ArithmeticTaskConfig,
     CodeTaskConfig,
     DatasetTaskConfig,
-    GrpoConfig,
     LongTailTaskConfig,
     ModelConfig,
     ModelSize,
@@ -91,6 +99,7 @@ from engine.config.weightsync import (
 )
 
 __all__ = [
+    "AdvEstimator",
     "AlgorithmConfig",
     "ArithmeticTaskConfig",
     "AsyncPolicyConfig",
@@ -110,11 +119,16 @@ __all__ = [
     "InPlaceSyncConfig",
     "LearnerConfig",
     "LongTailTaskConfig",
+    "LossAggMode",
     "MathRewardConfig",
     "ModelConfig",
     "ModelSize",
+    "NoOverlongConfig",
     "ObjectStoreSyncConfig",
     "OneStepOffPolicyConfig",
+    "OverlongConfig",
+    "OverlongFilterConfig",
+    "OverlongPenaltyConfig",
     "PartialRolloutPolicyConfig",
     "PlacementConfig",
     "PythonRewardConfig",

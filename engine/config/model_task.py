@@ -1,5 +1,5 @@
-"""Config sections of what is trained and how: the model, the task, the warm start and the
-RL algorithm."""
+"""Config sections of what is trained: the model, the task and the warm start (the RL
+algorithm is engine.config.algorithm)."""
 
 from __future__ import annotations
 
@@ -291,32 +291,3 @@ class WarmStartConfig(_Section):
     """Safety bound on wall time. ``steps`` defines the result (and the cache key): a warm
     start cut short by this bound depends on machine load, so keep it well above the
     expected time (300 tiny steps take ~50 s on 2 idle cores)."""
-
-
-# --------------------------------------------------------------------------- algorithm
-
-class GrpoConfig(_Section):
-    type: Literal["grpo"] = "grpo"
-    group_size: int = Field(default=8, ge=2, le=64)
-    """Completions sampled per prompt; advantages are normalized within the group."""
-    lr: float = Field(default=1e-4, gt=0.0, le=1.0)
-    """AdamW learning rate of the policy."""
-    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
-    """AdamW decoupled weight decay."""
-    clip_eps: float = Field(default=0.2, gt=0.0, le=1.0)
-    """PPO ratio clip: ratios are clipped to [1 - clip_eps, 1 + clip_eps]."""
-    kl_coef: float = Field(default=0.0, ge=0.0, le=10.0)
-    """Weight of the k3 KL to the frozen reference (the warm start). 0 skips the reference."""
-    tis_cap: float = Field(default=2.0, ge=1.0, le=100.0)
-    """Truncated importance sampling cap on exp(learner - behaviour logprob) per token."""
-    normalize_std: bool = True
-    """Divide group advantages by the group std (GRPO); False keeps mean-centering only."""
-    epochs: int = Field(default=1, ge=1, le=16)
-    """Passes over each step's batch."""
-    minibatches: int = Field(default=2, ge=1, le=64)
-    """Optimizer steps per epoch; the batch is split into this many minibatches."""
-    max_grad_norm: float = Field(default=1.0, gt=0.0, le=1000.0)
-    """Global gradient-norm clip."""
-
-
-AlgorithmConfig = _choice(GrpoConfig)

@@ -9,15 +9,14 @@ from pathlib import Path
 from pydantic import Field, ValidationInfo, model_validator
 
 from engine.config._base import _Section
+from engine.config.algorithm import AlgorithmConfig, GrpoConfig, OverlongPenaltyConfig
 from engine.config.async_policy import AsyncPolicyConfig, SyncPolicyConfig
 from engine.config.faults import FaultsConfig
 from engine.config.learner import LearnerConfig
 from engine.config.model_task import (
-    AlgorithmConfig,
     ArithmeticTaskConfig,
     CodeTaskConfig,
     DatasetTaskConfig,
-    GrpoConfig,
     LongTailTaskConfig,
     ModelConfig,
     TaskConfig,
@@ -66,7 +65,8 @@ class RunConfig(_Section):
     warm_start: WarmStartConfig = WarmStartConfig()
     """Supervised steps on the task before RL, cached per (model, task, settings)."""
     algorithm: AlgorithmConfig = GrpoConfig()
-    """The RL objective and optimizer ("grpo")."""
+    """The RL objective and optimizer ("grpo"): advantage estimator, clipping, loss
+    aggregation, dynamic sampling, overlong handling."""
     learner: LearnerConfig = LearnerConfig()
     """How the learner computes its update: device, precision, micro-batches, packing."""
     rollout: RolloutConfig = TorchRolloutConfig()
@@ -121,6 +121,12 @@ class RunConfig(_Section):
         if self.rollout.max_new_tokens < need:
             raise ValueError(f"rollout.max_new_tokens={self.rollout.max_new_tokens} cannot "
                              f"hold this task's longest answer plus EOS; set it to >= {need}")
+        overlong = self.algorithm.overlong
+        if (isinstance(overlong, OverlongPenaltyConfig)
+                and overlong.buffer_len >= self.rollout.max_new_tokens):
+            raise ValueError(f"algorithm.overlong.buffer_len={overlong.buffer_len} leaves no "
+                             f"unpenalized length within rollout.max_new_tokens="
+                             f"{self.rollout.max_new_tokens}; set it below max_new_tokens")
         if self.faults.unscaled_logprobs is not None and self.rollout.type != "torch":
             raise ValueError('faults.unscaled_logprobs=only the torch rollout injects it; '
                              'with vLLM set rollout.logprobs_mode = "raw_logprobs" instead')

@@ -56,6 +56,7 @@ class PackedBatch:
     behaviour_logp: torch.Tensor   # (B, R)
     advantages: torch.Tensor       # (B,)
     prompt_len: int                # P
+    in_loss: torch.Tensor          # (B,) float, 0 for a sequence masked out of the loss
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -63,13 +64,13 @@ class PackedBatch:
     def select(self, idx: torch.Tensor) -> PackedBatch:
         return PackedBatch(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
                            self.response_mask[idx], self.behaviour_logp[idx],
-                           self.advantages[idx], self.prompt_len)
+                           self.advantages[idx], self.prompt_len, self.in_loss[idx])
 
     def to(self, device: torch.device) -> PackedBatch:
         return PackedBatch(self.input_ids.to(device), self.attention_mask.to(device),
                            self.position_ids.to(device), self.response_mask.to(device),
                            self.behaviour_logp.to(device), self.advantages.to(device),
-                           self.prompt_len)
+                           self.prompt_len, self.in_loss.to(device))
 
     def row_tokens(self) -> list[int]:
         """Real (prompt + response) tokens of each row."""
@@ -93,7 +94,8 @@ def pack(samples: list[Sample], pad_id: int) -> PackedBatch:
         beh[i, :r] = torch.tensor(s.behaviour_logprobs)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    return PackedBatch(ids, attn, pos, rmask, beh, adv, P)
+    in_loss = torch.tensor([float(s.in_loss) for s in samples])
+    return PackedBatch(ids, attn, pos, rmask, beh, adv, P, in_loss)
 
 
 # --------------------------------------------------------------------------- layouts

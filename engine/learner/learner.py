@@ -6,14 +6,17 @@
     for epoch in epochs, for minibatch in split(batch):
         for micro in split(minibatch, learner.micro_batch_tokens):   # gradients accumulate
             ratio = exp(new_logp - old_logp)
-            per_token = -w_tis * min(ratio*A, clip(ratio)*A) + kl_coef * k3(new, ref)
-            (sum(per_token over micro) / response tokens of the minibatch).backward()
+            per_token = -w_tis * min(ratio*A, clip(ratio, 1-low, 1+high)*A)
+                        + kl_coef * k3(new, ref)
+            sum(w * per_token over micro).backward()     # w: token_weights of the minibatch
         AdamW step with global grad-norm clip
     version += 1                                         # weights changed: a new policy
 
-The loss is a token mean over the whole minibatch, so each micro-batch's sum is divided
-by the minibatch's response tokens (its share of them, not 1 / micro-batches): the
-accumulated gradient is the one big batch's whatever the split.
+The loss aggregates the whole minibatch (algorithm.loss_agg_mode: a token mean, or a mean
+over sequences of their token sums or means): every token's weight w is fixed from the
+minibatch's mask before it is split, so the accumulated gradient is the one big batch's
+whatever the micro-batch split. Sequences out of the loss (algorithm.overlong "filter")
+have weight 0 and do not count.
 
 Where it runs is ``[learner]`` (engine.config.LearnerConfig): the policy and the
 reference live on the resolved device, batches move there, bf16 autocasts the forward
@@ -28,7 +31,13 @@ import torch
 from engine.config import GrpoConfig, LearnerConfig
 from engine.learner.batch import PackedBatch, micro_batches, response_logprobs
 from engine.learner.device import autocast, resolve_device
-from engine.learner.losses import clipped_surrogate, k3, masked_mean, tis_weights
+from engine.learner.losses import (
+    clipped_surrogate,
+    k3,
+    masked_mean,
+    tis_weights,
+    token_weights,
+)
 from engine.seeds import minibatch_seed
 from engine.weightsync.fingerprint import fingerprint
 
@@ -36,8 +45,11 @@ from engine.weightsync.fingerprint import fingerprint
 class Learner:
     def __init__(self, policy: torch.nn.Module, cfg: GrpoConfig, temperature: float,
                  seed: int, reference: torch.nn.Module | None = None,
-                 setup: LearnerConfig | None = None):
+                 setup: LearnerConfig | None = None, norm_tokens: int | None = None):
         self.setup = setup = setup or LearnerConfig()
+        # loss_agg_mode "seq-mean-token-sum-norm" divides by this constant (the rollout's
+        # max_new_tokens); unset, by the batch's padded response width.
+        self.norm_tokens = norm_tokens
         self.device = resolve_device(setup.device)
         self.policy = policy.to(self.device).train()
         if setup.gradient_checkpointing:
@@ -159,9 +171,15 @@ class Learner:
     def _minibatch_step(self, batch: PackedBatch, idx: torch.Tensor, old_logp: torch.Tensor,
                         w_tis: torch.Tensor, ref_logp: torch.Tensor | None) -> dict[str, float]:
         """One optimizer step on the rows ``idx``, accumulated over their micro-batches.
-        Every metric is a token mean over the whole minibatch, as the loss is."""
+        The loss is aggregated over the whole minibatch (algorithm.loss_agg_mode): each
+        token's weight is fixed by the minibatch before it is split, so micro-batches and
+        ranks only sum their shares. The other metrics are token means over it."""
         cfg = self.cfg
-        n_tokens = batch.response_mask[idx].sum().clamp(min=1)
+        mask = batch.response_mask
+        n_tokens = mask[idx].sum().clamp(min=1)
+        weights = torch.zeros_like(mask)                                 # (B, R)
+        weights[idx] = token_weights(mask[idx] * batch.in_loss[idx, None], cfg.loss_agg_mode,
+                                     self.norm_tokens)
         totals = torch.zeros(4, device=self.device)      # loss, entropy, kl, clipped tokens
         self.optimizer.zero_grad(set_to_none=True)
         for micro, weight in self._train_runs(batch, idx):
@@ -170,20 +188,22 @@ class Learner:
             new_logp, entropy = self.logprobs(self.policy, mb, self.temperature,
                                               with_entropy=True)
             surr, ppo_clipped = clipped_surrogate(new_logp, old_logp[micro],
-                                                  mb.advantages[:, None], cfg.clip_eps)
+                                                  mb.advantages[:, None], cfg.clip_low,
+                                                  cfg.clip_high)
             per_token = -w_tis[micro] * surr
             kl = torch.zeros((), device=self.device)
             if ref_logp is not None:
                 kl_tok = k3(new_logp, ref_logp[micro])
                 per_token = per_token + cfg.kl_coef * kl_tok
                 kl = (kl_tok.detach() * m).sum()
-            loss_sum = (per_token * m).sum() * weight
-            (loss_sum / n_tokens).backward()             # this micro-batch's share
-            totals += torch.stack([loss_sum.detach(), (entropy.detach() * m).sum(),
-                                   kl, (ppo_clipped.float() * m).sum()]) * weight
+            loss = (per_token * weights[micro]).sum() * weight
+            loss.backward()                              # this micro-batch's share
+            totals += torch.stack([loss.detach(), (entropy.detach() * m).sum() / n_tokens,
+                                   kl / n_tokens,
+                                   (ppo_clipped.float() * m).sum() / n_tokens]) * weight
         norm = self._clip_grads()
         self.optimizer.step()
-        loss, entropy, kl, clipped = self._sum_over_ranks(totals / n_tokens).tolist()
+        loss, entropy, kl, clipped = self._sum_over_ranks(totals).tolist()
         step = {"loss": loss, "grad_norm": norm, "entropy": entropy, "clip_frac": clipped}
         if ref_logp is not None:
             step["kl_ref"] = kl

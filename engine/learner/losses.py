@@ -1,11 +1,17 @@
-"""GRPO pieces as pure tensor functions (unit-tested on hand-made numbers).
+"""Policy-gradient pieces as pure tensor functions (unit-tested on hand-made numbers).
 
 Shapes: B sequences, R response tokens; ``mask`` (B, R) is 1 on real response tokens.
+
+    advantages(estimator, rewards, lengths, K)    (B,) one per completion, for its tokens
+    clipped_surrogate(new, old, A, low, high)     (B, R) min(ratio A, clip(ratio) A)
+    token_weights(mask, loss_agg_mode)            (B, R) w with loss = sum(w * per_token)
 """
 
 from __future__ import annotations
 
 import torch
+
+# --------------------------------------------------------------------------- advantages
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, normalize_std: bool,
@@ -16,6 +22,42 @@ def group_advantages(rewards: torch.Tensor, group_size: int, normalize_std: bool
     if normalize_std:
         adv = adv / (r.std(dim=1, keepdim=True, unbiased=False) + eps)
     return adv.reshape(-1)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) -> (B,) leave-one-out: r_i - mean of the other K - 1 rewards of its group,
+    i.e. K / (K - 1) x (r_i - mean(group)) (Ahmadian et al. 2024)."""
+    r = rewards.view(-1, group_size)                                  # (G, K)
+    others = (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
+    return (r - others).reshape(-1)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, lengths: torch.Tensor,
+                            eps: float = 1e-8) -> torch.Tensor:
+    """REINFORCE++ with an outcome reward and gamma = 1: every response token's return is
+    its sequence's reward, and returns are whitened over all response tokens of the batch
+    (no groups): mean and unbiased variance weighted by each sequence's token count.
+    (B,) rewards, (B,) lengths -> (B,) advantages."""
+    w = lengths.to(rewards.dtype)
+    n = w.sum()
+    mean = (w * rewards).sum() / n
+    var = (w * (rewards - mean) ** 2).sum() / (n - 1).clamp(min=1)
+    return (rewards - mean) * torch.rsqrt(var + eps)
+
+
+def advantages(estimator: str, rewards: torch.Tensor, lengths: torch.Tensor, group_size: int,
+               normalize_std: bool = True) -> torch.Tensor:
+    """(B,) advantages of ``algorithm.adv_estimator`` for rewards ordered group by group."""
+    if estimator == "grpo":
+        return group_advantages(rewards, group_size, normalize_std)
+    if estimator == "rloo":
+        return rloo_advantages(rewards, group_size)
+    if estimator == "reinforce_pp":
+        return reinforce_pp_advantages(rewards, lengths)
+    raise ValueError(f"unknown advantage estimator {estimator!r}")
+
+
+# --------------------------------------------------------------------------- the loss
 
 
 def k3(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -35,13 +77,50 @@ def tis_weights(learner_logp: torch.Tensor, behaviour_logp: torch.Tensor,
 
 
 def clipped_surrogate(new_logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-                      clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token PPO objective min(ratio * A, clip(ratio) * A) (to maximize), and the mask
-    of tokens where the clipped branch was taken. ``adv`` is (B, 1) or (B, R)."""
+                      clip_low: float, clip_high: float | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO objective min(ratio * A, clip(ratio, 1 - low, 1 + high) * A) (to
+    maximize), and the mask of tokens where the clipped branch was taken. ``adv`` is (B, 1)
+    or (B, R). ``clip_high`` unset = ``clip_low`` (symmetric); above it is DAPO's
+    clip-higher."""
+    high = clip_low if clip_high is None else clip_high
     ratio = torch.exp(new_logp - old_logp)
     unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + high) * adv
     return torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def token_weights(mask: torch.Tensor, mode: str, norm_tokens: int | None = None
+                  ) -> torch.Tensor:
+    """(B, R) weights w such that a minibatch's loss is sum(w * per_token), for veRL's
+    loss_agg_mode. A row of ``mask`` that is all 0 (a sequence out of the loss) weighs
+    nothing and does not count as a sequence. ``norm_tokens``: the constant of
+    "seq-mean-token-sum-norm" (rollout.max_new_tokens; unset = R).
+
+        token-mean               1 / (tokens of the minibatch)
+        seq-mean-token-sum       1 / S                  S = sequences with tokens
+        seq-mean-token-mean      1 / (S * L_i)          L_i = tokens of sequence i
+        seq-mean-token-sum-norm  1 / (S * norm_tokens)
+    """
+    lengths = mask.sum(dim=-1, keepdim=True)                         # (B, 1)
+    seqs = (lengths > 0).sum().clamp(min=1)
+    if mode == "token-mean":
+        w = mask / mask.sum().clamp(min=1)
+    elif mode == "seq-mean-token-sum":
+        w = mask / seqs
+    elif mode == "seq-mean-token-mean":
+        w = mask / (lengths.clamp(min=1) * seqs)
+    elif mode == "seq-mean-token-sum-norm":
+        w = mask / (seqs * (norm_tokens or mask.shape[-1]))
+    else:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}")
+    return w
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str,
+              norm_tokens: int | None = None) -> torch.Tensor:
+    """The minibatch's loss from (B, R) per-token losses under ``loss_agg_mode``."""
+    return (per_token * token_weights(mask, mode, norm_tokens)).sum()
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,8 @@
                                                             live as 1/N shards (DTensor)
       recompute: every rank runs the forward over the whole batch (no grad), so each holds
                  the old logprobs, TIS weights and gap metrics of every row
-      minibatch: rank r trains rows r, r+N, ... of it; its loss is its rows' token sum over
-                 the WHOLE minibatch's response tokens, gradients are reduce-scattered as a
+      minibatch: rank r trains rows r, r+N, ... of it; its loss is its rows' share of the
+                 WHOLE minibatch's aggregated loss, gradients are reduce-scattered as a
                  sum (divide factor 1), so the step is one process's on the whole minibatch
       a rank with fewer micro-batches than another pads with zero-weight ones: FSDP's
       collectives need the same number of forwards and backwards on every rank
@@ -71,7 +71,7 @@ class ShardedLearner(Learner):
 
     def __init__(self, policy: torch.nn.Module, cfg: GrpoConfig, temperature: float,
                  seed: int, reference: torch.nn.Module | None = None,
-                 setup: LearnerConfig | None = None):
+                 setup: LearnerConfig | None = None, norm_tokens: int | None = None):
         setup = setup or LearnerConfig()
         if not dist.is_initialized():
             raise RuntimeError("ShardedLearner needs torch.distributed initialized "
@@ -82,7 +82,7 @@ class ShardedLearner(Learner):
         policy = shard_policy(policy.to(device), setup, device)
         if reference is not None and setup.reference == "device":
             reference = shard_policy(reference.to(device), setup, device)   # never trained
-        super().__init__(policy, cfg, temperature, seed, reference, setup)
+        super().__init__(policy, cfg, temperature, seed, reference, setup, norm_tokens)
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Full tensors, gathered from every rank's shard: every rank must call this."""

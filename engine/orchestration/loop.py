@@ -4,8 +4,9 @@
     weight sync (version N) -> preflight -> eval (held-out)
     for step:
         groups  = policy.next_batch(step, version)  rollout + reward on the workers [spans]
+                                                    (dynamic sampling: no flat groups)
         check staleness <= the policy's bound       (negative: error event, run fails)
-        adv     = group_advantages(rewards)
+        adv     = advantages(algorithm.adv_estimator, rewards + shaping)
         metrics = learner.update(samples)           version += 1                   [span]
         sync.send(step) -> every rollout worker     each reports (version, fp)     [spans]
         emit metrics.append (engine.telemetry.step_metrics; every actor's spans and
@@ -45,7 +46,7 @@ from engine.experience import (
 )
 from engine.faults import wrap_buffer
 from engine.learner.checkpoint import latest_checkpoint
-from engine.learner.losses import group_advantages
+from engine.learner.losses import advantages
 from engine.learner.warmstart import ensure_warm_start
 from engine.model import load_tokenizer
 from engine.orchestration.deployment import Deployment, deploy
@@ -58,7 +59,12 @@ from engine.seeds import seed_everything, step_seed
 from engine.tasks import task_for
 from engine.telemetry.recorder import Telemetry
 from engine.telemetry.sinks import FanoutSink, JsonlSink, MemorySink, last_seq
-from engine.telemetry.step_metrics import sample_metrics, sync_metrics, throughput_metrics
+from engine.telemetry.step_metrics import (
+    group_metrics,
+    sample_metrics,
+    sync_metrics,
+    throughput_metrics,
+)
 from engine.weightsync.base import SyncResult
 
 
@@ -152,7 +158,9 @@ class RunLoop:
                         log=self.tel.log)
         self.experience = Experience(d.workers, task, self.buffer,
                                      cfg.rollout.prompts_per_step, cfg.algorithm.group_size,
-                                     cfg.model.seed, resumed_at=self.step)
+                                     cfg.model.seed, resumed_at=self.step,
+                                     algorithm=cfg.algorithm,
+                                     max_new_tokens=cfg.rollout.max_new_tokens)
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
         self._send(self.step, initial=True)
         self._settle(wait=True)
@@ -186,6 +194,7 @@ class RunLoop:
         waiting = [x for x in self.layout.learner.devices if x not in self.layout.rollout]
         with self.tel.phase("waiting", waiting, step, version):
             groups = self.policy.next_batch(step, version)
+        self._check_dynamic_sampling(step, groups)
         samples: list[Sample] = [s for g in groups for s in g]
         try:
             staleness = check_staleness(samples, version)
@@ -195,8 +204,10 @@ class RunLoop:
         if message := over_bound(staleness, self.cfg.async_policy.staleness_bound,
                                  self.cfg.async_policy.type, step):
             self.tel.emit(LogEvent(level="error", message=message))
-        adv = group_advantages(torch.tensor([s.reward for s in samples]),
-                               self.cfg.algorithm.group_size, self.cfg.algorithm.normalize_std)
+        alg = self.cfg.algorithm
+        adv = advantages(alg.adv_estimator, torch.tensor([s.learning_reward for s in samples]),
+                         torch.tensor([len(s.response_ids) for s in samples]), alg.group_size,
+                         alg.normalize_std)
         for s, a in zip(samples, adv.tolist(), strict=True):
             s.advantage = a
         for w in d.sharing:                   # colocated: the engine yields the device
@@ -213,12 +224,30 @@ class RunLoop:
         m |= reward_metrics([w.call(RolloutWorker.reward_metrics).result()
                              for w in d.workers], m)
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
+        m |= group_metrics(groups, self.experience.dropped)
         m |= sync_metrics(self.last_sync) | self._sample_devices()
         m["buffer/dropped_stale"] = float(self.buffer.dropped_stale)
         m["buffer/recycled"] = float(self.experience.recycled)
         self.tel.emit(MetricsEvent(step=step, values=m))
         self._drain_logs()
         return m
+
+    def _check_dynamic_sampling(self, step: int, groups: list[list[Sample]]) -> None:
+        """A batch that dynamic sampling could not fill within its budget: a warning when
+        some groups have signal, an error (the run fails) when none has."""
+        n, dropped = self.cfg.rollout.prompts_per_step, self.experience.dropped
+        if len(groups) == n:
+            return
+        why = (f"dynamic sampling dropped {dropped} groups whose rewards all agreed, its "
+               f"bound (algorithm.max_resample_rounds = "
+               f"{self.cfg.algorithm.max_resample_rounds})")
+        if not groups:
+            raise RuntimeError(f"step {step}: {why}, and found no group whose rewards differ; "
+                               f"raise algorithm.max_resample_rounds, or give the reward room "
+                               f"to vary (rollout.temperature, algorithm.group_size, the "
+                               f"task's difficulty)")
+        self.tel.log(f"step {step}: {why}; trained on {len(groups)} of {n} groups",
+                     level="warning")
 
     def _drain_logs(self) -> None:
         """What the workers said during the step (a reward function's traceback, once per

@@ -14,6 +14,12 @@ checks every step:
                   waits and the buffer drops (and counts) groups older than eta     eta
     partial_rollout  over-provision, carry unfinished groups into the next step      eta
 
+Every scored group enters through ``Experience.admit``: overlong shaping, then dynamic
+sampling (algorithm.dynamic_sampling) drops a group whose rewards all agree, and each
+policy draws more until its batch is full -- sync in extra rounds of the missing groups,
+the streaming ones by generating on -- within max_resample_rounds x prompts_per_step
+dropped groups per step; past that a policy returns the groups it has.
+
 Workers are handles (engine.orchestration.actors): in the driver's process a call runs
 when submitted, so the schedules hold (same staleness) without overlap; on Ray they run
 concurrently with the learner. Calls to one worker run in submit order, so a weight
@@ -26,17 +32,18 @@ import math
 from typing import Protocol
 
 from engine.config import (
+    AlgorithmConfig,
     AsyncPolicyConfig,
     FullyAsyncPolicyConfig,
     OneStepOffPolicyConfig,
     PartialRolloutPolicyConfig,
 )
-from engine.experience import ExperienceBuffer, Sample
+from engine.experience import ExperienceBuffer, Sample, apply_overlong, zero_variance
 from engine.orchestration.actors import wait_any
 from engine.orchestration.partial import PartialGroup, Row
 from engine.orchestration.producer import split
 from engine.orchestration.workers import RolloutWorker
-from engine.seeds import worker_seed
+from engine.seeds import resample_seed, worker_seed
 from engine.tasks import Task
 
 
@@ -64,14 +71,38 @@ class Experience:
     and seeds the run it resumes trained on."""
 
     def __init__(self, workers: list, task: Task, buffer: ExperienceBuffer,
-                 n_prompts: int, group_size: int, seed: int, resumed_at: int = 0):
+                 n_prompts: int, group_size: int, seed: int, resumed_at: int = 0,
+                 algorithm: AlgorithmConfig | None = None, max_new_tokens: int = 0):
         self.workers, self.task, self.buffer = workers, task, buffer
         self.n_prompts, self.group_size, self.seed = n_prompts, group_size, seed
         self.first_draw = resumed_at * DRAWS_PER_RESUME
         self.recycled = 0                 # groups carried into a later step unfinished
+        self.algorithm, self.max_new_tokens = algorithm, max_new_tokens
+        self.filtering = algorithm is not None and algorithm.dynamic_sampling
+        self.drop_budget = algorithm.max_resample_rounds * n_prompts if self.filtering else 0
+        self.dropped = 0                  # zero-variance groups dropped in this step
 
     def seed_for(self, index: int, worker: int) -> int:
         return worker_seed(self.seed, index, worker)
+
+    def begin_step(self) -> None:
+        """A policy's next_batch starts: the step's dynamic-sampling count restarts."""
+        self.dropped = 0
+
+    def admit(self, group: list[Sample]) -> bool:
+        """A scored group: shaped (algorithm.overlong), then into the buffer unless
+        dynamic sampling drops it for zero reward variance (counted; returns False)."""
+        if self.algorithm is not None:
+            apply_overlong(group, self.algorithm.overlong, self.max_new_tokens)
+        if self.filtering and zero_variance(group):
+            self.dropped += 1
+            return False
+        self.buffer.put(group)
+        return True
+
+    def exhausted(self) -> bool:
+        """Dynamic sampling has dropped its budget of groups this step: draw no more."""
+        return self.filtering and self.dropped >= self.drop_budget
 
     def submit(self, worker: int, index: int, n: int, step: int):
         """Worker ``worker`` generates ``n`` groups: the task's problems for ``index``."""
@@ -87,17 +118,27 @@ class SyncPolicy:
         self.exp = exp
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
-        exp = self.exp
-        problems = exp.task.train_problems(step, exp.n_prompts)
-        futures = []
-        for w, mine in enumerate(split(problems, len(exp.workers))):
-            if mine:
-                futures.append(exp.workers[w].call(RolloutWorker.produce, step, mine,
-                                                   exp.seed_for(step, w)))
-        for f in futures:
-            for group in f.result():
-                exp.buffer.put(group)
-        return exp.buffer.take(exp.n_prompts, learner_version)
+        """Round 0 draws the step's problems; each later round (dynamic sampling) draws as
+        many fresh ones as groups are missing, indexed by (step, round) like round 0, so a
+        resumed run draws what the uninterrupted one did."""
+        exp, n, out, rounds = self.exp, self.exp.n_prompts, [], 0
+        exp.begin_step()
+        problems = exp.task.train_problems(step, n)
+        while True:
+            futures = []
+            for w, mine in enumerate(split(problems, len(exp.workers))):
+                if mine:
+                    seed = (exp.seed_for(step, w) if rounds == 0
+                            else resample_seed(exp.seed, step, rounds, w))
+                    futures.append(exp.workers[w].call(RolloutWorker.produce, step, mine, seed))
+            for f in futures:
+                for group in f.result():
+                    exp.admit(group)
+            out += exp.buffer.take(n - len(out), learner_version)
+            if len(out) == n or not exp.filtering or exp.exhausted():
+                return out
+            rounds += 1
+            problems = exp.task.train_problems(step, n - len(out), stream=f"resample{rounds}")
 
     def weights_sent(self, version: int) -> None:
         pass
@@ -165,14 +206,21 @@ class StreamingPolicy:
                     groups, self.carry[w] = groups
                     self.exp.recycled += len(self.carry[w])
                 for group in groups:
-                    self.exp.buffer.put(group)
+                    if not self.exp.admit(group):
+                        self.planned -= 1     # a dropped group takes no training slot
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
         n, out = self.exp.n_prompts, []
+        self.exp.begin_step()
         while len(out) < n:
             self._feed(step)
             out += self.exp.buffer.take(n - len(out), learner_version)
             if len(out) < n:
+                if self.exp.exhausted():
+                    # A short step: the groups planned after it train one step earlier
+                    # than their slots say, as if the missing ones had been drawn.
+                    self.planned += n - len(out)
+                    break
                 if not self.inflight:
                     raise RuntimeError(f"{self.name}: no generation in flight and "
                                        f"{len(out)}/{n} groups; the schedule is stuck")
@@ -200,7 +248,8 @@ class PartialRolloutPolicy:
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
         exp, n, out = self.exp, self.exp.n_prompts, []
-        while len(out) < n:
+        exp.begin_step()
+        while len(out) < n and not exp.exhausted():
             keep = [g for g in self.carry if g.oldest is None
                     or learner_version - g.oldest <= self.eta]
             exp.buffer.dropped_stale += len(self.carry) - len(keep)
@@ -219,7 +268,7 @@ class PartialRolloutPolicy:
             for f in futures:
                 complete, carry = f.result()
                 for group in complete:
-                    exp.buffer.put(group)
+                    exp.admit(group)
                 self.carry += carry
             exp.recycled += len(self.carry)
             self.draws += 1

@@ -4,6 +4,7 @@
     m |= tel.step_metrics(t0, t1)                   time/*, bubble, rollout_share, device/*
     m |= sample_metrics(samples, staleness)         reward/*, response_length/*, staleness/*
     m |= throughput_metrics(samples, m)             tokens and samples per second
+    m |= group_metrics(groups, dropped)             samples/zero_std_group_frac, /resampled
     m |= sync_metrics(last_sync)                    weight_sync/*
 
 Canonical names are in DESIGN.md section 4.
@@ -15,7 +16,7 @@ import statistics
 
 import numpy as np
 
-from engine.experience import Sample
+from engine.experience import Sample, zero_variance
 from engine.weightsync.base import SyncResult
 
 
@@ -35,9 +36,23 @@ def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, flo
         "response_length/p99": percentile(lengths, 99),
         "response_length/max": float(max(lengths)),
         "response/finished_frac": sum(s.finished for s in samples) / len(samples),
+        "response/truncated_frac": sum(not s.finished for s in samples) / len(samples),
         "staleness/mean": statistics.fmean(staleness),
         "staleness/max": float(max(staleness)),
         "samples/mixed_versions": float(sum(s.mixes_versions for s in samples)),
+    }
+
+
+def group_metrics(groups: list[list[Sample]], dropped: int) -> dict[str, float]:
+    """``groups``: the step's batch; ``dropped``: the groups dynamic sampling dropped to
+    fill it (every one of them flat). The zero-std fraction is over every group the step
+    drew, so it shows how flat the signal is whether or not dynamic sampling hides it from
+    the learner; resampled is the extra generation that cost, in samples."""
+    flat = sum(zero_variance(g) for g in groups) + dropped
+    group_size = len(groups[0])
+    return {
+        "samples/zero_std_group_frac": flat / (len(groups) + dropped),
+        "samples/resampled": float(dropped * group_size),
     }
 
 

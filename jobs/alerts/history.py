@@ -82,8 +82,13 @@ class Thresholds(BaseModel):
     stuck_slope: float = Field(default=0.002, ge=0.0, le=1.0)
     """|reward slope| per step below which the reward counts as stuck."""
     stuck_std: float = Field(default=0.02, ge=0.0, le=10.0)
-    """StuckReward without a systems cause fires only while reward/std stays below this
-    (no learning signal); a flat but varying reward is slow learning, not stuck."""
+    """StuckReward without a systems cause, for a run that does not log
+    samples/zero_std_group_frac, fires only while reward/std stays below this (no learning
+    signal); a flat but varying reward is slow learning, not stuck."""
+    stuck_zero_std_frac: float = Field(default=0.8, ge=0.0, le=1.0)
+    """StuckReward without a systems cause fires only while, on average over the window,
+    at least this share of each step's groups had rewards that all agree
+    (samples/zero_std_group_frac): their advantages are 0, so the learner gets no signal."""
     gap_high: float = Field(default=0.1, gt=0.0, le=100.0)
     """LogprobGapHigh when logprob_gap/mean exceeds this (nats per token)."""
     temperature_gap: float = Field(default=0.02, gt=0.0, le=100.0)

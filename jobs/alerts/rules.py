@@ -80,19 +80,32 @@ def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[
         key, why = "behaviour", "the behaviour policy differs from the learner"
         fix = ("check logprob_gap and tis/clip_frac: temperature scaling of the engine's "
                "logprobs, staleness (async_policy), engine numerics (model.dtype)")
-    elif statistics.fmean(v for _, v in h.last("reward/std", t.stuck_window) or [(0, 0.0)]) \
-            < t.stuck_std:
+    elif flat_signal(h, t):
         key, why = "signal", "learning signal is flat (check reward variance / advantages)"
-        fix = ("check reward/std and reward/accuracy: all-equal rewards in a group give zero "
-               "advantages; raise algorithm.group_size, rollout.temperature or task difficulty")
+        fix = ("check samples/zero_std_group_frac, reward/std and reward/accuracy: a group "
+               "whose rewards all agree has zero advantages; raise algorithm.group_size, "
+               "rollout.temperature or task difficulty, or set algorithm.dynamic_sampling "
+               "= true to train only on groups that differ")
     else:
         return []   # rewards still vary: slow learning, not a stuck run
+    values = {"slope": slope(pts), "window": len(pts)}
+    if flat := h.last("samples/zero_std_group_frac", t.stuck_window):
+        values["zero_std_group_frac"] = statistics.fmean(v for _, v in flat)
     return [Finding(
         kind="StuckReward", key=f"StuckReward:{key}", step=pts[-1][0],
         cause=f"Reward has been flat for {len(pts)} steps (slope {slope(pts):+.4f}/step): {why}.",
         runbook=fix[0].upper() + fix[1:] + ".",
-        evidence={"values": {"slope": slope(pts), "window": len(pts)},
-                  "series": chart(h, "reward/mean")})]
+        evidence={"values": values, "series": chart(h, "reward/mean")})]
+
+
+def flat_signal(h: RunHistory, t: Thresholds) -> bool:
+    """Most groups' rewards all agree over the window (samples/zero_std_group_frac), or,
+    for a run that does not log it, the reward barely varies (reward/std)."""
+    flat = h.last("samples/zero_std_group_frac", t.stuck_window)
+    if flat:
+        return statistics.fmean(v for _, v in flat) >= t.stuck_zero_std_frac
+    stds = h.last("reward/std", t.stuck_window) or [(0, 0.0)]
+    return statistics.fmean(v for _, v in stds) < t.stuck_std
 
 
 def temperature_logprobs(h: RunHistory, f: RunFacts, t: Thresholds,

@@ -100,3 +100,25 @@ def test_every_field_has_a_docstring():
                 if isinstance(sub, type) and hasattr(sub, "model_fields"):
                     walk(sub)
     walk(RunConfig)
+
+
+def test_the_algorithm_takes_verl_style_knobs_and_keeps_the_symmetric_clip():
+    cfg = validate_config({"algorithm": {"adv_estimator": "rloo", "clip_eps_high": 0.28,
+                                         "loss_agg_mode": "seq-mean-token-sum",
+                                         "dynamic_sampling": True,
+                                         "overlong": {"type": "filter"}}})
+    assert (cfg.algorithm.clip_low, cfg.algorithm.clip_high) == (0.2, 0.28)
+    assert (validate_config({"algorithm": {"clip_eps": 0.1}}).algorithm.clip_high) == 0.1
+    assert loads_config(dump_config(cfg)) == cfg
+
+
+def test_algorithm_mistakes_name_the_field_and_the_fix():
+    [(path, msg)] = errors_of({"algorithm": {"adv_estimator": "rloo", "normalize_std": False}})
+    assert path == "algorithm.normalize_std" and "remove normalize_std" in msg
+    [(path, msg)] = errors_of({"algorithm": {"overlong": {"type": "penalty", "buffer_len": 8}},
+                               "rollout": {"max_new_tokens": 8}})
+    assert path == "algorithm.overlong.buffer_len" and "below max_new_tokens" in msg
+    [(path, msg)] = errors_of({"algorithm": {"loss_agg_mode": "sum"}})
+    assert path == "algorithm.loss_agg_mode" and "seq-mean-token-mean" in msg
+    [(path, msg)] = errors_of({"algorithm": {"overlong": {"type": "truncate"}}})
+    assert path == "algorithm.overlong" and "'filter'" in msg

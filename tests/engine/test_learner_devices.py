@@ -9,6 +9,8 @@ lr * g / (|g| + eps), eps = 1e-8: for the few hundred weights whose gradient is 
 one may ask of them.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -107,6 +109,28 @@ def test_micro_batches_weight_the_kl_and_every_minibatch_like_the_whole(tiny_dir
     for key in ("learner/loss", "learner/kl_ref", "learner/clip_frac", "learner/grad_norm"):
         assert split[0][key] == pytest.approx(whole[0][key], abs=1e-6), key
     assert whole[0]["learner/kl_ref"] > 0
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-sum", "seq-mean-token-mean",
+                                  "seq-mean-token-sum-norm"])
+def test_every_loss_aggregation_accumulates_over_micro_batches_like_the_whole(
+        tiny_dir, ragged_batch, mode):
+    whole = one_update(tiny_dir, ragged_batch, LearnerConfig(packing=False), loss_agg_mode=mode)
+    split = one_update(tiny_dir, ragged_batch,
+                       LearnerConfig(packing=False, micro_batch_tokens=30), loss_agg_mode=mode)
+    assert split[0]["learner/loss"] == pytest.approx(whole[0]["learner/loss"], abs=1e-6)
+    assert_same_adamw_step(split, whole)
+
+
+def test_a_sequence_masked_out_of_the_loss_trains_like_an_absent_one(tiny_dir, ragged_batch):
+    masked = dataclasses.replace(ragged_batch, in_loss=(torch.arange(16) >= 4).float())
+    absent = ragged_batch.select(torch.arange(4, 16))
+    a = one_update(tiny_dir, masked, LearnerConfig(packing=False),
+                   loss_agg_mode="seq-mean-token-mean")
+    b = one_update(tiny_dir, absent, LearnerConfig(packing=False),
+                   loss_agg_mode="seq-mean-token-mean")
+    assert a[0]["learner/loss"] == pytest.approx(b[0]["learner/loss"], abs=1e-6)
+    assert max_diff(a[1], b[1]) < 1e-6
 
 
 def test_packed_rows_hold_several_sequences_and_give_the_padded_logprobs(tiny_dir, ragged_batch):

@@ -6,18 +6,27 @@ import pytest
 from engine.api import LogEvent, run_local
 from engine.config import (
     FullyAsyncPolicyConfig,
+    GrpoConfig,
     OneStepOffPolicyConfig,
     PartialRolloutPolicyConfig,
+    SyncPolicyConfig,
 )
-from engine.experience import ExperienceBuffer, Sample, StalenessError, check_staleness
+from engine.experience import (
+    ExperienceBuffer,
+    Sample,
+    StalenessError,
+    check_staleness,
+    zero_variance,
+)
 from engine.orchestration.actors import LocalActor
 from engine.orchestration.partial import PartialGroup, Row, continue_groups
-from engine.orchestration.policies import Experience, build_policy
+from engine.orchestration.policies import Experience, SyncPolicy, build_policy
 from engine.orchestration.producer import RolloutProducer, split
 from engine.rollout.base import Completion, SamplingParams
 from engine.tasks.base import Problem
 from engine.telemetry.recorder import SpanRecorder
 from engine.telemetry.sinks import MemorySink
+from engine.telemetry.step_metrics import group_metrics
 
 from .conftest import small_run
 
@@ -26,7 +35,8 @@ N, G = 4, 2          # groups per step, samples per group
 
 class FakeTask:
     def train_problems(self, step, n, stream="rl"):
-        return [Problem(prompt=f"{step}:{i}", answer="x") for i in range(n)]
+        tag = "" if stream == "rl" else f"{stream}:"
+        return [Problem(prompt=f"{tag}{step}:{i}", answer="x") for i in range(n)]
 
 
 class VersionedWorker:
@@ -236,3 +246,101 @@ def test_a_resumed_streaming_run_never_replays_the_problems_it_trained_on(policy
     resumed = trained_prompts(3, 3)
 
     assert len(first) == len(resumed) == 3 * N and not first & resumed
+
+
+# --------------------------------------------------------------------------- dynamic sampling
+
+class AlternatingWorker(VersionedWorker):
+    """Every other group it produces is flat (all rewards 1); the rest have one 0 and one 1.
+    Counts the groups it produced."""
+
+    def __init__(self, flat=lambda k: k % 2 == 0):
+        super().__init__()
+        self.produced, self.flat = 0, flat
+
+    def produce(self, step, problems, seed):
+        groups = super().produce(step, problems, seed)
+        for g in groups:
+            g[0].reward = 1.0 if self.flat(self.produced) else 0.0
+            g[1].reward = 1.0
+            self.produced += 1
+        return groups
+
+
+def dynamic_experience(worker, bound=None, rounds=4):
+    alg = GrpoConfig(group_size=G, dynamic_sampling=True, max_resample_rounds=rounds)
+    return Experience([LocalActor(worker)], FakeTask(), ExperienceBuffer(max_staleness=bound),
+                      N, G, seed=0, algorithm=alg, max_new_tokens=4)
+
+
+def test_dynamic_sampling_draws_the_missing_groups_until_no_flat_group_is_left():
+    worker = AlternatingWorker()
+    exp = dynamic_experience(worker)
+    policy = build_policy(SyncPolicyConfig(), exp, start_version=0)
+    groups = policy.next_batch(0, 0)
+    # rounds of 4, 2, 1, 1 groups: 0 1 2 3 | 4 5 | 6 | 7, the even ones flat
+    assert len(groups) == N and not any(zero_variance(g) for g in groups)
+    assert worker.produced == 8 and exp.dropped == 4
+    assert group_metrics(groups, exp.dropped) == {"samples/zero_std_group_frac": 0.5,
+                                                  "samples/resampled": 4.0 * G}
+    assert len({g[0].problem.prompt for g in groups}) == N    # the rounds draw new problems
+
+
+def test_dynamic_sampling_stops_at_its_bound_and_returns_what_it_has():
+    worker = AlternatingWorker(flat=lambda k: k != 0)         # only the first group varies
+    exp = dynamic_experience(worker, rounds=2)
+    groups = SyncPolicy(exp).next_batch(0, 0)
+    assert len(groups) == 1 and exp.dropped >= 2 * N and exp.exhausted()
+    assert worker.produced == len(groups) + exp.dropped <= 1 + 2 * N + N
+    exp = dynamic_experience(AlternatingWorker(flat=lambda k: True), rounds=1)
+    assert SyncPolicy(exp).next_batch(0, 0) == []
+
+
+def test_without_dynamic_sampling_flat_groups_train_and_are_counted():
+    worker = AlternatingWorker()
+    exp = Experience([LocalActor(worker)], FakeTask(), ExperienceBuffer(), N, G, seed=0,
+                     algorithm=GrpoConfig(group_size=G), max_new_tokens=4)
+    groups = SyncPolicy(exp).next_batch(0, 0)
+    assert worker.produced == N and sum(zero_variance(g) for g in groups) == 2
+    assert group_metrics(groups, exp.dropped)["samples/zero_std_group_frac"] == 0.5
+
+
+@pytest.mark.parametrize("policy_cfg", [OneStepOffPolicyConfig(),
+                                        FullyAsyncPolicyConfig(max_staleness=1,
+                                                               prompts_per_call=1),
+                                        PartialRolloutPolicyConfig(over_provision=1.5)])
+def test_every_policy_hands_the_learner_no_flat_group_within_its_staleness_bound(policy_cfg):
+    worker = AlternatingWorker()
+    exp = dynamic_experience(worker, bound=policy_cfg.staleness_bound)
+    policy = build_policy(policy_cfg, exp, start_version=0)
+    trained = dropped = 0
+    for step in range(6):
+        groups = policy.next_batch(step, step)
+        assert len(groups) == N and not any(zero_variance(g) for g in groups)
+        assert max(check_staleness([s for g in groups for s in g], step)) <= \
+            policy_cfg.staleness_bound
+        trained, dropped = trained + len(groups), dropped + exp.dropped
+        worker.version = step + 1
+        policy.weights_sent(step + 1)
+    # every group drawn is trained, dropped (and counted), buffered or still in flight
+    in_flight = sum(len(f.result()) for f in getattr(policy, "inflight", {}).values())
+    assert worker.produced == trained + dropped + len(exp.buffer) + in_flight
+    assert dropped > 0
+    policy.close()
+
+
+def test_overlong_filter_and_penalty_shape_groups_as_they_enter():
+    def group():
+        return [Sample(Problem("p", "a"), [1], [2] * n, [0.0] * n, finished=n < 4, version=0,
+                       group=0, reward=1.0) for n in (2, 4)]
+
+    exp = Experience([], FakeTask(), ExperienceBuffer(), N, G, seed=0,
+                     algorithm=GrpoConfig(overlong={"type": "filter"}), max_new_tokens=4)
+    exp.admit(g := group())
+    assert [s.in_loss for s in g] == [True, False] and [s.shaping for s in g] == [0.0, 0.0]
+    exp = Experience([], FakeTask(), ExperienceBuffer(), N, G, seed=0,
+                     algorithm=GrpoConfig(dynamic_sampling=True,
+                                          overlong={"type": "penalty", "buffer_len": 2}),
+                     max_new_tokens=4)
+    assert exp.admit(g := group())           # the penalty makes equal rewards differ
+    assert [s.learning_reward for s in g] == [1.0, 0.0] and all(s.in_loss for s in g)

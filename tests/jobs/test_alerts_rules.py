@@ -39,6 +39,8 @@ def healthy(steps: int = 6, **per_step) -> RunHistory:
                   "weight_sync/latency_s": 0.05, "rollout_share": 0.5, "bubble": 0.01,
                   "reward/std": 0.0, "time/step_s": 1.0, "time/reward_s": 0.01,
                   "time/rollout_s": 0.5}
+        if "samples/zero_std_group_frac" in per_step:      # a run that logs it
+            values["samples/zero_std_group_frac"] = 0.0
         for name, fn in per_step.items():
             if name in values:
                 values[name] = fn(step)
@@ -83,6 +85,21 @@ def test_stuck_reward_names_one_of_three_diagnoses(overrides, diagnosis):
 def test_a_flat_reward_that_still_varies_is_slow_learning_not_stuck():
     h = healthy(25, **{"reward/mean": lambda s: 0.3, "reward/std": lambda s: 0.4})
     assert "StuckReward" not in kinds(h)
+
+
+def test_the_flat_signal_diagnosis_reads_the_share_of_groups_whose_rewards_agree():
+    # reward/std says the batch varies (across groups), but within nearly every group the
+    # rewards agree: no advantage, no signal
+    flat = healthy(25, **{"reward/mean": lambda s: 0.3, "reward/std": lambda s: 0.4,
+                          "samples/zero_std_group_frac": lambda s: 0.9})
+    [f] = [f for f in evaluate(flat, FACTS, Thresholds(), flat.last_ts)
+           if f.kind == "StuckReward"]
+    assert "learning signal is flat" in f.cause and "dynamic_sampling" in f.runbook
+    assert f.evidence["values"]["zero_std_group_frac"] == pytest.approx(0.9)
+    varied = healthy(25, **{"reward/mean": lambda s: 0.3, "reward/std": lambda s: 0.0,
+                            "samples/zero_std_group_frac": lambda s: 0.5})
+    assert "StuckReward" not in kinds(varied)
+    assert "StuckReward" in kinds(varied, t=Thresholds(stuck_zero_std_frac=0.5))
 
 
 def test_a_gap_that_matches_the_untempered_distribution_is_a_temperature_bug():
