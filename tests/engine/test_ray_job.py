@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.ray_job import StopPoller, main
+from engine.ray_job import ControlPoller, main
 
 from .conftest import small_run
 
@@ -93,8 +93,8 @@ def plane():
 
 def driver_args(plane: ControlPlane, run_dir, cfg, *extra: str) -> list[str]:
     return ["--config-json", json.dumps(cfg.model_dump(mode="json")), "--run-dir", str(run_dir),
-            "--ingest-url", f"{plane.url}/events", "--stop-url", f"{plane.url}/stop",
-            "--stop-poll-s", "0.1", "--token-env", "TEST_INGEST_TOKEN", *extra]
+            "--ingest-url", f"{plane.url}/events", "--controls-url", f"{plane.url}/controls",
+            "--poll-s", "0.1", "--token-env", "TEST_INGEST_TOKEN", *extra]
 
 
 @pytest.fixture
@@ -133,16 +133,16 @@ def test_a_stop_request_checkpoints_and_a_fork_resumes_from_that_checkpoint(
     assert not (fork_dir / "ingest-spool.jsonl").exists()
 
 
-def test_the_stop_poller_treats_an_unreachable_control_plane_as_no(plane):
+def test_the_control_poller_treats_an_unreachable_control_plane_as_no(plane):
     cp = plane()
     cp.close()
-    poller = StopPoller(f"{cp.url}/stop", TOKEN, timeout_s=1.0)
+    poller = ControlPoller(f"{cp.url}/stop", TOKEN, timeout_s=1.0)
     assert poller.poll_once() is False and poller() is False
 
 
-def test_the_stop_poller_sends_the_run_token_and_remembers_a_yes(plane):
+def test_the_control_poller_sends_the_run_token_and_remembers_a_yes(plane):
     cp = plane(stop_after_step=0)
-    poller = StopPoller(f"{cp.url}/stop", TOKEN)
+    poller = ControlPoller(f"{cp.url}/stop", TOKEN)
     assert poller.poll_once() is False
     cp.events.append({"type": "metrics.append", "step": 0, "values": {"reward/mean": 0.0}})
     assert poller.poll_once() is True
