@@ -145,8 +145,11 @@ def browser_page(browser, failure_shot: str):
     except BaseException:
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / failure_shot
-        page.screenshot(path=str(shot), full_page=True)
-        print(f"the page when the test failed ({page.url}): {shot}")
+        try:
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"the page when the test failed ({page.url}): {shot}")
+        except Exception as exc:  # a busy page: the test's own failure is what matters
+            print(f"no screenshot of {page.url}: {exc}")
         raise
     finally:
         page.close()
@@ -261,3 +264,47 @@ def operate(page, stack: str) -> None:
                            timeout=60_000)
     page.goto(fork_url)
     stop_from_page(page)
+
+
+def chart_marks(page) -> list[str]:
+    """The labels of the control marks the reward chart draws, as Plotly holds them."""
+    return page.evaluate("""() => {
+        const div = document.getElementById("chart-reward");
+        return ((div && div.layout && div.layout.annotations) || []).map(a => a.text);
+    }""")
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_live_controls_from_the_run_page_pause_resume_and_mark_the_charts(stack, browser):
+    from playwright.sync_api import expect
+
+    with browser_page(browser, "controls-failure.png") as page:
+        log_in_and_launch(page, stack, RUN_TOML.replace('"e2e-browser"', '"e2e-controls"'))
+        wait_for_growth(page, times=1, deadline_s=120)
+
+        page.fill("#control-lr input[name=value]", "2e-5")
+        page.locator("#control-lr button").click()
+        page.wait_for_load_state()
+        page.wait_for_function("() => (document.getElementById('chart-reward').layout"
+                               ".annotations || []).some(a => a.text === 'lr 2e-05')",
+                               timeout=60_000)  # drawn live, when the driver applied it
+
+        page.locator("#control-pause button").click()
+        page.wait_for_load_state()
+        expect_status(page, "paused", 60)
+        expect(page.locator("#control-resume")).to_be_visible()
+        expect(page.locator("#control-pause")).to_be_hidden()
+        held = reward_points(page)
+        page.wait_for_timeout(5000)  # a few of the driver's polls: no step while paused
+        assert reward_points(page) == held
+
+        page.locator("#control-resume button").click()
+        page.wait_for_load_state()
+        expect_status(page, "running", 60)
+        wait_for_growth(page, times=1, deadline_s=60)
+        assert {"lr 2e-05", "pause", "resume"} <= set(chart_marks(page)), chart_marks(page)
+        expect(page.locator("#run-logs")).to_contain_text("(by operator)")
+        stop_from_page(page)
+        expect(page.locator("#live-controls")).to_have_count(0)

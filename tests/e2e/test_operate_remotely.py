@@ -233,6 +233,9 @@ def test_live_controls_checkpoint_pause_resume_and_lr_on_a_running_run(stack):
     assert all(e["message"].endswith("(by operator)") for e in log), log
     page = html.unescape(browser.get(f"/runs/{rid}"))
     assert f'"step": {at}, "label": "lr 2e-05"' in page  # the charts' mark
+    print(f"live controls on run {rid}: checkpoint at step {checkpoint['applied_step']}; "
+          f"learner/lr {series['values']} at steps {series['steps']}; paused before step "
+          f"{held}, {step()} reached after resume")
 
     api(stack, token, f"/runs/{rid}/stop", {})
     wait_for("stopped", lambda: api(stack, token, f"/runs/{rid}")["status"] == "stopped", 120)
