@@ -90,9 +90,7 @@ def run_control(request, run_id: int):
         data["value"] = request.POST["value"].strip()
     try:
         row = do_request_control(request.user, run, validate_control(data))
-    except ControlError as exc:
-        messages.error(request, f"Not sent: {exc}")
-    except Refused as exc:
+    except (ControlError, Refused) as exc:
         messages.error(request, f"Not sent: {exc}")
     else:
         messages.info(request, f"Sent {row.label}: the run applies it after the step in "

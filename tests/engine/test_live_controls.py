@@ -33,8 +33,9 @@ class Operator:
     polls, and asks for a stop while the second pause holds; records what it saw while
     the loop held."""
 
-    def __init__(self, loop: RunLoop, sink: MemorySink):
-        self.loop, self.sink = loop, sink
+    def __init__(self, sink: MemorySink):
+        self.sink = sink
+        self.loop: RunLoop | None = None  # the loop it operates, once made
         self.plan = {
             1: [SetLrControl(id=1, value=5e-4, requested_by="olga"),
                 CheckpointControl(id=2, requested_by="olga"),
@@ -62,11 +63,10 @@ class Operator:
 def controlled_run(tmp_path_factory, model_cache):
     out = tmp_path_factory.mktemp("controlled")
     sink = MemorySink()
-    loop = RunLoop(small_run(steps=6), out, sink=sink)
-    operator = Operator(loop, sink)
-    loop._take_controls = operator.take
-    loop._stop_hook = lambda: operator.stop
-    summary = loop.run()
+    operator = Operator(sink)
+    operator.loop = RunLoop(small_run(steps=6), out, sink=sink, take_controls=operator.take,
+                            stop_requested=lambda: operator.stop)
+    summary = operator.loop.run()
     return summary, sink.events, operator, out
 
 
