@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError, RunConfig, load_config, validate_config
+from engine.controls import CONTROL_KINDS, Control, ControlError, validate_control
 from engine.events import (
     EVENT_TYPES,
     LOG_MESSAGE_LIMIT,
     RUN_STATUSES,
     CheckpointEvent,
+    ControlAppliedEvent,
     Event,
     EventSink,
     LogEvent,
@@ -33,10 +35,11 @@ from engine.events import (
 )
 
 __all__ = [
-    "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES", "CheckpointEvent", "ConfigError",
+    "CONTROL_KINDS", "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES", "CheckpointEvent",
+    "ConfigError", "Control", "ControlAppliedEvent", "ControlError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
     "RunSummary", "SpanEvent", "WeightSyncEvent", "event_from_dict", "load_config",
-    "placement_demand", "run_local", "validate",
+    "placement_demand", "run_local", "validate", "validate_control",
 ]
 
 
@@ -47,13 +50,16 @@ def validate(data: dict[str, Any]) -> RunConfig:
 
 def run_local(cfg: RunConfig, out_dir: str | Path, *, steps: int | None = None,
               sink: EventSink | None = None, resume: bool = False,
-              progress=None, stop_requested: Callable[[], bool] | None = None) -> RunSummary:
+              progress=None, stop_requested: Callable[[], bool] | None = None,
+              take_controls: Callable[[], list[Control]] | None = None) -> RunSummary:
     """Run the RL loop in this process (the CLI and Ray jobs both end here).
-    ``stop_requested`` is asked after each step; True checkpoints and stops the run."""
+    ``stop_requested`` is asked after each step; True checkpoints and stops the run.
+    ``take_controls`` is asked at each step boundary for live controls to apply."""
     from engine.orchestration.loop import RunLoop  # torch: not at the web's import time
 
     return RunLoop(cfg, Path(out_dir), sink=sink, progress=progress,
-                   stop_requested=stop_requested).run(steps=steps, resume=resume)
+                   stop_requested=stop_requested,
+                   take_controls=take_controls).run(steps=steps, resume=resume)
 
 
 def placement_demand(cfg: RunConfig) -> dict[str, float]:

@@ -5,8 +5,8 @@
 
 Events are typed dataclasses with a per-run sequence number and a dotted ``type``
 (``run.status``, ``metrics.append``, ``span``, ``weight_sync.report``, ``checkpoint.saved``,
-``log``). Sinks (engine.telemetry.sinks, http_sink) implement EventSink. Standard library
-only: the web process reads these through engine.api.
+``control.applied``, ``log``). Sinks (engine.telemetry.sinks, http_sink) implement
+EventSink. Standard library only: the web process reads these through engine.api.
 """
 
 from __future__ import annotations
@@ -98,6 +98,20 @@ class CheckpointEvent(Event):
 
 
 @dataclass
+class ControlAppliedEvent(Event):
+    """A live control (engine.controls) the loop applied at a step boundary: it takes
+    effect from ``step`` (the next step to run). ``control_id`` is the control plane's id
+    of the request, so it can mark that request applied."""
+    type: ClassVar[str] = "control.applied"
+    control_id: int = 0
+    kind: str = ""
+    value: float | None = None
+    step: int = 0
+    requested_by: str = ""
+    message: str = ""
+
+
+@dataclass
 class LogEvent(Event):
     type: ClassVar[str] = "log"
     level: str = "info"
@@ -109,7 +123,7 @@ class LogEvent(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     c.type: c for c in (RunStatusEvent, MetricsEvent, SpanEvent, WeightSyncEvent,
-                        CheckpointEvent, LogEvent)
+                        CheckpointEvent, ControlAppliedEvent, LogEvent)
 }
 
 

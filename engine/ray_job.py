@@ -2,12 +2,14 @@
 
     python -m engine.ray_job (--config RUN.toml | --config-json JSON) --run-dir DIR
         --ingest-url URL --token-env RLPLANE_INGEST_TOKEN
-        [--stop-url URL] [--stop-poll-s S] [--resume] [--from-checkpoint CKPT_DIR]
+        [--controls-url URL] [--poll-s S] [--resume] [--from-checkpoint CKPT_DIR]
 
     events -> RunLoop -> FanoutSink(memory, DIR/events.jsonl, HttpSink -> POST ingest-url)
                                                       (DIR/ingest-spool.jsonl while down)
-    stop   <- STOP file in DIR, SIGTERM, or a poller thread: GET stop-url every
-              stop-poll-s with the run's token -> {"stop": true} -> checkpoint, "stopped"
+    stop   <- STOP file in DIR, SIGTERM, or a poller thread: GET controls-url?after=ID
+              every poll-s with the run's token -> {"stop": true} -> checkpoint, "stopped"
+    live   <- the same answer's "controls" (checkpoint now, pause/resume, set_lr,
+              set_eval_every), applied by the loop at the next step boundary
     fork   <- --from-checkpoint copies a parent's step_NNNNNN/ into DIR/checkpoints/ and
               resumes from it; a retried job (same DIR) resumes from its own latest one
 
@@ -27,29 +29,38 @@ import os
 import shutil
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from engine.config import ConfigError, RunConfig, load_config, validate_config
+from engine.controls import Control, ControlError, validate_control
 
 logger = logging.getLogger("engine.ray_job")
 
 
-class StopPoller:
-    """Asks the control plane whether the run should stop, every ``interval_s``, in a
-    daemon thread; ``__call__`` answers from the last reply without blocking the loop.
-    Unreachable or odd answers count as "no": a control plane outage must not stop a run."""
+class ControlPoller:
+    """Asks the control plane, every ``interval_s`` in a daemon thread, whether the run
+    should stop and which live controls (engine.controls) came since the last one it
+    received: GET url?after=<id> -> {"stop": bool, "controls": [{"id", "kind", ...}]}.
+    ``__call__`` answers stop from the last reply and ``take`` hands over the controls
+    received, without blocking the loop. Unreachable or odd answers count as "no stop, no
+    controls": a control plane outage must not stop a run; a control that does not
+    validate is logged and skipped (the control plane validated it already)."""
 
     def __init__(self, url: str, token: str, interval_s: float = 2.0,
                  timeout_s: float = 5.0):
         self.url, self._token = url, token
         self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.after = 0                     # the highest control id received
         self._requested = threading.Event()
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._controls: list[Control] = []
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        self._thread = threading.Thread(target=self._run, name="stop-poller", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="control-poller", daemon=True)
 
-    def start(self) -> StopPoller:
+    def start(self) -> ControlPoller:
         self._thread.start()
         return self
 
@@ -59,17 +70,39 @@ class StopPoller:
     def __call__(self) -> bool:
         return self._requested.is_set()
 
+    def take(self) -> list[Control]:
+        with self._lock:
+            controls, self._controls = self._controls, []
+        return controls
+
     def poll_once(self) -> bool:
+        query = urllib.parse.urlencode({"after": self.after})
         request = urllib.request.Request(
-            self.url, headers={"Authorization": f"Bearer {self._token}"})
+            f"{self.url}{'&' if '?' in self.url else '?'}{query}",
+            headers={"Authorization": f"Bearer {self._token}"})
         try:
             with self._opener.open(request, timeout=self.timeout_s) as response:
                 answer = json.loads(response.read())
         except (OSError, ValueError) as exc:  # URLError, HTTPError, timeouts; bad JSON
-            logger.warning("stop poll %s failed (%s); the run goes on", self.url, exc)
+            logger.warning("control poll %s failed (%s); the run goes on", self.url, exc)
             return False
-        if isinstance(answer, dict) and answer.get("stop") is True:
+        if not isinstance(answer, dict):
+            return self._requested.is_set()
+        if answer.get("stop") is True:
             self._requested.set()
+        received = answer.get("controls")
+        for item in received if isinstance(received, list) else []:
+            try:
+                control = validate_control(item)
+            except ControlError as exc:
+                logger.warning("control %r skipped: %s", item, exc)
+                if isinstance(item, dict) and isinstance(item.get("id"), int):
+                    self.after = max(self.after, item["id"])
+                continue
+            if control.id > self.after:
+                with self._lock:
+                    self._controls.append(control)
+                self.after = control.id
         return self._requested.is_set()
 
     def _run(self) -> None:
@@ -101,8 +134,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ingest-url", required=True, help="POST events here")
     parser.add_argument("--token-env", default="RLPLANE_INGEST_TOKEN",
                         help="environment variable that holds the run's ingest token")
-    parser.add_argument("--stop-url", help="GET -> {\"stop\": bool}, with the run's token")
-    parser.add_argument("--stop-poll-s", type=float, default=2.0)
+    parser.add_argument("--controls-url",
+                        help="GET ?after=ID -> {\"stop\": bool, \"controls\": [...]}, "
+                             "with the run's token")
+    parser.add_argument("--poll-s", type=float, default=2.0,
+                        help="seconds between two polls of --controls-url")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in RUN_DIR/checkpoints")
     parser.add_argument("--from-checkpoint", type=Path,
@@ -151,10 +187,11 @@ def main(argv: list[str] | None = None) -> int:
 
     sink = HttpSink(args.ingest_url, token, run_dir / "ingest-spool.jsonl")
     poller = None
-    if args.stop_url:
-        poller = StopPoller(args.stop_url, token, args.stop_poll_s).start()
+    if args.controls_url:
+        poller = ControlPoller(args.controls_url, token, args.poll_s).start()
     try:
-        summary = run_local(cfg, run_dir, sink=sink, resume=resume, stop_requested=poller)
+        summary = run_local(cfg, run_dir, sink=sink, resume=resume, stop_requested=poller,
+                            take_controls=poller.take if poller is not None else None)
     except Exception:
         logger.exception("run failed")
         return 1

@@ -15,7 +15,15 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from engine.api import CheckpointEvent, Event, MetricsEvent, RunStatusEvent, SpanEvent
+from engine.api import (
+    CheckpointEvent,
+    Control,
+    ControlAppliedEvent,
+    Event,
+    MetricsEvent,
+    RunStatusEvent,
+    SpanEvent,
+)
 from jobs.alerts.lifecycle import do_evaluate_alerts
 from jobs.event_batch import json_safe
 from jobs.groups import RUNS_GROUP, run_group
@@ -25,6 +33,7 @@ from jobs.models import (
     MetricPoint,
     PhaseSpan,
     Run,
+    RunControl,
     RunEvent,
     RunStatus,
 )
@@ -96,7 +105,8 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
 
 
 def derive_rows(run: Run, events: Sequence[Event]) -> None:
-    """Metric points, phase spans and checkpoints from newly stored events (in seq order).
+    """Metric points, phase spans, checkpoints and applied controls from newly stored
+    events (in seq order).
 
     A (name, step) or checkpoint step reported again -- a resumed run redoing a step --
     takes the later value, hence update_conflicts rather than ignore.
@@ -111,6 +121,10 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
         elif isinstance(e, SpanEvent):
             spans.append(PhaseSpan(run=run, device=e.device, phase=e.phase, start=e.start,
                                    end=e.end, step=e.step, version=e.version))
+        elif isinstance(e, ControlAppliedEvent):
+            RunControl.objects.filter(run=run, pk=e.control_id, applied_at=None).update(
+                applied_step=e.step, applied_at=datetime.fromtimestamp(e.ts, UTC),
+                message=e.message)
         elif isinstance(e, CheckpointEvent):
             checkpoints[e.step] = Checkpoint(
                 run=run, step=e.step, version=e.version, path=e.path,
@@ -206,6 +220,21 @@ def do_stop_run(user, run: Run) -> None:
             return
         run.request_stop(f"stop requested by {user}")
         transaction.on_commit(lambda: stop_run.delay(run.pk))
+
+
+def do_request_control(user, run: Run, control: Control) -> RunControl:
+    """Ask a running run's driver for a live control (validated: engine.controls); it
+    polls it and applies it at the next step boundary. Raises Refused unless the run is
+    being submitted or running."""
+    with transaction.atomic():
+        run.refresh_from_db(fields=["status"])
+        if run.status not in (RunStatus.SUBMITTING, RunStatus.RUNNING):
+            raise Refused(f"run {run.pk} is {run.status}; live controls need a running run")
+        value = getattr(control, "value", None)
+        row = RunControl.objects.create(run=run, kind=control.kind, requested_by=user,
+                                        value=None if value is None else float(value))
+        logger.info("run %s: control %s (%s) requested by %s", run.pk, row.pk, row.label, user)
+    return row
 
 
 def do_set_priority(user, run: Run, priority: int) -> None:

@@ -2,6 +2,8 @@
 
     POST /api/runs/<id>/events   ingest a batch of events
     GET  /api/runs/<id>/stop     {"stop": bool}: the driver polls it, checkpoints and exits
+    GET  /api/runs/<id>/controls ?after=ID -> {"stop": bool, "controls": [...]}: the same,
+                                 with the live controls not yet applied after that id
 """
 
 from django.core.exceptions import RequestDataTooBig
@@ -12,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from jobs.actions import do_ingest_events
 from jobs.auth import bearer_token
 from jobs.event_batch import MalformedBatch, parse_event_batch
-from jobs.models import Run
+from jobs.models import Run, RunControl
 from jobs.prometheus import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
 
 
@@ -72,3 +74,19 @@ def stop_request(request, run_id: int):
     if isinstance(run, JsonResponse):
         return run
     return JsonResponse({"stop": run.stop_requested_at is not None})
+
+
+@require_GET
+def control_poll(request, run_id: int):
+    """GET ?after=ID -> {"stop": bool, "controls": [{"id", "kind", "value"?, "requested_by"}]}:
+    the live controls after ``after`` that the driver has not reported applied, in order."""
+    run = run_for_token(request, run_id)
+    if isinstance(run, JsonResponse):
+        return run
+    after = request.GET.get("after", "0")
+    if not after.isdigit():
+        return error(400, f"after must be a control id (an integer >= 0), got {after!r}")
+    pending = (RunControl.objects.filter(run=run, pk__gt=int(after), applied_at=None)
+               .select_related("requested_by").order_by("pk"))
+    return JsonResponse({"stop": run.stop_requested_at is not None,
+                         "controls": [c.as_engine_dict() for c in pending]})

@@ -6,6 +6,8 @@ MetricPoint / PhaseSpan rows) and the live updates (from events), so the traces 
     metric_figures(steps)  -> [{id, title, traces: [{name, x, y, ...}], layout}]   page load
     metric_updates(steps)  -> {chart id: {indices, x: [[...]], y: [[...]]}}        websocket
     timeline_figure(spans) / timeline_update(spans)  the device Gantt, bars per phase
+    control_marks(applied) -> [{step, label}]   a vertical line per live control applied,
+                                                drawn on every metric chart (page + socket)
 """
 
 from __future__ import annotations
@@ -183,3 +185,19 @@ def timeline_update(spans: list[dict]) -> dict | None:
     chosen = [list(bars.values())[i] for i in indices]
     return {"indices": indices, **{key: [bar[key] for bar in chosen]
                                    for key in ("x", "y", "base")}}
+
+
+def control_label(kind: str, value: float | None) -> str:
+    """How the charts and lists name a live control: 'lr 5e-05', 'eval every 10', 'pause'."""
+    if kind == "set_lr" and value is not None:
+        return f"lr {value:g}"
+    if kind == "set_eval_every" and value is not None:
+        return f"eval every {int(value)}"
+    return kind
+
+
+def control_marks(applied: Iterable[tuple[int, str, float | None]]) -> list[dict]:
+    """(step, kind, value) of each applied live control -> the marks the page draws: a
+    dotted vertical line at the step the control took effect from, with its label."""
+    return [{"step": step, "label": control_label(kind, value)}
+            for step, kind, value in applied]

@@ -25,12 +25,15 @@ from jobs.alerts.views import run_alerts
 from jobs.auth import is_operator
 from jobs.groups import RUNS_GROUP, run_group, session_group
 from jobs.models import Alert, Run, RunEvent
+from jobs.models.controls import display_status
+from jobs.views.run_page import log_lines
 
 BACKFILL_CHUNK = 500  # events per message while catching up
 
 
 def run_update(events: list[dict], status: tuple[str, str] | None) -> dict:
-    """One message for the run page: raw events, extendTraces data, HTML fragments."""
+    """One message for the run page: raw events, extendTraces data, HTML fragments, and
+    a chart mark per live control applied."""
     steps = [(e["step"], e["values"]) for e in events if e["type"] == "metrics.append"]
     spans = [e for e in events if e["type"] == "span"]
     updates = charts.metric_updates(steps)
@@ -38,7 +41,7 @@ def run_update(events: list[dict], status: tuple[str, str] | None) -> dict:
     if timeline:
         updates["timeline"] = timeline
     append = {}
-    logs = [e for e in events if e["type"] == "log"]
+    logs = log_lines(events)
     if logs:
         append["run-logs"] = render_to_string("jobs/_log_lines.html", {"logs": logs})
     checkpoints = [e for e in events if e["type"] == "checkpoint.saved"]
@@ -50,8 +53,10 @@ def run_update(events: list[dict], status: tuple[str, str] | None) -> dict:
         swap["run-status"] = render_to_string(
             "jobs/_status_badge.html", {"status": status[0], "reason": status[1],
                                         "badge_id": "run-status"})
+    marks = charts.control_marks((e["step"], e["kind"], e["value"]) for e in events
+                                 if e["type"] == "control.applied")
     return {"last_seq": events[-1]["seq"], "events": events, "charts": updates,
-            "append": append, "swap": swap}
+            "append": append, "swap": swap, "marks": marks}
 
 
 class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
@@ -148,14 +153,16 @@ class RunConsumer(SessionBoundConsumer):
 
     async def send_events(self, events: list[dict]):
         status = None
-        if any(e["type"] == "run.status" for e in events):
+        if any(e["type"] in ("run.status", "control.applied") for e in events):
             status = await database_sync_to_async(self.current_status)()
         await self.send_json(run_update(events, status))
         self.last_sent = events[-1]["seq"]
 
     def current_status(self) -> tuple[str, str]:
-        """The control plane's status (what the badge shows), not the engine's word."""
-        return Run.objects.values_list("status", "status_reason").get(pk=self.run_id)
+        """The control plane's status (what the badge shows: "paused" while the driver
+        holds), not the engine's word."""
+        run = Run.objects.get(pk=self.run_id)
+        return display_status(run), run.status_reason
 
 
 class RunsConsumer(SessionBoundConsumer):

@@ -45,7 +45,7 @@ def driver_entrypoint(run: Run) -> str:
         "--config-json", json.dumps(run.config, separators=(",", ":")),
         "--run-dir", str(run_dir),
         "--ingest-url", f"{base}/api/runs/{run.pk}/events",
-        "--stop-url", f"{base}/api/runs/{run.pk}/stop",
+        "--controls-url", f"{base}/api/runs/{run.pk}/controls",
         "--token-env", TOKEN_ENV,
         # A job that Ray restarts for the same run continues from its own checkpoints.
         "--resume",

@@ -7,6 +7,9 @@
     rlplane stop RUN                       a queued run is cancelled
     rlplane fork RUN [CONFIG.toml] [--checkpoint ID] [--set key=value ...] [-q]
     rlplane priority RUN N                 a queued run's place in the queue
+    rlplane checkpoint|pause|resume RUN    live controls of a running run, applied after
+    rlplane set-lr RUN LR                  the step in progress (`set-eval-every RUN N`:
+                                           held-out eval cadence, 0 = none mid-run)
     rlplane logs RUN [--follow]
     rlplane alerts [--run RUN] [--state open|acknowledged|resolved] [--ack ID] [--resolve ID]
 
@@ -166,10 +169,20 @@ def cmd_priority(args, console: Console, client: Client) -> int:
     return EXIT_OK
 
 
+def cmd_control(args, console: Console, client: Client) -> int:
+    body: dict = {"kind": args.command.replace("-", "_")}
+    if args.command in ("set-lr", "set-eval-every"):
+        body["value"] = args.value
+    control = client.post(f"/runs/{args.run}/controls", body)
+    console.print(f"run #{args.run}: control {control['id']} ({body['kind']}) sent; it is "
+                  "applied after the step in progress", highlight=False)
+    return EXIT_OK
+
+
 def cmd_logs(args, console: Console, client: Client) -> int:
     after = 0
     while True:
-        page = client.get(f"/runs/{args.run}/events", type=["log", "run.status"],
+        page = client.get(f"/runs/{args.run}/events", type=["log", "run.status", "control.applied"],
                           after_seq=after)
         for event in page["events"]:
             text = event.get("message") or event.get("status", "")
@@ -234,6 +247,17 @@ def parser() -> argparse.ArgumentParser:
     prio = sub.add_parser("priority", help="change a queued run's priority")
     prio.add_argument("run", type=int)
     prio.add_argument("priority", type=int)
+    for name, what in (("checkpoint", "write a checkpoint now"),
+                       ("pause", "hold after the step in progress"),
+                       ("resume", "go on after a pause")):
+        cmd = sub.add_parser(name, help=f"{what} (a running run)")
+        cmd.add_argument("run", type=int)
+    set_lr = sub.add_parser("set-lr", help="the policy's learning rate from the next step")
+    set_lr.add_argument("run", type=int)
+    set_lr.add_argument("value", type=float, metavar="LR")
+    set_eval = sub.add_parser("set-eval-every", help="held-out eval every N steps (0: none)")
+    set_eval.add_argument("run", type=int)
+    set_eval.add_argument("value", type=int, metavar="N")
     logs = sub.add_parser("logs", help="a run's log lines")
     logs.add_argument("run", type=int)
     logs.add_argument("-f", "--follow", action="store_true")
@@ -248,7 +272,8 @@ def parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"runs": cmd_runs, "launch": cmd_launch, "watch": cmd_watch, "stop": cmd_stop,
             "fork": cmd_fork, "priority": cmd_priority, "logs": cmd_logs,
-            "alerts": cmd_alerts}
+            "alerts": cmd_alerts, "checkpoint": cmd_control, "pause": cmd_control,
+            "resume": cmd_control, "set-lr": cmd_control, "set-eval-every": cmd_control}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,8 +45,13 @@ def value(run: dict, metric: str) -> str:
     return f"{point['value']:.4g}"
 
 
+def shown_status(run: dict) -> str:
+    """The run's status, or "paused" while its driver holds after a pause control."""
+    return "paused" if run.get("paused") else run["status"]
+
+
 def table(run: dict) -> Table:
-    grid = Table(title=f"#{run['id']} {run['name']}  [bold]{run['status']}[/bold]  "
+    grid = Table(title=f"#{run['id']} {run['name']}  [bold]{shown_status(run)}[/bold]  "
                        f"step {current_step(run) if current_step(run) is not None else '-'}",
                  show_header=False, expand=False)
     grid.add_column("what")
@@ -63,7 +68,7 @@ def table(run: dict) -> Table:
 
 
 def line(run: dict) -> str:
-    parts = [f"run={run['id']}", f"status={run['status']}", f"step={current_step(run)}"]
+    parts = [f"run={run['id']}", f"status={shown_status(run)}", f"step={current_step(run)}"]
     parts += [f"{metric}={value(run, metric)}" for _, metric in SHOWN]
     parts.append(f"open_alerts={len(run['open_alerts'])}")
     return " ".join(parts)

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from jobs import tasks
-from jobs.models import Run, RunStatus
+from jobs.models import Run, RunControl, RunStatus
 from rlplane import client as c
 from rlplane.cli import main
 
@@ -165,3 +165,23 @@ def test_watch_on_a_terminal_draws_the_table_with_the_open_alerts(logged_in):
     for text in ("succeeded", "step 7", "0.625", "held-out reward", "0.5", "open alerts",
                  "StuckReward", "reward is flat"):
         assert text in drawn, text
+
+
+def test_live_controls_from_the_cli_and_a_bad_value_exits_2_naming_it(logged_in, capsys):
+    run = Run.objects.create(name="r", config={"name": "r", "steps": 3})
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING)
+    rid = str(run.pk)
+
+    for args in (["pause", rid], ["resume", rid], ["checkpoint", rid],
+                 ["set-lr", rid, "5e-5"], ["set-eval-every", rid, "4"]):
+        assert main(args) == c.EXIT_OK, args
+    assert "applied after the step in progress" in capsys.readouterr().out
+    assert list(RunControl.objects.values_list("kind", "value")) == [
+        ("pause", None), ("resume", None), ("checkpoint", None), ("set_lr", 5e-5),
+        ("set_eval_every", 4.0)]
+
+    assert main(["set-lr", rid, "0"]) == c.EXIT_USAGE
+    assert "value: Input should be greater than 0" in capsys.readouterr().err
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+    assert main(["pause", rid]) == c.EXIT_CONFLICT
+    assert "live controls need a running run" in capsys.readouterr().err

@@ -70,6 +70,16 @@ class Learner:
         self.version = 0
         self.step = 0
 
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def set_lr(self, lr: float) -> None:
+        """Every param group's learning rate, from the next optimizer step on (a live
+        control; a checkpoint keeps it, in the optimizer's state)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """The policy's parameters, on the learner's device (weight sync reads them)."""
         return [(n, p.detach()) for n, p in self.policy.named_parameters()]
@@ -166,6 +176,7 @@ class Learner:
             return sum(xs) / len(xs) if xs else 0.0
 
         metrics.update({f"learner/{k}": mean(v) for k, v in sums.items()})
+        metrics["learner/lr"] = self.lr  # what this step's optimizer steps used
         return metrics
 
     def _minibatch_step(self, batch: PackedBatch, idx: torch.Tensor, old_logp: torch.Tensor,

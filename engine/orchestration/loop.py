@@ -16,6 +16,14 @@
 Every policy runs on every placement; only on Ray do generation and training overlap. A
 SIGTERM, a STOP file in the run directory or a ``stop_requested()`` callback answering
 True makes it checkpoint after the step in progress and end "stopped".
+
+Live controls (engine.controls) come from a ``take_controls()`` callback, asked at every
+step boundary; each one applied is a ``control.applied`` event at the step it takes
+effect from:
+
+    before step s:  take_controls() -> checkpoint now | pause | resume | set_lr | set_eval_every
+                    paused: hold here (asking for controls and stop every HOLD_POLL_S)
+                    until a resume, or a stop (which checkpoints and ends "stopped")
 """
 
 from __future__ import annotations
@@ -29,8 +37,17 @@ from pathlib import Path
 import torch
 
 from engine.config import RunConfig, dump_config
+from engine.controls import (
+    CheckpointControl,
+    Control,
+    PauseControl,
+    ResumeControl,
+    SetEvalEveryControl,
+    SetLrControl,
+)
 from engine.events import (
     CheckpointEvent,
+    ControlAppliedEvent,
     EventSink,
     LogEvent,
     MetricsEvent,
@@ -67,10 +84,13 @@ from engine.telemetry.step_metrics import (
 )
 from engine.weightsync.base import SyncResult
 
+HOLD_POLL_S = 0.25  # while paused: how often the loop asks for controls and stop
+
 
 class RunLoop:
     def __init__(self, cfg: RunConfig, out_dir: Path, sink: EventSink | None = None,
-                 progress=None, stop_requested: Callable[[], bool] | None = None):
+                 progress=None, stop_requested: Callable[[], bool] | None = None,
+                 take_controls: Callable[[], list[Control]] | None = None):
         self.cfg, self.out_dir, self.progress = cfg, Path(out_dir), progress
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.layout = layout_for(cfg.placement)
@@ -85,6 +105,9 @@ class RunLoop:
         self.policy = self.experience = None
         self.last_sync: SyncResult | None = None
         self._logged: set[str] = set()         # worker log lines already logged
+        self._take_controls = take_controls
+        self.paused = False
+        self.eval_every = cfg.telemetry.eval_every_steps  # a live control may change it
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -172,11 +195,16 @@ class RunLoop:
     def _steps(self, total: int) -> dict[str, float]:
         cfg, rl_start, last = self.cfg, time.time(), {}
         while self.step < total:
+            self.apply_controls()
+            if self.paused:
+                self.hold()
+                if self.stop_requested():
+                    break
             step = self.step
             last = self.train_step(step)
             if self.progress:
                 self.progress(step + 1, total, last)
-            every = cfg.telemetry.eval_every_steps
+            every = self.eval_every
             if every and (step + 1) % every == 0 and step + 1 < total:
                 self.evaluate(step + 1)
             if cfg.checkpoint.every_steps and (step + 1) % cfg.checkpoint.every_steps == 0:
@@ -187,6 +215,49 @@ class RunLoop:
                 self.tel.log(f"max_seconds={cfg.max_seconds} reached after step {step + 1}")
                 break
         return last
+
+    def apply_controls(self) -> None:
+        """Apply the live controls that arrived since the last boundary, in order."""
+        if self._take_controls is None:
+            return
+        for control in self._take_controls():
+            self.apply(control)
+
+    def apply(self, control: Control) -> None:
+        """One control, at the boundary before step ``self.step``; reported as applied
+        (with who asked) so the control plane marks it and the charts draw it."""
+        step, value = self.step, None
+        match control:
+            case CheckpointControl():
+                self.checkpoint()
+                message = f"checkpoint written at step {step}"
+            case PauseControl():
+                message = ("already paused" if self.paused
+                           else f"paused before step {step}: generation and training wait")
+                self.paused = True
+            case ResumeControl():
+                message = f"resumed at step {step}" if self.paused else "was not paused"
+                self.paused = False
+            case SetLrControl(value=lr):
+                previous = self.d.learner.call(LearnerWorker.set_lr, lr).result()
+                value = lr
+                message = f"learning rate {previous:g} -> {lr:g} from step {step}"
+            case SetEvalEveryControl(value=every):
+                value = float(every)
+                message = (f"eval every {self.eval_every} -> {every} steps from step {step}"
+                           if every else "eval only before and after the run from now on")
+                self.eval_every = every
+        who = control.requested_by or "the engine"
+        self.tel.emit(ControlAppliedEvent(control_id=control.id, kind=control.kind,
+                                          value=value, step=step,
+                                          requested_by=control.requested_by,
+                                          message=f"{message} (by {who})"))
+
+    def hold(self) -> None:
+        """Paused: the step in progress has finished; wait for a resume or a stop."""
+        while self.paused and not self.stop_requested():
+            self._stop.wait(HOLD_POLL_S)
+            self.apply_controls()
 
     def train_step(self, step: int) -> dict[str, float]:
         d, t0, version = self.d, time.time(), self.version

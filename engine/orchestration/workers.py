@@ -212,6 +212,15 @@ class LearnerWorker(WeightSenderHost):
             f.result()
         return metrics
 
+    def set_lr(self, lr: float) -> float:
+        """Every rank's optimizer takes ``lr`` from the next step; returns the previous."""
+        peers = self._with_peers(LearnerWorker.set_lr, lr)
+        previous = self.learner.lr
+        self.learner.set_lr(lr)
+        for f in peers:
+            f.result()
+        return previous
+
     def sync_version(self) -> int:
         return self.learner.version
 

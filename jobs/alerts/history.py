@@ -58,7 +58,7 @@ class RunHistory:
 @dataclass(frozen=True)
 class RunFacts:
     """What the rules need to know about the run besides its series."""
-    status: str = "running"              # the control plane's RunStatus value
+    status: str = "running"              # the control plane's RunStatus value, or "paused"
     temperature: float = 1.0
     staleness_bound: int = 0             # sync loop: every sample is on-policy
     async_policy: str = "sync"

@@ -33,6 +33,7 @@ from jobs.models import (
     Run,
     RunEvent,
 )
+from jobs.models.controls import display_status
 
 HISTORY_LIMIT = 4000  # recent events the rules look at (hundreds of steps)
 
@@ -58,7 +59,8 @@ def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
     """Open, refresh and resolve the run's alerts from its history; returns the alerts
     whose state changed."""
     cfg = validate_config(run.config, check_files=False)   # its model may have moved since
-    findings = evaluate(load_history(run), RunFacts.from_config(cfg, run.status),
+    # "paused" while the driver holds: a paused run makes no progress on purpose
+    findings = evaluate(load_history(run), RunFacts.from_config(cfg, display_status(run)),
                         thresholds_for(run), time.time() if now is None else now)
     return do_apply_findings(run, findings)
 

@@ -7,6 +7,7 @@
     events.py   RunEvent      every engine event, unique by (run, seq); Checkpoint
     alerts.py   Alert         a named condition on a run; AlertChannel; Notification
     tokens.py   ApiToken      a user's REST API token, stored hashed
+    controls.py RunControl    a live control asked of a running run (pause, set_lr, ...)
 """
 
 from jobs.models.alerts import (
@@ -17,6 +18,7 @@ from jobs.models.alerts import (
     Notification,
     NotificationStatus,
 )
+from jobs.models.controls import RunControl
 from jobs.models.events import Checkpoint, RunEvent
 from jobs.models.preset import Preset
 from jobs.models.run import Run
@@ -28,5 +30,5 @@ __all__ = [
     "LIVE_STATES", "Alert", "AlertChannel", "AlertState", "ApiToken", "Notification",
     "NotificationStatus",
     "LIVE", "TERMINAL", "TRANSITIONS", "Checkpoint", "InvalidTransition", "MetricPoint",
-    "PhaseSpan", "Preset", "Run", "RunEvent", "RunStatus", "latest_values",
+    "PhaseSpan", "Preset", "Run", "RunControl", "RunEvent", "RunStatus", "latest_values",
 ]

@@ -10,6 +10,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from engine.api import ControlError
 from engine.config import ConfigError
 from jobs.actions import Refused
 from jobs.models import InvalidTransition
@@ -32,6 +33,10 @@ def config_errors(exc: ConfigError, prefix: str = "") -> list[dict]:
 def exception_handler(exc, context):
     if isinstance(exc, ConfigError):
         return Response({"detail": "invalid run config", "errors": config_errors(exc)},
+                        status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, ControlError):
+        return Response({"detail": "invalid control",
+                         "errors": [{"field": f, "message": m} for f, m in exc.errors]},
                         status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, ValidationError):
         return Response({"detail": "invalid request", "errors": flatten(exc.detail)},

@@ -11,6 +11,8 @@
     GET  /api/v1/runs/<id>/metric-names
     GET  /api/v1/runs/<id>/events          ?after_seq= &type=log &limit=
     GET  /api/v1/runs/<id>/checkpoints
+    GET  /api/v1/runs/<id>/controls        the live controls asked of the run, and when
+    POST /api/v1/runs/<id>/controls        {kind, value?} -> 201: applied at the next step
 """
 
 from __future__ import annotations
@@ -23,16 +25,19 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from engine.api import validate_control
 from engine.config import RunConfig, validate_config
 from jobs.actions import (
     do_archive_run,
     do_fork_run,
     do_launch_run,
+    do_request_control,
     do_set_priority,
     do_stop_run,
 )
 from jobs.forms import toml_table
 from jobs.models import LIVE_STATES, MetricPoint, Run, RunEvent, RunStatus, latest_values
+from jobs.models.controls import paused
 from jobs.rest import serializers as s
 
 MAX_LIMIT = 1000
@@ -68,6 +73,7 @@ def run_detail(run: Run) -> dict:
     run.latest = {name: {"step": step, "value": value}
                   for name, (step, value) in latest_values([run.pk]).get(run.pk, {}).items()}
     run.open_alerts = list(run.alerts.filter(state__in=LIVE_STATES))
+    run.paused = paused(run)
     return s.RunDetailSerializer(run).data
 
 
@@ -239,3 +245,20 @@ def events(request, run_id: int):
 def checkpoints(request, run_id: int):
     target = get_object_or_404(Run, pk=run_id)
     return Response(s.CheckpointSerializer(target.checkpoints.order_by("step"), many=True).data)
+
+
+@extend_schema(methods=["GET"], responses=s.ControlSerializer(many=True))
+@extend_schema(methods=["POST"], request=s.ControlRequestSerializer,
+               responses={201: s.ControlSerializer, 400: s.ErrorSerializer,
+                          409: s.ErrorSerializer})
+@api_view(["GET", "POST"])
+def controls(request, run_id: int):
+    target = get_object_or_404(Run, pk=run_id)
+    if request.method == "POST":
+        data = valid(s.ControlRequestSerializer, request)
+        if data.get("value") is None:
+            data.pop("value", None)
+        row = do_request_control(request.user, target, validate_control(data))
+        return Response(s.ControlSerializer(row).data, status=status.HTTP_201_CREATED)
+    rows = target.controls.select_related("requested_by").order_by("id")
+    return Response(s.ControlSerializer(rows, many=True).data)

@@ -3,7 +3,8 @@ the OpenAPI schema names every field; run configs stay the engine's RunConfig as
 
 from rest_framework import serializers
 
-from jobs.models import Alert, Checkpoint, Preset, Run
+from engine.api import CONTROL_KINDS
+from jobs.models import Alert, Checkpoint, Preset, Run, RunControl
 from jobs.models.run import PRIORITY_BOUND
 
 
@@ -40,9 +41,11 @@ class RunDetailSerializer(RunSerializer):
     latest = serializers.DictField(child=LatestMetricSerializer(), read_only=True,
                                    help_text="each metric at its last reported step")
     open_alerts = AlertSerializer(many=True, read_only=True)
+    paused = serializers.BooleanField(read_only=True,
+                                      help_text="the driver holds after a pause control")
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "config", "latest", "open_alerts"]
+        fields = [*RunSerializer.Meta.fields, "config", "latest", "open_alerts", "paused"]
 
 
 class ConfigInput(serializers.Serializer):
@@ -76,6 +79,25 @@ class ForkSerializer(ConfigInput):
 
 class PrioritySerializer(serializers.Serializer):
     priority = serializers.IntegerField(min_value=-PRIORITY_BOUND, max_value=PRIORITY_BOUND)
+
+
+class ControlRequestSerializer(serializers.Serializer):
+    """A live control for a running run; engine.controls validates the value per kind."""
+
+    kind = serializers.ChoiceField(choices=CONTROL_KINDS)
+    value = serializers.FloatField(
+        required=False, allow_null=True,
+        help_text="set_lr: the learning rate (0 < lr <= 1); set_eval_every: steps "
+                  "(an integer >= 0, 0 = no mid-run eval); none for the others")
+
+
+class ControlSerializer(serializers.ModelSerializer):
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = RunControl
+        fields = ["id", "run", "kind", "value", "requested_by", "created_at",
+                  "applied_step", "applied_at", "message"]
 
 
 class CheckpointSerializer(serializers.ModelSerializer):

@@ -14,6 +14,7 @@ urlpatterns = [
     path("runs/<int:run_id>/metric-names", runs.metric_names, name="api-run-metric-names"),
     path("runs/<int:run_id>/events", runs.events, name="api-run-events"),
     path("runs/<int:run_id>/checkpoints", runs.checkpoints, name="api-run-checkpoints"),
+    path("runs/<int:run_id>/controls", runs.controls, name="api-run-controls"),
     path("alerts", views.alerts, name="api-alerts"),
     path("alerts/<int:alert_id>/acknowledge", views.acknowledge, name="api-alert-ack"),
     path("alerts/<int:alert_id>/resolve", views.resolve, name="api-alert-resolve"),

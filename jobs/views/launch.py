@@ -4,6 +4,8 @@
     POST /runs/new                       valid -> do_launch_run -> the run page
     POST /runs/<id>/stop                 do_stop_run -> the run page (a queued run: cancelled)
     POST /runs/<id>/priority             do_set_priority (a queued run) -> the run page
+    POST /runs/<id>/controls             {kind, value?}: do_request_control (a live
+                                         control of a running run) -> the run page
     GET  /runs/<id>/fork[?checkpoint=ID] the run form from the parent's config
     POST /runs/<id>/fork                 valid -> the diff against the parent; posted again
                                          unchanged -> do_fork_run -> the fork's page
@@ -13,8 +15,16 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from engine.api import ControlError, validate_control
 from engine.config import RunConfig, validate_config
-from jobs.actions import Refused, do_fork_run, do_launch_run, do_set_priority, do_stop_run
+from jobs.actions import (
+    Refused,
+    do_fork_run,
+    do_launch_run,
+    do_request_control,
+    do_set_priority,
+    do_stop_run,
+)
 from jobs.auth import operator_required
 from jobs.forms import ForkForm, RunConfigForm, initial_for
 from jobs.models import InvalidTransition, Preset, Run
@@ -69,6 +79,23 @@ def run_priority(request, run_id: int):
         messages.error(request, f"Priority not changed: {exc}")
     else:
         messages.info(request, f"Priority set to {run.priority}.")
+    return redirect("run-detail", run_id=run.pk)
+
+
+@operator_required
+@require_POST
+def run_control(request, run_id: int):
+    run = get_object_or_404(Run, pk=run_id)
+    data = {"kind": request.POST.get("kind", "")}
+    if request.POST.get("value", "").strip():
+        data["value"] = request.POST["value"].strip()
+    try:
+        row = do_request_control(request.user, run, validate_control(data))
+    except (ControlError, Refused) as exc:
+        messages.error(request, f"Not sent: {exc}")
+    else:
+        messages.info(request, f"Sent {row.label}: the run applies it after the step in "
+                               "progress.")
     return redirect("run-detail", run_id=run.pk)
 
 

@@ -9,6 +9,7 @@ from django.views.decorators.http import require_GET
 from jobs.alerts.views import run_alerts
 from jobs.auth import is_operator
 from jobs.models import Run
+from jobs.models.controls import display_status
 from jobs.views import run_page
 
 
@@ -37,6 +38,10 @@ def run_detail(request, run_id: int):
         "operator": is_operator(request.user),
         "stop_url": reverse("run-stop", args=[run.pk]),
         "fork_url": reverse("run-fork", args=[run.pk]),
+        "control_url": reverse("run-control", args=[run.pk]),
+        "controls": run.controls.select_related("requested_by").order_by("-id")[:50],
+        "shown_status": display_status(run),
+        "current_lr": run_page.current_lr(run),
     }
     if request.htmx:
         return render(request, "jobs/_run_panels.html", context)

@@ -10,7 +10,7 @@ from django.db.models import Max, OuterRef, Subquery
 
 from engine.config import dump_config, validate_config
 from jobs import charts
-from jobs.models import TERMINAL, MetricPoint, PhaseSpan, Run, RunEvent
+from jobs.models import TERMINAL, MetricPoint, PhaseSpan, Run, RunControl, RunEvent
 
 LOG_LINES = 200  # the newest log lines a page starts with
 
@@ -64,13 +64,25 @@ def chart_data(run: Run) -> dict:
         last_seq = RunEvent.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
         figures = charts.metric_figures(metric_steps(run))
         figures.append(charts.timeline_figure(recent_spans(run)))
+        applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
+                   .order_by("id").values_list("applied_step", "kind", "value"))
+        marks = charts.control_marks(applied)
     return {"run_id": run.pk, "last_seq": last_seq, "ws_path": f"/ws/runs/{run.pk}/",
-            "terminal_statuses": sorted(TERMINAL), "charts": figures}
+            "terminal_statuses": sorted(TERMINAL), "charts": figures, "marks": marks}
+
+
+LOG_TYPES = ("log", "control.applied")  # the log panel's lines; controls name who
+
+
+def log_lines(events: list[dict]) -> list[dict]:
+    """Log events as the log panel shows them: a control applied is a "control" line."""
+    return [e if e["type"] == "log" else {**e, "level": "control"} for e in events
+            if e["type"] in LOG_TYPES]
 
 
 def recent_logs(run: Run) -> list[dict]:
-    rows = RunEvent.objects.filter(run=run, type="log").order_by("-seq")[:LOG_LINES]
-    return [row.payload for row in reversed(rows)]
+    rows = RunEvent.objects.filter(run=run, type__in=LOG_TYPES).order_by("-seq")[:LOG_LINES]
+    return log_lines([row.payload for row in reversed(rows)])
 
 
 def config_toml(run: Run) -> str:
@@ -91,3 +103,12 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
             ("algorithm", cfg.algorithm.type), ("placement", placement),
             ("async policy", cfg.async_policy.type), ("steps", str(cfg.steps))]
 
+
+
+def current_lr(run: Run) -> float:
+    """The policy's learning rate as the learner last reported it (learner/lr), else the
+    config's: what the live lr control starts from."""
+    latest = (MetricPoint.objects.filter(run=run, name="learner/lr").order_by("-step")
+              .values_list("value", flat=True).first())
+    return latest if latest is not None else validate_config(
+        run.config, check_files=False).algorithm.lr

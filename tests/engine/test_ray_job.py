@@ -1,17 +1,19 @@
 """``python -m engine.ray_job``: the Ray job's entry point, against a stand-in control plane
-(a stdlib HTTP server that stores posted events and answers the stop poll)."""
+(a stdlib HTTP server that stores posted events and answers the control poll)."""
 
 import json
 import os
 import subprocess
 import sys
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from engine.ray_job import StopPoller, main
+from engine.controls import PauseControl, SetLrControl
+from engine.ray_job import ControlPoller, main
 
 from .conftest import small_run
 
@@ -20,13 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ControlPlane:
-    """Stores the events of POST /events, answers GET /stop with {"stop": stop_after_step
-    reached}; both require the run's token."""
+    """Stores the events of POST /events, answers GET /controls?after=N with {"stop":
+    stop_after_step reached, "controls": those of ``controls`` after N}; both require the
+    run's token."""
 
     def __init__(self, stop_after_step: int | None = None):
         self.events: list[dict] = []
         self.stop_polls = 0
         self.stop_after_step = stop_after_step
+        self.controls: list[dict] = []
+        self.afters: list[str] = []    # the ``after`` of each poll
         plane = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -53,7 +58,11 @@ class ControlPlane:
             def do_GET(self):
                 if self._authorized():
                     plane.stop_polls += 1
-                    self._answer(200, {"stop": plane.should_stop()})
+                    query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                    after = query.get("after", ["0"])[0]
+                    plane.afters.append(after)
+                    self._answer(200, {"stop": plane.should_stop(), "controls": [
+                        c for c in plane.controls if c["id"] > int(after)]})
 
             def log_message(self, *args):
                 pass
@@ -93,8 +102,8 @@ def plane():
 
 def driver_args(plane: ControlPlane, run_dir, cfg, *extra: str) -> list[str]:
     return ["--config-json", json.dumps(cfg.model_dump(mode="json")), "--run-dir", str(run_dir),
-            "--ingest-url", f"{plane.url}/events", "--stop-url", f"{plane.url}/stop",
-            "--stop-poll-s", "0.1", "--token-env", "TEST_INGEST_TOKEN", *extra]
+            "--ingest-url", f"{plane.url}/events", "--controls-url", f"{plane.url}/controls",
+            "--poll-s", "0.1", "--token-env", "TEST_INGEST_TOKEN", *extra]
 
 
 @pytest.fixture
@@ -133,21 +142,36 @@ def test_a_stop_request_checkpoints_and_a_fork_resumes_from_that_checkpoint(
     assert not (fork_dir / "ingest-spool.jsonl").exists()
 
 
-def test_the_stop_poller_treats_an_unreachable_control_plane_as_no(plane):
+def test_the_control_poller_treats_an_unreachable_control_plane_as_no(plane):
     cp = plane()
     cp.close()
-    poller = StopPoller(f"{cp.url}/stop", TOKEN, timeout_s=1.0)
+    poller = ControlPoller(f"{cp.url}/stop", TOKEN, timeout_s=1.0)
     assert poller.poll_once() is False and poller() is False
 
 
-def test_the_stop_poller_sends_the_run_token_and_remembers_a_yes(plane):
+def test_the_control_poller_sends_the_run_token_and_remembers_a_yes(plane):
     cp = plane(stop_after_step=0)
-    poller = StopPoller(f"{cp.url}/stop", TOKEN)
+    poller = ControlPoller(f"{cp.url}/stop", TOKEN)
     assert poller.poll_once() is False
     cp.events.append({"type": "metrics.append", "step": 0, "values": {"reward/mean": 0.0}})
     assert poller.poll_once() is True
     cp.events.clear()
     assert poller() is True and cp.stop_polls == 2
+
+
+def test_the_control_poller_asks_after_the_last_control_and_skips_a_bad_one(plane):
+    cp = plane()
+    cp.controls = [{"id": 3, "kind": "set_lr", "value": 1e-4, "requested_by": "olga"},
+                   {"id": 4, "kind": "rewind", "requested_by": "olga"},
+                   {"id": 5, "kind": "pause", "requested_by": "vic"}]
+    poller = ControlPoller(f"{cp.url}/controls", TOKEN)
+
+    assert poller.poll_once() is False
+    assert poller.take() == [SetLrControl(id=3, value=1e-4, requested_by="olga"),
+                             PauseControl(id=5, requested_by="vic")]
+    assert poller.take() == []                     # handed over once
+    poller.poll_once()
+    assert cp.afters == ["0", "5"] and poller.take() == []
 
 
 def test_a_bad_config_exits_2_naming_the_field(tmp_path, plane):

@@ -6,12 +6,21 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from engine.api import WeightSyncEvent
 from jobs.actions import do_ingest_events
 from jobs.alerts import lifecycle
 from jobs.alerts.tasks import evaluate_alerts
-from jobs.models import Alert, AlertChannel, AlertState, Notification, Preset, RunStatus
+from jobs.models import (
+    Alert,
+    AlertChannel,
+    AlertState,
+    Notification,
+    Preset,
+    RunControl,
+    RunStatus,
+)
 
 from .helpers import metrics, span
 from .test_consumers import open_socket, session_cookie  # noqa: F401 (a fixture)
@@ -139,6 +148,26 @@ def test_the_periodic_task_catches_a_hang_that_no_event_reports(run, channel_lay
     evaluate_alerts()
     alert = Alert.objects.get(run=run, kind="PhaseHang")
     assert alert.cause.startswith("Stuck in ") and "cpu:0" in alert.cause
+
+
+def test_a_paused_run_is_not_a_hang_and_a_resumed_one_can_be(run, channel_layer):
+    Preset.objects.create(name=run.config["name"], config=run.config,
+                          alert_thresholds={"hang_min_s": 1.0})
+    events = []
+    for step in range(3):
+        events += [span(len(events) + 1, step, phase=p) for p in ("rollout", "learner")]
+        events.append(metrics(len(events) + 1, step, **{"reward/mean": 0.1}))
+    pause = RunControl.objects.create(run=run, kind="pause")
+    RunControl.objects.filter(pk=pause.pk).update(applied_step=3, applied_at=timezone.now())
+    do_ingest_events(run, events)       # long past, but the driver holds on purpose
+
+    evaluate_alerts()
+    assert not Alert.objects.filter(run=run, kind="PhaseHang").exists()
+
+    resume = RunControl.objects.create(run=run, kind="resume")
+    RunControl.objects.filter(pk=resume.pk).update(applied_step=3, applied_at=timezone.now())
+    evaluate_alerts()
+    assert Alert.objects.filter(run=run, kind="PhaseHang").exists()
 
 
 def test_the_periodic_task_raises_run_lost(run, channel_layer):

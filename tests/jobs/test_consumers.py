@@ -12,9 +12,11 @@ from channels.db import database_sync_to_async
 from django.test import Client
 
 from controlplane.asgi import application
+from engine.api import ControlAppliedEvent
 from jobs import actions
 from jobs.actions import do_ingest_events
 from jobs.consumers import run_update
+from jobs.models import RunControl
 
 from .helpers import checkpoint, log, metrics, span, status
 
@@ -283,3 +285,30 @@ def test_an_update_carries_extend_traces_data_for_the_timeline():
     assert timeline["y"] == [["cpu:0"], ["cpu:1"]]
     assert timeline["base"] == [[11000.0], [11000.0]] and timeline["x"] == [[500.0], [500.0]]
     assert update["last_seq"] == 2
+
+
+def test_a_pause_applied_swaps_the_badge_to_paused_and_a_resume_back(
+        run, channel_layer, session_cookie):
+    pause = RunControl.objects.create(run=run, kind="pause")
+    resume = RunControl.objects.create(run=run, kind="resume")
+
+    def applied(seq, control):
+        return ControlAppliedEvent(seq=seq, ts=1000.0 + seq, control_id=control.pk,
+                                   kind=control.kind, step=2, requested_by="olga",
+                                   message=f"{control.kind} (by olga)")
+
+    async def scenario():
+        communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        await communicator.send_json_to({"last_seq": 0})
+        await ingest(run, [applied(1, pause)])
+        paused = await received_until(communicator, 1)
+        await ingest(run, [applied(2, resume)])
+        resumed = await received_until(communicator, 2)
+        await communicator.disconnect(timeout=10)
+        return paused[-1], resumed[-1]
+
+    paused, resumed = run_async(scenario)
+
+    assert ">paused</span>" in paused["swap"]["run-status"]
+    assert paused["marks"] == [{"step": 2, "label": "pause"}]
+    assert ">running</span>" in resumed["swap"]["run-status"]

@@ -104,6 +104,7 @@ WRITES = [
     ("priority", lambda t: (f"/runs/{t['queued'].pk}/priority", {"priority": 5})),
     ("acknowledge", lambda t: (f"/alerts/{t['alert'].pk}/acknowledge", {})),
     ("resolve", lambda t: (f"/alerts/{t['alert'].pk}/resolve", {})),
+    ("control", lambda t: (f"/runs/{t['running'].pk}/controls", {"kind": "pause"})),
 ]
 
 

@@ -32,6 +32,7 @@ def test_the_schema_documents_every_api_route_with_token_auth():
     for route in ("/api/v1/runs", "/api/v1/runs/{run_id}/stop", "/api/v1/runs/{run_id}/fork",
                   "/api/v1/runs/{run_id}/archive", "/api/v1/runs/{run_id}/priority",
                   "/api/v1/runs/{run_id}/metrics", "/api/v1/runs/{run_id}/events",
-                  "/api/v1/runs/{run_id}/checkpoints", "/api/v1/alerts/{alert_id}/acknowledge",
+                  "/api/v1/runs/{run_id}/checkpoints", "/api/v1/runs/{run_id}/controls",
+                  "/api/v1/alerts/{alert_id}/acknowledge",
                   "/api/v1/alerts/{alert_id}/resolve", "/api/v1/presets", "/api/v1/cluster"):
         assert route in paths, route

@@ -292,7 +292,7 @@ def test_the_driver_command_uses_this_python_checkout_and_checkpoint(make_run, s
 
     assert command.startswith(f"cd {settings.BASE_DIR} && exec {sys.executable} -m engine.ray_job")
     assert f"--ingest-url http://cp.example:8000/api/runs/{run.pk}/events" in command
-    assert f"--stop-url http://cp.example:8000/api/runs/{run.pk}/stop" in command
+    assert f"--controls-url http://cp.example:8000/api/runs/{run.pk}/controls" in command
     assert "--from-checkpoint /runs/run-1/checkpoints/step_000004" in command
     assert "--token-env RLPLANE_INGEST_TOKEN" in command and "--resume" in command
 

@@ -1,0 +1,99 @@
+"""Live controls: what an operator may change on a running run, typed and validated here
+once for both ends (the control plane checks a request with ``validate_control``; the
+driver parses what it polls with the same models).
+
+    operator -> control plane (RunControl row, id N) -> driver polls "after N-1"
+        -> RunLoop applies it at the next step boundary -> ControlAppliedEvent(control_id=N)
+        -> ingest marks the row applied (step, time)
+
+    {"kind": "checkpoint"}                      write a checkpoint now
+    {"kind": "pause"} / {"kind": "resume"}      hold before the next step / go on
+    {"kind": "set_lr", "value": 5e-5}           every param group's lr, from the next step
+    {"kind": "set_eval_every", "value": 10}     held-out eval cadence (0 = never mid-run)
+
+Standard library + pydantic only: the web process imports this through engine.api.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+CONTROL_KINDS = ("checkpoint", "pause", "resume", "set_lr", "set_eval_every")
+
+
+class _Control(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    id: int = Field(default=0, ge=0)
+    """The control plane's id of the request (0 for one made in the engine's own process)."""
+    requested_by: str = Field(default="", max_length=150)
+    """Who asked for it (a username), for the run's log."""
+
+
+class CheckpointControl(_Control):
+    kind: Literal["checkpoint"] = "checkpoint"
+
+
+class PauseControl(_Control):
+    kind: Literal["pause"] = "pause"
+
+
+class ResumeControl(_Control):
+    kind: Literal["resume"] = "resume"
+
+
+class SetLrControl(_Control):
+    kind: Literal["set_lr"] = "set_lr"
+    value: float = Field(gt=0.0, le=1.0, allow_inf_nan=False)
+    """The policy's new AdamW learning rate (every param group), from the next step on."""
+
+
+class SetEvalEveryControl(_Control):
+    kind: Literal["set_eval_every"] = "set_eval_every"
+    value: int = Field(ge=0, le=1_000_000)
+    """Run the held-out eval every this many steps from now on (0: only before and after)."""
+
+
+Control = Annotated[
+    CheckpointControl | PauseControl | ResumeControl | SetLrControl | SetEvalEveryControl,
+    Field(discriminator="kind"),
+]
+_ADAPTER: TypeAdapter[Control] = TypeAdapter(Control)
+
+
+class ControlError(ValueError):
+    """A control that does not validate: one (field, message) per problem, each naming the
+    field and what it should be."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {m}" for f, m in errors))
+
+
+def validate_control(data: Any) -> Control:
+    """A typed control from plain data ({"kind": ..., "value": ...}), or ControlError."""
+    if isinstance(data, dict) and data.get("kind") in ("checkpoint", "pause", "resume") \
+            and data.get("value") is None:
+        data = {k: v for k, v in data.items() if k != "value"}  # a form's empty value
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise ControlError([_describe(e) for e in exc.errors()]) from None
+
+
+def _describe(err: dict[str, Any]) -> tuple[str, str]:
+    loc = [str(x) for x in err["loc"] if str(x) not in CONTROL_KINDS]
+    field = ".".join(loc) or "kind"
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found", "model_attributes_type"):
+        got = err.get("input")
+        got = got.get("kind") if isinstance(got, dict) else got
+        return "kind", f"must be one of {', '.join(CONTROL_KINDS)} (got {got!r})"
+    if err["type"] == "extra_forbidden":
+        return field, f"{field!r} is not a field of this control; remove it"
+    if err["type"] == "missing":
+        return field, "required for this kind of control"
+    if err["type"] == "finite_number":
+        return field, f"must be a finite number (got {err.get('input')!r})"
+    return field, f"{err['msg']} (got {err.get('input')!r})"
