@@ -66,7 +66,7 @@ class ShardedLearner(Learner):
 
     def __init__(self, policy: torch.nn.Module, cfg: GrpoConfig, temperature: float,
                  seed: int, reference: torch.nn.Module | None = None,
-                 setup: LearnerConfig | None = None):
+                 setup: LearnerConfig | None = None, top_p: float = 1.0):
         setup = setup or LearnerConfig()
         if not dist.is_initialized():
             raise RuntimeError("ShardedLearner needs torch.distributed initialized "
@@ -77,7 +77,7 @@ class ShardedLearner(Learner):
         policy = shard_policy(policy.to(device), setup)
         if reference is not None and setup.reference == "device":
             reference = shard_policy(reference.to(device), setup)   # never trained
-        super().__init__(policy, cfg, temperature, seed, reference, setup)
+        super().__init__(policy, cfg, temperature, seed, reference, setup, top_p=top_p)
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Full tensors, gathered from every rank's shard: every rank must call this."""
