@@ -127,7 +127,7 @@ def bench_recipe(recipe: Path, args) -> None:
             setup = LearnerConfig(device=args.device, precision=args.precision,
                                   packing=layout == "packed")
             learners[layout] = Learner(load_policy(model_dir), alg, cfg.rollout.temperature,
-                                       seed=0, setup=setup)
+                                       seed=0, setup=setup, top_p=cfg.rollout.top_p)
         policy = learners["padded"].policy
         n_params = sum(p.numel() for p in policy.parameters()) \
             - policy.get_input_embeddings().weight.numel()

@@ -75,13 +75,14 @@ def check(name: str, fn) -> object:
     return payload[0] if payload else None
 
 
-def samples(model_dir: Path, prompts: int = 16, group: int = 8) -> list[Sample]:
+def samples(model_dir: Path, prompts: int = 16, group: int = 8,
+            top_p: float = 1.0) -> list[Sample]:
     """One demo-sized step: arithmetic prompts x group, sampled by the torch sampler."""
     tok = load_tokenizer(model_dir)
     problems = ArithmeticTask(ArithmeticTaskConfig()).train_problems(0, prompts)
     ids = [tok(p.prompt)["input_ids"] for p in problems for _ in range(group)]
     outs = TorchRollout.from_pretrained(model_dir).generate(
-        ids, SamplingParams(temperature=1.0, max_new_tokens=8), seed=0)
+        ids, SamplingParams(temperature=1.0, top_p=top_p, max_new_tokens=8), seed=0)
     return [Sample(problems[i // group], p, o.token_ids, o.logprobs, o.finished, 0, i // group,
                    advantage=1.0 if i % 2 else -1.0)
             for i, (p, o) in enumerate(zip(ids, outs, strict=True))]
@@ -112,11 +113,12 @@ def learner_bf16(size: str):
             f"fp32 master weights, {tokens / seconds:,.0f} tok/s", learner)
 
 
-def sampler_vs_learner():
+def sampler_vs_learner(top_p: float = 1.0):
+    """top_p < 1: the learner recomputes the nucleus the sampler drew from."""
     model_dir = ensure_base_model("tiny", 0)
-    batch = pack(samples(model_dir), load_tokenizer(model_dir).pad_token_id)
+    batch = pack(samples(model_dir, top_p=top_p), load_tokenizer(model_dir).pad_token_id)
     learner = Learner(load_policy(model_dir), GrpoConfig(), 1.0, seed=0,
-                      setup=LearnerConfig(device=DEVICE, precision="fp32"))
+                      setup=LearnerConfig(device=DEVICE, precision="fp32"), top_p=top_p)
     on_device = batch.to(learner.device)
     logp = learner.recompute(on_device)
     mask = on_device.response_mask.bool()
@@ -304,6 +306,7 @@ def main() -> int:
     else:
         check("learner bf16 update, small", lambda: ("SKIP", "CPU machine: tiny only"))
     check("sampler vs learner logprobs (fp32)", sampler_vs_learner)
+    check("sampler vs learner logprobs at top_p 0.9 (fp32)", lambda: sampler_vs_learner(0.9))
     check("packed vs padded logprobs (fp32)", packed_vs_padded)
     check("cuda_ipc transport, 2 processes", lambda: cuda_ipc(tiny))
     check("NVML sampling", nvml)

@@ -14,7 +14,8 @@ class _RolloutCommon(_Section):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     """Sampling temperature; 0 is greedy. Behaviour logprobs are temperature-scaled."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Nucleus mass; behaviour logprobs are of the renormalized top-p distribution."""
+    """Nucleus mass; behaviour logprobs are of the renormalized top-p distribution, and the
+    learner recomputes that same distribution (README: top_p)."""
     max_new_tokens: int = Field(default=8, ge=1, le=1024)
     """Token budget per completion, EOS included."""
     prompts_per_step: int = Field(default=32, ge=1, le=4096)

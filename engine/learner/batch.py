@@ -36,6 +36,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.experience import Sample
+from engine.sampling import entropy as token_entropy
+from engine.sampling import processed_logprobs
 
 PACKED_ROW_TOKENS = 64
 """Packed rows hold at least this many tokens (more when one sequence is longer). A row
@@ -200,12 +202,13 @@ def attention_kernels(device: torch.device):
 
 def response_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float,
                       with_entropy: bool = False, packed: bool = False,
-                      row_tokens: int = PACKED_ROW_TOKENS,
+                      row_tokens: int = PACKED_ROW_TOKENS, top_p: float = 1.0,
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Teacher-forced logprobs (B, R) of the response tokens under logits / temperature,
-    and optionally the per-token entropy (B, R) of that distribution; 0 off the response.
-    ``packed`` chooses the forward layout (``row_tokens``: packed_layout's); the result is
-    the same up to float rounding."""
+    """Teacher-forced logprobs (B, R) of the response tokens under the sampling
+    distribution (engine.sampling: logits / temperature, then the top-p nucleus, which
+    always holds the response token), and optionally the per-token entropy (B, R) of
+    that distribution; 0 off the response. ``packed`` chooses the forward layout
+    (``row_tokens``: packed_layout's); the result is the same up to float rounding."""
     lay = packed_layout(batch, row_tokens) if packed else padded_layout(batch)
     with attention_kernels(lay.input_ids.device):
         hidden = model.base_model(input_ids=lay.input_ids, attention_mask=lay.attention_mask,
@@ -213,17 +216,17 @@ def response_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: f
                                   use_cache=False).last_hidden_state          # (N, T, H)
     h = hidden.reshape(-1, hidden.shape[-1])[lay.predict_at]                   # (K, H)
     head = model.get_output_embeddings()
-    with torch.autocast(h.device.type, enabled=False):
-        logits = head(h.to(head.weight.dtype)).float() / temperature          # (K, V)
-    logp_all = torch.log_softmax(logits, dim=-1)
     mask = batch.response_mask.bool()
     targets = batch.input_ids[:, batch.prompt_len:][mask]                       # (K,)
+    with torch.autocast(h.device.type, enabled=False):
+        logits = head(h.to(head.weight.dtype)).float()                         # (K, V)
+        logp_all = processed_logprobs(logits, temperature, top_p, keep=targets)
     logp = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
     logp[mask] = logp_all.gather(-1, targets[:, None]).squeeze(-1)
     entropy = None
     if with_entropy:
         entropy = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
-        entropy[mask] = -(logp_all.exp() * logp_all).sum(-1)
+        entropy[mask] = token_entropy(logp_all)
     return logp, entropy
 
 

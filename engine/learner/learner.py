@@ -45,7 +45,8 @@ from engine.weightsync.fingerprint import fingerprint
 class Learner:
     def __init__(self, policy: torch.nn.Module, cfg: GrpoConfig, temperature: float,
                  seed: int, reference: torch.nn.Module | None = None,
-                 setup: LearnerConfig | None = None, norm_tokens: int | None = None):
+                 setup: LearnerConfig | None = None, norm_tokens: int | None = None,
+                 top_p: float = 1.0):
         self.setup = setup = setup or LearnerConfig()
         # loss_agg_mode "seq-mean-token-sum-norm" divides by this constant (the rollout's
         # max_new_tokens); unset, by the batch's padded response width.
@@ -56,8 +57,10 @@ class Learner:
             self.policy.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         self.cfg = cfg
-        # Learner logprobs are of the tempered distribution the sampler used (greedy -> 1).
+        # Learner logprobs are of the distribution the sampler drew from: logits /
+        # temperature, then the top-p nucleus renormalized (engine.sampling); greedy -> 1.
         self.temperature = temperature if temperature > 0 else 1.0
+        self.top_p = top_p if temperature > 0 else 1.0
         self.seed = seed
         # The KL reference is never trained: with the learner on its device, or kept in
         # host memory and run on the CPU (learner.reference = "cpu") to spare the device.
@@ -88,11 +91,12 @@ class Learner:
         return fingerprint(self.named_tensors())
 
     def logprobs(self, model: torch.nn.Module, batch: PackedBatch, temperature: float,
-                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 with_entropy: bool = False, top_p: float = 1.0,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, R) response logprobs on this learner's device, layout and precision."""
         with autocast(self.device, self.setup):
             return response_logprobs(model, batch, temperature, with_entropy,
-                                     packed=self.setup.packing)
+                                     packed=self.setup.packing, top_p=top_p)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: PackedBatch) -> torch.Tensor:
@@ -101,13 +105,14 @@ class Learner:
         with autocast(self.reference_device, self.setup):
             return torch.cat([
                 response_logprobs(self.reference, on.select(i), self.temperature,
-                                  packed=self.setup.packing)[0]
+                                  packed=self.setup.packing, top_p=self.top_p)[0]
                 for i in self._micro_batches(on, torch.arange(len(on)))]).to(self.device)
 
     @torch.no_grad()
     def recompute(self, batch: PackedBatch) -> torch.Tensor:
         self.policy.eval()
-        logp = torch.cat([self.logprobs(self.policy, batch.select(i), self.temperature)[0]
+        logp = torch.cat([self.logprobs(self.policy, batch.select(i), self.temperature,
+                                        top_p=self.top_p)[0]
                           for i in self._micro_batches(batch, torch.arange(len(batch)))])
         self.policy.train()
         return logp
@@ -150,8 +155,9 @@ class Learner:
             "tis/clip_frac": float(masked_mean(tis_clipped.float(), mask)),
         }
         if self.temperature != 1.0:
-            # The gap to the untempered distribution: ~0 when the engine's logprobs ignore
-            # temperature (TRL #4159), which the plain gap alone cannot tell from staleness.
+            # The gap to the raw distribution (log_softmax(logits): no temperature, no
+            # top-p, vLLM's raw_logprobs): ~0 when the engine's logprobs ignore temperature
+            # (TRL #4159), which the plain gap alone cannot tell from staleness.
             self.policy.eval()
             with torch.no_grad():
                 raw = torch.cat([self.logprobs(self.policy, batch.select(i), 1.0)[0]
@@ -197,7 +203,7 @@ class Learner:
             mb = batch.select(micro)
             m = mb.response_mask
             new_logp, entropy = self.logprobs(self.policy, mb, self.temperature,
-                                              with_entropy=True)
+                                              with_entropy=True, top_p=self.top_p)
             surr, ppo_clipped = clipped_surrogate(new_logp, old_logp[micro],
                                                   mb.advantages[:, None], cfg.clip_low,
                                                   cfg.clip_high)

@@ -71,7 +71,8 @@ class ShardedLearner(Learner):
 
     def __init__(self, policy: torch.nn.Module, cfg: GrpoConfig, temperature: float,
                  seed: int, reference: torch.nn.Module | None = None,
-                 setup: LearnerConfig | None = None, norm_tokens: int | None = None):
+                 setup: LearnerConfig | None = None, norm_tokens: int | None = None,
+                 top_p: float = 1.0):
         setup = setup or LearnerConfig()
         if not dist.is_initialized():
             raise RuntimeError("ShardedLearner needs torch.distributed initialized "
@@ -82,7 +83,8 @@ class ShardedLearner(Learner):
         policy = shard_policy(policy.to(device), setup, device)
         if reference is not None and setup.reference == "device":
             reference = shard_policy(reference.to(device), setup, device)   # never trained
-        super().__init__(policy, cfg, temperature, seed, reference, setup, norm_tokens)
+        super().__init__(policy, cfg, temperature, seed, reference, setup, norm_tokens,
+                         top_p=top_p)
 
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Full tensors, gathered from every rank's shard: every rank must call this."""

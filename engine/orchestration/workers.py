@@ -179,13 +179,15 @@ class LearnerWorker(WeightSenderHost):
             init_process_group(cfg, rank, world, rendezvous)
             self.learner = ShardedLearner(policy, alg, cfg.rollout.temperature, cfg.model.seed,
                                           reference=reference, setup=cfg.learner,
-                                          norm_tokens=cfg.rollout.max_new_tokens)
+                                          norm_tokens=cfg.rollout.max_new_tokens,
+                                          top_p=cfg.rollout.top_p)
             if checkpoint is not None:
                 restore_sharded_checkpoint(checkpoint, self.learner)
         else:
             self.learner = Learner(policy, alg, cfg.rollout.temperature, cfg.model.seed,
                                    reference=reference, setup=cfg.learner,
-                                   norm_tokens=cfg.rollout.max_new_tokens)
+                                   norm_tokens=cfg.rollout.max_new_tokens,
+                                   top_p=cfg.rollout.top_p)
             if checkpoint is not None:
                 restore_checkpoint(checkpoint, self.learner)
         self.pad_id = load_tokenizer(model_dir, remote).pad_token_id

@@ -3,7 +3,8 @@
 At run start, at the configured temperature, a few prompts are generated and the engine's
 per-token logprobs are compared with the learner's teacher-forced recompute twice:
 
-    tempered    log_softmax(logits / T)     what correct behaviour logprobs equal
+    tempered    log_softmax(logits / T), top-p renormalized   what correct (processed)
+                                                              behaviour logprobs equal
     untempered  log_softmax(logits)         what raw logprobs (the TRL #4159 bug) equal
 
 If the engine is closer to the untempered one, importance ratios and the logprob gap are
@@ -52,7 +53,8 @@ def check_logprob_semantics(engine, policy: torch.nn.Module, tokenizer, prompts:
     was_training = policy.training
     policy.eval()
     with torch.no_grad():
-        tempered, _ = response_logprobs(policy, batch, params.temperature)
+        tempered, _ = response_logprobs(policy, batch, params.temperature,
+                                        top_p=params.top_p)
         untempered, _ = response_logprobs(policy, batch, 1.0)
     policy.train(was_training)
     beh = batch.behaviour_logp

@@ -5,7 +5,7 @@ Llama over a preallocated cache (engine.rollout.llama_kv) where it reproduces th
 else the model's own forward over transformers' cache (engine.rollout.hf_kv). One call:
 
     prefill all prompts (left-padded to P)  ->  loop t < max_new_tokens:
-        logits (B, V) -> / temperature -> log_softmax -> top-p mask + renormalize
+        logits (B, V) -> processed logprobs (engine.sampling: / temperature, top-p)
         -> sample -> record token + its logprob under that distribution
         -> rows that sampled EOS or a stop token id (SamplingParams.stop_token_ids: the
            chat template's end of turn) finish (on_complete(i, completion) for each; True
@@ -15,9 +15,9 @@ else the model's own forward over transformers' cache (engine.rollout.hf_kv). On
 
 Behaviour logprobs are the log-probabilities of the sampled tokens under the distribution
 actually sampled from: temperature-scaled, then truncated to the top-p nucleus and
-renormalized. At temperature 0 decoding is greedy and every logprob is 0 (a point mass).
-The learner recomputes logprobs of the tempered distribution without top-p; with
-top_p < 1 the two differ by design, and TIS accounts for it.
+renormalized (vLLM's processed logprobs). At temperature 0 decoding is greedy and every
+logprob is 0 (a point mass). The learner recomputes the same distribution
+(engine.sampling), so at any top_p the two agree to rounding.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from engine.model import eos_token_ids, load_policy
 from engine.rollout.base import Completion, OnComplete, SamplingParams, WeightReport
 from engine.rollout.hf_kv import HFKV
 from engine.rollout.llama_kv import LlamaKV
+from engine.sampling import processed_logprobs
 from engine.weightsync.fingerprint import fingerprint
 
 
@@ -40,13 +41,7 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     logits = logits.float()
     if temperature == 0.0:
         return logits.argmax(-1), torch.zeros(logits.shape[0])
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_lp, order = logp.sort(dim=-1, descending=True)
-        mass_before = sorted_lp.exp().cumsum(-1) - sorted_lp.exp()
-        drop_sorted = mass_before >= top_p                 # the top token is always kept
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    logp = processed_logprobs(logits, temperature, top_p)                 # (B, V)
     ids = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
     return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
 

@@ -25,8 +25,9 @@ TEMPERATURE = 0.7
 
 def fault_run(tmp_path, faults: dict, steps: int = ONSET + 3, thresholds=None, **overrides):
     """A real run with the fault injected and the rules attached; returns the watch."""
+    rollout = {"temperature": TEMPERATURE, **overrides.pop("rollout", {})}
     cfg = small_run(steps=steps, faults=faults, warm_start={"steps": 60, "batch_size": 32},
-                    rollout={"temperature": TEMPERATURE}, **overrides)
+                    rollout=rollout, **overrides)
     watch = AlertWatch(RunFacts.from_config(cfg, "running"), thresholds)
     run_local(cfg, tmp_path, sink=watch)
     return watch
@@ -144,8 +145,12 @@ def test_sleep_dropping_weights_is_caught_as_a_desync(tmp_path):
 
 
 @pytest.mark.slow
-def test_unscaled_logprobs_are_caught_as_a_temperature_bug(tmp_path):
-    watch = fault_run(tmp_path, {"unscaled_logprobs": {"from_step": ONSET}})
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_unscaled_logprobs_are_caught_as_a_temperature_bug(tmp_path, top_p):
+    # With top_p < 1 the learner's recompute is the nucleus renormalized, and the raw
+    # logprobs still match only log_softmax(logits): no temperature, no top-p.
+    watch = fault_run(tmp_path, {"unscaled_logprobs": {"from_step": ONSET}},
+                      rollout={"top_p": top_p})
     assert_caught(watch, "TemperatureLogprobs", "not temperature-scaled")
 
 

@@ -85,3 +85,26 @@ def test_a_warm_start_cut_short_by_its_time_bound_is_not_cached_as_the_full_one(
     assert full != cut and full.parent == cut.parent.parent
     assert json.loads((full / "warmstart.json").read_text())["steps_done"] == 3
     assert ensure_warm_start(validate_config({"warm_start": settings})) == full   # cached
+
+
+def test_a_top_p_learner_recomputes_the_nucleus_the_engine_sampled_from(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    engine = TorchRollout.from_pretrained(tiny_dir)
+    prompts = [tok(p)["input_ids"] for p in ["12+3=", "4*5=", "rev:ab="] for _ in range(4)]
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5)
+    outs = engine.generate(prompts, params, seed=0)
+    samples = [Sample(Problem("", ""), p, o.token_ids, o.logprobs, o.finished, 0, i // 4,
+                      advantage=(1.0 if i % 2 else -1.0))
+               for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
+    batch = pack(samples, tok.pad_token_id)
+    cfg = GrpoConfig(kl_coef=0.1, lr=1e-2, minibatches=1)
+    learner = Learner(load_policy(tiny_dir), cfg, 0.7, seed=0,
+                      reference=load_policy(tiny_dir), top_p=0.9)
+    steps = [learner.update(batch) for _ in range(3)]
+    assert steps[0]["logprob_gap/max"] < 1e-4 and steps[0]["tis/clip_frac"] == 0.0
+    assert steps[0]["learner/kl_ref"] == pytest.approx(0.0, abs=1e-9)
+    assert steps[2]["learner/kl_ref"] > 1e-4          # trains, and every value stays finite
+    assert all(v == v and abs(v) < float("inf") for m in steps for v in m.values())
+    # The full tempered distribution instead: -log(kept mass) per token, not rounding.
+    full = Learner(load_policy(tiny_dir), cfg, 0.7, seed=0).update(batch)
+    assert full["logprob_gap/mean"] > 0.05

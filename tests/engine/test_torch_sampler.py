@@ -20,27 +20,40 @@ def parts(tiny_dir):
         load_tokenizer(tiny_dir)
 
 
-def _recompute(model, tok, prompts, outs, temperature):
+def _recompute(model, tok, prompts, outs, temperature, top_p=1.0, packed=False):
     samples = [Sample(problem=Problem("", ""), prompt_ids=p, response_ids=o.token_ids,
                       behaviour_logprobs=o.logprobs, finished=o.finished, version=0, group=0)
                for p, o in zip(prompts, outs, strict=True)]
     batch = pack(samples, tok.pad_token_id)
     with torch.no_grad():
-        logp, _ = response_logprobs(model, batch, temperature)
+        logp, _ = response_logprobs(model, batch, temperature, top_p=top_p, packed=packed)
     return logp, batch
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_behaviour_logprobs_equal_the_learners_recompute(parts, temperature):
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (1.0, 0.9), (0.7, 0.9)])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_behaviour_logprobs_equal_the_learners_recompute(parts, temperature, top_p, packed):
     engine, model, tok = parts
     prompts = [tok(p)["input_ids"] for p in PROMPTS] * 4
-    outs = engine.generate(prompts, SamplingParams(temperature=temperature, max_new_tokens=12),
-                           seed=3)
-    learner, batch = _recompute(model, tok, prompts, outs, temperature)
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=12)
+    outs = engine.generate(prompts, params, seed=3)
+    learner, batch = _recompute(model, tok, prompts, outs, temperature, top_p, packed)
     behaviour = batch.behaviour_logp
     mask = batch.response_mask.bool()
     assert mask.sum() > 40
     assert (learner - behaviour).abs()[mask].max() < 1e-4
+
+
+def test_a_full_vocabulary_recompute_of_a_top_p_run_carries_the_nucleus_mass(parts):
+    engine, model, tok = parts
+    prompts = [tok(p)["input_ids"] for p in PROMPTS] * 4
+    outs = engine.generate(prompts, SamplingParams(top_p=0.9, max_new_tokens=12), seed=3)
+    full, batch = _recompute(model, tok, prompts, outs, 1.0)
+    mask = batch.response_mask.bool()
+    # What the learner computed before it replayed top-p: off by -log(kept mass) per
+    # token, an entropy-dependent bias (about -log 0.9 on this near-uniform model).
+    gap = (batch.behaviour_logp - full)[mask]
+    assert gap.min() > 0 and gap.mean() > 0.05
 
 
 def test_logprobs_are_temperature_scaled(parts):

@@ -54,12 +54,12 @@ def perturbed(policy, scale=0.05, seed=1):
     return policy
 
 
-def recompute(policy, prompts, outs, temperature, pad_id):
+def recompute(policy, prompts, outs, temperature, pad_id, top_p=1.0):
     samples = [Sample(Problem("", ""), p, o.token_ids, o.logprobs, o.finished, 0, 0)
                for p, o in zip(prompts, outs, strict=True)]
     batch = pack(samples, pad_id)
     with torch.no_grad():
-        logp, _ = response_logprobs(policy, batch, temperature)
+        logp, _ = response_logprobs(policy, batch, temperature, top_p=top_p)
     return logp, batch.behaviour_logp, batch.response_mask.bool()
 
 
@@ -75,6 +75,20 @@ def test_logprobs_at_t07_match_the_tempered_distribution(vllm_engine, base_weigh
     assert mask.sum() > 50
     assert (tempered - behaviour).abs()[mask].max() < 1e-4
     assert (untempered - behaviour).abs()[mask].max() > 1e-2
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_top_p_logprobs_match_the_learners_processed_recompute(vllm_engine, base_weights, tok,
+                                                               temperature):
+    prompts = [tok(p)["input_ids"] for p in PROMPTS] * 4
+    params = SamplingParams(temperature=temperature, top_p=0.9, max_new_tokens=10)
+    outs = vllm_engine.generate(prompts, params, 3)
+    pad = tok.pad_token_id
+    processed, behaviour, mask = recompute(base_weights, prompts, outs, temperature, pad, 0.9)
+    full_vocab, _, _ = recompute(base_weights, prompts, outs, temperature, pad)
+    assert mask.sum() > 50
+    assert (processed - behaviour).abs()[mask].max() < 1e-4       # the top_p = 1 bound
+    assert (behaviour - full_vocab)[mask].mean() > 1e-2           # what top-p changes
 
 
 def test_after_a_sync_vllm_serves_the_new_weights_and_not_the_old(
