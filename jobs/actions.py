@@ -201,10 +201,15 @@ def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict,
     if checkpoint.run_id != parent.pk:
         raise ValueError(f"checkpoint {checkpoint.pk} belongs to run {checkpoint.run_id}, "
                          f"not to run {parent.pk}")
+    if not checkpoint.on_disk():
+        raise Refused(f"run {parent.pk}'s checkpoint at step {checkpoint.step} is no longer "
+                      f"on disk (a run keeps its last checkpoint.keep_last); fork from one "
+                      "that is")
     with transaction.atomic():
         run = Run.objects.create(name=config.get("name") or parent.name, config=config,
                                  created_by=user, parent=parent,
-                                 source_checkpoint=checkpoint.path, priority=priority)
+                                 source_checkpoint=str(checkpoint.directory()),
+                                 priority=priority)
         schedule_on_commit()
     return run
 

@@ -98,7 +98,7 @@ class ForkForm(RunConfigForm):
     def __init__(self, parent: Run, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.parent = parent
-        self.fields["checkpoint"].queryset = parent.checkpoints.order_by("-step")
+        self.fields["checkpoint"].queryset = Checkpoint.forkable(parent)
         self.fields["checkpoint"].label_from_instance = (
             lambda c: f"step {c.step} (version {c.version})")
 

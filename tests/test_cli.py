@@ -118,12 +118,15 @@ def test_a_queued_run_is_reprioritized_and_watch_returns_once_the_run_ended(logg
     assert Run.objects.get(pk=waiting.pk).priority == 4
 
 
-def test_fork_with_a_changed_field_alerts_and_logs(logged_in, capsys, submitted):
-    from jobs.models import Alert, Checkpoint, RunEvent
+def test_fork_with_a_changed_field_alerts_and_logs(logged_in, capsys, submitted, settings,
+                                                   tmp_path):
+    settings.RLPLANE_RUNS_DIR = tmp_path / "runs"
+    from jobs.models import Alert, RunEvent
 
     parent = Run.objects.create(name="p", config={"name": "p", "steps": 3},
                                 status=RunStatus.STOPPED)
-    Checkpoint.objects.create(run=parent, step=2, version=2, path="/c/step_000002")
+    from tests.jobs.helpers import checkpoint_on_disk
+    checkpoint = checkpoint_on_disk(parent, 2)
     alert = Alert.objects.create(run=parent, kind="BubbleHigh", dedup_key="b",
                                  cause="the devices idled", runbook="r")
     RunEvent.objects.create(run=parent, seq=1, type="log", ts=1.0,
@@ -132,7 +135,7 @@ def test_fork_with_a_changed_field_alerts_and_logs(logged_in, capsys, submitted)
     assert main(["fork", str(parent.pk), "--set", "steps=9", "-q"]) == c.EXIT_OK
     child = Run.objects.get(pk=int(capsys.readouterr().out.strip()))
     assert (child.parent_id, child.config["steps"], child.name) == (parent.pk, 9, "p-fork")
-    assert child.source_checkpoint == "/c/step_000002"
+    assert child.source_checkpoint == checkpoint.path
 
     assert main(["alerts", "--run", str(parent.pk)]) == c.EXIT_OK
     assert "BubbleHigh" in capsys.readouterr().out

@@ -1,3 +1,6 @@
+from pathlib import Path
+
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -43,3 +46,20 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.step} ({self.path})"
+
+    def directory(self) -> Path:
+        """Where this checkpoint is, resolved by the control plane from (run, step) under
+        the run's own directory. ``path`` is only what the driver said: a run token could
+        have said anything there, so nothing is ever loaded from it."""
+        return (Path(settings.RLPLANE_RUNS_DIR) / f"run-{self.run_id}" / "checkpoints"
+                / f"step_{self.step:06d}")
+
+    def on_disk(self) -> bool:
+        """Still there: a run keeps its last checkpoint.keep_last and deletes the rest."""
+        return (self.directory() / "state.json").is_file()
+
+    @classmethod
+    def forkable(cls, run):
+        """The run's checkpoints still on disk, newest first."""
+        newest = run.checkpoints.order_by("-step")
+        return newest.filter(pk__in=[c.pk for c in newest if c.on_disk()])

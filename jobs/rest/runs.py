@@ -36,7 +36,15 @@ from jobs.actions import (
     do_stop_run,
 )
 from jobs.forms import toml_table
-from jobs.models import LIVE_STATES, MetricPoint, Run, RunEvent, RunStatus, latest_values
+from jobs.models import (
+    LIVE_STATES,
+    Checkpoint,
+    MetricPoint,
+    Run,
+    RunEvent,
+    RunStatus,
+    latest_values,
+)
 from jobs.models.controls import paused
 from jobs.rest import serializers as s
 
@@ -132,17 +140,17 @@ def stop(request, run_id: int):
 def fork(request, run_id: int):
     parent = get_object_or_404(Run, pk=run_id)
     data = valid(s.ForkSerializer, request)
-    checkpoints = parent.checkpoints.order_by("-step")
+    checkpoints = Checkpoint.forkable(parent)
     if "checkpoint" in data:
         checkpoint = checkpoints.filter(pk=data["checkpoint"]).first()
         if checkpoint is None:
             raise ValidationError({"checkpoint": f"run {parent.pk} has no checkpoint "
-                                                 f"{data['checkpoint']}"})
+                                                 f"{data['checkpoint']} on disk"})
     else:
         checkpoint = checkpoints.first()
         if checkpoint is None:
-            raise ValidationError({"checkpoint": f"run {parent.pk} has no checkpoint yet; "
-                                                 "a fork starts from one"})
+            raise ValidationError({"checkpoint": f"run {parent.pk} has no checkpoint on "
+                                                 "disk; a fork starts from one"})
     if "toml" in data or "config" in data:
         cfg = config_from(data)
     else:

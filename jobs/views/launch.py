@@ -27,7 +27,7 @@ from jobs.actions import (
 )
 from jobs.auth import operator_required
 from jobs.forms import ForkForm, RunConfigForm, initial_for
-from jobs.models import InvalidTransition, Preset, Run
+from jobs.models import Checkpoint, InvalidTransition, Preset, Run
 from jobs.models.validators import parse_pk
 
 
@@ -103,7 +103,7 @@ def run_control(request, run_id: int):
 @require_http_methods(["GET", "POST"])
 def run_fork(request, run_id: int):
     parent = get_object_or_404(Run, pk=run_id)
-    if not parent.checkpoints.exists():
+    if not Checkpoint.forkable(parent).exists():
         return render(request, "jobs/launch/fork.html", {"parent": parent, "form": None},
                       status=409)
     diff = None
@@ -122,7 +122,7 @@ def run_fork(request, run_id: int):
     else:
         cfg = validate_config(parent.config, check_files=False)
         cfg = cfg.model_copy(update={"name": f"{cfg.name}-fork"[:100]})
-        checkpoints = parent.checkpoints.order_by("-step")
+        checkpoints = Checkpoint.forkable(parent)
         wanted = parse_pk(request.GET.get("checkpoint", ""))
         chosen = checkpoints.filter(pk=wanted).first() if wanted is not None else None
         form = ForkForm(parent, initial={**initial_for(cfg),

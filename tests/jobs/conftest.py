@@ -11,6 +11,13 @@ from jobs.models import Run, RunStatus
 CONFIG = {"name": "t", "steps": 3}
 
 
+@pytest.fixture(autouse=True)
+def runs_dir(settings, tmp_path):
+    """Run directories (checkpoints a fork starts from) live under a fresh folder."""
+    settings.RLPLANE_RUNS_DIR = tmp_path / "runs"
+    return settings.RLPLANE_RUNS_DIR
+
+
 @pytest.fixture
 def make_run(db):
     def make(status: str = RunStatus.RUNNING, **fields) -> Run:

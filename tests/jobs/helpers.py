@@ -2,11 +2,12 @@
 
 import json
 
+from django.conf import settings
 from django.contrib.auth.models import Group, User
 
 from engine.api import CheckpointEvent, LogEvent, MetricsEvent, RunStatusEvent, SpanEvent
 from jobs.auth import OPERATOR_GROUP
-from jobs.models import ApiToken
+from jobs.models import ApiToken, Checkpoint
 
 
 def post_events(client, run, token, events, **extra):
@@ -48,3 +49,12 @@ def api_token(username: str, operator: bool) -> str:
     if operator:
         user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
     return ApiToken.issue(user, "test")[1]
+
+
+def checkpoint_on_disk(run, step: int) -> Checkpoint:
+    """A checkpoint row and its directory where the driver writes it (state.json marks a
+    finished one), under settings.RLPLANE_RUNS_DIR."""
+    d = settings.RLPLANE_RUNS_DIR / f"run-{run.pk}" / "checkpoints" / f"step_{step:06d}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "state.json").write_text("{}")
+    return Checkpoint.objects.create(run=run, step=step, version=step, path=str(d))

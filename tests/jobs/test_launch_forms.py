@@ -12,6 +12,8 @@ from jobs.auth import OPERATOR_GROUP
 from jobs.forms import RunConfigForm
 from jobs.models import Checkpoint, Preset, Run, RunStatus
 
+from .helpers import checkpoint_on_disk
+
 pytestmark = pytest.mark.django_db
 
 GOOD = {"name": "demo", "steps": 5, "warm_start": {"steps": 0}}
@@ -187,8 +189,7 @@ def parent(make_run):
     Run.objects.filter(pk=run.pk).update(config=validate_config(GOOD).model_dump(mode="json"))
     run.refresh_from_db()
     for step in (2, 4):
-        Checkpoint.objects.create(run=run, step=step, version=step,
-                                  path=f"/runs/run-{run.pk}/checkpoints/step_{step:06d}")
+        checkpoint_on_disk(run, step)
     return run
 
 
@@ -263,3 +264,35 @@ def test_a_checkpoint_of_another_run_is_not_a_choice(client, operator, parent, m
 def test_defaults_fill_the_form_when_there_is_no_preset(client, operator):
     form = client.get("/runs/new").context["form"]
     assert form.initial["config"] == dump_config(RunConfig())
+
+
+def test_a_checkpoint_the_run_deleted_is_neither_offered_nor_forked_from(
+        client, operator, parent, queued):
+    """Issue 19 item 10: a run keeps its last keep_last checkpoints; the fork form once
+    offered the deleted ones and the fork then failed at start."""
+    import shutil
+
+    gone = parent.checkpoints.get(step=4)
+    shutil.rmtree(gone.directory())
+
+    page = client.get(f"/runs/{parent.pk}/fork")
+
+    assert [c.step for c in page.context["form"].fields["checkpoint"].queryset] == [2]
+    with pytest.raises(Exception, match="no longer on disk"):
+        from jobs.actions import do_fork_run
+        do_fork_run(None, parent, gone, parent.config)
+
+
+def test_a_fork_starts_from_the_runs_own_directory_not_the_path_the_driver_sent(
+        client, operator, parent, queued):
+    """Issue 19 item 4: the path comes from an ingest event, which a run token writes."""
+    from jobs.actions import do_fork_run
+
+    checkpoint = parent.checkpoints.get(step=4)
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(path="/home/victim/evil.pt")
+    checkpoint.refresh_from_db()
+
+    fork = do_fork_run(None, parent, checkpoint, parent.config)
+
+    assert fork.source_checkpoint == str(checkpoint.directory())
+    assert fork.source_checkpoint.endswith(f"run-{parent.pk}/checkpoints/step_000004")

@@ -3,8 +3,9 @@
 
 import pytest
 
-from jobs.models import Checkpoint
 from jobs.models.validators import parse_pk
+
+from .helpers import checkpoint_on_disk
 
 
 @pytest.mark.parametrize("text, pk", [("12", 12), ("²", None), ("١٢", None), ("", None),
@@ -24,5 +25,5 @@ def test_the_new_run_page_ignores_a_preset_id_that_is_no_id(operator, query):
 
 
 def test_the_fork_page_ignores_a_checkpoint_id_that_is_no_id(operator, run):
-    Checkpoint.objects.create(run=run, step=2, version=2, path="/c/step_000002")
+    checkpoint_on_disk(run, 2)
     assert operator.get(f"/runs/{run.pk}/fork?checkpoint=²").status_code == 200

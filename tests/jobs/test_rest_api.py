@@ -21,7 +21,7 @@ from jobs.models import (
     RunStatus,
 )
 
-from .helpers import api_token
+from .helpers import api_token, checkpoint_on_disk
 
 pytestmark = pytest.mark.django_db
 
@@ -89,7 +89,7 @@ def test_tokens_are_stored_hashed_and_remember_their_last_use(client, operator_t
 def targets(make_run):
     """One of each thing a write endpoint acts on."""
     parent = make_run(RunStatus.SUCCEEDED)
-    Checkpoint.objects.create(run=parent, step=4, version=4, path="/ckpt/step_000004")
+    checkpoint_on_disk(parent, 4)
     alert = Alert.objects.create(run=make_run(), kind="BubbleHigh", dedup_key="bubble",
                                  cause="idle", runbook="check")
     return {"running": make_run(), "queued": make_run(RunStatus.QUEUED), "parent": parent,
@@ -232,17 +232,15 @@ def test_stop_asks_a_running_run_to_stop_and_cancels_a_queued_one(api, make_run,
 
 def test_fork_starts_from_the_latest_checkpoint_or_the_one_named(api, make_run, queued):
     parent = make_run(RunStatus.STOPPED, name="parent")
-    Checkpoint.objects.create(run=parent, step=2, version=2, path="/c/step_000002")
-    Checkpoint.objects.create(run=parent, step=4, version=4, path="/c/step_000004")
-    first = Checkpoint.objects.get(step=2)
+    first, last = checkpoint_on_disk(parent, 2), checkpoint_on_disk(parent, 4)
 
     latest = api("post", f"/runs/{parent.pk}/fork").json()
     chosen = api("post", f"/runs/{parent.pk}/fork",
                  {"checkpoint": first.pk, "config": {"name": "other", "steps": 9}}).json()
 
-    assert (latest["parent"], latest["source_checkpoint"]) == (parent.pk, "/c/step_000004")
+    assert (latest["parent"], latest["source_checkpoint"]) == (parent.pk, last.path)
     assert latest["config"]["name"] == "t-fork"
-    assert (chosen["source_checkpoint"], chosen["config"]["steps"]) == ("/c/step_000002", 9)
+    assert (chosen["source_checkpoint"], chosen["config"]["steps"]) == (first.path, 9)
     elsewhere = api("post", f"/runs/{make_run().pk}/fork", {"checkpoint": first.pk})
     assert elsewhere.status_code == 400 and elsewhere.json()["errors"][0]["field"] == "checkpoint"
 
