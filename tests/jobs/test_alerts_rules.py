@@ -166,3 +166,30 @@ def test_generation_time_far_over_the_runs_median_is_a_straggler_bubble():
     assert "stragglers hold every batch" in f.cause and "partial rollout" in f.runbook
     h = healthy(**{"time/rollout_s": lambda s: 4.0 if s >= 4 else 0.5})
     assert "BubbleHigh" not in kinds(h)                # 8x, under straggler_min_s
+
+
+def _unverified_after(h: RunHistory, first: int, last: int, mismatch_at: int | None = None):
+    """Syncs ``first``..``last`` as weight_sync.verify_every > 1 reports them: no
+    fingerprints (both ""), versions only; ``mismatch_at`` is a verified one that differs."""
+    for step in range(first, last + 1):
+        verified = step == mismatch_at
+        h.add({"seq": 10_000 + step, "ts": h.last_ts + 1, "type": "weight_sync.report",
+               "step": step, "version_learner": step + 1, "version_rollout": step + 1,
+               "fingerprint_learner": f"fp{step + 1}" if verified else "",
+               "fingerprint_rollout": "fp1" if verified else "", "matched": not verified,
+               "latency_s": 0.05, "bytes": 1, "verified": verified})
+
+
+def test_unverified_syncs_are_not_read_as_a_desync():
+    h = healthy(6)
+    _unverified_after(h, 6, 12)
+    assert h.syncs[-1].verified is False and h.syncs[-1].fingerprint_rollout == ""
+    assert "WeightSyncDesync" not in kinds(h)
+
+
+def test_unverified_syncs_do_not_clear_a_desync_the_last_verified_sync_found():
+    h = healthy(6)
+    _unverified_after(h, 6, 10, mismatch_at=7)
+    [f] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts) if f.kind == "WeightSyncDesync"]
+    assert f.step == 7 and "were not verified" in f.cause
+    assert f.evidence["values"]["fingerprint_rollout"] == "fp1"
