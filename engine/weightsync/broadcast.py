@@ -73,6 +73,15 @@ def _broadcast(group, tensor: torch.Tensor):
     return group.broadcast([tensor], opts)
 
 
+def _bucketed(group, stream: torch.Tensor, bucket_bytes: int) -> None:
+    """Broadcast one contiguous uint8 stream in buckets, all in flight at once (both ends
+    cut it the same way)."""
+    works = [_broadcast(group, stream[a:a + bucket_bytes])
+             for a in range(0, stream.numel(), bucket_bytes)]
+    for work in works:
+        work.wait()
+
+
 class BroadcastSender:
     name = "broadcast"
 
@@ -115,11 +124,7 @@ class BroadcastSender:
     def transfer(self) -> None:
         if self._delta is not None:          # one contiguous CPU stream: no packing
             stream, self._stream = self._stream, None
-            works = [_broadcast(self.group, stream[a:b])
-                     for a in range(0, stream.numel(), self.bucket_bytes)
-                     for b in [min(a + self.bucket_bytes, stream.numel())]]
-            for work in works:
-                work.wait()
+            _bucketed(self.group, stream, self.bucket_bytes)
             return
         layout, tensors = self._pending
         self._pending = None
@@ -154,22 +159,16 @@ class BroadcastReceiver:
         _require_cpu_for_delta(cfg)
         self._delta = DeltaDecoder() if cfg.delta else None
 
-    def _receive_stream(self, out: torch.Tensor, bucket_bytes: int) -> None:
-        works = [_broadcast(self.group, out[a:min(a + bucket_bytes, out.numel())])
-                 for a in range(0, out.numel(), bucket_bytes)]
-        for work in works:
-            work.wait()
-
     def receive(self, ticket: Ticket, engine):
         layout, frame = ticket.layout, ticket.delta
         if frame is not None:
             if frame.base is None:
                 target = self._delta.target(layout)
-                self._receive_stream(target, ticket.payload)
+                _bucketed(self.group, target, ticket.payload)
                 self._delta.version = None       # set only once the version is accepted
             else:
                 wire = torch.empty(frame.wire_bytes, dtype=torch.uint8)
-                self._receive_stream(wire, ticket.payload)
+                _bucketed(self.group, wire, ticket.payload)
             # the whole collective is done: refusing now cannot hang rank 0
             check_version(ticket, engine.weight_version())
             if frame.base is None:

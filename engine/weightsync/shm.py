@@ -18,10 +18,11 @@ After ``adopt`` the optimizer writes straight into shared memory and ``prepare``
 only tensors that are not already in their slot, so a sync is one memcpy (the worker's).
 The learner must then not step while a sync is in flight (push_to_workers blocks).
 
-With weight_sync.delta the buffer carries the zstd-compressed XOR against the version the
-workers serve (engine/weightsync/delta.py), or the full stream after a version gap; each
-worker keeps its own copy of the stream it last applied. Adopting parameters cannot be
-combined with it (the buffer is no longer the weights).
+With weight_sync.delta the file holds | the full stream | the zstd-compressed XOR against
+the version the workers serve | (engine/weightsync/delta.py). A worker that holds that
+version reads only the XOR; any other (a version gap, a restarted worker) reads the full
+stream of the same sync. Each worker keeps its own copy of the stream it last applied.
+Adopting parameters cannot be combined with it (the encoder must see each new version).
 """
 
 from __future__ import annotations
