@@ -16,14 +16,20 @@ Both end with the same prefix-cache reset and the worker's fingerprint of what v
 (recovered through its kernels), which is part of every figure. Medians and the ratio to
 "broadcast" are the figures to quote; absolute times swing with the machine's load.
 
+The worker's fingerprint is then split, in the same rounds: "recover" (the HF tensors
+read back from vLLM's modules; on CPU through its GEMM kernels), "xxh3" (the engine's
+hash of them) and "sha256" (the hash it used before), and each one's share of a sync.
+
     .venv/bin/python bench/vllm_sync.py [--sizes tiny small] [--rounds 7]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
+import time
 
 import ray
 import torch
@@ -47,20 +53,42 @@ class VllmHost(EngineHost):
         super().__init__(VllmRollout(model_dir, VllmRolloutConfig(), "float32", seed=0,
                                      weight_transfer="gloo" if native else None))
 
+    def fingerprint_parts(self) -> tuple[float, float, float]:
+        """Seconds to recover the served tensors, to hash them with XXH3, with SHA-256."""
+        return self.engine.llm.collective_rpc(_fingerprint_parts)[0]
+
+
+def _fingerprint_parts(worker) -> tuple[float, float, float]:
+    from engine.rollout.vllm_backend import served_hf_tensors
+    from engine.weightsync.fingerprint import fingerprint
+
+    t0 = time.perf_counter()
+    named = sorted(served_hf_tensors(worker.model_runner.model).items())
+    t1 = time.perf_counter()
+    fingerprint(named)
+    t2 = time.perf_counter()
+    h = hashlib.sha256()                 # the engine's fingerprint before XXH3
+    for name, t in named:
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+    h.hexdigest()
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
+
 
 def bench(size: str, rounds: int) -> None:
     model_dir = ensure_base_model(size, 0)
     named = [(n, p.detach()) for n, p in load_policy(model_dir).named_parameters()]
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
-    sources, sessions = {}, {}
+    sources, sessions, hosts = {}, {}, {}
     for path, spec in PATHS.items():
         cfg = validate_config({"rollout": {"type": "vllm"}, "weight_sync": spec}).weight_sync
         sources[path] = TensorSource(named)
-        sessions[path] = WeightSyncSession(
-            LocalActor(sources[path]),
-            [RayActor(VllmHost.remote(str(model_dir), path == "vllm_native"))], cfg)
+        hosts[path] = VllmHost.remote(str(model_dir), path == "vllm_native")
+        sessions[path] = WeightSyncSession(LocalActor(sources[path]), [RayActor(hosts[path])],
+                                           cfg)
         sessions[path].connect()
     times: dict[str, list[float]] = {p: [] for p in PATHS}
+    parts: list[tuple[float, float, float]] = []
     gen = torch.Generator().manual_seed(0)
     for r in range(rounds + 1):                       # round 0 warms up
         with torch.no_grad():
@@ -73,6 +101,8 @@ def bench(size: str, rounds: int) -> None:
             assert res.matched, res
             if r:
                 times[path].append(res.latency_s)
+        if r:
+            parts.append(ray.get(hosts["shm"].fingerprint_parts.remote()))
     for source in sources.values():
         source.close_sender()
     med = {p: statistics.median(v) for p, v in times.items()}
@@ -80,6 +110,10 @@ def bench(size: str, rounds: int) -> None:
     for path in PATHS:
         print(f"  {path:12s} {med[path] * 1e3:8.1f} ms per sync   "
               f"{med[path] / med['broadcast']:5.2f}x broadcast")
+    print("  the worker's fingerprint (shm worker), share of the shm sync:")
+    for i, part in enumerate(("recover", "xxh3", "sha256")):
+        ms = statistics.median(p[i] for p in parts)
+        print(f"    {part:10s} {ms * 1e3:8.1f} ms   {ms / med['shm']:5.2f} of a sync")
 
 
 def main() -> None:

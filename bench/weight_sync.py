@@ -7,7 +7,13 @@ cross-process transport. Two figures per transport:
     move   latency from the learner's new version to the worker's report, the worker only
            copying the weights into the tensors it serves (the data path alone);
     sync   the same with the worker's fingerprint of what it serves, as every real sync
-           does (SHA-256 on one core: it bounds this figure; its own GB/s is printed).
+           does (XXH3-128, engine/weightsync/fingerprint.py; its own GB/s is printed);
+    sha    the same with the SHA-256 fingerprint the engine used before (the reference
+           copy below), timed in the same rounds on the same tensors.
+
+"fp share" is the fingerprints' share of a whole sync: (sync - move + the learner's own
+fingerprint) / (sync + the learner's fingerprint); both ends fingerprint every verified
+sync (weight_sync.verify_every = 1), the learner before it sends.
 
 "shm adopted" first moves the learner's tensors into the shared buffer (ShmSender.adopt),
 so only the worker copies; "broadcast 1buf" packs and sends with one buffer, so its
@@ -25,6 +31,7 @@ ratio to memcpy are the figures to quote.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import time
 
@@ -51,20 +58,33 @@ TRANSPORTS = {"shm": {"type": "shm"}, "shm adopted": {"type": "shm"},
               "checkpoint": {"type": "checkpoint"}}
 
 
+def sha256_fingerprint(named_tensors) -> str:
+    """The engine's fingerprint before XXH3 (same fields, same order), for comparison."""
+    h = hashlib.sha256()
+    for name, t in sorted(named_tensors, key=lambda kv: kv[0]):
+        t = t.detach()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()[:16]
+
+
+FINGERPRINTS = {"move": None, "sync": fingerprint, "sha": sha256_fingerprint}
+
+
 class ServedWeights:
     """The receiving engine's part of a sync, as TorchRollout.load_weights does it: copy
     into the tensors it serves, then (when asked) fingerprint them."""
 
     def __init__(self, named):
         self.tensors = {n: torch.zeros_like(t) for n, t in named}
-        self.version, self.fingerprinting = -1, True
+        self.version, self.mode = -1, "sync"
 
-    def load_weights(self, named, version):
+    def load_weights(self, named, version, verify=True):
         for n, t in named:
             self.tensors[n].copy_(t)
         self.version = version
-        fp = fingerprint(self.tensors.items()) if self.fingerprinting else ""
-        return WeightReport(version, fp, 0)
+        fn = FINGERPRINTS[self.mode] if verify else None
+        return WeightReport(version, fn(self.tensors.items()) if fn else "", 0)
 
     def weight_version(self):
         return self.version
@@ -85,8 +105,8 @@ class Worker(EngineHost):
         return Served(self.receivers[ticket.transport].receive(ticket, self.engine),
                       time.time())
 
-    def fingerprinting(self, on):
-        self.engine.fingerprinting = on
+    def fingerprinting(self, mode):
+        self.engine.mode = mode
 
 
 class Precomputed(TensorSource):
@@ -127,8 +147,8 @@ def bench_state(name: str, named, rounds: int) -> None:
             sources[kind].sender.adopt(sources[kind].named)
     dst = [torch.empty_like(t) for _, t in named]
     times: dict[str, list[float]] = {k: [] for k in
-                                     ["memcpy", "fingerprint", *(f"{k} {m}" for k in sessions
-                                                                 for m in ("move", "sync"))]}
+                                     ["memcpy", "fingerprint", "sha256",
+                                      *(f"{k} {m}" for k in sessions for m in FINGERPRINTS)]}
     version = 0
     for r in range(rounds + 1):                  # round 0 warms up (page faults, buffers)
         t0 = time.perf_counter()
@@ -137,14 +157,18 @@ def bench_state(name: str, named, rounds: int) -> None:
         t1 = time.perf_counter()
         fp = fingerprint(named)
         t2 = time.perf_counter()
+        sha = sha256_fingerprint(named)
+        t3 = time.perf_counter()
         if r:
             times["memcpy"].append(t1 - t0)
             times["fingerprint"].append(t2 - t1)
+            times["sha256"].append(t3 - t2)
         for kind, session in sessions.items():
-            for mode in ("move", "sync"):
-                ray.get(worker_of[kind].fingerprinting.remote(mode == "sync"))
+            for mode in FINGERPRINTS:
+                ray.get(worker_of[kind].fingerprinting.remote(mode))
                 version += 1
-                sources[kind].version, sources[kind].fp = version, fp
+                sources[kind].version = version
+                sources[kind].fp = sha if mode == "sha" else fp
                 session.send(version, initial=version == 1)
                 [res] = session.settle(wait=True)
                 assert mode == "move" or res.matched, res
@@ -155,14 +179,26 @@ def bench_state(name: str, named, rounds: int) -> None:
     print(f"{name}: {nbytes / 1e6:.1f} MB in {len(named)} tensors, 1 worker, "
           f"{rounds} rounds (medians), {torch.get_num_threads()} torch thread(s)")
     print(f"  {'memcpy (torch copy_)':28s} {memcpy:6.2f} GB/s")
-    print(f"  {'fingerprint (sha256)':28s} {nbytes / 1e9 / med['fingerprint']:6.2f} GB/s")
+    xxh, sha = med["fingerprint"], med["sha256"]
+    print(f"  {'fingerprint (xxh3-128)':28s} {nbytes / 1e9 / xxh:6.2f} GB/s "
+          f"{xxh * 1e3:8.2f} ms")
+    print(f"  {'fingerprint (sha256, before)':28s} {nbytes / 1e9 / sha:6.2f} GB/s "
+          f"{sha * 1e3:8.2f} ms   xxh3 is {sha / xxh:.1f}x faster")
     print(f"  {'transport':14s} {'move GB/s':>10s} {'ratio':>6s} {'sync GB/s':>10s} "
-          f"{'ratio':>6s} {'sync ms':>8s}")
+          f"{'ratio':>6s} {'sync ms':>8s} {'fp share':>8s} {'sha ms':>8s} {'sha share':>9s}")
+
+    def share(kind, mode, learner_fp):
+        total = med[f"{kind} {mode}"] + learner_fp
+        return (med[f"{kind} {mode}"] - med[f"{kind} move"] + learner_fp) / total
+
     for kind in sessions:
         move, sync = (nbytes / 1e9 / med[f"{kind} {m}"] for m in ("move", "sync"))
         print(f"  {kind:14s} {move:10.2f} {move / memcpy:6.2f} {sync:10.2f} "
-              f"{sync / memcpy:6.2f} {med[f'{kind} sync'] * 1e3:8.1f}")
-    print("  ratio = transport GB/s / memcpy GB/s")
+              f"{sync / memcpy:6.2f} {(med[f'{kind} sync'] + xxh) * 1e3:8.1f} "
+              f"{share(kind, 'sync', xxh):8.2f} {(med[f'{kind} sha'] + sha) * 1e3:8.1f} "
+              f"{share(kind, 'sha', sha):9.2f}")
+    print("  ratio = transport GB/s / memcpy GB/s; sync ms and sha ms include the learner's "
+          "fingerprint")
     for source in sources.values():
         source.close_sender()
     for _, worker in hosts:

@@ -85,6 +85,8 @@ class WeightSyncEvent(Event):
     matched: bool = True
     latency_s: float = 0.0
     bytes: int = 0
+    verified: bool = True         # False: weight_sync.verify_every skipped the fingerprints
+    wire_bytes: int = 0           # what each worker received (weight_sync.delta: less)
 
 
 @dataclass

@@ -95,11 +95,11 @@ class FaultyRollout:
         return outs
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                     version: int) -> WeightReport:
+                     version: int, verify: bool = True) -> WeightReport:
         named = list(named_tensors)
         if self.first_weights is None:
             self.first_weights = [(n, t.detach().clone()) for n, t in named]
-            return self.inner.load_weights(named, version)
+            return self.inner.load_weights(named, version, verify)
         f, step = self.faults, self.step()               # the step this sync ends
         if f.sync_hang is not None and step == f.sync_hang.at_step:
             time.sleep(f.sync_hang.seconds)
@@ -108,12 +108,12 @@ class FaultyRollout:
             self.skippable_syncs += 1
             if self.skippable_syncs % skip.every == 0:
                 # The engine takes the version number but no tensors: old weights, new label.
-                return self.inner.load_weights([], version)
-        report = self.inner.load_weights(named, version)
+                return self.inner.load_weights([], version, verify)
+        report = self.inner.load_weights(named, version, verify)
         sleep = f.sleep_drops_weights
         if sleep is not None and step >= sleep.from_step:
             # Woken from sleep, the engine reloads the weights it was first given.
-            report = self.inner.load_weights(self.first_weights, version)
+            report = self.inner.load_weights(self.first_weights, version, verify)
         return report
 
 

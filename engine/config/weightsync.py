@@ -4,20 +4,48 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from engine.config._base import _choice, _Section
 
 # --------------------------------------------------------------------------- weight sync
 
-class InPlaceSyncConfig(_Section):
+DELTA_TRANSPORTS = ("shm", "object_store", "broadcast")
+
+
+class _SyncSection(_Section):
+    """What every transport shares: how often a sync is verified and whether only the
+    changed bytes travel."""
+
+    verify_every: int = Field(default=1, ge=1, le=1_000_000)
+    """Verify every Nth sync: both ends fingerprint the weights (learner: what it sent;
+    each rollout engine: what it serves) and the sync is "matched" only when they agree.
+    1 verifies every sync; N > 1 skips the fingerprints of the others, which then count as
+    matched on their versions alone (weight_sync/verified = 0). A run's first sync is
+    always verified."""
+    delta: bool = False
+    """Send only what changed: the XOR of the new weights' bytes against the version the
+    rollout workers serve, compressed with zstd; a worker that is not at that version (a
+    version gap, a fresh worker) gets the full weights. Byte transports only ("shm",
+    "object_store", "broadcast")."""
+
+    @model_validator(mode="after")
+    def _delta_needs_a_byte_transport(self):
+        if self.delta and self.type not in DELTA_TRANSPORTS:
+            raise ValueError(
+                f'weight_sync.delta = true sends an XOR of the weight bytes, which '
+                f'weight_sync.type = "{self.type}" does not move as bytes; use type = '
+                f'"shm", "object_store" or "broadcast", or set delta = false')
+        return self
+
+class InPlaceSyncConfig(_SyncSection):
     """Copy the learner's tensors into the rollout engine's own (colocated, one process).
     As with every transport, the engine then fingerprints what it serves and reports it."""
 
     type: Literal["in_place"] = "in_place"
 
 
-class ShmSyncConfig(_Section):
+class ShmSyncConfig(_SyncSection):
     """Same node, across processes: the learner packs its tensors into one flat buffer in a
     shared-memory file; each rollout worker maps it without copying and loads from it."""
 
@@ -27,14 +55,14 @@ class ShmSyncConfig(_Section):
     of the node can open; a disk directory works but is slow."""
 
 
-class ObjectStoreSyncConfig(_Section):
+class ObjectStoreSyncConfig(_SyncSection):
     """Through the Ray object store: one ``ray.put`` of the packed tensors per sync, read
     zero-copy by workers on the learner's node and fetched by Ray on other nodes."""
 
     type: Literal["object_store"] = "object_store"
 
 
-class BroadcastSyncConfig(_Section):
+class BroadcastSyncConfig(_SyncSection):
     """torch.distributed broadcast from the learner (rank 0) to every rollout worker, in
     large contiguous buckets. Its own process group, so vLLM's default group is untouched."""
 
@@ -51,7 +79,7 @@ class BroadcastSyncConfig(_Section):
     fails instead of hanging."""
 
 
-class CheckpointFileSyncConfig(_Section):
+class CheckpointFileSyncConfig(_SyncSection):
     """The slow fallback that works wherever a directory is shared: the learner writes a
     safetensors file per version, the workers load it."""
 
@@ -63,14 +91,14 @@ class CheckpointFileSyncConfig(_Section):
     """Version files kept on disk; older ones are deleted when a new version is written."""
 
 
-class CudaIpcSyncConfig(_Section):
+class CudaIpcSyncConfig(_SyncSection):
     """Same GPU node: workers open the learner's CUDA tensors through IPC handles (no copy
     through host memory). Needs CUDA; on CPU it is refused with the fix."""
 
     type: Literal["cuda_ipc"] = "cuda_ipc"
 
 
-class VllmNativeSyncConfig(_Section):
+class VllmNativeSyncConfig(_SyncSection):
     """vLLM's own weight-transfer API (rollout.type = "vllm" only): each worker's vLLM is
     started with a weight-transfer engine and every sync runs vLLM's lifecycle
     (start_weight_update, update_weights, finish_weight_update; vLLM's layerwise reload

@@ -188,16 +188,26 @@ class VllmRollout:
         self.llm.reset_prefix_cache()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                     version: int) -> WeightReport:
+                     version: int, verify: bool = True) -> WeightReport:
         tensors = [(n, t.detach()) for n, t in named_tensors]
         if self._asleep:
             self.wake_up()
         self._reload(tensors)
         self._weights_lost = False
         self.llm.collective_rpc(_set_version, args=(version,))
-        self._version, self._fingerprint = self._report()
+        self._take_report(version, verify)
         nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-        return WeightReport(version=self._version, fingerprint=self._fingerprint, bytes=nbytes)
+        return WeightReport(version=self._version, fingerprint=self._fingerprint or "",
+                            bytes=nbytes)
+
+    def _take_report(self, version: int, verify: bool) -> None:
+        """The served (version, fingerprint) after a load; an unverified sync
+        (weight_sync.verify_every) leaves the fingerprint unknown (None) until sleep()
+        needs it."""
+        if verify:
+            self._version, self._fingerprint = self._report()
+        else:
+            self._version, self._fingerprint = version, None
 
     def init_weight_transfer(self, init_info: dict) -> None:
         """Join the learner through vLLM's weight-transfer engine (blocks until the learner
@@ -205,7 +215,7 @@ class VllmRollout:
         self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
 
     def update_weights_native(self, update_info: dict, version: int,
-                              discard: bool = False) -> WeightReport | None:
+                              discard: bool = False, verify: bool = True) -> WeightReport | None:
         """One sync through vLLM's own lifecycle: start_weight_update, update_weights (the
         worker receives the bytes and loads them), finish_weight_update (vLLM's layerwise
         reload re-runs its post-load processing), then the prefix cache is reset and the
@@ -222,11 +232,12 @@ class VllmRollout:
         self.llm.reset_prefix_cache()
         self._weights_lost = False
         self.llm.collective_rpc(_set_version, args=(version,))
-        self._version, self._fingerprint = self._report()
+        self._take_report(version, verify)
         nbytes = sum(torch.Size(s).numel() * getattr(torch, d).itemsize
                      for s, d in zip(update_info["shapes"], update_info["dtype_names"],
                                      strict=True))
-        return WeightReport(version=self._version, fingerprint=self._fingerprint, bytes=nbytes)
+        return WeightReport(version=self._version, fingerprint=self._fingerprint or "",
+                            bytes=nbytes)
 
     def weight_version(self) -> int:
         return self._version
@@ -249,6 +260,8 @@ class VllmRollout:
         and always on CPU, where vLLM refuses sleep mode)."""
         if not self.cfg.sleep_level or self._asleep:
             return False
+        if self._fingerprint is None:        # an unverified sync: wake_up checks against it
+            self._fingerprint = self._report()[1]
         self.llm.sleep(level=self.cfg.sleep_level)
         self._asleep = True
         return True

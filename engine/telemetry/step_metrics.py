@@ -75,4 +75,8 @@ def sync_metrics(res: SyncResult) -> dict[str, float]:
         "weight_sync/version_learner": float(res.version_learner),
         "weight_sync/version_rollout": float(res.version_rollout),
         "weight_sync/matched": float(res.matched),
+        "weight_sync/verified": float(res.verified),
+        "weight_sync/wire_bytes": float(res.wire_bytes or res.bytes),
+        **({"weight_sync/delta_density": res.changed_frac}
+           if res.changed_frac is not None else {}),
     }

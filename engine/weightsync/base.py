@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from engine.events import WeightSyncEvent
+from engine.weightsync.delta import DeltaFrame
 from engine.weightsync.layout import FlatLayout
 
 
@@ -32,13 +33,24 @@ class SyncResult:
     bytes: int                    # size of the weights (each worker receives all of them)
     latency_s: float      # learner's new version -> every rollout worker reports serving it
     workers: tuple = ()   # one rollout.base.WeightReport per worker (two-sided transports)
+    verified: bool = True  # False: verify_every skipped the fingerprints (both are "")
+    wire_bytes: int = 0   # bytes each worker received (a delta's compressed XOR; else bytes)
+    delta: DeltaFrame | None = None   # weight_sync.delta: what travelled
 
     @property
     def matched(self) -> bool:
+        """Every worker serves the learner's version and, when verified, its fingerprint
+        (an unverified sync's fingerprints are both "", so versions alone decide)."""
         return (self.fingerprint_learner == self.fingerprint_rollout
                 and self.version_learner == self.version_rollout
                 and all(r.fingerprint == self.fingerprint_learner
                         and r.version == self.version_learner for r in self.workers))
+
+    @property
+    def changed_frac(self) -> float | None:
+        """Share of elements whose bytes changed since the last version (delta sends)."""
+        d = self.delta
+        return d.changed / d.elements if d is not None and d.base is not None else None
 
     @property
     def gb_per_s(self) -> float:
@@ -50,12 +62,16 @@ class SyncResult:
             step=self.step, transport=self.transport, version_learner=self.version_learner,
             version_rollout=self.version_rollout, fingerprint_learner=self.fingerprint_learner,
             fingerprint_rollout=self.fingerprint_rollout, matched=self.matched,
-            latency_s=self.latency_s, bytes=self.bytes)
+            latency_s=self.latency_s, bytes=self.bytes, verified=self.verified,
+            wire_bytes=self.wire_bytes or self.bytes)
 
     def mismatch(self) -> str:
         """What the run's log says when the sync did not apply ("" when it did)."""
         if self.matched:
             return ""
+        if not self.verified:
+            return (f"weight sync v{self.version_learner} (unverified) did not apply: "
+                    f"rollout serves v{self.version_rollout}")
         return (f"weight sync v{self.version_learner} did not apply: rollout serves "
                 f"v{self.version_rollout} fingerprint {self.fingerprint_rollout}, learner "
                 f"sent {self.fingerprint_learner}")
@@ -80,6 +96,13 @@ class Ticket:
     initial: bool                 # the first sync of a run may repeat the served version
     layout: FlatLayout
     payload: Any = None
+    verify: bool = True           # both ends fingerprint (weight_sync.verify_every)
+    delta: DeltaFrame | None = None   # weight_sync.delta: what travelled (XOR or full)
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes each worker receives: the compressed XOR of a delta, else the weights."""
+        return self.delta.wire_bytes if self.delta is not None else self.layout.payload_bytes
 
 
 def check_version(ticket: Ticket, served: int) -> None:
@@ -159,6 +182,7 @@ class WeightReceiver(Protocol):
 
 def load_checked(engine, ticket: Ticket, named_tensors) -> object:
     """The receivers' common last step: refuse a stale version, then let the engine load
-    the tensors and fingerprint what it serves (never an echo of what was sent)."""
+    the tensors and fingerprint what it serves (never an echo of what was sent; an
+    unverified sync, ticket.verify False, skips the fingerprint)."""
     check_version(ticket, engine.weight_version())
-    return engine.load_weights(named_tensors, ticket.version)
+    return engine.load_weights(named_tensors, ticket.version, verify=ticket.verify)

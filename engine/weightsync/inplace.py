@@ -34,4 +34,4 @@ class InPlaceSender(SenderDefaults):
 
 class InPlaceReceiver(ReceiverDefaults):
     def receive(self, ticket: Ticket, engine):
-        return engine.load_weights(ticket.payload, ticket.version)
+        return engine.load_weights(ticket.payload, ticket.version, verify=ticket.verify)

@@ -26,6 +26,7 @@ the last worker serving it; ``gb_per_s`` is gigabytes (1e9 bytes) per second of 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +42,8 @@ from engine.weightsync.fingerprint import fingerprint
 
 @dataclass(frozen=True)
 class WeightMeta:
-    """The learner's side of one sync: the version it sent and its fingerprint."""
+    """The learner's side of one sync: the version it sent and its fingerprint ("" when
+    the sync is not verified)."""
     version: int
     fingerprint: str
 
@@ -72,16 +74,24 @@ class WeightSenderHost:
     def setup_sender(self, cfg, world_size: int) -> object:
         """Build the sender; returns what receivers join with (None unless collective)."""
         self.sender = build_sender(cfg, world_size)
+        self.sync_delta = cfg.delta
         return self.sender.join_info()
 
     def connect(self) -> None:
         self.sender.connect()
 
-    def prepare(self, step: int, initial: bool) -> tuple[WeightMeta, Ticket]:
+    def prepare(self, step: int, initial: bool, verify: bool = True,
+                base: int | None = None) -> tuple[WeightMeta, Ticket]:
+        """``base``: the version every worker serves (weight_sync.delta sends the XOR
+        against it when the sender last sent that version; None: a full send)."""
         with self.rec.phase("weight_sync", step, self.sync_version()):
             version, named = self.sync_weights()
-            meta = WeightMeta(version, self.weights_fingerprint(named))
-            return meta, self.sender.prepare(named, version, initial)
+            meta = WeightMeta(version, self.weights_fingerprint(named) if verify else "")
+            if self.sync_delta:
+                ticket = self.sender.prepare(named, version, initial, base=base)
+            else:
+                ticket = self.sender.prepare(named, version, initial)
+            return meta, dataclasses.replace(ticket, verify=verify)
 
     def transfer(self, step: int) -> None:
         with self.rec.phase("weight_sync", step, self.sync_version()):
@@ -122,10 +132,25 @@ class _Pending:
 
 
 class WeightSyncSession:
+    """``cfg.verify_every = N`` fingerprints the first sync and every Nth after it; the
+    others are matched on versions alone (SyncResult.verified False). With ``cfg.delta``
+    a sync is sent as an XOR against the version every worker reported serving after the
+    last sync, and in full after a version gap or a mismatch (engine/weightsync/delta.py)."""
+
     def __init__(self, learner, workers: Sequence, cfg):
         self.learner, self.workers, self.cfg = learner, list(workers), cfg
         self._pending: list[_Pending] = []
         self._settled: list[SyncResult] = []
+        self._sends = 0
+        self._last: SyncResult | None = None     # the newest settled sync
+
+    def _delta_base(self) -> int | None:
+        """The version every worker serves, if the last sync reached them all intact."""
+        last = self._last
+        if last is None or not last.matched or not last.workers:
+            return None
+        versions = {r.version for r in last.workers}
+        return versions.pop() if len(versions) == 1 else None
 
     def connect(self) -> None:
         info = self.learner.call(WeightSenderHost.setup_sender, self.cfg,
@@ -140,8 +165,11 @@ class WeightSyncSession:
         """Queue the learner's current weights to every worker, behind the calls already
         queued on them; the reports come back through ``settle``."""
         self._collect(wait=True)
+        verify = initial or self._sends % self.cfg.verify_every == 0
+        self._sends += 1
         sent_at = time.time()
-        meta, ticket = self.learner.call(WeightSenderHost.prepare, step, initial,
+        meta, ticket = self.learner.call(WeightSenderHost.prepare, step, initial, verify,
+                                         None if initial else self._delta_base(),
                                          num_returns=2)
         served = [w.call(WeightReceiverHost.receive_weights, ticket, step)
                   for w in self.workers]
@@ -157,17 +185,23 @@ class WeightSyncSession:
     def _collect(self, wait: bool) -> None:
         while self._pending and (wait or all(f.done() for f in self._pending[0].served)):
             p = self._pending.pop(0)
-            meta, ticket = p.meta.result(), p.ticket.result()
-            served = [f.result() for f in p.served]
+            try:
+                meta, ticket = p.meta.result(), p.ticket.result()
+                served = [f.result() for f in p.served]
+            except BaseException:
+                self._last = None        # workers may hold any version: the next is full
+                raise
             reports = tuple(s.report for s in served)
             differing = [r for r in reports if r.fingerprint != meta.fingerprint]
-            self._settled.append(SyncResult(
+            self._last = SyncResult(
                 transport=ticket.transport, step=p.step, version_learner=meta.version,
                 version_rollout=min(r.version for r in reports),
                 fingerprint_learner=meta.fingerprint,
                 fingerprint_rollout=(differing or reports)[0].fingerprint,
                 bytes=ticket.layout.payload_bytes,
-                latency_s=max(s.at for s in served) - p.sent_at, workers=reports))
+                latency_s=max(s.at for s in served) - p.sent_at, workers=reports,
+                verified=ticket.verify, wire_bytes=ticket.wire_bytes, delta=ticket.delta)
+            self._settled.append(self._last)
 
 
 class TensorSource(WeightSenderHost):

@@ -17,6 +17,12 @@ the files (rlplane-weights-<host>-<pid>-*) whose lock it can take.
 After ``adopt`` the optimizer writes straight into shared memory and ``prepare`` copies
 only tensors that are not already in their slot, so a sync is one memcpy (the worker's).
 The learner must then not step while a sync is in flight (push_to_workers blocks).
+
+With weight_sync.delta the file holds | the full stream | the zstd-compressed XOR against
+the version the workers serve | (engine/weightsync/delta.py). A worker that holds that
+version reads only the XOR; any other (a version gap, a restarted worker) reads the full
+stream of the same sync. Each worker keeps its own copy of the stream it last applied.
+Adopting parameters cannot be combined with it (the encoder must see each new version).
 """
 
 from __future__ import annotations
@@ -32,7 +38,14 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.weightsync.base import SenderDefaults, Ticket, TransportUnavailable, load_checked
+from engine.weightsync.base import (
+    SenderDefaults,
+    Ticket,
+    TransportUnavailable,
+    check_version,
+    load_checked,
+)
+from engine.weightsync.delta import DeltaDecoder, DeltaEncoder
 from engine.weightsync.layout import FlatLayout
 
 ORPHAN_GRACE_S = 10.0     # a file younger than this may be between mkstemp and flock
@@ -75,6 +88,12 @@ def remove_orphans(directory: str) -> list[str]:
     return removed
 
 
+def file_bytes(layout: FlatLayout, delta: bool) -> int:
+    """The buffer file's size: the stream, and with weight_sync.delta room after it for the
+    compressed XOR (sent only when smaller than the weights)."""
+    return 2 * layout.nbytes if delta else layout.nbytes
+
+
 def map_file(path: str, nbytes: int) -> torch.Tensor:
     """A uint8 tensor over the file's bytes, shared with every other process mapping it."""
     return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
@@ -89,31 +108,37 @@ class ShmSender(SenderDefaults):
         self.path: str | None = None
         self._flat: torch.Tensor | None = None
         self._finalizer = None
+        self._delta = DeltaEncoder() if cfg.delta else None
 
     def _allocate(self, layout: FlatLayout) -> None:
         self.close()
         remove_orphans(self.directory)
+        nbytes = file_bytes(layout, self._delta is not None)
         st = os.statvfs(self.directory)
-        if st.f_bavail * st.f_frsize < layout.nbytes:     # else a write past it is SIGBUS
+        if st.f_bavail * st.f_frsize < nbytes:            # else a write past it is SIGBUS
             raise TransportUnavailable(
                 f"weight_sync.directory = {self.directory!r} has "
                 f"{st.f_bavail * st.f_frsize / 1e6:.0f} MB free and the weights need "
-                f"{layout.nbytes / 1e6:.0f} MB; point weight_sync.directory at a larger "
+                f"{nbytes / 1e6:.0f} MB; point weight_sync.directory at a larger "
                 f"tmpfs (a container's /dev/shm is 64 MB unless it runs with --shm-size)")
         fd, path = tempfile.mkstemp(
             prefix=f"rlplane-weights-{socket.gethostname()}-{os.getpid()}-", dir=self.directory)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # held while this sender lives
-            os.ftruncate(fd, layout.nbytes)
+            os.ftruncate(fd, nbytes)
         except OSError:
             _release(fd, path)
             raise
         self._finalizer = weakref.finalize(self, _release, fd, path)
-        self.layout, self.path, self._flat = layout, path, map_file(path, layout.nbytes)
+        self.layout, self.path, self._flat = layout, path, map_file(path, nbytes)
 
     def adopt(self, named_parameters) -> None:
         """Move these tensors (nn.Parameters, or any tensors) into the shared buffer: each
         one's ``.data`` becomes its slot, so syncing them later copies nothing here."""
+        if self._delta is not None:
+            raise TransportUnavailable(
+                "shm adopt() puts the parameters in the shared buffer, which weight_sync."
+                "delta = true overwrites with compressed XORs; set delta = false to adopt")
         named = list(named_parameters)
         self._allocate(FlatLayout.of(named))
         with torch.no_grad():
@@ -122,10 +147,16 @@ class ShmSender(SenderDefaults):
                 t.data = slot
 
     def prepare(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int,
-                initial: bool = False) -> Ticket:
+                initial: bool = False, base: int | None = None) -> Ticket:
         layout = FlatLayout.of(named_tensors)
         if layout != self.layout:
             self._allocate(layout)
+        if self._delta is not None:      # file: | full stream | compressed XOR |
+            frame, wire = self._delta.encode(named_tensors, layout, version, base,
+                                             cur=self._flat[:layout.nbytes])
+            if wire is not None:
+                self._flat[layout.nbytes:layout.nbytes + wire.numel()].copy_(wire)
+            return Ticket(self.name, version, initial, layout, self.path, delta=frame)
         with torch.no_grad():
             for (_, t), (_, slot) in zip(named_tensors, layout.views(self._flat), strict=True):
                 if t.data_ptr() != slot.data_ptr():          # adopted tensors already are
@@ -142,12 +173,24 @@ class ShmReceiver:
     def __init__(self, cfg, join_info: object, rank: int):
         self._mapped: tuple[str, int] | None = None
         self._flat: torch.Tensor | None = None
+        self._delta = DeltaDecoder() if cfg.delta else None
 
     def receive(self, ticket: Ticket, engine):
-        key = (ticket.payload, ticket.layout.nbytes)
+        layout, frame = ticket.layout, ticket.delta
+        key = (ticket.payload, file_bytes(layout, frame is not None))
         if key != self._mapped:
             self._flat, self._mapped = map_file(*key), key
-        return load_checked(engine, ticket, ticket.layout.views(self._flat))
+        flat = self._flat
+        if frame is not None:
+            check_version(ticket, engine.weight_version())   # before the base moves
+            n = layout.nbytes
+            if self._delta.holds(frame):
+                self._delta.apply(frame, flat[n:n + frame.wire_bytes].numpy(), layout,
+                                  ticket.version)
+            else:          # a full send, or this worker is not at the base: read it all
+                self._delta.take_full(flat[:n], layout, ticket.version)
+            flat = self._delta.current
+        return load_checked(engine, ticket, layout.views(flat))
 
     def close(self) -> None:
         self._flat = self._mapped = None

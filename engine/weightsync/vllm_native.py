@@ -203,7 +203,8 @@ class VllmNativeReceiver:
                 engine.update_weights_native(ticket.payload["update_info"],
                                              engine.weight_version(), discard=True)
             raise
-        return engine.update_weights_native(ticket.payload["update_info"], ticket.version)
+        return engine.update_weights_native(ticket.payload["update_info"], ticket.version,
+                                            verify=ticket.verify)
 
     def close(self) -> None:
         pass

@@ -38,17 +38,26 @@ def weight_sync_desync(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
         return []
     s = h.syncs[-1]
     lag = s.version_learner - s.version_rollout
-    if s.version_learner == s.version_rollout and s.fingerprint_learner != s.fingerprint_rollout:
-        cause = (f"The rollout engine reports version {s.version_rollout} but serves other "
-                 f"weights than the learner's (fingerprint {s.fingerprint_rollout[:12]} vs "
-                 f"{s.fingerprint_learner[:12]}): the generator is not receiving new weights.")
+    # weight_sync.verify_every skips fingerprints: an unverified sync (its fingerprints
+    # are "") neither shows a mismatch nor clears one; the newest verified sync decides
+    checked = next((x for x in reversed(h.syncs) if x.verified), None)
+    if checked is not None and checked.version_learner == checked.version_rollout and \
+            checked.fingerprint_learner != checked.fingerprint_rollout:
+        cause = (f"The rollout engine reports version {checked.version_rollout} but serves "
+                 f"other weights than the learner's (fingerprint "
+                 f"{checked.fingerprint_rollout[:12]} vs {checked.fingerprint_learner[:12]}): "
+                 f"the generator is not receiving new weights.")
+        if checked is not s:
+            cause += (f" The syncs since (to v{s.version_learner}) were not verified "
+                      f"(weight_sync.verify_every).")
+        s = checked
     elif lag > t.desync_version_lag:
         cause = (f"The rollout engine serves version {s.version_rollout}, {lag} behind the "
                  f"learner's {s.version_learner}: the generator is not receiving new weights.")
     else:
         return []
     since = s.step             # the first sync of the current desync (events come batched)
-    for prior in reversed(h.syncs[:-1]):
+    for prior in reversed(h.syncs[:h.syncs.index(s)]):
         if prior.matched:
             break
         since = prior.step
@@ -72,7 +81,7 @@ def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[
     window = [s for s in h.syncs if s.step >= first]
     versions = [s.version_rollout for s in window]
     gaps = [v for s, v in h.series("logprob_gap/mean") if s >= first]
-    if any(s.fingerprint_learner != s.fingerprint_rollout for s in window) or \
+    if any(s.verified and s.fingerprint_learner != s.fingerprint_rollout for s in window) or \
             (len(versions) > 1 and max(versions) == min(versions)):
         key, why = "weights", "the generator is not receiving new weights"
         fix = "see WeightSyncDesync: check the weight sync and the fingerprints per worker"

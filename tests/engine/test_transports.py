@@ -27,6 +27,9 @@ TRANSPORTS = {
     "broadcast": {"type": "broadcast", "bucket_mb": 1},            # tiny model = ~4 buckets
     "broadcast_single_buffer": {"type": "broadcast", "bucket_mb": 1, "double_buffer": False},
     "checkpoint": {"type": "checkpoint"},
+    "shm_delta": {"type": "shm", "delta": True},
+    "object_store_delta": {"type": "object_store", "delta": True},
+    "broadcast_delta": {"type": "broadcast", "bucket_mb": 1, "delta": True},
 }
 
 
@@ -96,6 +99,8 @@ def test_receivers_serve_the_learners_fingerprint_with_increasing_versions(
         assert ray.get([w.served.remote() for w in workers]) == [(version, fp)] * 2
         assert res.bytes == sum(t.numel() * 4 for t in learner.values())
         assert res.latency_s > 0 and res.gb_per_s > 0
+        if TRANSPORTS[kind].get("delta"):         # an XOR against the version before
+            assert res.delta.base == version - 1 and 0 < res.wire_bytes < res.bytes
         seen.add(fp)
     assert len(seen) == 4                       # every sync really changed the weights
     sync[1].close_sender()

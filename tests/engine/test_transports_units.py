@@ -102,11 +102,11 @@ class _Tensors:
         self.tensors = {n: torch.zeros_like(t) for n, t in named}
         self.version = 0
 
-    def load_weights(self, named, version):
+    def load_weights(self, named, version, verify=True):
         for n, t in named:
             self.tensors[n].copy_(t)
         self.version = version
-        return WeightReport(version, fingerprint(self.tensors.items()), 0)
+        return WeightReport(version, fingerprint(self.tensors.items()) if verify else "", 0)
 
     def weight_version(self):
         return self.version

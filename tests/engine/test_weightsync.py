@@ -56,7 +56,7 @@ class _DropsWeights:
     def __init__(self, engine):
         self.engine = engine
 
-    def load_weights(self, named_tensors, version):
+    def load_weights(self, named_tensors, version, verify=True):
         list(named_tensors)
         self.engine._version = version
         return WeightReport(version, self.engine.fingerprint(), 0)

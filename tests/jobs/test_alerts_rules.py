@@ -183,3 +183,64 @@ def test_generation_time_far_over_the_runs_median_is_a_straggler_bubble():
     assert "stragglers hold every batch" in f.cause and "partial rollout" in f.runbook
     h = healthy(**{"time/rollout_s": lambda s: 4.0 if s >= 4 else 0.5})
     assert "BubbleHigh" not in kinds(h)                # 8x, under straggler_min_s
+
+
+def _unverified_after(h: RunHistory, first: int, last: int, mismatch_at: int | None = None):
+    """Syncs ``first``..``last`` as weight_sync.verify_every > 1 reports them: no
+    fingerprints (both ""), versions only; ``mismatch_at`` is a verified one that differs."""
+    for step in range(first, last + 1):
+        verified = step == mismatch_at
+        h.add({"seq": 10_000 + step, "ts": h.last_ts + 1, "type": "weight_sync.report",
+               "step": step, "version_learner": step + 1, "version_rollout": step + 1,
+               "fingerprint_learner": f"fp{step + 1}" if verified else "",
+               "fingerprint_rollout": "fp1" if verified else "", "matched": not verified,
+               "latency_s": 0.05, "bytes": 1, "verified": verified})
+
+
+def test_unverified_syncs_are_not_read_as_a_desync():
+    h = healthy(6)
+    _unverified_after(h, 6, 12)
+    assert h.syncs[-1].verified is False and h.syncs[-1].fingerprint_rollout == ""
+    assert "WeightSyncDesync" not in kinds(h)
+
+
+def test_unverified_syncs_do_not_clear_a_desync_the_last_verified_sync_found():
+    h = healthy(6)
+    _unverified_after(h, 6, 10, mismatch_at=7)
+    [f] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts) if f.kind == "WeightSyncDesync"]
+    assert f.step == 7 and "were not verified" in f.cause
+    assert f.evidence["values"]["fingerprint_rollout"] == "fp1"
+
+
+def test_a_real_session_with_verify_every_keeps_the_desync_rule_quiet_until_a_verified_mismatch(
+        tmp_path):
+    """The events a WeightSyncSession emits with weight_sync.verify_every = 3: the
+    unverified syncs raise nothing; a worker that stops loading is caught at the next
+    verified sync."""
+    from engine.config import validate_config
+    from engine.orchestration.actors import LocalActor
+    from engine.weightsync.session import EngineHost, TensorSource, WeightSyncSession
+    from tests.engine.test_delta_sync import _step, _Tensors, _weights
+
+    class Stops(_Tensors):           # from version 4 on: takes the version, not the tensors
+        def load_weights(self, named, version, verify=True):
+            return super().load_weights(named if version < 4 else [], version, verify)
+
+    cfg = validate_config({"weight_sync": {"type": "shm", "directory": str(tmp_path),
+                                           "verify_every": 3}}).weight_sync
+    named = _weights()
+    source = TensorSource(named, 0)
+    session = WeightSyncSession(LocalActor(source), [LocalActor(EngineHost(Stops(named)))], cfg)
+    session.connect()
+    h, firing = RunHistory(), []
+    for version in range(8):
+        source.named, source.version = _step(named, version), version
+        session.send(version, initial=version == 0)
+        [res] = session.settle(wait=True)
+        h.add({"seq": version + 1, "ts": 1000.0 + version, **res.event().to_dict()})
+        firing.append("WeightSyncDesync" in kinds(h))
+    assert [s.verified for s in h.syncs] == [True, False, False, True, False, False, True, False]
+    # v4, v5 are unverified (versions agree): quiet; v6 is verified and differs: fires, and
+    # the unverified v7 after it does not clear it
+    assert firing == [False] * 6 + [True, True]
+    session.learner.obj.close_sender()
