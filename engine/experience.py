@@ -32,6 +32,7 @@ class Sample:
     advantage: float = 0.0
     last_version: int | None = None   # newest version, when continued under new weights
     recycled: int = 0                 # steps it was carried over unfinished
+    gen_s: float | None = None        # its generate call's start -> its completion (seconds)
 
     @property
     def mixes_versions(self) -> bool:
