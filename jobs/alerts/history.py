@@ -62,12 +62,13 @@ class RunFacts:
     temperature: float = 1.0
     staleness_bound: int = 0             # sync loop: every sample is on-policy
     async_policy: str = "sync"
+    config: RunConfig = field(default_factory=RunConfig)   # the runbooks' levers read it
 
     @classmethod
     def from_config(cls, cfg: RunConfig, status: str) -> RunFacts:
         bound = cfg.async_policy.staleness_bound
         return cls(status=status, temperature=cfg.rollout.temperature, staleness_bound=bound,
-                   async_policy=cfg.async_policy.type)
+                   async_policy=cfg.async_policy.type, config=cfg)
 
 
 class Thresholds(BaseModel):
@@ -103,7 +104,9 @@ class Thresholds(BaseModel):
     reward_share_max: float = Field(default=0.9, gt=0.0, le=1.0)
     """BubbleHigh when the reward stage's share of the step stays above this."""
     straggler_factor: float = Field(default=10.0, ge=1.0, le=10_000.0)
-    """BubbleHigh when generation time stays above this many times the run's median..."""
+    """BubbleHigh names stragglers when a step's generation time per sample has p99 over
+    this many times its p50 (or, without per-sample times, the step's generation time
+    over this many times the run's median)..."""
     straggler_min_s: float = Field(default=5.0, ge=0.0, le=86_400.0)
     """... and above this many seconds."""
     bubble_window: int = Field(default=2, ge=1, le=1000)
@@ -112,6 +115,9 @@ class Thresholds(BaseModel):
     """ResyncSlow when resync latency exceeds this many times the run's median."""
     resync_min_s: float = Field(default=2.0, ge=0.0, le=86_400.0)
     """ResyncSlow never fires below this latency."""
+    resync_wait_share: float = Field(default=0.5, gt=0.0, le=1.0)
+    """ResyncSlow names waiting for in-flight generation as the cause when at least this
+    share of the latency was a rollout worker finishing its generation (from its spans)."""
     reward_error_frac: float = Field(default=0.1, ge=0.0, le=1.0)
     """RewardErrors when more than this share of a step's samples failed in the reward
     function (reward/error_frac)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
+from jobs.alerts import levers
 from jobs.alerts.history import Finding, RunFacts, RunHistory, Thresholds
 
 Rule = Callable[[RunHistory, RunFacts, Thresholds, float], list[Finding]]
@@ -228,53 +229,101 @@ def phase_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Fi
                   "series": chart(h, "time/step_s")})]
 
 
+def straggler_steps(h: RunHistory, steps: list[int], t: Thresholds) -> list[float] | None:
+    """The p99 generation time of each step whose samples' p99 is over straggler_factor x
+    their p50 and over straggler_min_s (per-sample times, so any async policy), else
+    None; runs without per-sample times fall back to the step's generation time against
+    the run's own median before the window."""
+    p50, p99 = h.metrics.get("rollout/gen_s_p50", {}), h.metrics.get("rollout/gen_s_p99", {})
+    if all(s in p99 and s in p50 for s in steps):
+        values = [p99[s] for s in steps]
+        slow = all(p99[s] > max(t.straggler_factor * p50[s], t.straggler_min_s)
+                   for s in steps)
+        return values if slow else None
+    rollout = h.metrics.get("time/rollout_s", {})
+    before = [v for s, v in h.series("time/rollout_s") if s < steps[0]]
+    if len(before) < 2:
+        return None
+    limit = max(t.straggler_factor * statistics.median(before), t.straggler_min_s)
+    values = [rollout.get(s, 0.0) for s in steps]
+    return values if min(values) > limit else None
+
+
 def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     steps = h.steps[-t.bubble_window:]
     if len(steps) < t.bubble_window:
         return []
 
     def share(name: str, step: int) -> float:
-        if name == "straggler":         # generation time against the run's own median
-            return h.metrics.get("time/rollout_s", {}).get(step, 0.0)
         if name == "reward_share":
             reward = h.metrics.get("time/reward_s", {}).get(step, 0.0)
             return reward / max(h.metrics.get("time/step_s", {}).get(step, 1.0), 1e-9)
         return h.metrics.get(name, {}).get(step, 0.0)
 
-    before = [v for s, v in h.series("time/rollout_s") if s < steps[0]]
-    straggler_limit = (max(t.straggler_factor * statistics.median(before), t.straggler_min_s)
-                       if len(before) >= 2 else float("inf"))
     # The most specific cause first: a straggler also makes generation the whole step.
-    checks = [("straggler", straggler_limit,
-               "generation takes {:.1f}+ s a step, over " f"{t.straggler_factor:g}x the "
-               "run's median: stragglers hold every batch"),
-              ("reward_share", t.reward_share_max, "the reward stage takes {:.0%}+ of each step"),
-              ("rollout_share", t.rollout_share_max, "generation takes {:.0%}+ of each step"),
-              ("bubble", t.bubble_max, "devices sit idle for {:.0%}+ of each step")]
-    hit = next(((name, limit, what, [share(name, s) for s in steps])
-                for name, limit, what in checks
-                if min(share(name, s) for s in steps) > limit), None)
-    if hit is None:
-        return []
-    name, limit, what, values = hit
-    advice = {
-        "bubble": "overlap rollout with learning: async_policy one-step-off or fully async",
-        "rollout_share": ("long-tail generations hold every step: use an async policy "
-                          "(async_policy one-step-off / fully async) or partial rollout, "
-                          "or cap rollout.max_new_tokens"),
-        "straggler": ("a few generations finish far behind the rest: use partial rollout "
-                      "or an async policy (async_policy one-step-off / fully async) so the "
-                      "learner does not wait; check the rollout workers for a slow one"),
-        "reward_share": ("scoring blocks the generator and the learner: overlap reward with "
-                         "generation (async_policy one-step-off) or speed up the verifier"),
-    }[name]
-    series = {"reward_share": "time/reward_s", "straggler": "time/rollout_s"}.get(name, name)
+    stragglers = straggler_steps(h, steps, t)
+    if stragglers is not None:
+        p50 = h.metrics.get("rollout/gen_s_p50", {}).get(steps[-1])
+        what = (f"the slowest generations take {min(stragglers):.1f}+ s"
+                + (f" where the median sample takes {p50:.2f} s" if p50 is not None
+                   else f", over {t.straggler_factor:g}x the run's median")
+                + ": stragglers hold every batch")
+        name, limit, values, problem = "straggler", t.straggler_min_s, stragglers, "straggler"
+    else:
+        checks = [("reward_share", t.reward_share_max,
+                   "the reward stage takes {:.0%}+ of each step", "reward"),
+                  ("rollout_share", t.rollout_share_max,
+                   "generation takes {:.0%}+ of each step", "generation"),
+                  ("bubble", t.bubble_max,
+                   "devices sit idle for {:.0%}+ of each step", "bubble")]
+        hit = next(((name, limit, what, [share(name, s) for s in steps], problem)
+                    for name, limit, what, problem in checks
+                    if min(share(name, s) for s in steps) > limit), None)
+        if hit is None:
+            return []
+        name, limit, what, values, problem = hit
+        what = what.format(min(values))
+    lead = {"straggler": "A few generations finish far behind the rest.",
+            "reward": "Scoring blocks the generator and the learner.",
+            "generation": "Long-tail generations hold every step.",
+            "bubble": "Devices wait for each other."}[problem]
+    series = {"reward_share": "time/reward_s",
+              "straggler": ("rollout/gen_s_p99" if "rollout/gen_s_p99" in h.metrics
+                            else "time/rollout_s")}.get(name, name)
     return [Finding(
         kind="BubbleHigh", key=f"BubbleHigh:{name}", step=steps[-1],
-        cause=f"For {len(steps)} steps, {what.format(min(values))}.",
-        runbook=advice[0].upper() + advice[1:] + ".",
+        cause=(f"For {len(steps)} steps, {what} (placement {f.config.placement.type}, "
+               f"{f.config.async_policy.type} policy)."),
+        runbook=levers.runbook(f.config, problem, lead),
         evidence={"values": {name: values[-1], "threshold": limit},
                   "series": chart(h, series)})]
+
+
+def generation_wait(h: RunHistory, step: int) -> tuple[float, list[str], bool]:
+    """How long the sync of ``step`` waited for in-flight generation, from the workers'
+    spans: a worker takes new weights between calls, so its receive (its last weight_sync
+    span of the sync) starts only when its rollout and reward spans end. Returns the
+    longest such wait (s), the devices that waited it, and whether every rollout device's
+    receive span has arrived (spans come in batches, after the sync's report)."""
+    sync = [s for s in h.spans if s.phase == "weight_sync" and s.step == step]
+    rollout_devices = {s.device for s in h.spans if s.phase == "rollout"}
+    if not sync:
+        return 0.0, [], not rollout_devices
+    begun = min(s.start for s in sync)               # the learner's prepare: right after send
+    waits: dict[str, float] = {}
+    for device in rollout_devices:
+        mine = [s for s in sync if s.device == device]
+        if not mine:
+            continue
+        received = max(s.start for s in mine)
+        waits[device] = sum(max(0.0, min(s.end, received) - max(s.start, begun))
+                            for s in h.spans if s.device == device
+                            and s.phase in ("rollout", "reward"))
+    complete = set(waits) == rollout_devices
+    if not waits:
+        return 0.0, [], complete
+    longest = max(waits.values())
+    return longest, sorted(d for d, w in waits.items() if w >= 0.9 * longest), complete
 
 
 def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
@@ -285,14 +334,41 @@ def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
     median = statistics.median(v for _, v in pts[:-1])
     if latency <= max(t.resync_factor * median, t.resync_min_s):
         return []
+    sync = next((s for s in reversed(h.syncs) if s.latency_s == latency),
+                h.syncs[-1] if h.syncs else None)
+    waited, devices, complete = generation_wait(h, sync.step) if sync else (0.0, [], True)
+    if not complete and h.steps and h.steps[-1] <= sync.step + 1:
+        return []          # the receivers' spans are on their way: judge on the next batch
+    moved = max(latency - waited, 1e-9)               # the transport's own share
+    size = f"{sync.bytes / 1e9:.3g} GB" if sync else "the weights"
+    rate = f"{sync.bytes / 1e9 / moved:.3g} GB/s" if sync else "?"
+    slow = (f"Weight resync took {latency:.1f} s at step {step}, "
+            f"{latency / max(median, 1e-9):.0f}x the run's median {median:.2f} s")
+    if waited >= t.resync_wait_share * latency:
+        key = "ResyncSlow:generation"
+        cause = (f"{slow}: the new weights waited for in-flight generation: "
+                 f"{', '.join(devices)} finished a generation call for {waited:.1f} s "
+                 f"before taking them; the transport itself moved {size} in "
+                 f"{latency - waited:.2f} s ({rate}).")
+        runbook = levers.runbook(
+            f.config, "resync_wait",
+            "The transport is not the cause: a rollout worker takes new weights only "
+            "between generate calls, so a long call (a straggler, long generations) "
+            "delays the resync. See BubbleHigh for stragglers.")
+    else:
+        key = "ResyncSlow:transport"
+        cause = (f"{slow}: the transport was slow: {size} in {moved:.1f} s ({rate})"
+                 + (f"; waiting for generation took only {waited:.1f} s" if waited else "")
+                 + ".")
+        runbook = (f"Check the transport (weight_sync.type = {f.config.weight_sync.type!r}) "
+                   "and the rollout workers it waits for: a slow or stuck receiver, a "
+                   "network or object-store stall; weight_sync/gb_per_s (GB/s) shows "
+                   "whether bandwidth dropped; try another weight_sync.type to isolate it.")
     return [Finding(
-        kind="ResyncSlow", key="ResyncSlow", step=step,
-        cause=(f"Weight resync took {latency:.1f} s at step {step}, "
-               f"{latency / max(median, 1e-9):.0f}x the run's median {median:.2f} s."),
-        runbook=("Check the transport (weight_sync.type) and the rollout workers it waits "
-                 "for: a slow or stuck receiver, a network or object-store stall; "
-                 "weight_sync/gb_per_s (GB/s) shows whether bandwidth dropped."),
-        evidence={"values": {"latency_s": latency, "median_s": median},
+        kind="ResyncSlow", key=key, step=step, cause=cause, runbook=runbook,
+        evidence={"values": {"latency_s": latency, "median_s": median,
+                             "generation_wait_s": waited, "transport_s": moved,
+                             "bytes": sync.bytes if sync else None},
                   "series": chart(h, "weight_sync/latency_s")})]
 
 
