@@ -378,3 +378,19 @@ def test_a_checkpoint_of_another_run_is_not_a_choice(client, operator, parent, m
 def test_defaults_fill_the_form_when_there_is_no_preset(client, operator):
     form = client.get("/runs/new").context["form"]
     assert form.initial["config"] == dump_config(RunConfig())
+
+
+def test_the_fork_form_validates_the_same_way_and_launches_nothing(client, operator, parent,
+                                                                   queued):
+    page = client.get(f"/runs/{parent.pk}/fork").content.decode()
+    assert 'hx-post="/runs/%d/fork"' % parent.pk in page and 'data-toml-table="placement"' in page
+    bad = DISAGG_ASYNC.replace("rollout_workers = 2", "rollout_workers = 0")
+    checkpoint = parent.checkpoints.first().pk
+
+    html = validate(client, f"/runs/{parent.pk}/fork",
+                    form_data(bad, "disaggregated", "fully_async",
+                              checkpoint=checkpoint)).content.decode()
+
+    line = bad.splitlines().index("rollout_workers = 0") + 1
+    assert f'data-path="placement.rollout_workers" data-line="{line}"' in html
+    assert Run.objects.count() == 1 and queued == []
