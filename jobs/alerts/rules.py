@@ -58,7 +58,8 @@ def weight_sync_desync(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
         runbook=("Check that the weight sync really loads tensors into the engine (sleep/wake "
                  "mode, a transport that returns before applying, a swallowed error in the "
                  "receiver); compare weight_sync.report fingerprints per worker. Change "
-                 "weight_sync.type to another transport to isolate it."),
+                 f"weight_sync.type (now {f.config.weight_sync.type!r}) to another transport "
+                 "to isolate it."),
         evidence={"values": {k: getattr(s, k) for k in (
                       "version_learner", "version_rollout", "fingerprint_learner",
                       "fingerprint_rollout")},
@@ -85,7 +86,8 @@ def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[
             < t.stuck_std:
         key, why = "signal", "learning signal is flat (check reward variance / advantages)"
         fix = ("check reward/std and reward/accuracy: all-equal rewards in a group give zero "
-               "advantages; raise algorithm.group_size, rollout.temperature or task difficulty")
+               f"advantages; raise algorithm.group_size (now {f.config.algorithm.group_size}), "
+               f"rollout.temperature (now {f.config.rollout.temperature:g}) or task difficulty")
     else:
         return []   # rewards still vary: slow learning, not a stuck run
     return [Finding(
@@ -132,9 +134,11 @@ def logprob_gap_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> l
         kind="LogprobGapHigh", key="LogprobGapHigh", step=step,
         cause=(f"The behaviour policy differs from the learner: logprob gap {gap:.3f} "
                f"nats/token at step {step} (threshold {t.gap_high:g})."),
-        runbook=("Check staleness/max (async_policy bound), weight_sync/matched (did the "
-                 "sync apply?), and engine numerics (model.dtype, rollout.type); "
-                 "algorithm.tis_cap bounds the damage meanwhile."),
+        runbook=(f"Check staleness/max (the {f.async_policy} policy's bound is "
+                 f"{f.staleness_bound}), weight_sync/matched (did the sync apply?), and "
+                 f"engine numerics (model.dtype = {f.config.model.dtype!r}, rollout.type = "
+                 f"{f.config.rollout.type!r}); algorithm.tis_cap (now "
+                 f"{f.config.algorithm.tis_cap:g}) bounds the damage meanwhile."),
         evidence={"values": {"logprob_gap/mean": gap,
                              "staleness/max": h.metrics.get("staleness/max", {}).get(step)},
                   "series": chart(h, "logprob_gap/mean")})]
@@ -171,8 +175,11 @@ def staleness_over_bound(h: RunHistory, f: RunFacts, t: Thresholds,
         cause=(f"Samples {stale:g} versions old were trained on at step {step}; the "
                f"{f.async_policy} policy's bound is {f.staleness_bound}."),
         runbook=("Check the buffer's staleness filter after a resume or restart (versions "
-                 "restored?), and buffer/dropped_stale; lower async_policy's staleness bound "
-                 "or rollout.prompts_per_step so producers do not run ahead."),
+                 "restored?), and buffer/dropped_stale; "
+                 + (f"lower async_policy.max_staleness (now {f.staleness_bound}) or "
+                    if f.async_policy in ("partial_rollout", "fully_async") else "")
+                 + f"lower rollout.prompts_per_step (now {f.config.rollout.prompts_per_step}) "
+                 "so producers do not run ahead."),
         evidence={"values": {"staleness/max": stale, "bound": f.staleness_bound},
                   "series": chart(h, "staleness/max")})]
 

@@ -281,3 +281,16 @@ def test_resync_slow_names_waiting_for_generation_apart_from_a_slow_transport():
     assert "the transport was slow: 2 GB in 7.5 s (0.265 GB/s)" in f.cause
     assert "waited for in-flight generation" not in f.cause
     assert "weight_sync.type = 'shm'" in f.runbook
+
+
+def test_runbooks_name_the_runs_own_settings():
+    facts = async_facts(max_staleness=3)
+    desync = healthy(**{"fp_rollout": lambda s: "old"})
+    f = finding(desync, facts, "WeightSyncDesync")
+    assert "weight_sync.type (now 'shm')" in f.runbook
+
+    stale = healthy(**{"staleness/max": lambda s: 5.0 if s == 5 else 0.0})
+    assert "async_policy.max_staleness (now 3)" in finding(stale, facts,
+                                                           "StalenessOverBound").runbook
+    sync_run = finding(stale, FACTS, "StalenessOverBound").runbook
+    assert "max_staleness" not in sync_run and "rollout.prompts_per_step (now 32)" in sync_run
