@@ -103,10 +103,12 @@ class Thresholds(BaseModel):
     """BubbleHigh when the rollout share of the step stays above this."""
     reward_share_max: float = Field(default=0.9, gt=0.0, le=1.0)
     """BubbleHigh when the reward stage's share of the step stays above this."""
+    straggler_p99_p50: float = Field(default=5.0, ge=1.0, le=10_000.0)
+    """BubbleHigh names stragglers when the p99 of a step's per-sample generation times
+    (rollout/gen_s_p99) is over this many times their p50 (and over straggler_min_s)."""
     straggler_factor: float = Field(default=10.0, ge=1.0, le=10_000.0)
-    """BubbleHigh names stragglers when a step's generation time per sample has p99 over
-    this many times its p50 (or, without per-sample times, the step's generation time
-    over this many times the run's median)..."""
+    """Without per-sample times: BubbleHigh when generation time stays above this many
+    times the run's median..."""
     straggler_min_s: float = Field(default=5.0, ge=0.0, le=86_400.0)
     """... and above this many seconds."""
     bubble_window: int = Field(default=2, ge=1, le=1000)

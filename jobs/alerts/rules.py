@@ -237,14 +237,14 @@ def phase_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Fi
 
 
 def straggler_steps(h: RunHistory, steps: list[int], t: Thresholds) -> list[float] | None:
-    """The p99 generation time of each step whose samples' p99 is over straggler_factor x
+    """The p99 generation time of each step whose samples' p99 is over straggler_p99_p50 x
     their p50 and over straggler_min_s (per-sample times, so any async policy), else
     None; runs without per-sample times fall back to the step's generation time against
     the run's own median before the window."""
     p50, p99 = h.metrics.get("rollout/gen_s_p50", {}), h.metrics.get("rollout/gen_s_p99", {})
     if all(s in p99 and s in p50 for s in steps):
         values = [p99[s] for s in steps]
-        slow = all(p99[s] > max(t.straggler_factor * p50[s], t.straggler_min_s)
+        slow = all(p99[s] > max(t.straggler_p99_p50 * p50[s], t.straggler_min_s)
                    for s in steps)
         return values if slow else None
     rollout = h.metrics.get("time/rollout_s", {})

@@ -383,7 +383,7 @@ def test_defaults_fill_the_form_when_there_is_no_preset(client, operator):
 def test_the_fork_form_validates_the_same_way_and_launches_nothing(client, operator, parent,
                                                                    queued):
     page = client.get(f"/runs/{parent.pk}/fork").content.decode()
-    assert 'hx-post="/runs/%d/fork"' % parent.pk in page and 'data-toml-table="placement"' in page
+    assert f'hx-post="/runs/{parent.pk}/fork"' in page and 'data-toml-table="placement"' in page
     bad = DISAGG_ASYNC.replace("rollout_workers = 2", "rollout_workers = 0")
     checkpoint = parent.checkpoints.first().pk
 
