@@ -39,7 +39,7 @@ __all__ = [
     "ConfigError", "Control", "ControlAppliedEvent", "ControlError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
     "RunSummary", "SpanEvent", "WeightSyncEvent", "event_from_dict", "load_config",
-    "placement_demand", "run_local", "validate", "validate_control",
+    "placement_bundles", "placement_demand", "run_local", "validate", "validate_control",
 ]
 
 
@@ -62,13 +62,19 @@ def run_local(cfg: RunConfig, out_dir: str | Path, *, steps: int | None = None,
                    take_controls=take_controls).run(steps=steps, resume=resume)
 
 
+def placement_bundles(cfg: RunConfig) -> list[dict[str, float]]:
+    """The Ray placement group's bundles the run asks for ([{"GPU": 1.0}, ...]), or []
+    for the in-process default."""
+    from engine.orchestration.placement import layout_for  # keeps this module light
+
+    return list(layout_for(cfg.placement).bundles)
+
+
 def placement_demand(cfg: RunConfig) -> dict[str, float]:
     """What the run's placement reserves on Ray, summed over its bundles ({"GPU": 4.0}),
     or {} for the in-process default, which reserves nothing on Ray."""
-    from engine.orchestration.placement import layout_for  # keeps this module light
-
     demand: dict[str, float] = {}
-    for bundle in layout_for(cfg.placement).bundles:
+    for bundle in placement_bundles(cfg):
         for name, amount in bundle.items():
             demand[name] = demand.get(name, 0.0) + amount
     return demand

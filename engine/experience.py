@@ -35,6 +35,7 @@ class Sample:
     recycled: int = 0                 # steps it was carried over unfinished
     shaping: float = 0.0              # added to reward for advantages (overlong penalty)
     in_loss: bool = True              # False: masked out of the loss (overlong filter)
+    gen_s: float | None = None        # its generate call's start -> its completion (seconds)
 
     @property
     def learning_reward(self) -> float:

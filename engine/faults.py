@@ -84,14 +84,26 @@ class FaultyRollout:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
                  on_complete: OnComplete | None = None) -> list[Completion]:
-        outs = self.inner.generate(prompts, params, seed, on_complete=on_complete)
         unscaled, straggler = self.faults.unscaled_logprobs, self.faults.straggler
+        straggling = straggler is not None and self.step() >= straggler.from_step
+        left = len(prompts)
+
+        def late_last(i, c):
+            # The batch's last generation finishes ``seconds`` after the rest (its caller
+            # sees it late), and the batch returns when it does.
+            nonlocal left
+            left -= 1
+            if left == 0:
+                time.sleep(straggler.seconds)
+            return on_complete(i, c) if on_complete is not None else False
+
+        outs = self.inner.generate(prompts, params, seed,
+                                   on_complete=late_last if straggling else on_complete)
+        if straggling and left > 0:        # stopped early: the straggler still holds it
+            time.sleep(straggler.seconds)
         if unscaled is not None and self.step() >= unscaled.from_step:
             for o, lps in zip(outs, untempered_logprobs(self.inner, prompts, outs), strict=True):
                 o.logprobs = lps
-        if straggler is not None and self.step() >= straggler.from_step:
-            # The batch returns when its slowest generation does.
-            time.sleep(straggler.seconds)
         return outs
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],

@@ -1,23 +1,34 @@
 """The run form: a TOML config validated by RunConfig, placement and async policy on top.
 
     placement    [colocated v]      one select per pluggable choice the operator changes
-    async policy [sync v]           between runs; the select sets that table's ``type``
-    config       [ TOML textarea ]  everything else
+    async policy [sync v]           between runs: a view of that table's ``type``
+    config       [ TOML textarea ]  the one source of truth
 
-Every ConfigError (field path, message) becomes a form error: on the placement or async
-policy select when the path starts there, else on the config, listed with its path.
+The TOML decides. In the browser (static/js/run_form.js) a select shows the ``type`` the
+TOML's table names when a config is pasted or loaded, and changing the select rewrites
+that ``type`` line in the TOML, so what is launched is what the text says. The server
+never overrides the TOML: a table without ``type`` takes the select's choice, and a
+select that contradicts the TOML's ``type`` (a browser without scripts) is an error
+naming both.
+
+Every ConfigError (field path, message) becomes a ConfigProblem with the TOML line the
+path maps to (jobs/toml_lines.py); it is listed under the config at that line, and also
+shown on the placement or async policy select when the path starts there.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 import tomllib
+from dataclasses import dataclass
 
 from django import forms
 
 from engine.config import ConfigError, RunConfig, dump_config, union_choices, validate_config
 from jobs.models import Checkpoint, Run
+from jobs.toml_lines import line_of
 
 CHOICE_SECTIONS = ("placement", "async_policy")  # the explicit choices at the top
 
@@ -31,15 +42,34 @@ def toml_table(text: str) -> dict:
         raise ConfigError([("(toml)", f"not valid TOML: {exc}")]) from None
 
 
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One bad field: its path, the fix, and where it sits in the operator's TOML."""
+    path: str
+    message: str
+    line: int | None = None       # 1-based line of the TOML text, None when none maps
+    text: str = ""                # that line, as written
+
+    @classmethod
+    def locate(cls, path: str, message: str, toml_text: str) -> ConfigProblem:
+        line = line_of(toml_text, path)
+        if path == "(toml)" and (m := re.search(r"at line (\d+)", message)):
+            line = int(m.group(1))   # tomllib says where the text stops parsing
+        lines = toml_text.splitlines()
+        text = lines[line - 1].strip() if line and line <= len(lines) else ""
+        return cls(path, message, line, text)
+
+
 def initial_for(cfg: RunConfig) -> dict:
     return {"config": dump_config(cfg), **{s: getattr(cfg, s).type for s in CHOICE_SECTIONS}}
 
 
 class RunConfigForm(forms.Form):
     placement = forms.ChoiceField(
-        help_text="Where rollout and learner run.")
+        required=False, help_text="Where rollout and learner run: [placement] type.")
     async_policy = forms.ChoiceField(
-        label="Async policy", help_text="When rollouts run relative to learner updates.")
+        required=False, label="Async policy",
+        help_text="When rollouts run relative to learner updates: [async_policy] type.")
     config = forms.CharField(
         label="Config (TOML)",
         widget=forms.Textarea(attrs={"rows": 28, "cols": 90, "spellcheck": "false"}))
@@ -48,13 +78,14 @@ class RunConfigForm(forms.Form):
         super().__init__(*args, **kwargs)
         for section in CHOICE_SECTIONS:
             self.fields[section].choices = [(t, t) for t in union_choices(section)]
+            self.fields[section].widget.attrs["data-toml-table"] = section  # run_form.js
         self.run_config: RunConfig | None = None
-        self.config_errors: list[tuple[str, str]] = []  # (field path, message), in order
+        self.config_errors: list[ConfigProblem] = []  # in the order RunConfig reports them
 
     def clean(self):
         cleaned = super().clean()
         text = cleaned.get("config")
-        if text is None or any(s not in cleaned for s in CHOICE_SECTIONS):
+        if text is None:
             return cleaned
         try:
             data = toml_table(text)
@@ -65,9 +96,18 @@ class RunConfigForm(forms.Form):
         for section in CHOICE_SECTIONS:
             table = data.setdefault(section, {})
             if not isinstance(table, dict):
-                self._config_error(section, "must be a table, e.g. [placement]")
+                self._config_error(section, f"must be a table, e.g. [{section}]")
                 return cleaned
-            table["type"] = cleaned[section]  # the select is the one place to choose it
+            chosen = cleaned.get(section)
+            if "type" not in table and chosen:
+                table["type"] = chosen        # nothing written: the select's choice
+            elif chosen and table["type"] != chosen:
+                self._config_error(
+                    f"{section}.type",
+                    f"the TOML says type = {table['type']!r} but the {section} select says "
+                    f"{chosen!r}: change one so they agree (the TOML is what launches)")
+        if self.config_errors:
+            return cleaned
         try:
             self.run_config = validate_config(data)
         except ConfigError as exc:
@@ -76,7 +116,8 @@ class RunConfigForm(forms.Form):
         return cleaned
 
     def _config_error(self, path: str, message: str) -> None:
-        self.config_errors.append((path, message))
+        self.config_errors.append(ConfigProblem.locate(path, message,
+                                                       self.cleaned_data.get("config", "")))
         section = path.split(".")[0]
         self.add_error(section if section in CHOICE_SECTIONS else "config", f"{path}: {message}")
 

@@ -71,32 +71,59 @@ def wait_reason(asked: Resources, free: Resources, total: Resources) -> str:
                      for name in sorted(asked) if asked[name] > free.get(name, 0.0))
 
 
+def capacity(needs_ray: bool) -> tuple[Resources, Resources, str]:
+    """(total, Ray's used, why Ray did not answer ("" when it did)); Ray is asked only
+    when ``needs_ray``."""
+    total: Resources = {RUN_SLOT: float(settings.RLPLANE_MAX_LOCAL_RUNS)}
+    if not needs_ray:
+        return total, {}, ""
+    try:
+        ray_total, ray_used = ray_capacity()
+    except ClusterUnreachable as exc:
+        return total, {}, str(exc)
+    return {**total, **ray_total}, ray_used, ""
+
+
+def free_of(total: Resources, ray_used: Resources, live_configs: list[dict]) -> Resources:
+    """What is free: the total less what live runs' placements ask for or what Ray
+    reports in use, whichever is more."""
+    taken: Resources = defaultdict(float)
+    for config in live_configs:
+        for name, amount in demand_of(config).items():
+            taken[name] += amount
+    return {name: amount - max(taken.get(name, 0.0), ray_used.get(name, 0.0))
+            for name, amount in total.items()}
+
+
+def fits_now(asked: Resources) -> tuple[bool | None, str]:
+    """Could the cluster hold ``asked`` now, and the sentence that says so: (True, "2 of 4
+    GPUs free"), (False, "waits for ..."), or (None, why Ray did not answer). Reads without
+    locking: a preview, not an admission (queued runs ahead of it may take the space)."""
+    total, ray_used, ray_error = capacity(bool(set(asked) - {RUN_SLOT}))
+    if ray_error:
+        return None, f"the Ray cluster did not answer: {ray_error}"
+    live = list(Run.objects.filter(status__in=LIVE).values_list("config", flat=True))
+    free = free_of(total, ray_used, live)
+    if all(amount <= free.get(name, 0.0) for name, amount in asked.items()):
+        return True, ", ".join(
+            f"{max(free.get(name, 0.0), 0.0):g} of {total.get(name, 0.0):g} "
+            f"{plural(name, total.get(name, 0.0))} free" for name in sorted(asked))
+    return False, wait_reason(asked, free, total)
+
+
 def do_schedule_runs() -> list[int]:
     """Admit the queued runs that fit, in priority then FIFO order; record why the others
     wait. Returns the admitted run ids (their submit_run is queued on commit)."""
     waiting = list(Run.objects.filter(status=RunStatus.QUEUED).values_list("config", flat=True))
     if not waiting:
         return []
-    total: Resources = {RUN_SLOT: float(settings.RLPLANE_MAX_LOCAL_RUNS)}
-    ray_used: Resources = {}
-    ray_error = ""
-    if any(set(demand_of(config)) - {RUN_SLOT} for config in waiting):
-        try:
-            ray_total, ray_used = ray_capacity()
-            total.update(ray_total)
-        except ClusterUnreachable as exc:
-            ray_error = str(exc)
+    total, ray_used, ray_error = capacity(
+        any(set(demand_of(config)) - {RUN_SLOT} for config in waiting))
     admitted: list[int] = []
     with transaction.atomic():
         rows = list(Run.objects.select_for_update()
                     .filter(status__in=[RunStatus.QUEUED, *LIVE]).order_by("pk"))
-        taken: Resources = defaultdict(float)
-        for run in rows:
-            if run.status != RunStatus.QUEUED:
-                for name, amount in demand_of(run.config).items():
-                    taken[name] += amount
-        free = {name: amount - max(taken.get(name, 0.0), ray_used.get(name, 0.0))
-                for name, amount in total.items()}
+        free = free_of(total, ray_used, [r.config for r in rows if r.status != RunStatus.QUEUED])
         queued = sorted((r for r in rows if r.status == RunStatus.QUEUED),
                         key=lambda r: (-r.priority, r.created_at, r.pk))
         for run in queued:

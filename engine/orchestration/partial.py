@@ -15,6 +15,7 @@ before they cost more generation (PartialRolloutPolicy, engine.orchestration.pol
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
 from engine.experience import Sample
@@ -67,8 +68,11 @@ def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: Sampli
     complete = sum(n == 0 for n in left)
     budget = params.max_new_tokens
 
+    gen_s: dict[tuple[int, int], float] = {}   # (group, row) -> seconds into this call
+
     def on_complete(i: int, c: Completion) -> bool:
         nonlocal complete
+        gen_s[todo[i]] = time.monotonic() - start
         gi = todo[i][0]
         left[gi] -= 1
         complete += left[gi] == 0
@@ -78,6 +82,7 @@ def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: Sampli
     if todo and complete < target:
         inputs = [prompt[gi] + groups[gi].rows[ri].token_ids for gi, ri in todo]
         with rec.phase("rollout", step, engine.weight_version()):
+            start = time.monotonic()
             outs = engine.generate(inputs, params, seed, on_complete=on_complete)
         for (gi, ri), c in zip(todo, outs, strict=True):
             rows[gi][ri] = rows[gi][ri].extend(c, budget)
@@ -90,12 +95,12 @@ def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: Sampli
     samples, k = [], 0
     for n, gi in enumerate(done):
         group = []
-        for r in rows[gi]:
+        for ri, r in enumerate(rows[gi]):
             group.append(Sample(
                 problem=groups[gi].problem, prompt_ids=prompt[gi], response_ids=r.token_ids,
                 behaviour_logprobs=r.logprobs, finished=r.finished, version=r.version,
                 group=n, text=texts[k], reward=rewards[k], recycled=groups[gi].recycled,
-                last_version=r.last_version))
+                last_version=r.last_version, gen_s=gen_s.get((gi, ri))))
             k += 1
         samples.append(group)
     finished_groups = set(done)

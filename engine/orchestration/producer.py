@@ -2,12 +2,16 @@
 
     rows = each problem x group_size
     engine.generate(rows, params, seed)                     [span: rollout]
-        a streaming reward (a pool) gets each completion as it finishes (on_complete)
+        each completion as it finishes (on_complete): its time since the call began
+        (Sample.gen_s: a straggler is a sample, not a step), and a streaming reward (a
+        pool) gets it to score while the rest still generate
     decode, reward.score(...) or pool.collect(...)          [span: reward]
     -> one group (list[Sample]) per problem, tagged with the engine's weight version
 """
 
 from __future__ import annotations
+
+import time
 
 from engine.experience import Sample
 from engine.reward import RewardFn
@@ -40,9 +44,15 @@ class RolloutProducer:
         # A streaming reward (a pool) scores each completion while the rest still generate;
         # submit returns None, so the callback never stops generation.
         stream = getattr(self.reward, "streaming", False)
-        on_complete = ((lambda i, c: self.reward.submit(i, owners[i], self._decode(c),
-                                                        c.finished)) if stream else None)
+        done_s: list[float | None] = [None] * len(batch)
+
+        def on_complete(i, c) -> None:
+            done_s[i] = time.monotonic() - start
+            if stream:
+                self.reward.submit(i, owners[i], self._decode(c), c.finished)
+
         with self.rec.phase("rollout", step, version):
+            start = time.monotonic()
             outs = self.engine.generate(batch, self.params, seed=seed, on_complete=on_complete)
         with self.rec.phase("reward", step, version):
             texts = [self._decode(o) for o in outs]
@@ -53,7 +63,7 @@ class RolloutProducer:
         samples = [
             Sample(problem=owners[i], prompt_ids=batch[i], response_ids=o.token_ids,
                    behaviour_logprobs=o.logprobs, finished=o.finished, version=o.version,
-                   group=i // g, text=texts[i], reward=rewards[i])
+                   group=i // g, text=texts[i], reward=rewards[i], gen_s=done_s[i])
             for i, o in enumerate(outs)
         ]
         return [samples[i:i + g] for i in range(0, len(samples), g)]

@@ -27,7 +27,12 @@ def percentile(xs: list[float], q: float) -> float:
 def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, float]:
     rewards = [s.reward for s in samples]
     lengths = [len(s.response_ids) for s in samples]
-    return {
+    timed = [s.gen_s for s in samples if s.gen_s is not None]
+    # Generation time per sample (its call's start -> its completion): p99 far above p50
+    # is a straggler whatever the policy, where step shares blur under overlap.
+    gen = ({"rollout/gen_s_p50": percentile(timed, 50), "rollout/gen_s_p99": percentile(timed, 99),
+            "rollout/gen_s_max": max(timed)} if timed else {})
+    return gen | {
         "reward/mean": statistics.fmean(rewards),
         "reward/std": statistics.pstdev(rewards),
         "reward/accuracy": sum(r == 1.0 for r in rewards) / len(rewards),

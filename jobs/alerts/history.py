@@ -62,12 +62,13 @@ class RunFacts:
     temperature: float = 1.0
     staleness_bound: int = 0             # sync loop: every sample is on-policy
     async_policy: str = "sync"
+    config: RunConfig = field(default_factory=RunConfig)   # the runbooks' levers read it
 
     @classmethod
     def from_config(cls, cfg: RunConfig, status: str) -> RunFacts:
         bound = cfg.async_policy.staleness_bound
         return cls(status=status, temperature=cfg.rollout.temperature, staleness_bound=bound,
-                   async_policy=cfg.async_policy.type)
+                   async_policy=cfg.async_policy.type, config=cfg)
 
 
 class Thresholds(BaseModel):
@@ -107,8 +108,12 @@ class Thresholds(BaseModel):
     """BubbleHigh when the rollout share of the step stays above this."""
     reward_share_max: float = Field(default=0.9, gt=0.0, le=1.0)
     """BubbleHigh when the reward stage's share of the step stays above this."""
+    straggler_p99_p50: float = Field(default=5.0, ge=1.0, le=10_000.0)
+    """BubbleHigh names stragglers when the p99 of a step's per-sample generation times
+    (rollout/gen_s_p99) is over this many times their p50 (and over straggler_min_s)."""
     straggler_factor: float = Field(default=10.0, ge=1.0, le=10_000.0)
-    """BubbleHigh when generation time stays above this many times the run's median..."""
+    """Without per-sample times: BubbleHigh when generation time stays above this many
+    times the run's median..."""
     straggler_min_s: float = Field(default=5.0, ge=0.0, le=86_400.0)
     """... and above this many seconds."""
     bubble_window: int = Field(default=2, ge=1, le=1000)
@@ -117,6 +122,9 @@ class Thresholds(BaseModel):
     """ResyncSlow when resync latency exceeds this many times the run's median."""
     resync_min_s: float = Field(default=2.0, ge=0.0, le=86_400.0)
     """ResyncSlow never fires below this latency."""
+    resync_wait_share: float = Field(default=0.5, gt=0.0, le=1.0)
+    """ResyncSlow names waiting for in-flight generation as the cause when at least this
+    share of the latency was a rollout worker finishing its generation (from its spans)."""
     reward_error_frac: float = Field(default=0.1, ge=0.0, le=1.0)
     """RewardErrors when more than this share of a step's samples failed in the reward
     function (reward/error_frac)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
+from jobs.alerts import levers
 from jobs.alerts.history import Finding, RunFacts, RunHistory, Thresholds
 
 Rule = Callable[[RunHistory, RunFacts, Thresholds, float], list[Finding]]
@@ -66,7 +67,8 @@ def weight_sync_desync(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
         runbook=("Check that the weight sync really loads tensors into the engine (sleep/wake "
                  "mode, a transport that returns before applying, a swallowed error in the "
                  "receiver); compare weight_sync.report fingerprints per worker. Change "
-                 "weight_sync.type to another transport to isolate it."),
+                 f"weight_sync.type (now {f.config.weight_sync.type!r}) to another transport "
+                 "to isolate it."),
         evidence={"values": {k: getattr(s, k) for k in (
                       "version_learner", "version_rollout", "fingerprint_learner",
                       "fingerprint_rollout")},
@@ -91,10 +93,14 @@ def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[
                "logprobs, staleness (async_policy), engine numerics (model.dtype)")
     elif flat_signal(h, t):
         key, why = "signal", "learning signal is flat (check reward variance / advantages)"
+        alg = f.config.algorithm
         fix = ("check samples/zero_std_group_frac, reward/std and reward/accuracy: a group "
-               "whose rewards all agree has zero advantages; raise algorithm.group_size, "
-               "rollout.temperature or task difficulty, or set algorithm.dynamic_sampling "
-               "= true to train only on groups that differ")
+               "whose rewards all agree has zero advantages; raise algorithm.group_size "
+               f"(now {alg.group_size}), rollout.temperature (now "
+               f"{f.config.rollout.temperature:g}) or task difficulty"
+               + ("" if getattr(alg, "dynamic_sampling", False) else
+                  ", or set algorithm.dynamic_sampling = true to train only on groups "
+                  "that differ"))
     else:
         return []   # rewards still vary: slow learning, not a stuck run
     values = {"slope": slope(pts), "window": len(pts)}
@@ -153,9 +159,11 @@ def logprob_gap_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> l
         kind="LogprobGapHigh", key="LogprobGapHigh", step=step,
         cause=(f"The behaviour policy differs from the learner: logprob gap {gap:.3f} "
                f"nats/token at step {step} (threshold {t.gap_high:g})."),
-        runbook=("Check staleness/max (async_policy bound), weight_sync/matched (did the "
-                 "sync apply?), and engine numerics (model.dtype, rollout.type); "
-                 "algorithm.tis_cap bounds the damage meanwhile."),
+        runbook=(f"Check staleness/max (the {f.async_policy} policy's bound is "
+                 f"{f.staleness_bound}), weight_sync/matched (did the sync apply?), and "
+                 f"engine numerics (model.dtype = {f.config.model.dtype!r}, rollout.type = "
+                 f"{f.config.rollout.type!r}); algorithm.tis_cap (now "
+                 f"{f.config.algorithm.tis_cap:g}) bounds the damage meanwhile."),
         evidence={"values": {"logprob_gap/mean": gap,
                              "staleness/max": h.metrics.get("staleness/max", {}).get(step)},
                   "series": chart(h, "logprob_gap/mean")})]
@@ -192,8 +200,11 @@ def staleness_over_bound(h: RunHistory, f: RunFacts, t: Thresholds,
         cause=(f"Samples {stale:g} versions old were trained on at step {step}; the "
                f"{f.async_policy} policy's bound is {f.staleness_bound}."),
         runbook=("Check the buffer's staleness filter after a resume or restart (versions "
-                 "restored?), and buffer/dropped_stale; lower async_policy's staleness bound "
-                 "or rollout.prompts_per_step so producers do not run ahead."),
+                 "restored?), and buffer/dropped_stale; "
+                 + (f"lower async_policy.max_staleness (now {f.staleness_bound}) or "
+                    if f.async_policy in ("partial_rollout", "fully_async") else "")
+                 + f"lower rollout.prompts_per_step (now {f.config.rollout.prompts_per_step}) "
+                 "so producers do not run ahead."),
         evidence={"values": {"staleness/max": stale, "bound": f.staleness_bound},
                   "series": chart(h, "staleness/max")})]
 
@@ -250,53 +261,101 @@ def phase_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Fi
                   "series": chart(h, "time/step_s")})]
 
 
+def straggler_steps(h: RunHistory, steps: list[int], t: Thresholds) -> list[float] | None:
+    """The p99 generation time of each step whose samples' p99 is over straggler_p99_p50 x
+    their p50 and over straggler_min_s (per-sample times, so any async policy), else
+    None; runs without per-sample times fall back to the step's generation time against
+    the run's own median before the window."""
+    p50, p99 = h.metrics.get("rollout/gen_s_p50", {}), h.metrics.get("rollout/gen_s_p99", {})
+    if all(s in p99 and s in p50 for s in steps):
+        values = [p99[s] for s in steps]
+        slow = all(p99[s] > max(t.straggler_p99_p50 * p50[s], t.straggler_min_s)
+                   for s in steps)
+        return values if slow else None
+    rollout = h.metrics.get("time/rollout_s", {})
+    before = [v for s, v in h.series("time/rollout_s") if s < steps[0]]
+    if len(before) < 2:
+        return None
+    limit = max(t.straggler_factor * statistics.median(before), t.straggler_min_s)
+    values = [rollout.get(s, 0.0) for s in steps]
+    return values if min(values) > limit else None
+
+
 def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     steps = h.steps[-t.bubble_window:]
     if len(steps) < t.bubble_window:
         return []
 
     def share(name: str, step: int) -> float:
-        if name == "straggler":         # generation time against the run's own median
-            return h.metrics.get("time/rollout_s", {}).get(step, 0.0)
         if name == "reward_share":
             reward = h.metrics.get("time/reward_s", {}).get(step, 0.0)
             return reward / max(h.metrics.get("time/step_s", {}).get(step, 1.0), 1e-9)
         return h.metrics.get(name, {}).get(step, 0.0)
 
-    before = [v for s, v in h.series("time/rollout_s") if s < steps[0]]
-    straggler_limit = (max(t.straggler_factor * statistics.median(before), t.straggler_min_s)
-                       if len(before) >= 2 else float("inf"))
     # The most specific cause first: a straggler also makes generation the whole step.
-    checks = [("straggler", straggler_limit,
-               "generation takes {:.1f}+ s a step, over " f"{t.straggler_factor:g}x the "
-               "run's median: stragglers hold every batch"),
-              ("reward_share", t.reward_share_max, "the reward stage takes {:.0%}+ of each step"),
-              ("rollout_share", t.rollout_share_max, "generation takes {:.0%}+ of each step"),
-              ("bubble", t.bubble_max, "devices sit idle for {:.0%}+ of each step")]
-    hit = next(((name, limit, what, [share(name, s) for s in steps])
-                for name, limit, what in checks
-                if min(share(name, s) for s in steps) > limit), None)
-    if hit is None:
-        return []
-    name, limit, what, values = hit
-    advice = {
-        "bubble": "overlap rollout with learning: async_policy one-step-off or fully async",
-        "rollout_share": ("long-tail generations hold every step: use an async policy "
-                          "(async_policy one-step-off / fully async) or partial rollout, "
-                          "or cap rollout.max_new_tokens"),
-        "straggler": ("a few generations finish far behind the rest: use partial rollout "
-                      "or an async policy (async_policy one-step-off / fully async) so the "
-                      "learner does not wait; check the rollout workers for a slow one"),
-        "reward_share": ("scoring blocks the generator and the learner: overlap reward with "
-                         "generation (async_policy one-step-off) or speed up the verifier"),
-    }[name]
-    series = {"reward_share": "time/reward_s", "straggler": "time/rollout_s"}.get(name, name)
+    stragglers = straggler_steps(h, steps, t)
+    if stragglers is not None:
+        p50 = h.metrics.get("rollout/gen_s_p50", {}).get(steps[-1])
+        what = (f"the slowest generations take {min(stragglers):.1f}+ s"
+                + (f" where the median sample takes {p50:.2f} s" if p50 is not None
+                   else f", over {t.straggler_factor:g}x the run's median")
+                + ": stragglers hold every batch")
+        name, limit, values, problem = "straggler", t.straggler_min_s, stragglers, "straggler"
+    else:
+        checks = [("reward_share", t.reward_share_max,
+                   "the reward stage takes {:.0%}+ of each step", "reward"),
+                  ("rollout_share", t.rollout_share_max,
+                   "generation takes {:.0%}+ of each step", "generation"),
+                  ("bubble", t.bubble_max,
+                   "devices sit idle for {:.0%}+ of each step", "bubble")]
+        hit = next(((name, limit, what, [share(name, s) for s in steps], problem)
+                    for name, limit, what, problem in checks
+                    if min(share(name, s) for s in steps) > limit), None)
+        if hit is None:
+            return []
+        name, limit, what, values, problem = hit
+        what = what.format(min(values))
+    lead = {"straggler": "A few generations finish far behind the rest.",
+            "reward": "Scoring blocks the generator and the learner.",
+            "generation": "Long-tail generations hold every step.",
+            "bubble": "Devices wait for each other."}[problem]
+    series = {"reward_share": "time/reward_s",
+              "straggler": ("rollout/gen_s_p99" if "rollout/gen_s_p99" in h.metrics
+                            else "time/rollout_s")}.get(name, name)
     return [Finding(
         kind="BubbleHigh", key=f"BubbleHigh:{name}", step=steps[-1],
-        cause=f"For {len(steps)} steps, {what.format(min(values))}.",
-        runbook=advice[0].upper() + advice[1:] + ".",
+        cause=(f"For {len(steps)} steps, {what} (placement {f.config.placement.type}, "
+               f"{f.config.async_policy.type} policy)."),
+        runbook=levers.runbook(f.config, problem, lead),
         evidence={"values": {name: values[-1], "threshold": limit},
                   "series": chart(h, series)})]
+
+
+def generation_wait(h: RunHistory, step: int) -> tuple[float, list[str], bool]:
+    """How long the sync of ``step`` waited for in-flight generation, from the workers'
+    spans: a worker takes new weights between calls, so its receive (its last weight_sync
+    span of the sync) starts only when its rollout and reward spans end. Returns the
+    longest such wait (s), the devices that waited it, and whether every rollout device's
+    receive span has arrived (spans come in batches, after the sync's report)."""
+    sync = [s for s in h.spans if s.phase == "weight_sync" and s.step == step]
+    rollout_devices = {s.device for s in h.spans if s.phase == "rollout"}
+    if not sync:
+        return 0.0, [], not rollout_devices
+    begun = min(s.start for s in sync)               # the learner's prepare: right after send
+    waits: dict[str, float] = {}
+    for device in rollout_devices:
+        mine = [s for s in sync if s.device == device]
+        if not mine:
+            continue
+        received = max(s.start for s in mine)
+        waits[device] = sum(max(0.0, min(s.end, received) - max(s.start, begun))
+                            for s in h.spans if s.device == device
+                            and s.phase in ("rollout", "reward"))
+    complete = set(waits) == rollout_devices
+    if not waits:
+        return 0.0, [], complete
+    longest = max(waits.values())
+    return longest, sorted(d for d, w in waits.items() if w >= 0.9 * longest), complete
 
 
 def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
@@ -307,14 +366,41 @@ def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
     median = statistics.median(v for _, v in pts[:-1])
     if latency <= max(t.resync_factor * median, t.resync_min_s):
         return []
+    sync = next((s for s in reversed(h.syncs) if s.latency_s == latency),
+                h.syncs[-1] if h.syncs else None)
+    waited, devices, complete = generation_wait(h, sync.step) if sync else (0.0, [], True)
+    if not complete and h.steps and h.steps[-1] <= sync.step + 1:
+        return []          # the receivers' spans are on their way: judge on the next batch
+    moved = max(latency - waited, 1e-9)               # the transport's own share
+    size = f"{sync.bytes / 1e9:.3g} GB" if sync else "the weights"
+    rate = f"{sync.bytes / 1e9 / moved:.3g} GB/s" if sync else "?"
+    slow = (f"Weight resync took {latency:.1f} s at step {step}, "
+            f"{latency / max(median, 1e-9):.0f}x the run's median {median:.2f} s")
+    if waited >= t.resync_wait_share * latency:
+        key = "ResyncSlow:generation"
+        cause = (f"{slow}: the new weights waited for in-flight generation: "
+                 f"{', '.join(devices)} finished a generation call for {waited:.1f} s "
+                 f"before taking them; the transport itself moved {size} in "
+                 f"{latency - waited:.2f} s ({rate}).")
+        runbook = levers.runbook(
+            f.config, "resync_wait",
+            "The transport is not the cause: a rollout worker takes new weights only "
+            "between generate calls, so a long call (a straggler, long generations) "
+            "delays the resync. See BubbleHigh for stragglers.")
+    else:
+        key = "ResyncSlow:transport"
+        cause = (f"{slow}: the transport was slow: {size} in {moved:.1f} s ({rate})"
+                 + (f"; waiting for generation took only {waited:.1f} s" if waited else "")
+                 + ".")
+        runbook = (f"Check the transport (weight_sync.type = {f.config.weight_sync.type!r}) "
+                   "and the rollout workers it waits for: a slow or stuck receiver, a "
+                   "network or object-store stall; weight_sync/gb_per_s (GB/s) shows "
+                   "whether bandwidth dropped; try another weight_sync.type to isolate it.")
     return [Finding(
-        kind="ResyncSlow", key="ResyncSlow", step=step,
-        cause=(f"Weight resync took {latency:.1f} s at step {step}, "
-               f"{latency / max(median, 1e-9):.0f}x the run's median {median:.2f} s."),
-        runbook=("Check the transport (weight_sync.type) and the rollout workers it waits "
-                 "for: a slow or stuck receiver, a network or object-store stall; "
-                 "weight_sync/gb_per_s (GB/s) shows whether bandwidth dropped."),
-        evidence={"values": {"latency_s": latency, "median_s": median},
+        kind="ResyncSlow", key=key, step=step, cause=cause, runbook=runbook,
+        evidence={"values": {"latency_s": latency, "median_s": median,
+                             "generation_wait_s": waited, "transport_s": moved,
+                             "bytes": sync.bytes if sync else None},
                   "series": chart(h, "weight_sync/latency_s")})]
 
 

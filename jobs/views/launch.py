@@ -2,6 +2,8 @@
 
     GET  /runs/new[?preset=ID]           the run form, from a preset (or the defaults)
     POST /runs/new                       valid -> do_launch_run -> the run page
+    POST /runs/new, htmx, validate=1     the Validate button: the errors at their TOML
+                                         lines, or the placement preview; nothing saved
     POST /runs/<id>/stop                 do_stop_run -> the run page (a queued run: cancelled)
     POST /runs/<id>/priority             do_set_priority (a queued run) -> the run page
     POST /runs/<id>/controls             {kind, value?}: do_request_control (a live
@@ -9,13 +11,14 @@
     GET  /runs/<id>/fork[?checkpoint=ID] the run form from the parent's config
     POST /runs/<id>/fork                 valid -> the diff against the parent; posted again
                                          unchanged -> do_fork_run -> the fork's page
+    POST /runs/<id>/fork, htmx, validate=1   as for a new run
 """
 
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from engine.api import ControlError, validate_control
+from engine.api import ControlError, placement_bundles, placement_demand, validate_control
 from engine.config import RunConfig, validate_config
 from jobs.actions import (
     Refused,
@@ -29,6 +32,31 @@ from jobs.auth import operator_required
 from jobs.forms import ForkForm, RunConfigForm, initial_for
 from jobs.models import Checkpoint, InvalidTransition, Preset, Run
 from jobs.models.validators import parse_pk
+from jobs.queue import RUN_SLOT, fits_now
+
+
+def placement_preview(cfg: RunConfig) -> dict:
+    """What the run will ask the cluster for, and whether the cluster can hold it now."""
+    bundles = placement_bundles(cfg)
+    if bundles:
+        devices = sum(b.get("GPU", 0.0) for b in bundles)
+        asked = placement_demand(cfg)
+        shape = " + ".join(f"{b.get('GPU', 0.0):g}" for b in bundles)
+        what = (f"a Ray placement group of {len(bundles)} bundle{'s' * (len(bundles) != 1)} "
+                f"({shape} GPUs, {cfg.placement.strategy}): {devices:g} devices")
+    else:
+        asked = {RUN_SLOT: 1.0}
+        what = (f"no Ray placement group: one in-process run slot, "
+                f"{cfg.placement.devices} logical device{'s' * (cfg.placement.devices != 1)}")
+    fits, why = fits_now(asked)
+    return {"what": what, "bundles": len(bundles), "fits": fits, "why": why,
+            "placement": cfg.placement.type, "async_policy": cfg.async_policy.type}
+
+
+def validation(request, form):
+    """The Validate button's fragment: the form's errors at their lines, or the preview."""
+    preview = placement_preview(form.run_config) if form.is_valid() else None
+    return render(request, "jobs/launch/_validation.html", {"form": form, "preview": preview})
 
 
 @operator_required
@@ -38,6 +66,8 @@ def run_new(request):
     preset = None
     if request.method == "POST":
         form = RunConfigForm(request.POST)
+        if request.htmx and request.POST.get("validate"):
+            return validation(request, form)
         if form.is_valid():
             run = do_launch_run(request.user, form.run_config.name, form.config_data())
             return redirect("run-detail", run_id=run.pk)
@@ -109,6 +139,8 @@ def run_fork(request, run_id: int):
     diff = None
     if request.method == "POST":
         form = ForkForm(parent, request.POST)
+        if request.htmx and request.POST.get("validate"):
+            return validation(request, form)
         if form.is_valid():
             if form.is_reviewed():
                 run = do_fork_run(request.user, parent, form.cleaned_data["checkpoint"],

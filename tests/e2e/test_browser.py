@@ -72,8 +72,9 @@ def chromium() -> Path:
 def stack():
     """The real stack, started once for the module; stopped at the end, leaving nothing."""
     chromium()
+    # Two logical GPUs on the Ray head: room for a disaggregated placement's two bundles.
     with running_stack("rle2e", RLPLANE_ADMIN_USER="operator",
-                       RLPLANE_ADMIN_PASSWORD=PASSWORD) as (url, _):
+                       RLPLANE_ADMIN_PASSWORD=PASSWORD, RLPLANE_LOGICAL_GPUS="2") as (url, _):
         yield url
 
 
@@ -116,12 +117,12 @@ def expect_status(page, status: str, timeout_s: float) -> None:
     expect(page.locator("#run-status")).to_have_text(status, timeout=timeout_s * 1000)
 
 
-def stop_from_page(page) -> None:
+def stop_from_page(page, timeout_s: float = 60) -> None:
     from playwright.sync_api import expect
 
     page.locator("form button.stop").click()
     page.wait_for_load_state()
-    expect_status(page, "stopped", 60)
+    expect_status(page, "stopped", timeout_s)
     # Reached live (the page shows "stopping" after the click): a final status, as the
     # server lists them, takes the Stop button away without a reload.
     expect(page.locator("#stop-form")).to_have_count(0)
@@ -145,24 +146,28 @@ def browser_page(browser, failure_shot: str):
     except BaseException:
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / failure_shot
-        try:
-            page.screenshot(path=str(shot), full_page=True)
+        try:       # a busy browser may not answer; the test's own error must still show
+            page.screenshot(path=str(shot), full_page=True, timeout=10_000)
             print(f"the page when the test failed ({page.url}): {shot}")
-        except Exception as exc:  # a busy page: the test's own failure is what matters
-            print(f"no screenshot of {page.url}: {exc}")
+        except Exception as exc:
+            print(f"no screenshot of the failed page ({page.url}): {exc}")
         raise
     finally:
         page.close()
 
 
-def log_in_and_launch(page, stack: str, run_toml: str) -> None:
-    """Log in as the operator, launch ``run_toml`` from the new-run form, and wait on its
-    page until it is running."""
+def log_in(page, stack: str) -> None:
     page.goto(stack + "/")
     page.fill("#id_username", "operator")
     page.fill("#id_password", PASSWORD)
     page.click("form.login button[type=submit]")
     page.wait_for_url(stack + "/")
+
+
+def log_in_and_launch(page, stack: str, run_toml: str) -> None:
+    """Log in as the operator, launch ``run_toml`` from the new-run form, and wait on its
+    page until it is running."""
+    log_in(page, stack)
     page.goto(stack + "/runs/new")
     page.fill("#id_config", run_toml)
     page.click("form.run-form button[type=submit]")
@@ -214,6 +219,89 @@ def test_a_dataset_run_with_the_math_verifier_launches_from_the_form(stack, brow
         growth = wait_for_growth(page, times=2, deadline_s=90)
         print(f"dataset run, reward chart points, live: {growth}")
         stop_from_page(page)
+
+
+# Written in a file, pasted whole: the placement and the policy are the TOML's own.
+PASTED_TOML = RUN_TOML.replace('name = "e2e-browser"', 'name = "e2e-pasted"') + """
+[placement]
+type = "disaggregated"
+rollout_workers = 1
+learner_devices = 1
+
+[async_policy]
+type = "fully_async"
+max_staleness = 2
+
+[weight_sync]
+type = "shm"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(720)
+def test_a_pasted_config_launches_with_its_own_placement_and_policy(stack, browser):
+    from playwright.sync_api import expect
+
+    with browser_page(browser, "pasted_failure.png") as page:
+        log_in(page, stack)
+        page.goto(stack + "/runs/new")
+        expect(page.locator("#id_placement")).to_have_value("colocated")
+
+        # A bad value: Validate names it at its TOML line, and the line can be selected.
+        bad = PASTED_TOML.replace("max_staleness = 2", "max_staleness = 99")
+        line = bad.splitlines().index("max_staleness = 99") + 1
+        page.fill("#id_config", bad)
+        page.click("button.validate-button")
+        error = page.locator('#validation li[data-path="async_policy.max_staleness"]')
+        expect(error).to_have_attribute("data-line", str(line))
+        expect(error.locator("a.toml-line")).to_have_text(f"line {line}")
+        expect(error.locator("pre.toml-source")).to_have_text(f"{line} | max_staleness = 99")
+        error.locator("a.toml-line").click()
+        selected = page.evaluate("""() => { const t = document.getElementById("id_config");
+                                     return t.value.slice(t.selectionStart, t.selectionEnd); }""")
+        assert selected == "max_staleness = 99"
+
+        # The good config, pasted: the selects show its choices without being touched.
+        page.fill("#id_config", PASTED_TOML)
+        expect(page.locator("#id_placement")).to_have_value("disaggregated")
+        expect(page.locator("#id_async_policy")).to_have_value("fully_async")
+        preview = page.locator("#placement-preview")
+        deadline = time.monotonic() + 240   # the queue, too, waits for Ray to answer
+        while True:        # a fresh Ray head reports its resources after its first seconds
+            page.click("button.validate-button")
+            expect(preview).to_contain_text("2 bundles (1 + 1 GPUs, PACK): 2 devices")
+            if preview.get_attribute("data-fits") != "unknown":
+                break
+            assert time.monotonic() < deadline, preview.inner_text()
+            page.wait_for_timeout(1000)
+        expect(preview).to_have_attribute("data-fits", "yes")
+        print(f"placement preview: {preview.inner_text()}")
+
+        page.click("form.run-form button[type=submit]")
+        page.wait_for_url(re.compile(r"/runs/\d+$"))
+        facts = page.locator("#run-facts").inner_text()
+        assert "disaggregated (1 rollout x 1, learner 1)" in facts and "fully_async" in facts
+        expect_status(page, "running", 120)
+        growth = wait_for_growth(page, times=2, deadline_s=120)
+        print(f"pasted disaggregated fully-async run, reward chart points: {growth}")
+        stop_by_request(page, page.url, timeout_s=180)
+
+
+def stop_by_request(page, run_url: str, timeout_s: float) -> None:
+    """The Stop form's POST, sent from the page's session without its renderer: a Ray run
+    streaming every step keeps a starved browser's renderer too busy to click (the Stop
+    button itself is driven in test_launch_watch_stop_and_fork_a_run_in_the_browser).
+    Waits for the run to reach "stopped" (a Ray run tears down its actors first)."""
+    page.goto("about:blank")
+    csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    response = page.request.post(run_url + "/stop", max_redirects=0,
+                                 headers={"X-CSRFToken": csrf, "Referer": run_url})
+    assert response.status == 302, response.status
+    deadline = time.monotonic() + timeout_s
+    while 'class="badge badge-stopped"' not in page.request.get(run_url).text():
+        assert time.monotonic() < deadline, f"{run_url} not stopped in {timeout_s} s"
+        time.sleep(1)
 
 
 def operate(page, stack: str) -> None:

@@ -171,7 +171,8 @@ def test_a_straggler_is_caught_as_rollout_bound_steps(tmp_path):
     watch = fault_run(tmp_path, {"straggler": {"from_step": ONSET, "seconds": 15.0}},
                       steps=ONSET + 2)
     step = assert_caught(watch, "BubbleHigh", "stragglers hold every batch")
-    assert "async policy" in watch.first("BubbleHigh")[1].runbook
+    runbook = watch.first("BubbleHigh")[1].runbook
+    assert "placement.ray = true" in runbook and '"partial_rollout"' in runbook  # in process
     assert step <= ONSET + 2
 
 
@@ -206,3 +207,31 @@ def test_a_hung_weight_sync_is_caught_while_it_hangs(tmp_path):
           f"(median {ev['median_s']:.3f} s, factor {ev['factor']:g}): {hang.cause}")
     # Once the sync completes, its latency stands out against the run's own median.
     assert watch.first("ResyncSlow") is not None
+
+
+def test_a_straggler_is_one_late_sample_that_the_step_metrics_show(tiny_dir):
+    from engine.config import ArithmeticTaskConfig, RuleRewardConfig
+    from engine.model import load_tokenizer
+    from engine.orchestration.producer import RolloutProducer
+    from engine.reward import build_reward
+    from engine.rollout.torch_backend import TorchRollout
+    from engine.tasks import ArithmeticTask
+    from engine.telemetry.recorder import SpanRecorder
+    from engine.telemetry.step_metrics import sample_metrics
+
+    seconds = 0.5
+    engine = wrap_rollout(TorchRollout.from_pretrained(tiny_dir),
+                          small_run(faults={"straggler": {"seconds": seconds}}).faults,
+                          lambda: 1)
+    task = ArithmeticTask(ArithmeticTaskConfig(max_digits=1))
+    producer = RolloutProducer(engine, build_reward(RuleRewardConfig(), task),
+                               load_tokenizer(tiny_dir), SamplingParams(max_new_tokens=4), 4,
+                               SpanRecorder(["cpu:0"]))
+
+    samples = [s for g in producer.produce(1, task.train_problems(0, 4), seed=0) for s in g]
+
+    times = sorted(s.gen_s for s in samples)
+    assert len(times) == 16 and times[0] >= 0.0
+    assert times[-1] >= times[-2] + seconds      # the last one waited the straggler's delay
+    m = sample_metrics(samples, [0] * len(samples))
+    assert m["rollout/gen_s_max"] == times[-1] and m["rollout/gen_s_p50"] < m["rollout/gen_s_p99"]

@@ -3,6 +3,7 @@ and stays quiet on a healthy history."""
 
 import pytest
 
+from engine.config import validate_config
 from jobs.alerts.history import RunFacts, RunHistory, Thresholds
 from jobs.alerts.rules import KINDS, RULES, evaluate, slope
 
@@ -154,7 +155,8 @@ def test_phase_hang_names_the_phase_and_device_after_k_times_its_median():
 def test_bubble_high_needs_the_condition_for_the_whole_window_and_names_the_fix():
     h = healthy(**{"rollout_share": lambda s: 0.95 if s >= 4 else 0.5})
     [f] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts) if f.kind == "BubbleHigh"]
-    assert "async policy" in f.runbook and "partial rollout" in f.runbook
+    assert 'async_policy.type = "one_step_off"' in f.runbook and "partial rollout" in f.runbook
+    assert f.runbook.index("placement.ray = true") < f.runbook.index("one_step_off")  # in process
     h = healthy(**{"rollout_share": lambda s: 0.95 if s == 5 else 0.5})
     assert "BubbleHigh" not in kinds(h)
     h = healthy(**{"time/reward_s": lambda s: 0.95})
@@ -244,3 +246,129 @@ def test_a_real_session_with_verify_every_keeps_the_desync_rule_quiet_until_a_ve
     # the unverified v7 after it does not clear it
     assert firing == [False] * 6 + [True, True]
     session.learner.obj.close_sender()
+
+
+# --------------------------------------------------------------------------- advice that fits
+
+def async_facts(**async_policy) -> RunFacts:
+    cfg = validate_config({
+        "placement": {"type": "disaggregated", "rollout_workers": 1},
+        "async_policy": {"type": "fully_async", **async_policy},
+        "weight_sync": {"type": "shm"}, "rollout": {"temperature": 0.7}})
+    return RunFacts.from_config(cfg, "running")
+
+
+def fully_async(steps: int = 8, gen_s=lambda s: (0.3, 0.35), sync_gap=lambda s: 0.0,
+                receive_s=lambda s: 0.05, rollout_share=0.99) -> RunHistory:
+    """A fully-async disaggregated run as its events arrive: the rollout worker (gpu:0)
+    generates continuously, the learner (gpu:1) trains, and each step's sync is sent at
+    the learner's end of step. ``sync_gap(step)``: how long the worker's call in flight
+    still runs after the send; ``receive_s(step)``: the receive's own length;
+    ``gen_s(step)``: the step's samples' (p50, p99) generation time."""
+    h, seq, t = RunHistory(), 0, 1000.0
+
+    def add(**e):
+        nonlocal seq
+        seq += 1
+        h.add({"seq": seq, "ts": e.get("end", t), **e})
+
+    for step in range(steps):
+        learn_end = t + 1.0
+        add(type="span", device="gpu:1", phase="learner", start=t, end=learn_end, step=step,
+            version=step)
+        sent = learn_end
+        add(type="span", device="gpu:1", phase="weight_sync", start=sent, end=sent + 0.02,
+            step=step, version=step + 1)
+        gen_end = sent + sync_gap(step)
+        add(type="span", device="gpu:0", phase="rollout", start=t - 0.5, end=gen_end,
+            step=step, version=step)
+        served = gen_end + receive_s(step)
+        add(type="span", device="gpu:0", phase="weight_sync", start=gen_end, end=served,
+            step=step, version=step + 1)
+        latency = served - sent
+        add(type="weight_sync.report", step=step, version_learner=step + 1,
+            version_rollout=step + 1, fingerprint_learner=f"fp{step + 1}",
+            fingerprint_rollout=f"fp{step + 1}", matched=True, latency_s=latency,
+            bytes=2_000_000_000)
+        p50, p99 = gen_s(step)
+        add(type="metrics.append", step=step, values={
+            "reward/mean": 0.1 * step, "reward/std": 0.3, "logprob_gap/mean": 0.0,
+            "staleness/max": 1.0, "staleness/mean": 0.5, "time/step_s": 1.0,
+            "time/rollout_s": 1.0, "time/reward_s": 0.01, "rollout_share": rollout_share,
+            "bubble": 0.05, "weight_sync/latency_s": latency,
+            "weight_sync/version_learner": float(step + 1),
+            "rollout/gen_s_p50": p50, "rollout/gen_s_p99": p99})
+        t = max(served, learn_end) + 0.01
+    return h
+
+
+def finding(h, facts, kind):
+    return next(f for f in evaluate(h, facts, Thresholds(), h.last_ts) if f.kind == kind)
+
+
+def test_bubble_high_on_a_fully_async_run_does_not_recommend_fully_async():
+    f = finding(fully_async(), async_facts(), "BubbleHigh")
+
+    assert f.key == "BubbleHigh:rollout_share"
+    assert "fully_async" not in f.runbook.split("Next levers")[1].replace(
+        "fully_async policy", "")          # never told to go where it already is
+    assert "one_step_off" not in f.runbook
+    assert "async_policy.over_provision = 1.5 (now 1)" in f.runbook   # interruptible
+    assert "async_policy.max_staleness 2 -> 3" in f.runbook
+    assert "placement.rollout_workers 1 -> 2" in f.runbook
+    # Already interruptible: the next step of the same lever, still not "fully async".
+    f = finding(fully_async(), async_facts(over_provision=2.0), "BubbleHigh")
+    assert "over_provision 2 -> 3" in f.runbook and "(now 1)" not in f.runbook
+
+
+def test_a_straggler_under_fully_async_is_named_as_stragglers():
+    # From step 6 one generation of each batch takes 8 s; the step shares stay what fully
+    # async makes them (generation is always running), so only the samples show it.
+    h = fully_async(gen_s=lambda s: (0.3, 8.3) if s >= 6 else (0.3, 0.35))
+
+    f = finding(h, async_facts(), "BubbleHigh")
+
+    assert f.key == "BubbleHigh:straggler"
+    assert "stragglers hold every batch" in f.cause and "8.3+ s" in f.cause
+    assert "median sample takes 0.30 s" in f.cause
+    assert "interruptible generation" in f.runbook and "fully_async\"" not in f.runbook
+    assert f.evidence["series"]["name"] == "rollout/gen_s_p99"
+    # Before the window holds (one slow step), it is still generation share, not stragglers.
+    h = fully_async(steps=7, gen_s=lambda s: (0.3, 8.3) if s >= 6 else (0.3, 0.35))
+    assert finding(h, async_facts(), "BubbleHigh").key == "BubbleHigh:rollout_share"
+
+
+def test_resync_slow_names_waiting_for_generation_apart_from_a_slow_transport():
+    # The worker was 7.5 s into a straggling generation when the weights were sent: the
+    # transport itself took 0.05 s.
+    waited = fully_async(sync_gap=lambda s: 7.5 if s == 7 else 0.0)
+    f = finding(waited, async_facts(), "ResyncSlow")
+
+    assert f.key == "ResyncSlow:generation"
+    assert "waited for in-flight generation" in f.cause and "gpu:0" in f.cause
+    assert "the transport itself moved 2 GB in 0.05 s (40 GB/s)" in f.cause
+    assert "The transport is not the cause" in f.runbook
+    assert "Check the transport" not in f.runbook
+    assert f.evidence["values"]["generation_wait_s"] == pytest.approx(7.5)
+
+    # The same latency spent inside the receive: the transport was slow.
+    slow = fully_async(receive_s=lambda s: 7.55 if s == 7 else 0.05)
+    f = finding(slow, async_facts(), "ResyncSlow")
+
+    assert f.key == "ResyncSlow:transport"
+    assert "the transport was slow: 2 GB in 7.5 s (0.265 GB/s)" in f.cause
+    assert "waited for in-flight generation" not in f.cause
+    assert "weight_sync.type = 'shm'" in f.runbook
+
+
+def test_runbooks_name_the_runs_own_settings():
+    facts = async_facts(max_staleness=3)
+    desync = healthy(**{"fp_rollout": lambda s: "old"})
+    f = finding(desync, facts, "WeightSyncDesync")
+    assert "weight_sync.type (now 'shm')" in f.runbook
+
+    stale = healthy(**{"staleness/max": lambda s: 5.0 if s == 5 else 0.0})
+    assert "async_policy.max_staleness (now 3)" in finding(stale, facts,
+                                                           "StalenessOverBound").runbook
+    sync_run = finding(stale, FACTS, "StalenessOverBound").runbook
+    assert "max_staleness" not in sync_run and "rollout.prompts_per_step (now 32)" in sync_run

@@ -84,7 +84,7 @@ devices = 0
 
     assert response.status_code == 200
     form = response.context["form"]
-    paths = [path for path, _ in form.config_errors]
+    paths = [p.path for p in form.config_errors]
     assert set(paths) == {"rollout.temperature", "algorithm.group_size", "placement.devices"}
     assert any("rollout.temperature" in e for e in form.errors["config"])
     assert any("placement.devices" in e for e in form.errors["placement"])  # on its select
@@ -110,12 +110,127 @@ def test_an_unknown_placement_type_is_refused(client, operator, queued,
     assert Run.objects.count() == 0 and queued == []
 
 
-def test_the_placement_choice_overrides_the_tables_type(client, operator):
-    form = RunConfigForm(form_data('[placement]\ntype = "colocated"\ndevices = 2\n'))
-
+def test_the_tomls_type_launches_and_a_select_that_contradicts_it_is_an_error(client, operator):
+    toml = '[placement]\ntype = "colocated"\ndevices = 2\n'
+    form = RunConfigForm(form_data(toml, placement="colocated"))
     assert form.is_valid(), form.errors
     assert form.run_config.placement.devices == 2
     assert [t for t, _ in form.fields["placement"].choices] == ["colocated", "disaggregated"]
+
+    clash = RunConfigForm(form_data(toml, placement="disaggregated"))
+
+    assert not clash.is_valid()
+    [problem] = clash.config_errors
+    assert problem.path == "placement.type" and problem.line == 2
+    assert "TOML says type = 'colocated'" in problem.message
+    assert "'disaggregated'" in problem.message  # named, never silently replaced
+
+
+def test_a_table_without_a_type_takes_the_selects_choice():
+    form = RunConfigForm(form_data('[async_policy]\nmax_staleness = 3\n',
+                                   async_policy="fully_async"))
+
+    assert form.is_valid(), form.errors
+    assert form.run_config.async_policy.type == "fully_async"
+    assert form.run_config.async_policy.max_staleness == 3
+
+
+DISAGG_ASYNC = """name = "pasted"
+steps = 5
+
+[warm_start]
+steps = 0
+
+[placement]
+type = "disaggregated"
+rollout_workers = 2
+learner_devices = 1
+
+[async_policy]
+type = "fully_async"
+max_staleness = 3
+
+[weight_sync]
+type = "shm"
+"""
+
+
+def test_a_pasted_disaggregated_fully_async_config_launches_as_written(
+        client, operator, queued, django_capture_on_commit_callbacks):
+    # What the page posts once its script has shown the TOML's types in the selects (the
+    # browser test pastes without touching them).
+    data = {"config": DISAGG_ASYNC, "placement": "disaggregated", "async_policy": "fully_async"}
+    response = post_new(client, data, django_capture_on_commit_callbacks)
+
+    run = Run.objects.get()
+    assert response.status_code == 302
+    assert run.config["placement"]["type"] == "disaggregated"
+    assert run.config["placement"]["rollout_workers"] == 2
+    assert run.config["async_policy"] == {**run.config["async_policy"], "type": "fully_async",
+                                          "max_staleness": 3}
+
+
+def validate(client, url, data):
+    return client.post(url, {**data, "validate": "1"}, HTTP_HX_REQUEST="true")
+
+
+def test_validate_shows_each_error_at_its_toml_line_and_saves_nothing(client, operator, queued):
+    bad = DISAGG_ASYNC.replace("max_staleness = 3", "max_staleness = 99")
+
+    response = validate(client, "/runs/new", form_data(bad, "disaggregated", "fully_async"))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    line = bad.splitlines().index("max_staleness = 99") + 1
+    assert f'data-path="async_policy.max_staleness" data-line="{line}"' in html
+    assert f"{line} | max_staleness = 99" in html and "(got 99)" in html
+    assert "<html" not in html                      # the fragment, not the page
+    assert Run.objects.count() == 0 and queued == []
+
+
+def test_an_unknown_key_points_at_its_line_and_a_missing_one_at_its_table():
+    text = 'name = "x"\n[placement]\ntype = "colocated"\nrollout_workers = 2\n'
+    form = RunConfigForm(form_data(text))
+
+    assert not form.is_valid()
+    [problem] = form.config_errors
+    assert (problem.path, problem.line, problem.text) == (
+        "placement.rollout_workers", 4, "rollout_workers = 2")
+    assert "unknown key" in problem.message
+
+
+def test_toml_that_does_not_parse_points_at_the_line_where_it_stops():
+    form = RunConfigForm(form_data('name = "x"\nsteps = = 3\n'))
+
+    assert not form.is_valid()
+    assert form.config_errors[0].line == 2
+
+
+def test_validate_previews_the_placement_against_the_clusters_capacity(
+        client, operator, monkeypatch):
+    monkeypatch.setattr("jobs.queue.ray_capacity",
+                        lambda: ({"GPU": 4.0, "CPU": 8.0}, {"GPU": 2.0, "CPU": 0.0}))
+
+    response = validate(client, "/runs/new",
+                        form_data(DISAGG_ASYNC, "disaggregated", "fully_async"))
+
+    html = response.content.decode()
+    assert 'data-bundles="3"' in html and 'data-fits="no"' in html
+    assert "3 bundles (1 + 1 + 1 GPUs, PACK): 3 devices" in html
+    assert "waits for 3 GPUs; 2 of 4 free" in html
+
+    monkeypatch.setattr("jobs.queue.ray_capacity",
+                        lambda: ({"GPU": 4.0, "CPU": 8.0}, {"GPU": 0.0, "CPU": 0.0}))
+    html = validate(client, "/runs/new",
+                    form_data(DISAGG_ASYNC, "disaggregated", "fully_async")).content.decode()
+    assert 'data-fits="yes"' in html and "4 of 4 GPUs free" in html
+
+
+def test_validate_previews_the_in_process_default_as_a_run_slot(client, operator):
+    html = validate(client, "/runs/new", form_data(GOOD)).content.decode()
+
+    assert 'data-bundles="0"' in html and "one in-process run slot" in html
+    assert 'data-fits="yes"' in html
 
 
 def test_the_async_policy_select_offers_every_policy_the_config_accepts():
@@ -296,3 +411,19 @@ def test_a_fork_starts_from_the_runs_own_directory_not_the_path_the_driver_sent(
 
     assert fork.source_checkpoint == str(checkpoint.directory())
     assert fork.source_checkpoint.endswith(f"run-{parent.pk}/checkpoints/step_000004")
+
+
+def test_the_fork_form_validates_the_same_way_and_launches_nothing(client, operator, parent,
+                                                                   queued):
+    page = client.get(f"/runs/{parent.pk}/fork").content.decode()
+    assert f'hx-post="/runs/{parent.pk}/fork"' in page and 'data-toml-table="placement"' in page
+    bad = DISAGG_ASYNC.replace("rollout_workers = 2", "rollout_workers = 0")
+    checkpoint = parent.checkpoints.first().pk
+
+    html = validate(client, f"/runs/{parent.pk}/fork",
+                    form_data(bad, "disaggregated", "fully_async",
+                              checkpoint=checkpoint)).content.decode()
+
+    line = bad.splitlines().index("rollout_workers = 0") + 1
+    assert f'data-path="placement.rollout_workers" data-line="{line}"' in html
+    assert Run.objects.count() == 1 and queued == []

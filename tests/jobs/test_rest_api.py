@@ -154,7 +154,7 @@ def test_a_bad_config_is_400_with_each_field_path_and_the_forms_message(api, que
     errors = {e["field"]: e["message"] for e in response.json()["errors"]}
     form = RunConfigForm({"config": BAD_TOML, "placement": "colocated", "async_policy": "sync"})
     assert not form.is_valid()
-    assert errors == dict(form.config_errors)  # the same paths, the same messages
+    assert errors == {p.path: p.message for p in form.config_errors}  # the same paths, messages
     assert "(got 9)" in errors["rollout.temperature"]
     assert Run.objects.count() == 0 and queued == []
 

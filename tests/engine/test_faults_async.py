@@ -1,0 +1,76 @@
+"""Faults under fully async on Ray: the rules name the cause the run's own config and
+spans show, not the one a sync loop would suggest (one real run on logical GPUs).
+
+    rollout worker gpu:0   [gen ........ straggler 8 s][recv]     [gen ........ ][recv]
+    learner        gpu:1        [learn][send ---- waits for the call ----->]
+"""
+
+import pytest
+
+from engine.api import run_local
+from jobs.alerts.history import RunFacts
+
+from .alert_watch import AlertWatch
+from .conftest import small_run
+
+pytestmark = pytest.mark.slow
+
+ONSET = 2
+
+
+def test_a_straggler_under_fully_async_is_named_and_its_resync_is_the_wait_not_the_transport(
+        ray_gpus, tmp_path, model_cache):
+    cfg = small_run(steps=ONSET + 5, warm_start={"steps": 0},
+                    placement={"type": "disaggregated"}, weight_sync={"type": "object_store"},
+                    async_policy={"type": "fully_async", "max_staleness": 2},
+                    faults={"straggler": {"from_step": ONSET, "seconds": 8.0}})
+    watch = AlertWatch(RunFacts.from_config(cfg, "running"))
+
+    summary = run_local(cfg, tmp_path, sink=watch)
+
+    assert summary.status == "succeeded", summary
+    fired = sorted({(step, f.key) for step, f in watch.fired})
+    gen = {s: (round(v, 2), round(watch.history.metrics["rollout/gen_s_p99"][s], 2))
+           for s, v in watch.history.series("rollout/gen_s_p50")}
+    print(f"\nfired: {fired}\ngeneration p50, p99 per step: {gen}")
+    straggler = next(((s, f) for s, f in watch.fired if f.key == "BubbleHigh:straggler"), None)
+    assert straggler is not None, f"no straggler finding; fired: {fired}"
+    step, f = straggler
+    assert "stragglers hold every batch" in f.cause and ONSET <= step <= ONSET + 4
+    assert 'async_policy.type = "fully_async"' not in f.runbook       # it already is
+    assert "interruptible generation" in f.runbook
+    print(f"BubbleHigh at step {step} (onset {ONSET}): {f.cause}\n  {f.runbook}")
+
+    resync = watch.first("ResyncSlow")
+    assert resync is not None, f"ResyncSlow never fired; fired: {fired}"
+    step, f = resync
+    assert f.key == "ResyncSlow:generation", f.cause
+    assert "waited for in-flight generation" in f.cause
+    assert "Check the transport" not in f.runbook
+    values = f.evidence["values"]
+    assert values["generation_wait_s"] >= 0.5 * values["latency_s"]
+    print(f"ResyncSlow at step {step}: {f.cause}")
+    assert not any(f.kind == "ResyncSlow" and f.key == "ResyncSlow:transport"
+                   for _, f in watch.fired)
+
+
+def test_a_slow_receive_under_fully_async_is_named_as_the_transport(ray_gpus, tmp_path,
+                                                                    model_cache):
+    # sync_hang blocks inside the worker's load of the new weights: the transport's share.
+    cfg = small_run(steps=ONSET + 3, warm_start={"steps": 0},
+                    placement={"type": "disaggregated"}, weight_sync={"type": "object_store"},
+                    async_policy={"type": "fully_async", "max_staleness": 2},
+                    faults={"sync_hang": {"at_step": ONSET, "seconds": 8.0}})
+    watch = AlertWatch(RunFacts.from_config(cfg, "running"))
+
+    summary = run_local(cfg, tmp_path, sink=watch)
+
+    assert summary.status == "succeeded", summary
+    fired = sorted({(step, f.key) for step, f in watch.fired})
+    resync = watch.first("ResyncSlow")
+    assert resync is not None, f"ResyncSlow never fired; fired: {fired}"
+    step, f = resync
+    assert f.key == "ResyncSlow:transport", f.cause
+    assert "the transport was slow" in f.cause and "Check the transport" in f.runbook
+    assert f.evidence["values"]["generation_wait_s"] < 0.5 * f.evidence["values"]["latency_s"]
+    print(f"\nResyncSlow at step {step}: {f.cause}")
