@@ -69,5 +69,5 @@ def test_a_healthy_top_p_run_keeps_the_gap_at_rounding_and_raises_no_alert(
     maxes = list(watch.history.metrics["logprob_gap/max"].values())
     assert len(means) == 40 and max(means) < 1e-5, max(means)
     with capsys.disabled():
-        print(f"\n{preset} at top_p = 0.9, T = 0.8: 40 healthy steps, no alert; "
+        print(f"\n{preset} at top_p = 0.9, T = 0.8: 40 healthy steps, no gap alert; "
               f"logprob_gap/mean <= {max(means):.2e}, logprob_gap/max <= {max(maxes):.2e}")
