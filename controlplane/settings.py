@@ -36,13 +36,14 @@ def env_flag(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def env_list(name: str, default: str = "") -> list[str]:
+    """A comma-separated setting, blanks dropped."""
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
 SECRET_KEY = load_or_create_secret_key(STATE_DIR / "secret_key")
 DEBUG = env_flag("RLPLANE_DEBUG", default=False)
-ALLOWED_HOSTS = [
-    host.strip()
-    for host in os.environ.get("RLPLANE_ALLOWED_HOSTS", "localhost,127.0.0.1").split(",")
-    if host.strip()
-]
+ALLOWED_HOSTS = env_list("RLPLANE_ALLOWED_HOSTS", "localhost,127.0.0.1")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -98,9 +99,7 @@ if env_flag("RLPLANE_SECURE", default=False):
     SECURE_HSTS_SECONDS = 365 * 24 * 3600
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
-CSRF_TRUSTED_ORIGINS = [o.strip() for o in
-                        os.environ.get("RLPLANE_CSRF_TRUSTED_ORIGINS", "").split(",")
-                        if o.strip()]
+CSRF_TRUSTED_ORIGINS = env_list("RLPLANE_CSRF_TRUSTED_ORIGINS")
 
 ROOT_URLCONF = "controlplane.urls"
 WSGI_APPLICATION = "controlplane.wsgi.application"
@@ -196,10 +195,8 @@ RLPLANE_MAX_LOCAL_RUNS = int(os.environ.get("RLPLANE_MAX_LOCAL_RUNS", "2"))
 RLPLANE_METRICS_TOKEN = os.environ.get("RLPLANE_METRICS_TOKEN", "")
 # Webhook targets (jobs.alerts.http): hosts or networks let through although not public,
 # and ones never reached; comma-separated, e.g. "hooks.internal,10.20.0.0/16".
-RLPLANE_WEBHOOK_ALLOW = [h.strip() for h in
-                         os.environ.get("RLPLANE_WEBHOOK_ALLOW", "").split(",") if h.strip()]
-RLPLANE_WEBHOOK_DENY = [h.strip() for h in
-                        os.environ.get("RLPLANE_WEBHOOK_DENY", "").split(",") if h.strip()]
+RLPLANE_WEBHOOK_ALLOW = env_list("RLPLANE_WEBHOOK_ALLOW")
+RLPLANE_WEBHOOK_DENY = env_list("RLPLANE_WEBHOOK_DENY")
 
 # --- The REST API (jobs/rest/): API tokens or the session; reading needs a login,
 # changing state needs an operator (jobs.auth), as on the pages.

@@ -16,22 +16,7 @@ from engine.weightsync.fingerprint import fingerprint
 from engine.weightsync.layout import FlatLayout
 from engine.weightsync.session import EngineHost, TensorSource, WeightSyncSession
 
-
-class _Tensors:
-    """A rollout engine reduced to its weights (the seam the receivers load into)."""
-
-    def __init__(self, named):
-        self.tensors = {n: torch.zeros_like(t) for n, t in named}
-        self.version = 0
-
-    def load_weights(self, named, version, verify=True):
-        for n, t in named:
-            self.tensors[n].copy_(t)
-        self.version = version
-        return WeightReport(version, fingerprint(self.tensors.items()) if verify else "", 0)
-
-    def weight_version(self):
-        return self.version
+from .test_transports_units import _Tensors  # the same seam: an engine reduced to weights
 
 
 def _weights(dtype=torch.float32, seed=0):
