@@ -125,6 +125,21 @@ class Thresholds(BaseModel):
     resync_wait_share: float = Field(default=0.5, gt=0.0, le=1.0)
     """ResyncSlow names waiting for in-flight generation as the cause when at least this
     share of the latency was a rollout worker finishing its generation (from its spans)."""
+    overopt_window: int = Field(default=10, ge=3, le=10_000)
+    """RewardOverOptimization: steps over which the training reward's rise is compared
+    with the verifier's running alongside (reward/verifier_mean); the held-out reward
+    (eval/reward_mean) is compared over its last this-many evaluations (at least 3)."""
+    overopt_min_rise: float = Field(default=0.1, gt=0.0, le=1000.0)
+    """RewardOverOptimization: the least rise of the training reward over the window (by
+    its least-squares slope) that counts as "keeps rising" against the held-out reward;
+    against the verifier alongside, the least amount by which the training reward
+    (rising or holding) outgrows the verifier."""
+    overopt_follow: float = Field(default=0.25, ge=0.0, le=1.0)
+    """RewardOverOptimization: the verifier or held-out reward stalls when its rise over
+    the same steps is below this share of the training reward's."""
+    overopt_agreement_min: float = Field(default=0.6, ge=0.0, le=1.0)
+    """RewardOverOptimization when reward/rm_vs_verifier_agreement, averaged over the last
+    3 steps, is below this: the reward model and the verifier disagree on most samples."""
     reward_error_frac: float = Field(default=0.1, ge=0.0, le=1.0)
     """RewardErrors when more than this share of a step's samples failed in the reward
     function (reward/error_frac)."""

@@ -435,14 +435,75 @@ def reward_errors(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list
                   "series": chart(h, "reward/error_frac")})]
 
 
+AGREEMENT_STEPS = 3   # RewardOverOptimization averages the RM-verifier agreement over these
+HELDOUT_EVALS = 4     # ... and fits the held-out reward over its last this-many evaluations
+
+
+def rise(points: list[tuple[int, float]]) -> float:
+    """How much a series rose over its steps, by its least-squares slope."""
+    return slope(points) * (points[-1][0] - points[0][0]) if len(points) > 1 else 0.0
+
+
+def reward_over_optimization(h: RunHistory, f: RunFacts, t: Thresholds,
+                             now: float) -> list[Finding]:
+    """The training reward keeps rising while what it stands for does not: the verifier
+    scoring the same samples alongside (a reward model run), or the held-out reward; or
+    the reward model and the verifier disagree on most samples."""
+    train = h.last("reward/mean", t.overopt_window)
+    verifier = h.last("reward/verifier_mean", t.overopt_window)
+    held = h.last("eval/reward_mean", HELDOUT_EVALS)
+    agreement = h.last("reward/rm_vs_verifier_agreement", AGREEMENT_STEPS)
+    causes, values, other = [], {}, None
+    if len(train) == len(verifier) == t.overopt_window:
+        # the same samples scored twice, so no sampling noise between the two: a
+        # training reward that holds while the verifier falls counts as well
+        up, follow = rise(train), rise(verifier)
+        if up >= 0 and up - follow >= t.overopt_min_rise and follow < t.overopt_follow * up:
+            causes.append(f"over the last {len(train)} steps the training reward moved "
+                          f"{up:+.3f} while the verifier scoring the same samples moved "
+                          f"{follow:+.3f}")
+            values.update({"reward_rise": up, "verifier_rise": follow})
+            other = chart(h, "reward/verifier_mean")
+    if len(held) == HELDOUT_EVALS:
+        span = [p for p in h.series("reward/mean") if held[0][0] <= p[0] <= held[-1][0]]
+        up, follow = rise(span), rise(held)
+        if len(span) >= 3 and up >= t.overopt_min_rise and follow < t.overopt_follow * up:
+            causes.append(f"from step {held[0][0]} to {held[-1][0]} the training reward rose "
+                          f"by {up:+.3f} while the held-out reward moved {follow:+.3f}")
+            values.update({"reward_rise_heldout_span": up, "heldout_rise": follow})
+            other = other or chart(h, "eval/reward_mean")
+    if len(agreement) == AGREEMENT_STEPS:
+        mean = statistics.fmean(v for _, v in agreement)
+        if mean < t.overopt_agreement_min:
+            causes.append(f"the reward model agrees with the verifier on only {mean:.0%} of "
+                          f"the last {AGREEMENT_STEPS} steps' samples (threshold "
+                          f"{t.overopt_agreement_min:.0%})")
+            values["rm_vs_verifier_agreement"] = mean
+            other = other or chart(h, "reward/rm_vs_verifier_agreement")
+    if not causes:
+        return []
+    alg, reward = f.config.algorithm, f.config.reward
+    return [Finding(
+        kind="RewardOverOptimization", key="RewardOverOptimization", step=train[-1][0],
+        cause=("The policy is optimizing the reward, not the task: " + "; ".join(causes)
+               + "."),
+        runbook=(f"Raise algorithm.kl_coef (now {alg.kl_coef:g}) to hold the policy near the "
+                 f"reference, or stop at the last checkpoint before the split; with a learned "
+                 f"reward (reward.type = {reward.type!r}) retrain or enlarge the reward model "
+                 "on the policy's own samples, or score with a verifier instead; keep a "
+                 "verifier alongside (reward/verifier_mean) and held-out evaluation "
+                 "(telemetry.eval_every_steps) so the split stays visible."),
+        evidence={"values": values, "series": chart(h, "reward/mean"), "compare": other})]
+
+
 RULES: list[Rule] = [
     weight_sync_desync, stuck_reward, temperature_logprobs, logprob_gap_high,
     logprob_gap_drift, staleness_over_bound, version_regression, phase_hang, bubble_high,
-    resync_slow, run_lost, reward_errors,
+    resync_slow, run_lost, reward_errors, reward_over_optimization,
 ]
 KINDS = ["WeightSyncDesync", "StuckReward", "TemperatureLogprobs", "LogprobGapHigh",
          "LogprobGapDrift", "StalenessOverBound", "VersionRegression", "PhaseHang",
-         "BubbleHigh", "ResyncSlow", "RunLost", "RewardErrors"]
+         "BubbleHigh", "ResyncSlow", "RunLost", "RewardErrors", "RewardOverOptimization"]
 
 
 def evaluate(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
