@@ -8,10 +8,12 @@ There is one mode, bubblewrap (Debian's ``bwrap``), as flatpak and nsjail-style 
 without it (or without user namespaces) ``run_tests`` refuses to run anything
 (``require_isolation`` says why and how to fix it). No unsafe fallback exists.
 
-    [root only] unshare --mount: park the interpreter's prefix where an unprivileged uid
-                can reach it (a pyenv under /root is not), then setpriv to a uid of its own
-                (UID_BASE + 64 x worker pid + slot): never root, never the worker's uid
     [cgroup]    echo 0 > <the sandbox's cgroup>/cgroup.procs    (sandbox_cgroup.py)
+    [root]      unshare --mount: park the interpreter's prefix where an unprivileged uid
+                can reach it (a pyenv under /root is not; skipped when it is reachable),
+                then setpriv to a uid of its own (UID_BASE + 64 x worker pid + slot)
+    [non-root]  bwrap directly: outside its namespaces the program has the worker's uid,
+                but it can name none of the worker's processes and see none of its files
     bwrap --unshare-user/pid/net/ipc/uts/cgroup --disable-userns --uid/--gid 65534
           --die-with-parent --new-session --clearenv --seccomp FD (seccomp.py; no_new_privs)
           /      an empty tmpfs, remounted read-only; only these appear in it:
@@ -23,9 +25,10 @@ without it (or without user namespaces) ``run_tests`` refuses to run anything
          processes, open files, core) -> the program -> one JSON report line on stdout
 
 No network (a fresh netns: nothing but its own loopback), no project, no /etc, no homes, no
-environment. When the sandbox's pid 1 exits the kernel kills the rest of its namespace, and
-``run_tests`` returns only after that. Wall-clock timeout, output cap, and a report that
-is parsed as untrusted data: anything but the expected shape is a crash verdict.
+environment. RLIMIT_NPROC counts per user namespace (Linux >= 5.14), so it counts the
+sandbox's own processes only. When the sandbox's pid 1 exits the kernel kills the rest of
+its namespace, and ``run_tests`` returns only after that. Wall-clock timeout, output cap,
+and a report parsed as untrusted data: anything but the expected shape is a crash verdict.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def isolation() -> dict[str, str]:
     return {"mode": "bwrap", "network": "fresh network namespace (its own loopback only)",
             "files": "allowlist: /usr and the interpreter read-only, private tmpfs /tmp",
             "processes": "user+pid namespaces, uid nobody, seccomp, no_new_privs",
-            "cgroup": degraded or f"{sandbox_cgroup._hierarchies()[0]} memory.max + pids.max"}
+            "cgroup": degraded or f"{sandbox_cgroup.kind()}: total memory and pids bounded"}
 
 
 @functools.cache

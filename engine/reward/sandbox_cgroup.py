@@ -53,14 +53,14 @@ class Cgroup:
 def create(name: str, memory_mb: int, max_processes: int) -> Cgroup | None:
     """A fresh cgroup holding at most ``memory_mb`` and ``max_processes``; None when this
     machine offers no writable one (see ``degraded_reason``)."""
-    kind, parents = _hierarchies()
-    if kind == "none":
+    found, parents = _hierarchies()
+    if found == "none":
         return None
     dirs = [p / name for p in parents]
     for d in dirs:
         d.mkdir(exist_ok=True)
     limit = str(memory_mb * MB)
-    if kind == "v2":
+    if found == "v2":
         _write(dirs[0] / "memory.max", limit)
         _write(dirs[0] / "memory.swap.max", "0", optional=True)
         _write(dirs[0] / "pids.max", str(max_processes))
@@ -68,13 +68,18 @@ def create(name: str, memory_mb: int, max_processes: int) -> Cgroup | None:
         _write(dirs[0] / "memory.limit_in_bytes", limit)
         _write(dirs[0] / "memory.memsw.limit_in_bytes", limit, optional=True)
         _write(dirs[1] / "pids.max", str(max_processes))
-    return Cgroup(kind, dirs)
+    return Cgroup(found, dirs)
+
+
+def kind() -> str:
+    """ "v2", "v1" or "none": which cgroups sandboxes get on this machine."""
+    return _hierarchies()[0]
 
 
 def degraded_reason() -> str | None:
     """None when each sandbox gets a cgroup; else why not, and what bounds memory instead."""
-    kind, why = _hierarchies()
-    if kind != "none":
+    found, why = _hierarchies()
+    if found != "none":
         return None
     return (f"no per-sandbox cgroup ({why}): a program's processes together may use "
             "max_processes x memory_mb; give the reward workers a delegated cgroup v2 "
