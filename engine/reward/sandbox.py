@@ -177,34 +177,41 @@ class _Run:
     def _go(self, uid: int, script: str, stdin: bytes) -> None:
         cg = sandbox_cgroup.create(f"rlplane-sandbox-{uid}", self.limits.memory_mb,
                                    self.limits.max_processes)
+        try:
+            child = self._spawn(uid, cg, script, stdin)
+        finally:
+            if cg is not None:
+                self.oom_kills = cg.oom_kills()
+                cg.remove()
+        if child is None and not self.timed_out:
+            raise SandboxError("sandbox setup failed: "
+                               + bytes(self.err).decode(errors="replace")[-500:])
+
+    def _spawn(self, uid: int, cg, script: str, stdin: bytes) -> int | None:
+        """Run the tree to its end; the pid of its pid 1 (None if bwrap never cloned it)."""
         seccomp_r, seccomp_w = os.pipe()
         info_r, info_w = os.pipe()
         os.write(seccomp_w, filter_program())
         os.close(seccomp_w)
         cmd = _launcher(uid, cg, seccomp_r, info_w, self.limits.tmpfs_mb,
                         [PYTHON, "-I", "-S", "-c", script])
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, pass_fds=(seccomp_r, info_w),
-                                    start_new_session=True, cwd="/",
-                                    env={"PATH": "/usr/bin:/bin"})
-        finally:
-            os.close(seccomp_r)
-            os.close(info_w)
-        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
-        with os.fdopen(info_r, "rb") as info:      # EOF once bwrap has cloned its pid 1
-            child = _child_pid(info.read())
+        with os.fdopen(info_r, "rb") as info:
+            try:
+                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, pass_fds=(seccomp_r, info_w),
+                                        start_new_session=True, cwd="/",
+                                        env={"PATH": "/usr/bin:/bin"})
+            finally:
+                os.close(seccomp_r)
+                os.close(info_w)
+            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+            child = _child_pid(info.read())      # EOF once bwrap has cloned its pid 1
         self._watch(proc, child)
         if child is not None:
             _wait_until_dead(child)
-        if cg is not None:
-            self.oom_kills = cg.oom_kills()
-            cg.remove()
-        if child is None and not self.timed_out:
-            raise SandboxError("sandbox setup failed: "
-                               + bytes(self.err).decode(errors="replace")[-500:])
         rc = proc.returncode
         self.exit_code = None if rc is None else (128 - rc if rc < 0 else rc)
+        return child
 
     def _watch(self, proc: subprocess.Popen, child: int | None) -> None:
         cap = self.limits.output_kb * 1024
