@@ -100,7 +100,6 @@ def isolation() -> dict[str, str]:
             "cgroup": degraded or f"{sandbox_cgroup.kind()}: total memory and pids bounded"}
 
 
-@functools.cache
 def _probe() -> str | None:
     """Why the sandbox cannot run here, or None: one trivial program under the real setup."""
     if shutil.which("bwrap") is None:
@@ -115,9 +114,13 @@ def _probe() -> str | None:
         f"a trivial program did not run: {bytes(out.err).decode(errors='replace')[-300:]}")
 
 
+_isolated = False     # set by the first probe that succeeds (a failed one is retried)
+
+
 def require_isolation() -> None:
     """Raise a SandboxError naming the fix unless programs can run isolated here."""
-    why = _probe()
+    global _isolated
+    why = None if _isolated else _probe()
     if why is not None:
         raise SandboxError(
             f'reward.type = "sandbox" (and the code task\'s checks) run untrusted programs '
@@ -126,6 +129,7 @@ def require_isolation() -> None:
             "namespaces (sysctl user.max_user_namespaces > 0, "
             "kernel.unprivileged_userns_clone=1 where it exists), or choose another "
             "reward.type")
+    _isolated = True
     degraded = sandbox_cgroup.degraded_reason()
     if degraded:
         _warn_once(degraded)

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.config import CodeTaskConfig, SandboxRewardConfig
 from engine.reward import sandbox, sandbox_cgroup
+from engine.reward.execution import SandboxVerifier
 from engine.reward.sandbox import Limits, SandboxError, parse_report, require_isolation
+from engine.tasks import CodeTask
 
 from .test_sandbox import LIMITS, TESTS, run_contained
 
@@ -25,15 +28,13 @@ PASS_IF = "f=(lambda x:x+3) if {cond} else (lambda x:x)"
 
 def test_without_bubblewrap_nothing_runs_and_the_error_names_the_field_and_the_fix(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    sandbox._probe.cache_clear()
-    try:
-        with pytest.raises(SandboxError) as err:
-            require_isolation()
-        with pytest.raises(SandboxError):
-            run_contained("f=lambda x:x+3")
-    finally:
-        monkeypatch.undo()
-        sandbox._probe.cache_clear()
+    monkeypatch.setattr(sandbox, "_isolated", False)
+    with pytest.raises(SandboxError) as err:
+        require_isolation()
+    with pytest.raises(SandboxError):
+        run_contained("f=lambda x:x+3")
+    with pytest.raises(SandboxError):            # a run with the sandbox reward fails at start
+        SandboxVerifier(SandboxRewardConfig(), CodeTask(CodeTaskConfig()))
     assert 'reward.type = "sandbox"' in str(err.value)
     assert "apt-get install -y bubblewrap" in str(err.value)
 
