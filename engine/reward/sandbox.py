@@ -57,6 +57,7 @@ UID_BASE = 100_000_000   # as root: sandbox uid = UID_BASE + 64 x pid of the cal
 UID_SLOTS = 64           # sandboxes one process may run at once (more wait for a slot)
 SANDBOX_ID = 65534       # the uid and gid inside: nobody
 DEVICES = ("null", "zero", "random", "urandom")
+MEMORY_POLL_S = 0.02     # without a cgroup: how often the tree's memory is summed
 log = logging.getLogger(__name__)
 
 
@@ -166,6 +167,7 @@ class _Run:
         self.wall_s = 0.0
         self.exit_code: int | None = None
         self.oom_kills = 0
+        self.watch_memory = self.over_memory = False
 
     def go(self, script: str, stdin: bytes = b"") -> _Run:
         with _slots:
@@ -181,6 +183,7 @@ class _Run:
     def _go(self, uid: int, script: str, stdin: bytes) -> None:
         cg = sandbox_cgroup.create(f"rlplane-sandbox-{uid}", self.limits.memory_mb,
                                    self.limits.max_processes)
+        self.watch_memory = cg is None
         try:
             child = self._spawn(uid, cg, script, stdin)
         finally:
@@ -225,12 +228,25 @@ class _Run:
         for r in readers:
             r.start()
         t0 = time.monotonic()
-        try:
-            proc.wait(timeout=self.limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            self.timed_out = True
-            kill()
-            proc.wait()
+        deadline = t0 + self.limits.timeout_s
+        # Without a cgroup the tree's memory is watched from here instead (its summed PSS,
+        # every MEMORY_POLL_S): coarser than memory.max, but a bound on the whole tree.
+        watch = child is not None and self.watch_memory
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                proc.wait(timeout=max(0.0, min(left, MEMORY_POLL_S) if watch else left))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    self.timed_out = True
+                elif _tree_pss(child) > self.limits.memory_mb * 2**20:
+                    self.over_memory = True
+                else:
+                    continue
+                kill()
+                proc.wait()
+                break
         self.wall_s = time.monotonic() - t0
         for r in readers:
             r.join(timeout=5)
@@ -255,6 +271,24 @@ class _Run:
                 return
             except ProcessLookupError:
                 pass
+
+
+def _tree_pss(root: int) -> int:
+    """Proportional set size, in bytes, of ``root`` and every process below it (the
+    sandbox's pid 1 and, reparented to it, anything the program forked)."""
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+                total += next((int(li.split()[1]) * 1024 for li in fh if li.startswith(b"Pss:")),
+                              0)
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children", "rb") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except (OSError, ValueError):
+            continue                      # it exited meanwhile
+    return total
 
 
 def _feed(pipe, data: bytes) -> None:
@@ -346,6 +380,8 @@ def _judge(run: _Run, expected: list[int]) -> SandboxResult:
         return result("limit_exceeded", f"limit:output over {run.limits.output_kb} KiB")
     if run.oom_kills:
         return result("limit_exceeded", "limit:memory (cgroup)")
+    if run.over_memory:
+        return result("limit_exceeded", "limit:memory (tree)")
     if run.timed_out:
         return result("timeout", f"wall clock over {run.limits.timeout_s} s")
     report = parse_report(run.out, len(expected))

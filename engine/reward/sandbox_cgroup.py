@@ -4,9 +4,9 @@
         where the worker's cgroup offers the memory and pids controllers (a delegated one)
     v1  memory/<worker's>/rlplane-sandbox-<uid>/memory.limit_in_bytes (+ memsw) and
         pids/<worker's>/rlplane-sandbox-<uid>/pids.max, where those hierarchies are writable
-    none  a degraded note (``degraded_reason()``, in every SandboxResult and logged once):
-        the tree's memory is then bounded by max_processes x memory_mb (RLIMIT_NPROC x
-        RLIMIT_AS), not by memory_mb
+    none  a degraded note (``degraded_reason()``, in every SandboxResult and logged once);
+        the parent then sums the tree's PSS every 20 ms and kills it over memory_mb
+        (sandbox._tree_pss): coarser than memory.max, and pids only by RLIMIT_NPROC
 
 The launcher writes 0 into each ``cgroup.procs`` before it execs bwrap, so every process
 of the sandbox is born inside. ``oom_kills()`` tells the judge that the kernel killed a
@@ -81,9 +81,9 @@ def degraded_reason() -> str | None:
     found, why = _hierarchies()
     if found != "none":
         return None
-    return (f"no per-sandbox cgroup ({why}): a program's processes together may use "
-            "max_processes x memory_mb; give the reward workers a delegated cgroup v2 "
-            "with the memory and pids controllers")
+    return (f"no per-sandbox cgroup ({why}): the tree's total memory is polled (every "
+            "20 ms) instead of enforced by the kernel; give the reward workers a delegated "
+            "cgroup v2 with the memory and pids controllers")
 
 
 def _write(path: Path, value: str, optional: bool = False) -> None:
