@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from engine.config import SandboxRewardConfig
-from engine.reward.sandbox import Limits, run_tests
+from engine.reward.sandbox import Limits, require_isolation, run_tests
 from engine.reward.verdict import Verdict
 from engine.tasks.base import Problem
 from engine.tasks.code import CodeTask
@@ -24,6 +24,7 @@ class SandboxVerifier:
     kind = "sandbox"
 
     def __init__(self, cfg: SandboxRewardConfig, task: CodeTask):
+        require_isolation()          # at start: no run scores programs it cannot contain
         self.task, self.limits = task, limits_of(cfg)
 
     def judge(self, problem: Problem, text: str, finished: bool) -> Verdict:

@@ -1,13 +1,15 @@
 """Stage 2 of the sandbox: runs inside the limits, as an unprivileged user, stdlib only.
 
-    python -I -S -c <this file> <job json>
-      set rlimits (cpu, address space, file size, processes) -> optionally block sockets
+    python -I -S -c <this file>  < job json (stdin: argv would cap a program at 128 KiB)
+      set rlimits (cpu, address space, file size, processes, open files)
       -> fd 1 kept for the report, user prints go to fd 2 -> exec the program
       -> call f on each test input -> one JSON line: {"outputs": [...], "errors": [...]}
 
 The harness only reports what f returned (or which error it raised); the parent judges
-the outputs against the expected values, so a program that forges a report gains nothing
-it could not have computed.
+the outputs against the expected values. The program runs in this process and can write
+anything to the report's fd, so the parent parses the report as untrusted data
+(sandbox.parse_report): a forged report gains nothing the program could not have computed,
+and a malformed one is a crash verdict.
 """
 
 import json
@@ -15,27 +17,18 @@ import os
 import resource
 import sys
 
-job = json.loads(sys.argv[1])
+job = json.loads(sys.stdin.read())
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 MAIN = os.getpid()
 MB = 2**20
 
 for name, soft in (("RLIMIT_CPU", job["cpu_s"]), ("RLIMIT_AS", job["memory_mb"] * MB),
                    ("RLIMIT_FSIZE", job["file_size_kb"] * 1024),
-                   ("RLIMIT_NPROC", job["max_processes"]), ("RLIMIT_CORE", 0)):
+                   ("RLIMIT_NPROC", job["max_processes"]),
+                   ("RLIMIT_NOFILE", job["open_files"]), ("RLIMIT_CORE", 0)):
     limit = getattr(resource, name)
     hard = soft + 1 if name == "RLIMIT_CPU" else soft   # SIGXCPU first, SIGKILL a second later
     resource.setrlimit(limit, (soft, hard))
-
-if job["block_sockets"]:
-    # Fallback where no network namespace could be made: creating a socket fails.
-    import _socket
-    import socket
-
-    def _refuse(*_a, **_k):
-        raise PermissionError("network access is blocked in the sandbox")
-
-    socket.socket = _socket.socket = _refuse
-    socket.socketpair = socket.create_connection = _refuse
 
 report = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)
@@ -46,11 +39,13 @@ def error_kind(exc: BaseException) -> str:
         return "limit:memory"
     if isinstance(exc, OSError) and exc.errno == 27:          # EFBIG: RLIMIT_FSIZE
         return "limit:file_size"
+    if isinstance(exc, OSError) and exc.errno == 24:          # EMFILE: RLIMIT_NOFILE
+        return "limit:open_files"
     if isinstance(exc, OSError) and exc.errno == 28:          # ENOSPC: the private tmpfs
         return "limit:disk"
     if isinstance(exc, BlockingIOError) and exc.errno == 11:  # EAGAIN from fork: RLIMIT_NPROC
         return "limit:processes"
-    return f"error:{type(exc).__name__}"
+    return f"error:{type(exc).__name__}"[:64]
 
 
 def finish(payload: dict) -> None:
@@ -66,7 +61,7 @@ try:
     exec(compile(job["code"], "<completion>", "exec"), scope)
     f = scope["f"]
 except BaseException as exc:  # noqa: BLE001 - whatever the program raises is its result
-    finish({"load_error": error_kind(exc), "outputs": [], "errors": []})
+    finish({"load_error": error_kind(exc)})
 
 outputs, errors = [], []
 for x in job["inputs"]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.reward.sandbox import UID_BASE, Limits, isolation, run_tests
+from engine.reward.sandbox import UID_BASE, UID_SLOTS, Limits, isolation, run_tests
 
 TESTS = [(0, 3), (2, 5), (-4, -1)]
 LIMITS = Limits(timeout_s=3.0, cpu_s=2)
@@ -17,17 +17,22 @@ MARK = f"rlplane-hostile-{uuid.uuid4().hex[:8]}"
 
 
 def stray_processes() -> list[int]:
-    """Pids that outlived their sandbox. A sandbox runs as UID_BASE + the pid of its outer
-    (unshare) process, so a sandbox-uid process whose outer process is gone is a stray;
-    sandboxes that other tests or runs have in flight are not."""
+    """Pids that outlived their sandbox. As root a sandbox runs as UID_BASE + UID_SLOTS x
+    the pid of the process that ran it + a slot, so a sandbox-uid process whose runner is
+    gone, or is this process (whose sandboxes have all returned), is a stray; sandboxes
+    that other test processes or runs have in flight are not, nor are zombies (a dead
+    sandbox's pid 1, waiting to be reaped by init)."""
     pids = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
-            uid_line = next(li for li in status.read_text().splitlines() if li.startswith("Uid:"))
-        except (OSError, StopIteration):
+            fields = dict(li.split(":", 1) for li in status.read_text().splitlines())
+        except (OSError, ValueError):
             continue
-        uid = int(uid_line.split()[1])
-        if uid >= UID_BASE and not Path(f"/proc/{uid - UID_BASE}").exists():
+        uid = int(fields["Uid"].split()[0])
+        if fields["State"].split()[0] == "Z":
+            continue
+        owner = (uid - UID_BASE) // UID_SLOTS
+        if uid >= UID_BASE and (owner == os.getpid() or not Path(f"/proc/{owner}").exists()):
             pids.append(int(status.parent.name))
     return pids
 
@@ -55,7 +60,7 @@ def test_a_correct_program_passes_and_a_wrong_one_is_a_wrong_answer():
 
 def test_the_isolation_in_force_is_reported():
     info = isolation()
-    assert info["mode"] in ("namespaces", "rlimits")
+    assert info["mode"] == "bwrap"
     assert run_contained("f=lambda x:x+3").isolation == info["mode"]
 
 
@@ -120,11 +125,6 @@ def _accept(server, accepted):
         accepted.append(server.accept())
     except OSError:
         pass
-
-
-def test_socket_creation_itself_can_be_blocked_as_the_fallback_does():
-    res = run_contained("import socket\nsocket.socket()\nf=lambda x:x+3", block_sockets=True)
-    assert (res.reason, res.detail) == ("crash", "error:PermissionError")
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", str(Path(__file__).resolve()),

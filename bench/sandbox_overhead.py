@@ -1,0 +1,59 @@
+"""What containment costs per program: one correct program run in the sandbox vs the same
+harness run by a bare ``python -I -S`` (no namespaces, no cgroup, no seccomp, no limits'
+enforcement beyond the harness's own rlimits).
+
+Rounds alternate between the two so machine noise hits both; medians and their ratio are
+printed (the ratio is the figure: sandbox time / bare interpreter time).
+
+    .venv/bin/python bench/sandbox_overhead.py [--rounds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+
+from engine.reward.sandbox import HERE, PYTHON, Limits, isolation, run_tests
+
+CODE, TESTS = "f=lambda x:x+3", [(0, 3), (2, 5), (-4, -1)]
+
+
+def sandboxed() -> float:
+    t0 = time.perf_counter()
+    assert run_tests(CODE, TESTS).reason == "pass"
+    return time.perf_counter() - t0
+
+
+def bare() -> float:
+    limits = Limits()
+    job = json.dumps({"code": CODE, "inputs": [x for x, _ in TESTS], "cpu_s": limits.cpu_s,
+                      "memory_mb": limits.memory_mb, "file_size_kb": limits.file_size_kb,
+                      "max_processes": 4096, "open_files": limits.open_files})
+    t0 = time.perf_counter()
+    out = subprocess.run([PYTHON, "-I", "-S", "-c", (HERE / "sandbox_harness.py").read_text()],
+                         input=job.encode(), capture_output=True, check=True)
+    assert json.loads(out.stdout)["outputs"] == [y for _, y in TESTS]
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    rounds = ap.parse_args().rounds
+    print("isolation:", isolation())
+    sandboxed(), bare()                                   # warm: the probe, page cache
+    times: dict[str, list[float]] = {"sandbox": [], "bare": []}
+    for _ in range(rounds):
+        times["sandbox"].append(sandboxed())
+        times["bare"].append(bare())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"per program: sandbox {med['sandbox'] * 1e3:.0f} ms, bare interpreter "
+          f"{med['bare'] * 1e3:.0f} ms, ratio {med['sandbox'] / med['bare']:.2f} "
+          f"({rounds} alternating rounds, medians)")
+
+
+if __name__ == "__main__":
+    main()
