@@ -25,6 +25,20 @@ from controlplane import processes as proc
 
 REPO = Path(__file__).resolve().parents[2]
 
+# A run long enough to be hurt mid-run (~25 s for 40 steps on 2 cores): tiny GRPO, no warm
+# start, a steady stream of events (metrics, spans, weight-sync reports every step, a
+# checkpoint every 20).
+STEADY_RUN = {
+    "name": "drill", "steps": 40,
+    "model": {"size": "tiny", "seed": 0},
+    "task": {"type": "arithmetic", "ops": ["+"], "min_digits": 1, "max_digits": 1,
+             "eval_size": 8},
+    "warm_start": {"steps": 0},
+    "algorithm": {"group_size": 2, "minibatches": 1},
+    "rollout": {"prompts_per_step": 4, "max_new_tokens": 4},
+    "checkpoint": {"every_steps": 20},
+}
+
 
 def drill_env(db: Path, redis_port: int, **extra: str) -> dict[str, str]:
     """What every process of the drill shares: one SQLite file, one Redis."""

@@ -32,6 +32,7 @@ from controlplane import processes as proc
 
 from ..ray_head import RayHead
 from .local_processes import (
+    STEADY_RUN,
     celery_worker_argv,
     drill_env,
     healthy,
@@ -48,19 +49,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 DOWN_S = 4.0   # how long a killed part stays down
 
-# Long enough (~1 min on 2 busy cores) to be hurt mid-run: tiny GRPO, no warm start, a
-# steady stream of events (metrics, spans, weight-sync reports each step).
-CONFIG = {
-    "name": "drill", "steps": 60,
-    "model": {"size": "tiny", "seed": 0},
-    "task": {"type": "arithmetic", "ops": ["+"], "min_digits": 1, "max_digits": 1,
-             "eval_size": 8},
-    "warm_start": {"steps": 0},
-    "algorithm": {"group_size": 2, "minibatches": 1},
-    "rollout": {"prompts_per_step": 4, "max_new_tokens": 4},
-    "telemetry": {"eval_samples": 1},
-    "checkpoint": {"every_steps": 20},
-}
+# 60 steps (~1 min on 2 busy cores): time to be hurt mid-run and to go on after it.
+CONFIG = {**STEADY_RUN, "steps": 60, "telemetry": {"eval_samples": 1}}
 
 LAUNCH = """
 import json, os

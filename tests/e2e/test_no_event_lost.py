@@ -22,6 +22,7 @@ import pytest
 from controlplane import processes as proc
 
 from .local_processes import (
+    STEADY_RUN,
     drill_env,
     healthy,
     kill_group,
@@ -35,18 +36,7 @@ from .local_processes import (
 
 DOWN_S = 4.0  # how long the control plane stays dead
 
-# Runs long enough (~25 s) to be killed under: tiny GRPO, no warm start, a steady stream of
-# events (metrics, spans, weight-sync reports every step, a checkpoint every 20).
-CONFIG = {
-    "name": "no-event-lost", "steps": 40,
-    "model": {"size": "tiny", "seed": 0},
-    "task": {"type": "arithmetic", "ops": ["+"], "min_digits": 1, "max_digits": 1,
-             "eval_size": 8},
-    "warm_start": {"steps": 0},
-    "algorithm": {"group_size": 2, "minibatches": 1},
-    "rollout": {"prompts_per_step": 4, "max_new_tokens": 4},
-    "checkpoint": {"every_steps": 20},
-}
+CONFIG = {**STEADY_RUN, "name": "no-event-lost"}
 
 SETUP_RUN = """
 import json, os

@@ -13,15 +13,14 @@ never answered, as if A had died just before sending it.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from controlplane import processes as proc
 
+from ..webhook_receiver import Receiver
 from .local_processes import (
     celery_worker_argv,
     drill_env,
@@ -59,38 +58,24 @@ print(redeliver_notifications())
 SWEEP = "from jobs.alerts.tasks import redeliver_notifications; print(redeliver_notifications())"
 
 
-class HoldingReceiver:
-    """Holds its first request unanswered until ``release``; answers the rest with 200
-    and counts them as delivered."""
+class HoldingReceiver(Receiver):
+    """Holds its first request unanswered until ``release``, then drops it; answers the
+    rest with 200 and counts them (``bodies``)."""
 
     def __init__(self):
         self.first_arrived, self.release = threading.Event(), threading.Event()
-        self.delivered: list[dict] = []
-        receiver = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                if not receiver.first_arrived.is_set():
-                    receiver.first_arrived.set()
-                    receiver.release.wait(60)
-                    self.close_connection = True
-                    return
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                receiver.delivered.append(body)
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def drop(self, request) -> bool:
+        if self.first_arrived.is_set():
+            return False
+        self.first_arrived.set()
+        self.release.wait(60)
+        return True
 
     def close(self):
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().close()
 
 
 @pytest.mark.slow
@@ -122,7 +107,7 @@ def test_a_notification_claimed_by_a_killed_worker_is_delivered_once_by_the_next
                  120, logs / "worker-b.log")
         swept_at = time.monotonic()
         assert manage(env, "shell", "-c", EXPIRE_AND_SWEEP).split()[-1] == "1"
-        wait_for("worker B delivering it", lambda: receiver.delivered, 60,
+        wait_for("worker B delivering it", lambda: receiver.bodies, 60,
                  logs / "worker-b.log")
         recovered_s = time.monotonic() - swept_at
         wait_for("the delivery recorded", lambda: query(
@@ -132,9 +117,9 @@ def test_a_notification_claimed_by_a_killed_worker_is_delivered_once_by_the_next
         [(attempts, error)] = query(
             db, "SELECT attempts, error FROM jobs_notification WHERE id = ?", n)
         assert (attempts, error) == (1, "")
-        assert len(receiver.delivered) == 1
-        assert receiver.delivered[0]["kind"] == "WeightSyncDesync"
-        print(f"worker killed after its claim: delivered {len(receiver.delivered)} time(s), "
+        assert len(receiver.bodies) == 1
+        assert receiver.bodies[0]["kind"] == "WeightSyncDesync"
+        print(f"worker killed after its claim: delivered {len(receiver.bodies)} time(s), "
               f"{recovered_s:.1f}s from the sweep to the delivery")
     finally:
         for child in (worker_a, worker_b, redis):

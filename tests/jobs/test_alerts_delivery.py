@@ -1,10 +1,8 @@
 """Notification delivery to a real local HTTP receiver: exactly once with two workers
 racing for it, retried on failure and then recorded; email through Django's backend."""
 
-import json
 import threading
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.core import mail
@@ -15,35 +13,9 @@ from jobs.alerts.tasks import ATTEMPTS, deliver_notification, redeliver_notifica
 from jobs.models import Alert, AlertChannel, Notification, NotificationStatus
 from jobs.models.alerts import CLAIM_TTL
 
+from ..webhook_receiver import Receiver
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Receiver:
-    """A webhook receiver on 127.0.0.1 that records each POST and answers ``status``."""
-
-    def __init__(self, status: int = 200):
-        self.status, self.bodies, self.location = status, [], None
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                length = int(self.headers["Content-Length"])
-                receiver.bodies.append(json.loads(self.rfile.read(length)))
-                self.send_response(receiver.status)
-                if receiver.location:
-                    self.send_header("Location", receiver.location)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(autouse=True)
