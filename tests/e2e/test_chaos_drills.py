@@ -3,6 +3,7 @@ submit_run, a Ray job on a real local head, ingest over HTTP) while a part of th
 plane fails under it. Each drill prints its figure for the closing note.
 
     RayHead (tests/ray_head.py, its own session) <---- Ray job: python -m engine.ray_job
+                                                        (a head per drill: run ids repeat)
     ControlPlane: redis-server, celery worker, celery beat, uvicorn, one SQLite file,
                   each in its own session (setsid), killed by process group
 
@@ -11,6 +12,9 @@ plane fails under it. Each drill prints its figure for the closing note.
     driver      SIGKILL the run's driver: sync_runs marks the run lost, RunLost opens
     redis       SIGKILL Redis mid-run, start it again: the run finishes, every event
                 stored once, and the worker and beat are back at work
+    worker      SIGKILL the Celery worker as it takes the run's submit_run, start another:
+                the beat's sync_runs queues the submit again (resubmit_stuck_runs) and
+                the run is submitted once and finishes
 
 The control plane is started piece by piece rather than as controlplane.stack, whose
 supervisor ends the whole stack (Ray and the run with it) when any child dies.
@@ -29,6 +33,8 @@ import psutil
 import pytest
 
 from controlplane import processes as proc
+from jobs.ray_cluster import submission_id
+from jobs.tasks import STUCK_AFTER_S
 
 from ..ray_head import RayHead
 from .local_processes import (
@@ -64,7 +70,7 @@ class ControlPlane:
     started again by name."""
 
     def __init__(self, root: Path, head: RayHead):
-        self.root, self.logs = root, root / "logs"
+        self.root, self.logs, self.head = root, root / "logs", head
         self.logs.mkdir()
         self.db, self.runs_dir = root / "db.sqlite3", root / "runs"
         self.redis_port, self.http_port = proc.free_port(), proc.free_port()
@@ -142,16 +148,12 @@ class ControlPlane:
         return n
 
 
-@pytest.fixture(scope="module")
-def head():
-    ray_head = RayHead()
-    ray_head.wait_ready()
-    yield ray_head
-    ray_head.stop()
-
-
 @pytest.fixture
-def plane(head, tmp_path_factory):
+def plane(tmp_path_factory):
+    """A Ray head and a control plane of the drill's own: run ids start at 1 in each
+    drill's database, and so do the Ray submission ids derived from them."""
+    head = RayHead()
+    head.wait_ready()
     cp = ControlPlane(tmp_path_factory.mktemp("cp"), head)
     try:
         cp.start("redis")
@@ -159,10 +161,12 @@ def plane(head, tmp_path_factory):
         cp.start("worker", "beat", "web")
         yield cp
     finally:
-        for run in head.client().list_jobs():
-            if run.status in ("PENDING", "RUNNING"):
-                head.client().stop_job(run.submission_id)
         cp.kill()
+        client = head.client()
+        for job in client.list_jobs():
+            if job.status in ("PENDING", "RUNNING"):
+                client.stop_job(job.submission_id)
+        head.stop()
 
 
 def wait_status(cp: ControlPlane, run_id: int, status: str, timeout_s: float = 300) -> float:
@@ -211,8 +215,8 @@ def test_a_sigkilled_driver_makes_the_run_lost_and_runlost_fires(plane):
     seqs, emitted = stored_seqs(plane.db, run_id), len(plane.emitted(run_id))
     assert seqs == list(range(1, len(seqs) + 1))          # no gap in what arrived
     print(f"\ndriver SIGKILL: lost after {lost_s:.1f}s, RunLost after {alert_s:.1f}s; "
-          f"{len(seqs)} of {emitted} emitted events stored (the rest died in the driver's "
-          "memory with it), no gap")
+          f"{len(seqs)} of {emitted} emitted events stored (the difference died in the "
+          "driver's memory with it), no gap")
 
 
 @pytest.mark.timeout(600)
@@ -234,3 +238,29 @@ def test_killing_redis_mid_run_loses_no_event_and_the_workers_reconnect(plane):
     print(f"\nredis kill: {n} events, 0 lost, 0 twice; a new run submitted through "
           f"Celery {submitted_s:.1f}s after launch ({time.monotonic() - back:.0f}s after "
           "Redis came back)")
+
+
+@pytest.mark.timeout(900)
+def test_killing_the_worker_mid_submit_still_submits_the_run_once(plane):
+    log = plane.logs / "worker.log"
+    received = log.read_text().count("jobs.tasks.submit_run")
+    run_id = plane.launch()
+    wait_for("the worker taking submit_run",
+             lambda: log.read_text().count("jobs.tasks.submit_run") > received, 120, log)
+    plane.kill("worker")
+    killed = time.monotonic()
+    sid = submission_id(run_id)
+    in_ray = any(job.submission_id == sid for job in plane.head.client().list_jobs())
+    plane.start("worker")
+    wait_status(plane, run_id, "running", 400)
+    running_s = time.monotonic() - killed
+    wait_status(plane, run_id, "succeeded")
+
+    assert [job.submission_id for job in plane.head.client().list_jobs()].count(sid) == 1
+    starts = [e for e in plane.emitted(run_id) if e["type"] == "run.status"
+              and e["status"] == "starting"]
+    assert len(starts) == 1, "the driver ran more than once"
+    n = plane.assert_every_event_stored_once(run_id)
+    print(f"\nworker killed mid-submit ({'after' if in_ray else 'before'} Ray had the job): "
+          f"running {running_s:.0f}s after the kill (sync_runs resubmits after "
+          f"{STUCK_AFTER_S}s), one Ray job, {n} events, 0 lost, 0 twice")
