@@ -168,6 +168,9 @@ CELERY_BEAT_SCHEDULE = {
     "sync-runs": {"task": "jobs.tasks.sync_runs", "schedule": 10.0},
     # "Nothing happened" alert rules (a hang, a lost run) need a clock, not an event.
     "evaluate-alerts": {"task": "jobs.alerts.tasks.evaluate_alerts", "schedule": 10.0},
+    # A worker killed after claiming a notification, or a task lost with the broker.
+    "redeliver-notifications": {"task": "jobs.alerts.tasks.redeliver_notifications",
+                                "schedule": 30.0},
 }
 
 # --- Ray: where runs go. RAY_ADDRESS is the GCS (host:port) for ray.init-style clients;

@@ -12,7 +12,6 @@ from functools import partial
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
-from django.db.models import Max
 from django.utils import timezone
 
 from engine.api import (
@@ -95,7 +94,7 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
                     do_evaluate_alerts(run)
             except Exception:
                 logger.exception("run %s: alert evaluation failed; events stored", run.pk)
-        last_seq = RunEvent.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
+        last_seq = RunEvent.highest_seq(run)
         if payloads:
             # robust: the events are stored either way; a page that missed the broadcast
             # backfills from the database.

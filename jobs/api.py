@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from jobs.actions import do_ingest_events
 from jobs.auth import bearer_token
 from jobs.event_batch import MalformedBatch, parse_event_batch
-from jobs.models import Run, RunControl
+from jobs.models import Run, RunControl, RunEvent
 from jobs.prometheus import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
 
 
@@ -52,7 +52,7 @@ def ingest(request, run_id: int) -> JsonResponse:
     if isinstance(run, JsonResponse):
         return run
     try:
-        batch = parse_event_batch(request.body)
+        batch = parse_event_batch(request.body, RunEvent.highest_seq(run))
     except RequestDataTooBig:
         return error(413, "the batch is too large; send fewer events per request")
     except MalformedBatch as exc:

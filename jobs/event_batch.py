@@ -14,6 +14,12 @@ browser keeps exact, finite numbers outside metric values, seq >= 1, a known run
 named metrics. Metric values may be NaN or +-inf (a diverging loss is worth seeing); they
 are stored as null.
 
+A seq may run at most MAX_SEQ_AHEAD past the highest seq the run has stored. The engine
+counts seqs up by one per event; its gaps are only the events it set aside or lost in
+memory when it crashed, a few batches at most. Without the bound one event at 2**53 - 1
+would end the run's live stream for good: pages stream in seq order, and nothing can
+follow it.
+
 A run token is as good as a password for one run, so it is treated as hostile: every
 value is bounded before anything is stored or drawn. Times (ts, a span's start and end)
 are unix seconds between 1970 and 2200; text carries no NUL (PostgreSQL refuses it) and
@@ -50,6 +56,7 @@ MAX_UNIX_S = 7_258_118_400.0  # 2200-01-01: later "times" overflow datetimes and
 MAX_LOG_CHARS = LOG_MESSAGE_LIMIT  # the engine cuts its own log lines to this
 MAX_TEXT_CHARS = 4096
 MAX_METRICS_PER_EVENT = 2000
+MAX_SEQ_AHEAD = 10 * MAX_EVENTS_PER_BATCH  # past the run's highest stored seq (docstring)
 TIME_FIELDS = ("ts", "start", "end")
 
 
@@ -67,7 +74,8 @@ class EventBatch:
     errors: list[dict[str, Any]]
 
 
-def parse_event_batch(body: bytes) -> EventBatch:
+def parse_event_batch(body: bytes, stored_seq: int = 0) -> EventBatch:
+    """``stored_seq``: the highest seq the run has stored (0 for none)."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -87,13 +95,13 @@ def parse_event_batch(body: bytes) -> EventBatch:
     for index, item in enumerate(items):
         seq = item.get("seq") if isinstance(item, dict) else None
         try:
-            batch.events.append(parse_event(item))
+            batch.events.append(parse_event(item, stored_seq))
         except ValueError as exc:
             batch.errors.append({"index": index, "seq": seq, "error": str(exc)})
     return batch
 
 
-def parse_event(item: Any) -> Event:
+def parse_event(item: Any, stored_seq: int = 0) -> Event:
     if not isinstance(item, dict):
         raise ValueError("an event must be a JSON object")
     kind = item.get("type")
@@ -112,6 +120,10 @@ def parse_event(item: Any) -> Event:
     event = cls(**fields)
     if event.seq < 1:
         raise ValueError(f"{kind}.seq: must be >= 1 (got {event.seq})")
+    if event.seq > stored_seq + MAX_SEQ_AHEAD:
+        raise ValueError(
+            f"{kind}.seq: {event.seq} is more than {MAX_SEQ_AHEAD} past the run's highest "
+            f"stored seq ({stored_seq}); number events one by one from 1")
     if isinstance(event, RunStatusEvent) and event.status not in RUN_STATUSES:
         raise ValueError(f"{kind}.status: {event.status!r} is not one of {RUN_STATUSES}")
     if isinstance(event, MetricsEvent) and "" in event.values:

@@ -4,7 +4,8 @@
                       `python -m engine.ray_job ...` as Ray job "rlplane-run-<id>"
                       (the engine's own "running" event moves the run on, through ingest)
     sync_runs()       beat, every 10 s: each live run vs its Ray job's status;
-                      a job Ray no longer knows -> lost; a run never submitted -> again;
+                      a job Ray no longer knows, or whose driver was killed by a
+                      signal -> lost; a run never submitted -> again;
                       then the queue (jobs/queue.py) admits what now fits
     stop_run(id)      running -> stopping + the flag the driver polls; enforce_stop later
     enforce_stop(id)  still not exited after the timeout: stop the Ray job
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -146,10 +148,27 @@ def follow_ray_jobs() -> None:
             stopped = run.stop_requested_at is not None
             follow(run, RunStatus.STOPPED if stopped else RunStatus.SUCCEEDED,
                    f"the Ray job {run.ray_submission_id} exited 0")
+        elif info.status == JobStatus.FAILED and (killer := killed_by(info)):
+            follow(run, RunStatus.LOST, f"the run's driver was killed ({killer}) before it "
+                                        "could report; its Ray job "
+                                        f"{run.ray_submission_id} is gone")
         elif info.status == JobStatus.FAILED:
             follow(run, RunStatus.FAILED, f"the Ray job failed: {info.message}")
         elif info.status == JobStatus.STOPPED:
             follow(run, RunStatus.STOPPED, f"the Ray job was stopped: {info.message}")
+
+
+def killed_by(info) -> str | None:
+    """The signal that killed a failed job's driver (the OOM killer, a lost node, an
+    operator's kill -9), or None when the driver exited on its own. A killed driver
+    never said why: the run is lost, not failed (RunLost), and may be forked."""
+    code = info.driver_exit_code
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
 
 
 def resubmit_stuck_runs() -> None:

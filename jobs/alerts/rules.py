@@ -409,8 +409,10 @@ def run_lost(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Find
         return []
     return [Finding(
         kind="RunLost", key="RunLost", step=h.steps[-1] if h.steps else None,
-        cause="The run's Ray job is gone: the cluster no longer knows it.",
-        runbook=("Check the Ray cluster (restarted head, deleted job, node lost); fork the "
+        cause=("The run's driver is gone: the cluster no longer knows its Ray job, or the "
+               "driver was killed before it could report (the run's status says which)."),
+        runbook=("Check the Ray cluster (restarted head, deleted job, node lost, the OOM "
+                 "killer in the node's kernel log); fork the "
                  "run from its last checkpoint to continue."),
         evidence={"values": {"last_step": h.steps[-1] if h.steps else None},
                   "series": chart(h, "reward/mean")})]

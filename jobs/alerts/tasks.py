@@ -3,6 +3,8 @@
     evaluate_alerts()           beat, every 10 s: the rules over each live run, so that
                                 "nothing happened" conditions (PhaseHang, RunLost) fire
     deliver_notification(id)    claim (conditional update) -> transport, retried
+    redeliver_notifications()   beat, every 30 s: queue again each notification whose
+                                sender died or whose task was lost (Notification.undelivered)
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def deliver_notification(notification_id: int, backoff_s: float = BACKOFF_S) -> 
     transport = TRANSPORTS[n.channel.kind]()
     error = ""
     for attempt in range(1, ATTEMPTS + 1):
+        if not n.renew_claim():
+            return "claimed elsewhere"   # this worker stalled past CLAIM_TTL
         try:
             try:
                 transport.notify(n)
@@ -70,3 +74,12 @@ def deliver_notification(notification_id: int, backoff_s: float = BACKOFF_S) -> 
         return "sent"
     Notification.objects.filter(pk=n.pk).update(status=NotificationStatus.FAILED, error=error)
     return "failed"
+
+
+@shared_task
+def redeliver_notifications() -> int:
+    """Queue each undelivered notification again; the claim keeps it sent once."""
+    ids = list(Notification.undelivered().values_list("pk", flat=True))
+    for pk in ids:
+        deliver_notification.delay(pk)
+    return len(ids)

@@ -4,11 +4,16 @@
                    (at most one unresolved alert per (run, dedup_key): repeats collapse)
     AlertChannel   where notifications go: a webhook URL or an email address
     Notification   one alert state change for one channel; a worker claims it with a
-                   conditional update, so it is sent at most once, and records the outcome
+                   conditional update, so it is sent at most once, and records the outcome.
+                   A claim lasts CLAIM_TTL and the sender renews it before each attempt:
+                   a worker killed after claiming leaves a claim that expires, and the
+                   beat's redeliver_notifications hands the notification to a new worker.
 
 Every state change is one conditional UPDATE, so two workers (or an operator racing the
 auto-resolver) cannot both win.
 """
+
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -100,6 +105,12 @@ class AlertChannel(models.Model):
                 raise ValidationError({"target": str(exc)}) from None
 
 
+# Longer than one delivery attempt (jobs.alerts.http's 10 s timeout, plus the backoff
+# before it), since the sender renews its claim before each attempt: a live sender's
+# claim never expires under it, a dead one's does.
+CLAIM_TTL = timedelta(minutes=2)
+
+
 class NotificationStatus(models.TextChoices):
     PENDING = "pending"
     SENT = "sent"
@@ -126,9 +137,32 @@ class Notification(models.Model):
         return f"{self.alert} {self.event} -> {self.channel} ({self.status})"
 
     def claim(self) -> bool:
-        """True for exactly one caller: the worker that will send it."""
+        """True for exactly one caller: the worker that will send it. A pending
+        notification whose claim expired (its sender died) can be claimed again."""
         now = timezone.now()
-        if Notification.objects.filter(pk=self.pk, claimed_at=None).update(claimed_at=now) != 1:
+        unclaimed = Q(claimed_at=None) | Q(claimed_at__lt=now - CLAIM_TTL)
+        claimable = Notification.objects.filter(unclaimed, pk=self.pk,
+                                                status=NotificationStatus.PENDING)
+        if claimable.update(claimed_at=now) != 1:
             return False
         self.claimed_at = now
         return True
+
+    def renew_claim(self) -> bool:
+        """Extend this sender's claim; False when it expired and another worker took it."""
+        now = timezone.now()
+        if Notification.objects.filter(pk=self.pk, claimed_at=self.claimed_at).update(
+                claimed_at=now) != 1:
+            return False
+        self.claimed_at = now
+        return True
+
+    @classmethod
+    def undelivered(cls):
+        """Pending notifications that no live worker holds: claimed by a worker that
+        died (the claim expired), or queued CLAIM_TTL ago and never claimed (the task
+        message was lost, e.g. with the broker)."""
+        before = timezone.now() - CLAIM_TTL
+        return cls.objects.filter(
+            Q(claimed_at__lt=before) | Q(claimed_at=None, created_at__lt=before),
+            status=NotificationStatus.PENDING)

@@ -27,6 +27,11 @@ class RunEvent(models.Model):
         """The run's events after ``after_seq``, in seq order (whatever order they came in)."""
         return cls.objects.filter(run=run, seq__gt=after_seq).order_by("seq")
 
+    @classmethod
+    def highest_seq(cls, run) -> int:
+        """The highest seq stored for ``run``, 0 when none."""
+        return cls.objects.filter(run=run).aggregate(m=models.Max("seq"))["m"] or 0
+
 
 class Checkpoint(models.Model):
     """A checkpoint the driver finished writing; a fork starts from one."""

@@ -61,7 +61,7 @@ def chart_data(run: Run) -> dict:
     """The json_script the run page draws from, the seq its websocket resumes after, and
     the statuses after which the run has nothing left to stop."""
     with snapshot():
-        last_seq = RunEvent.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
+        last_seq = RunEvent.highest_seq(run)
         figures = charts.metric_figures(metric_steps(run))
         figures.append(charts.timeline_figure(recent_spans(run)))
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)

@@ -14,35 +14,29 @@ No Ray, Celery or browser: the driver is run the way the Ray job runs it.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import sqlite3
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from controlplane import processes as proc
 
-REPO = Path(__file__).resolve().parents[2]
+from .local_processes import (
+    STEADY_RUN,
+    drill_env,
+    healthy,
+    kill_group,
+    manage,
+    query,
+    redis_argv,
+    spawn,
+    stored_seqs,
+    wait_for,
+)
+
 DOWN_S = 4.0  # how long the control plane stays dead
 
-# Runs long enough (~25 s) to be killed under: tiny GRPO, no warm start, a steady stream of
-# events (metrics, spans, weight-sync reports every step, a checkpoint every 20).
-CONFIG = {
-    "name": "no-event-lost", "steps": 40,
-    "model": {"size": "tiny", "seed": 0},
-    "task": {"type": "arithmetic", "ops": ["+"], "min_digits": 1, "max_digits": 1,
-             "eval_size": 8},
-    "warm_start": {"steps": 0},
-    "algorithm": {"group_size": 2, "minibatches": 1},
-    "rollout": {"prompts_per_step": 4, "max_new_tokens": 4},
-    "checkpoint": {"every_steps": 20},
-}
+CONFIG = {**STEADY_RUN, "name": "no-event-lost"}
 
 SETUP_RUN = """
 import json, os
@@ -53,47 +47,6 @@ print(json.dumps({"id": run.pk, "token": run.issue_ingest_token()}))
 """
 
 
-def spawn(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def kill_group(child: subprocess.Popen | None) -> None:
-    if child is None or child.poll() is not None:
-        return
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    child.wait(timeout=10)
-
-
-def wait_for(what: str, ready, timeout_s: float, log: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        time.sleep(0.1)
-    tail = f"\nlast lines of {log}:\n{proc.log_tail(log)}" if log else ""
-    pytest.fail(f"{what} did not happen within {timeout_s:.0f}s{tail}")
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/healthz", timeout=1) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def stored_seqs(db: Path, run_id: int) -> list[int]:
-    with sqlite3.connect(db, timeout=20) as conn:
-        rows = conn.execute("SELECT seq FROM jobs_runevent WHERE run_id = ? ORDER BY seq",
-                            (run_id,))
-        return [seq for (seq,) in rows]
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
@@ -101,25 +54,17 @@ def test_killing_the_asgi_server_mid_run_loses_and_repeats_no_event(tmp_path):
     db = tmp_path / "db.sqlite3"
     redis_port, http_port = proc.free_port(), proc.free_port()
     url = f"http://127.0.0.1:{http_port}"
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}",
-           "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "PYTHONUNBUFFERED": "1",
-           "RLPLANE_URL": url}
-    env.pop(proc.STACK_MARKER, None)
+    env = drill_env(db, redis_port, RLPLANE_URL=url)
     logs = tmp_path / "logs"
     logs.mkdir()
     uvicorn_argv = [sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
                     "--host", "127.0.0.1", "--port", str(http_port)]
     redis = web = driver = None
     try:
-        redis = spawn([str(proc.find_redis_server()), "--bind", "127.0.0.1", "--port",
-                       str(redis_port), "--save", "", "--appendonly", "no", "--dir",
-                       str(tmp_path)], env, logs / "redis.log")
-        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=REPO,
-                       env=env, check=True, capture_output=True, timeout=120)
-        made = subprocess.run([sys.executable, "manage.py", "shell", "-c", SETUP_RUN],
-                              cwd=REPO, env={**env, "RUN_CONFIG": json.dumps(CONFIG)},
-                              check=True, capture_output=True, text=True, timeout=60)
-        run = json.loads(made.stdout.strip().splitlines()[-1])
+        redis = spawn(redis_argv(redis_port, tmp_path), env, logs / "redis.log")
+        manage(env, "migrate", "--noinput")
+        made = manage({**env, "RUN_CONFIG": json.dumps(CONFIG)}, "shell", "-c", SETUP_RUN)
+        run = json.loads(made.strip().splitlines()[-1])
         web = spawn(uvicorn_argv, env, logs / "web.log")
         wait_for("uvicorn answering /healthz", lambda: healthy(url), 60, logs / "web.log")
 
@@ -149,9 +94,8 @@ def test_killing_the_asgi_server_mid_run_loses_and_repeats_no_event(tmp_path):
         assert seqs == list(range(1, n + 1)), (
             f"stored {len(seqs)} events for {n} emitted; gaps "
             f"{sorted(set(range(1, n + 1)) - set(seqs))[:10]}")
-        with sqlite3.connect(db) as conn:
-            stored = {seq: (kind, json.loads(payload)) for seq, kind, payload in conn.execute(
-                "SELECT seq, type, payload FROM jobs_runevent WHERE run_id = ?", (run["id"],))}
+        stored = {seq: (kind, json.loads(payload)) for seq, kind, payload in query(
+            db, "SELECT seq, type, payload FROM jobs_runevent WHERE run_id = ?", run["id"])}
         for event in emitted:
             kind, payload = stored[event["seq"]]
             assert kind == event["type"] and payload["seq"] == event["seq"]

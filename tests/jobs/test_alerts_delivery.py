@@ -1,46 +1,21 @@
 """Notification delivery to a real local HTTP receiver: exactly once with two workers
 racing for it, retried on failure and then recorded; email through Django's backend."""
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from datetime import timedelta
 
 import pytest
 from django.core import mail
 from django.db import connection
+from django.utils import timezone
 
-from jobs.alerts.tasks import ATTEMPTS, deliver_notification
+from jobs.alerts.tasks import ATTEMPTS, deliver_notification, redeliver_notifications
 from jobs.models import Alert, AlertChannel, Notification, NotificationStatus
+from jobs.models.alerts import CLAIM_TTL
+
+from ..webhook_receiver import Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Receiver:
-    """A webhook receiver on 127.0.0.1 that records each POST and answers ``status``."""
-
-    def __init__(self, status: int = 200):
-        self.status, self.bodies, self.location = status, [], None
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                length = int(self.headers["Content-Length"])
-                receiver.bodies.append(json.loads(self.rfile.read(length)))
-                self.send_response(receiver.status)
-                if receiver.location:
-                    self.send_header("Location", receiver.location)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(autouse=True)
@@ -197,3 +172,57 @@ def test_a_webhook_channel_with_a_non_http_target_does_not_validate():
     with pytest.raises(ValidationError, match="http:// or https://"):
         AlertChannel(name="x", kind="webhook", target="file:///etc/passwd").full_clean()
     AlertChannel(name="y", kind="webhook", target="https://hooks.example.com/x").full_clean()
+
+
+# --- a sender that died after claiming (issue 19 item 12; the real-worker drill is in
+# tests/e2e/test_worker_killed_after_claim.py) --------------------------------------------
+
+def claimed_by_a_dead_worker(n: Notification, age) -> None:
+    Notification.objects.filter(pk=n.pk).update(claimed_at=timezone.now() - age)
+
+
+def test_a_claim_older_than_its_ttl_is_taken_over_and_sent_once(run, receiver):
+    n = notification(run, "webhook", receiver.url)
+    claimed_by_a_dead_worker(n, CLAIM_TTL + timedelta(seconds=1))
+
+    assert list(Notification.undelivered()) == [n]
+    assert deliver_notification(n.pk, backoff_s=0) == "sent"
+    assert deliver_notification(n.pk, backoff_s=0) == "claimed elsewhere"
+    assert len(receiver.bodies) == 1 and not Notification.undelivered().exists()
+
+
+def test_a_live_senders_claim_is_left_alone(run, receiver):
+    n = notification(run, "webhook", receiver.url)
+    claimed_by_a_dead_worker(n, CLAIM_TTL - timedelta(seconds=30))
+
+    assert not Notification.undelivered().exists()
+    assert deliver_notification(n.pk, backoff_s=0) == "claimed elsewhere"
+    assert receiver.bodies == []
+
+
+def test_a_sender_whose_claim_was_taken_over_stops_before_its_next_attempt(
+        run, receiver, monkeypatch):
+    from jobs.alerts import http
+
+    n = notification(run, "webhook", receiver.url)
+
+    def failing_then_taken_over(url, payload, timeout_s=10.0):
+        claimed_by_a_dead_worker(n, timedelta(0))   # another worker's fresh claim
+        raise http.HttpError("no answer")
+
+    monkeypatch.setattr(http, "post_json", failing_then_taken_over)
+
+    assert deliver_notification(n.pk, backoff_s=0) == "claimed elsewhere"
+    n.refresh_from_db()
+    assert (n.status, n.attempts) == (NotificationStatus.PENDING, 1)
+
+
+def test_a_notification_whose_task_was_lost_is_queued_again(run, receiver, monkeypatch):
+    n = notification(run, "webhook", receiver.url)
+    fresh = Notification.objects.create(alert=n.alert, channel=n.channel, event="resolved")
+    Notification.objects.filter(pk=n.pk).update(created_at=timezone.now() - 2 * CLAIM_TTL)
+    queued = []
+    monkeypatch.setattr("jobs.alerts.tasks.deliver_notification.delay", queued.append)
+
+    assert redeliver_notifications() == 1 and queued == [n.pk]
+    assert fresh.pk not in queued

@@ -9,6 +9,7 @@ import pytest
 
 from controlplane.asgi import application
 from engine.api import LOG_MESSAGE_LIMIT, LogEvent, RunStatusEvent
+from jobs.event_batch import MAX_SEQ_AHEAD
 from jobs.models import Checkpoint, PhaseSpan, RunEvent
 
 from .helpers import checkpoint, log, post_body, post_events, span
@@ -55,6 +56,28 @@ def test_each_unbounded_value_is_refused_by_name_and_the_rest_is_stored(
     assert list(RunEvent.backfill(run).values_list("seq", flat=True)) == [1, 3]
     assert PhaseSpan.objects.filter(run=run).count() == 1
     assert not Checkpoint.objects.exists()
+
+
+def test_a_seq_far_past_the_runs_highest_is_refused_so_the_live_stream_goes_on(
+        client, run, token):
+    post_events(client, run, token, [log(1), log(2)])
+
+    response = post_events(client, run, token, [log(3), hostile(seq=2**53 - 1)])
+
+    assert response.status_code == 400
+    [error] = response.json()["errors"]
+    assert error["seq"] == 2**53 - 1 and error["error"].startswith("log.seq:")
+    assert "highest stored seq (2)" in error["error"]
+    assert post_events(client, run, token, [log(4)]).json()["last_seq"] == 4
+
+
+def test_a_seq_within_the_bound_of_a_gap_is_stored(client, run, token):
+    """The engine's own gaps (events it set aside, or lost in memory in a crash)."""
+    post_events(client, run, token, [log(1)])
+
+    response = post_events(client, run, token, [log(1 + MAX_SEQ_AHEAD)])
+
+    assert response.status_code == 200 and response.json()["last_seq"] == 1 + MAX_SEQ_AHEAD
 
 
 def test_a_plausible_checkpoint_time_is_stored(client, run, token):

@@ -4,11 +4,35 @@ from jobs.models import LIVE, TERMINAL, TRANSITIONS, InvalidTransition, Run, Run
 from jobs.models.status import path_between
 
 S = RunStatus
-LEGAL = sorted((old, new) for old, targets in TRANSITIONS.items() for new in targets)
-ILLEGAL = sorted(
-    (old, new) for old in S for new in S
-    if old != new and new not in TRANSITIONS.get(old, ())
-)
+# The run's life as the operator is promised it, written out here rather than read from
+# TRANSITIONS, so that a wrong edit of the code's table fails a test. A row per state,
+# a column per target; "x" = allowed.
+TABLE = """
+            queued submitting running stopping succeeded failed stopped lost
+queued        .        x        .       .        .        x      x      x
+submitting    .        .        x       .        .        x      .      x
+running       .        .        .       x        x        x      .      x
+stopping      .        .        .       .        x        x      x      x
+succeeded     .        .        .       .        .        .      .      .
+failed        .        .        .       .        .        .      .      .
+stopped       .        .        .       .        .        .      .      .
+lost          .        .        .       .        .        .      .      .
+"""
+
+
+def table_cells() -> list[tuple[str, str, bool]]:
+    header, *rows = (line.split() for line in TABLE.strip().splitlines())
+    return [(row[0], new, mark == "x") for row in rows for new, mark in zip(header, row[1:],
+                                                                              strict=True)]
+
+
+LEGAL = sorted((old, new) for old, new, allowed in table_cells() if allowed)
+ILLEGAL = sorted((old, new) for old, new, allowed in table_cells() if not allowed and old != new)
+
+
+def test_the_table_names_every_state_once_in_each_direction():
+    header, *rows = (line.split() for line in TABLE.strip().splitlines())
+    assert sorted(header) == sorted(row[0] for row in rows) == sorted(S)
 
 
 def stored_status(run: Run) -> str:

@@ -8,14 +8,8 @@ ingest endpoint of pytest-django's live_server.
 
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -24,14 +18,16 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import OperationalError
 from django.utils import timezone
-from ray.job_submission import JobStatus, JobSubmissionClient
+from ray.job_submission import JobStatus
 
+from controlplane.processes import free_port
 from jobs import tasks
 from jobs.actions import do_fork_run
 from jobs.models import Checkpoint, MetricPoint, Run, RunEvent, RunStatus
 from jobs.ray_cluster import submission_id
 
-RAY = str(Path(sys.executable).with_name("ray"))
+from ..ray_head import RayHead
+
 TERMINAL_JOB = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
 
 # A run that takes seconds, not minutes: random init, tiny eval, 2 prompts x 2 samples.
@@ -43,72 +39,6 @@ TINY = {
     "rollout": {"prompts_per_step": 2, "max_new_tokens": 4},
     "telemetry": {"eval_samples": 1},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RayHead:
-    def __init__(self, num_gpus: int = 0):
-        # Short: Ray's unix socket paths must stay under ~107 characters.
-        self.dir = Path(tempfile.mkdtemp(prefix="rlr", dir="/tmp"))
-        self.token_path = self.dir / "token"
-        self.token_path.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
-        self.dashboard = f"http://127.0.0.1:{free_port()}"
-        env = {**os.environ, "RAY_AUTH_MODE": "token",
-               "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
-        env.pop("RAY_AUTH_TOKEN", None)
-        env.pop("RAY_ADDRESS", None)
-        self.log = (self.dir / "head.log").open("w")
-        self.proc = subprocess.Popen(
-            [RAY, "start", "--head", "--block", "--port=0", "--num-cpus=2",
-             f"--num-gpus={num_gpus}", "--dashboard-host=127.0.0.1",
-             f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
-             f"--ray-client-server-port={free_port()}",
-             f"--dashboard-agent-listen-port={free_port()}",
-             f"--temp-dir={self.dir / 'ray'}", "--disable-usage-stats"],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_ready(self, timeout_s: float = 90.0) -> None:
-        request = urllib.request.Request(f"{self.dashboard}/api/version", headers={
-            "Authorization": f"Bearer {self.token_path.read_text()}"})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            try:
-                with opener.open(request, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"the Ray head did not come up:\n{(self.dir / 'head.log').read_text()}")
-
-    def client(self) -> JobSubmissionClient:
-        return JobSubmissionClient(self.dashboard, headers={
-            "Authorization": f"Bearer {self.token_path.read_text()}"})
-
-    def stop(self) -> None:
-        """SIGKILL every process of the head's session (SIGTERM makes Ray drain for 30 s).
-        Job drivers run in sessions of their own; Ray's watcher kills each one within a
-        second of its supervisor dying, and the jobs were stopped before this anyway."""
-        sid = self.proc.pid
-        for _ in range(3):
-            for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
-                try:
-                    if os.getsid(pid) == sid:
-                        os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            time.sleep(0.3)
-        self.proc.wait(timeout=10)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -335,6 +265,19 @@ def test_sync_runs_marks_a_run_failed_when_its_job_failed(cluster, make_run):
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
     assert "the Ray job failed" in run.status_reason and "exit code 3" in run.status_reason
+
+
+@pytest.mark.django_db
+def test_sync_runs_marks_a_run_lost_when_its_driver_was_killed(cluster, make_run):
+    sid = submit_raw(cluster, "kill -9 $$")     # the OOM killer, a lost node, an operator
+    run = make_run(RunStatus.RUNNING, ray_submission_id=sid)
+    wait_for(lambda: cluster.get_job_status(sid) in TERMINAL_JOB, 60, what="the job to end")
+
+    tasks.sync_runs()
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.LOST
+    assert "driver was killed (SIGKILL)" in run.status_reason
 
 
 @pytest.mark.django_db

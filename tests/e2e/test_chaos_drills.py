@@ -1,0 +1,266 @@
+"""Chaos drills (issue 19): a run launched the operator's way (the queue, a Celery
+submit_run, a Ray job on a real local head, ingest over HTTP) while a part of the control
+plane fails under it. Each drill prints its figure for the closing note.
+
+    RayHead (tests/ray_head.py, its own session) <---- Ray job: python -m engine.ray_job
+                                                        (a head per drill: run ids repeat)
+    ControlPlane: redis-server, celery worker, celery beat, uvicorn, one SQLite file,
+                  each in its own session (setsid), killed by process group
+
+    restart     SIGKILL every control-plane process mid-run, start them again: the run
+                goes on (its HttpSink spools) and every event is stored once
+    driver      SIGKILL the run's driver: sync_runs marks the run lost, RunLost opens
+    redis       SIGKILL Redis mid-run, start it again: the run finishes, every event
+                stored once, and the worker and beat are back at work
+    worker      SIGKILL the Celery worker as it takes the run's submit_run, start another:
+                the beat's sync_runs queues the submit again (resubmit_stuck_runs) and
+                the run is submitted once and finishes
+
+The control plane is started piece by piece rather than as controlplane.stack, whose
+supervisor ends the whole stack (Ray and the run with it) when any child dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from controlplane import processes as proc
+from jobs.ray_cluster import submission_id
+from jobs.tasks import STUCK_AFTER_S
+
+from ..ray_head import RayHead
+from .local_processes import (
+    STEADY_RUN,
+    celery_worker_argv,
+    drill_env,
+    healthy,
+    kill_group,
+    manage,
+    query,
+    redis_argv,
+    spawn,
+    stored_seqs,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+DOWN_S = 4.0   # how long a killed part stays down
+
+# 60 steps (~1 min on 2 busy cores): time to be hurt mid-run and to go on after it.
+CONFIG = {**STEADY_RUN, "steps": 60, "telemetry": {"eval_samples": 1}}
+
+LAUNCH = """
+import json, os
+from jobs.actions import do_launch_run
+print(do_launch_run(None, "drill", json.loads(os.environ["RUN_CONFIG"])).pk)
+"""
+
+
+class ControlPlane:
+    """redis, celery worker + beat, uvicorn over one SQLite file; parts killed and
+    started again by name."""
+
+    def __init__(self, root: Path, head: RayHead):
+        self.root, self.logs, self.head = root, root / "logs", head
+        self.logs.mkdir()
+        self.db, self.runs_dir = root / "db.sqlite3", root / "runs"
+        self.redis_port, self.http_port = proc.free_port(), proc.free_port()
+        self.url = f"http://127.0.0.1:{self.http_port}"
+        self.env = drill_env(
+            self.db, self.redis_port, RLPLANE_URL=self.url, RLPLANE_RUNS_DIR=str(self.runs_dir),
+            RAY_DASHBOARD_ADDRESS=head.dashboard, RAY_AUTH_TOKEN_PATH=str(head.token_path),
+            RLPLANE_CACHE=os.environ.get("RLPLANE_CACHE", str(root / "cache")))
+        self.env.pop("RAY_AUTH_TOKEN", None)
+        self.children: dict[str, object] = {}
+        self.argv = {
+            "redis": redis_argv(self.redis_port, root),
+            "worker": celery_worker_argv(f"drill-{self.http_port}"),
+            "beat": [sys.executable, "-m", "celery", "-A", "controlplane", "beat",
+                     "--loglevel=INFO", f"--schedule={root / 'celerybeat-schedule'}"],
+            "web": [sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
+                    "--host", "127.0.0.1", "--port", str(self.http_port)],
+        }
+
+    def start(self, *names: str) -> float:
+        """Start the parts (all by default) and wait until they answer; seconds taken."""
+        began = time.monotonic()
+        names = names or ("redis", "worker", "beat", "web")
+        worker_log = self.logs / "worker.log"
+        readies = worker_log.read_text().count(" ready.") if worker_log.exists() else 0
+        for name in names:
+            self.children[name] = spawn(self.argv[name], self.env, self.logs / f"{name}.log")
+        if "worker" in names:
+            wait_for("the celery worker ready",
+                     lambda: worker_log.read_text().count(" ready.") > readies, 120, worker_log)
+        if "web" in names:
+            wait_for("uvicorn answering", lambda: healthy(self.url), 60, self.logs / "web.log")
+        return time.monotonic() - began
+
+    def kill(self, *names: str) -> None:
+        for name in names or tuple(self.children):
+            kill_group(self.children.pop(name, None))
+
+    def launch(self) -> int:
+        return int(manage({**self.env, "RUN_CONFIG": json.dumps(CONFIG)}, "shell", "-c",
+                          LAUNCH).split()[-1])
+
+    def status(self, run_id: int) -> str:
+        return query(self.db, "SELECT status FROM jobs_run WHERE id = ?", run_id)[0][0]
+
+    def emitted(self, run_id: int) -> list[dict]:
+        path = self.runs_dir / f"run-{run_id}" / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
+            else []
+
+    def driver(self, run_id: int) -> psutil.Process | None:
+        marker = f"run-{run_id}"
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if "engine.ray_job" in cmd and any(marker in arg for arg in cmd):
+                return p
+        return None
+
+    def wait_running(self, run_id: int, events: int = 20) -> None:
+        wait_for(f"{events} events of run {run_id} stored",
+                 lambda: len(stored_seqs(self.db, run_id)) >= events, 240,
+                 self.logs / "worker.log")
+        assert self.driver(run_id) is not None, "the run ended before the drill"
+
+    def assert_every_event_stored_once(self, run_id: int) -> int:
+        emitted = self.emitted(run_id)
+        n = len(emitted)
+        seqs = stored_seqs(self.db, run_id)
+        assert seqs == list(range(1, n + 1)), (
+            f"stored {len(seqs)} events of {n} emitted; missing "
+            f"{sorted(set(range(1, n + 1)) - set(seqs))[:10]}")
+        stored = dict(query(self.db, "SELECT seq, type FROM jobs_runevent WHERE run_id = ?",
+                            run_id))
+        assert all(stored[e["seq"]] == e["type"] for e in emitted)
+        return n
+
+
+@pytest.fixture
+def plane(tmp_path_factory):
+    """A Ray head and a control plane of the drill's own: run ids start at 1 in each
+    drill's database, and so do the Ray submission ids derived from them."""
+    head = RayHead()
+    head.wait_ready()
+    cp = ControlPlane(tmp_path_factory.mktemp("cp"), head)
+    try:
+        cp.start("redis")
+        manage(cp.env, "migrate", "--noinput")
+        cp.start("worker", "beat", "web")
+        yield cp
+    finally:
+        cp.kill()
+        client = head.client()
+        for job in client.list_jobs():
+            if job.status in ("PENDING", "RUNNING"):
+                client.stop_job(job.submission_id)
+        head.stop()
+
+
+def wait_status(cp: ControlPlane, run_id: int, status: str, timeout_s: float = 300) -> float:
+    began = time.monotonic()
+    wait_for(f"run {run_id} {status}", lambda: cp.status(run_id) == status, timeout_s,
+             cp.logs / "worker.log")
+    return time.monotonic() - began
+
+
+@pytest.mark.timeout(600)
+def test_restarting_the_whole_control_plane_mid_run_loses_and_repeats_no_event(plane):
+    run_id = plane.launch()
+    plane.wait_running(run_id)
+
+    plane.kill()
+    before = len(stored_seqs(plane.db, run_id))
+    time.sleep(DOWN_S)
+    restart_s = plane.start()
+    first_new = time.monotonic()
+    wait_for("an event stored after the restart",
+             lambda: len(stored_seqs(plane.db, run_id)) > before, 120)
+    resumed_s = time.monotonic() - first_new + restart_s
+    wait_status(plane, run_id, "succeeded")
+
+    n = plane.assert_every_event_stored_once(run_id)
+    print(f"\ncontrol plane restart: {n} events, {before} stored before the kill; "
+          f"0 lost, 0 twice; events flowing again {resumed_s:.1f}s after the restart "
+          f"began ({DOWN_S:.0f}s down)")
+
+
+@pytest.mark.timeout(600)
+def test_a_sigkilled_driver_makes_the_run_lost_and_runlost_fires(plane):
+    run_id = plane.launch()
+    plane.wait_running(run_id)
+
+    plane.driver(run_id).send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    lost_s = wait_status(plane, run_id, "lost", 120)
+    wait_for("a RunLost alert", lambda: query(
+        plane.db, "SELECT count(*) FROM jobs_alert WHERE run_id = ? AND kind = 'RunLost'",
+        run_id) == [(1,)], 120, plane.logs / "beat.log")
+    alert_s = time.monotonic() - killed
+
+    [(reason,)] = query(plane.db, "SELECT status_reason FROM jobs_run WHERE id = ?", run_id)
+    assert "killed (SIGKILL)" in reason
+    seqs, emitted = stored_seqs(plane.db, run_id), len(plane.emitted(run_id))
+    assert seqs == list(range(1, len(seqs) + 1))          # no gap in what arrived
+    print(f"\ndriver SIGKILL: lost after {lost_s:.1f}s, RunLost after {alert_s:.1f}s; "
+          f"{len(seqs)} of {emitted} emitted events stored (the difference died in the "
+          "driver's memory with it), no gap")
+
+
+@pytest.mark.timeout(600)
+def test_killing_redis_mid_run_loses_no_event_and_the_workers_reconnect(plane):
+    run_id = plane.launch()
+    plane.wait_running(run_id)
+
+    plane.kill("redis")
+    time.sleep(DOWN_S)
+    plane.start("redis")
+    back = time.monotonic()
+    wait_status(plane, run_id, "succeeded")
+
+    n = plane.assert_every_event_stored_once(run_id)
+    # The worker and beat are at work again: a second run goes through the queue's
+    # Celery submit_run, which needs both Redis and the worker.
+    second = plane.launch()
+    submitted_s = wait_status(plane, second, "running", 240)
+    print(f"\nredis kill: {n} events, 0 lost, 0 twice; a new run submitted through "
+          f"Celery {submitted_s:.1f}s after launch ({time.monotonic() - back:.0f}s after "
+          "Redis came back)")
+
+
+@pytest.mark.timeout(900)
+def test_killing_the_worker_mid_submit_still_submits_the_run_once(plane):
+    log = plane.logs / "worker.log"
+    received = log.read_text().count("jobs.tasks.submit_run")
+    run_id = plane.launch()
+    wait_for("the worker taking submit_run",
+             lambda: log.read_text().count("jobs.tasks.submit_run") > received, 120, log)
+    plane.kill("worker")
+    killed = time.monotonic()
+    sid = submission_id(run_id)
+    in_ray = any(job.submission_id == sid for job in plane.head.client().list_jobs())
+    plane.start("worker")
+    wait_status(plane, run_id, "running", 400)
+    running_s = time.monotonic() - killed
+    wait_status(plane, run_id, "succeeded")
+
+    assert [job.submission_id for job in plane.head.client().list_jobs()].count(sid) == 1
+    starts = [e for e in plane.emitted(run_id) if e["type"] == "run.status"
+              and e["status"] == "starting"]
+    assert len(starts) == 1, "the driver ran more than once"
+    n = plane.assert_every_event_stored_once(run_id)
+    print(f"\nworker killed mid-submit ({'after' if in_ray else 'before'} Ray had the job): "
+          f"running {running_s:.0f}s after the kill (sync_runs resubmits after "
+          f"{STUCK_AFTER_S}s), one Ray job, {n} events, 0 lost, 0 twice")

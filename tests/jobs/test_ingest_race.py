@@ -1,0 +1,56 @@
+"""A client retry racing its original request (issue 19 item 12): the HTTP sink resends a
+batch whose answer timed out, while the first request is still being stored. Both
+requests run at once, each on its own database connection, as two server workers would;
+on PostgreSQL (scripts/test runs tests/jobs there too) the row lock in do_ingest_events is
+what keeps them apart.
+
+The unique (run, seq) constraint alone would keep RunEvent rows single; what the lock
+protects is the rest: rows derived from new events (spans have no unique key), the
+counts each request answers, and the broadcast of each event once."""
+
+import threading
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from jobs.models import MetricPoint, PhaseSpan, RunEvent
+
+from .helpers import metrics, post_events, span
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BATCH = [e for step in range(1, 101) for e in (span(2 * step - 1, step),
+                                              metrics(2 * step, step, **{"reward/mean": 0.5}))]
+
+
+def race(run, token, requests: int = 2) -> list:
+    start, responses = threading.Barrier(requests), []
+
+    def retry():
+        try:
+            start.wait()
+            responses.append(post_events(Client(), run, token, BATCH))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=retry) for _ in range(requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return responses
+
+
+@pytest.mark.parametrize("attempt", range(3))  # a race can go either way: run it a few times
+def test_two_identical_posts_racing_store_every_event_once(run, token, attempt):
+    responses = race(run, token)
+
+    assert [r.status_code for r in responses] == [200, 200]
+    counts = sorted((r.json()["stored"], r.json()["duplicates"]) for r in responses)
+    assert counts == [(0, len(BATCH)), (len(BATCH), 0)]
+    assert all(r.json()["last_seq"] == len(BATCH) for r in responses)
+    assert list(RunEvent.backfill(run).values_list("seq", flat=True)) == list(
+        range(1, len(BATCH) + 1))
+    assert PhaseSpan.objects.filter(run=run).count() == len(BATCH) // 2
+    assert MetricPoint.objects.filter(run=run).count() == len(BATCH) // 2

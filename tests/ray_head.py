@@ -1,0 +1,80 @@
+"""A private local Ray head (token auth on) for tests that need a real Ray cluster:
+`ray start --head --block` in a session of its own, on free ports and in its own temp
+dir, killed by that session (never `ray stop`, which kills every Ray on the machine)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from ray.job_submission import JobSubmissionClient
+
+from controlplane.processes import free_port
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+class RayHead:
+    def __init__(self, num_gpus: int = 0):
+        # Short: Ray's unix socket paths must stay under ~107 characters.
+        self.dir = Path(tempfile.mkdtemp(prefix="rlr", dir="/tmp"))
+        self.token_path = self.dir / "token"
+        self.token_path.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
+        self.dashboard = f"http://127.0.0.1:{free_port()}"
+        env = {**os.environ, "RAY_AUTH_MODE": "token",
+               "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+        env.pop("RAY_AUTH_TOKEN", None)
+        env.pop("RAY_ADDRESS", None)
+        self.log = (self.dir / "head.log").open("w")
+        self.proc = subprocess.Popen(
+            [RAY, "start", "--head", "--block", "--port=0", "--num-cpus=2",
+             f"--num-gpus={num_gpus}", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={self.dashboard.rsplit(':', 1)[1]}",
+             f"--ray-client-server-port={free_port()}",
+             f"--dashboard-agent-listen-port={free_port()}",
+             f"--temp-dir={self.dir / 'ray'}", "--disable-usage-stats"],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        request = urllib.request.Request(f"{self.dashboard}/api/version", headers={
+            "Authorization": f"Bearer {self.token_path.read_text()}"})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with opener.open(request, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"the Ray head did not come up:\n{(self.dir / 'head.log').read_text()}")
+
+    def client(self) -> JobSubmissionClient:
+        return JobSubmissionClient(self.dashboard, headers={
+            "Authorization": f"Bearer {self.token_path.read_text()}"})
+
+    def stop(self) -> None:
+        """SIGKILL every process of the head's session (SIGTERM makes Ray drain for 30 s).
+        Job drivers run in sessions of their own; Ray's watcher kills each one within a
+        second of its supervisor dying, and the jobs were stopped before this anyway."""
+        sid = self.proc.pid
+        for _ in range(3):
+            for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+                try:
+                    if os.getsid(pid) == sid:
+                        os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.3)
+        self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
