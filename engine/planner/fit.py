@@ -40,6 +40,7 @@ QUANTILE_METRICS = (("response_length/min", 0.0), ("response_length/p10", 0.10),
                     ("response_length/p95", 0.95), ("response_length/p99", 0.99),
                     ("response_length/max", 1.0))
 BUSY = ("rollout", "reward", "learner", "weight_sync")
+MAX_FIT_STEPS = 50      # the latest steps: lengths and costs drift as a run learns
 
 
 class FitError(ValueError):
@@ -117,7 +118,7 @@ def fit_run(cfg: RunConfig, metrics: list[dict[str, float]], spans=(),
     the spans; default 0, 1, ...)."""
     numbered = list(zip(steps or range(len(metrics)), metrics, strict=True))
     timed = [(s, m) for s, m in numbered if "time/step_s" in m and "time/learner_s" in m]
-    used = timed[1:] if len(timed) > 1 else timed
+    used = (timed[1:] if len(timed) > 1 else timed)[-MAX_FIT_STEPS:]
     if not used:
         raise FitError("the run has no step with timings yet: let it finish a step, "
                        "then plan again")
