@@ -83,6 +83,7 @@ class Prediction:
     staleness: dict[int, float]     # staleness -> share of trained samples
     dropped_per_step: float         # groups dropped as too stale
     recycled_per_step: float        # groups carried unfinished into a later call
+    speedup: float = 1.0            # samples/s over the run's own (set by plan_table)
 
     @property
     def staleness_max(self) -> int:

@@ -74,6 +74,8 @@ def plan_table(fit: Fit, cfg: RunConfig, devices: int | None = None) -> PlanTabl
     current.placement = f"{current.placement} (this run)"
     rows = plan(fit, devices, cfg)
     best = max([current, *rows], key=lambda r: r.samples_per_s)
+    for r in [current, *rows]:
+        r.speedup = r.samples_per_s / current.samples_per_s
     return PlanTable([current, *rows], current, best, fit.steps,
                      devices or fit.shape.devices)
 
@@ -82,16 +84,16 @@ HEADER = ("placement", "policy", "samples/s", "x run", "step s", "bubble", "roll
           "staleness mean/max", "dropped/step")
 
 
-def _cells(rows: list[Prediction], base: Prediction) -> list[tuple[str, ...]]:
-    return [(r.placement, r.policy, f"{r.samples_per_s:.1f}",
-             f"{r.samples_per_s / base.samples_per_s:.2f}", f"{r.step_s:.3f}",
+def _cells(rows: list[Prediction]) -> list[tuple[str, ...]]:
+    return [(r.placement, r.policy, f"{r.samples_per_s:.1f}", f"{r.speedup:.2f}",
+             f"{r.step_s:.3f}",
              f"{r.bubble:.2f}", f"{r.rollout_share:.2f}",
              f"{r.staleness_mean:.2f}/{r.staleness_max}", f"{r.dropped_per_step:.2f}")
             for r in rows]
 
 
 def format_table(table: PlanTable) -> str:
-    body = [HEADER, *_cells(table.rows, table.current)]
+    body = [HEADER, *_cells(table.rows)]
     widths = [max(len(r[i]) for r in body) for i in range(len(HEADER))]
     return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(r, widths, strict=True)))
