@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import ray
@@ -30,7 +31,7 @@ sys.path[:0] = [str(Path(__file__).parents[1]), str(Path(__file__).parent)]
 from async_policies import config  # noqa: E402  (the same recipe and placement)
 
 from engine.api import MetricsEvent, SpanEvent, run_local  # noqa: E402
-from engine.planner import fit_run, simulate  # noqa: E402
+from engine.planner import fit_run, plan_table, simulate  # noqa: E402
 from engine.telemetry.sinks import MemorySink  # noqa: E402
 
 POLICIES = ("sync", "one_step_off", "fully_async", "partial_rollout")
@@ -56,6 +57,13 @@ def measured(rows: list[dict[str, float]]) -> tuple[float, float]:
     return samples / wall, statistics.fmean(m["bubble"] for m in rows)
 
 
+def plan_cost(fit, cfg, devices: int = 1024) -> float:
+    """CPU seconds of the whole what-if table at ``devices`` (the goal: under 1 s)."""
+    t0 = time.process_time()
+    plan_table(fit, cfg, devices)
+    return time.process_time() - t0
+
+
 def bench(recipe: str, steps: int, threads: int, quick: bool) -> list[tuple]:
     cfg, sync_rows, spans = run("sync", steps, threads, quick, recipe)
     fit = fit_run(cfg, [m for _, m in sync_rows], spans, [s for s, _ in sync_rows])
@@ -66,7 +74,8 @@ def bench(recipe: str, steps: int, threads: int, quick: bool) -> list[tuple]:
           f"{i.learner_step_s * 1e3:.1f} ms + {i.learner_token_s * 1e3:.3f} ms/token; sync "
           f"{i.sync_send_s * 1e3:.1f} + {i.sync_recv_s * 1e3:.1f} ms; loop overhead "
           f"{fit.loop_overhead_s * 1e3:.1f} ms; lengths {i.lengths.lengths} at "
-          f"{i.lengths.quantiles}, group_corr {i.lengths.group_corr}", flush=True)
+          f"{i.lengths.quantiles}, group_corr {i.lengths.group_corr}; the whole table at "
+          f"1024 devices: {plan_cost(fit, cfg):.2f} s CPU", flush=True)
     out = []
     for policy in POLICIES:
         pcfg = config(policy, steps, threads, quick, recipe)
