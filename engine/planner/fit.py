@@ -16,15 +16,16 @@ Per step (the first left out: warm-up), with W rollout workers and tokens the st
 each by non-negative least squares over the steps. Exact for a sync run (phases in
 sequence, one call per worker per step); a run under another policy fits the same way,
 with calls that stop early or overlap blurring the decode split. Response lengths are the
-steps' quantiles averaged, and how alike a group's rows are is matched to
-response_length/group_max_mean.
+steps' quantiles averaged, bent within each interval to give response_length/mean (linear
+interpolation overstates a long tail's mean), and how alike a group's rows are is matched
+to response_length/group_max_mean.
 """
 
 from __future__ import annotations
 
 import itertools
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -73,8 +74,16 @@ def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _mean_group_max(lengths: LengthModel, corr: float, g: int, budget: int) -> float:
-    model = LengthModel(lengths.quantiles, lengths.lengths, corr)
+    model = replace(lengths, group_corr=corr)
     return float(model.sample_groups(np.random.default_rng(0), 4000, g, budget).max(1).mean())
+
+
+def _bisect(f, lo: float, hi: float, want: float, rounds: int = 20) -> float:
+    """x in [lo, hi] where the increasing function f reaches ``want`` (clamped)."""
+    for _ in range(rounds):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < want else (lo, mid)
+    return (lo + hi) / 2
 
 
 def fit_lengths(rows: list[dict[str, float]], group_size: int, budget: int) -> LengthModel:
@@ -85,19 +94,19 @@ def fit_lengths(rows: list[dict[str, float]], group_size: int, budget: int) -> L
     points.sort()
     qs = tuple(q for q, _ in points)
     ls = tuple(np.maximum.accumulate([x for _, x in points]).tolist())
-    model = LengthModel(qs, ls, 0.0)
+    model = LengthModel(qs, ls)
+    means = [m["response_length/mean"] for m in rows if "response_length/mean" in m]
+    if means:            # the curve within the intervals that gives the measured mean
+        curve = _bisect(lambda c: -replace(model, curve=c).mean, 0.05, 20.0,
+                        -statistics.fmean(means))
+        model = replace(model, curve=round(curve, 3))
     target = [m["response_length/group_max_mean"] for m in rows
               if "response_length/group_max_mean" in m]
-    if not target:
-        return model
-    want, lo, hi = statistics.fmean(target), 0.0, 1.0
-    for _ in range(14):                  # more alike rows -> a smaller group max
-        mid = (lo + hi) / 2
-        if _mean_group_max(model, mid, group_size, budget) > want:
-            lo = mid
-        else:
-            hi = mid
-    return LengthModel(qs, ls, round((lo + hi) / 2, 3))
+    if target:           # more alike rows -> a smaller group max
+        corr = _bisect(lambda c: -_mean_group_max(model, c, group_size, budget), 0.0, 1.0,
+                       -statistics.fmean(target), rounds=12)
+        model = replace(model, group_corr=round(corr, 3))
+    return model
 
 
 def _phase_by_step(spans, devices: set[str], phase: str) -> dict[int, float]:

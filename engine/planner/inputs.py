@@ -25,6 +25,9 @@ class LengthModel:
     quantiles: tuple[float, ...]      # increasing, from 0.0 to 1.0
     lengths: tuple[float, ...]        # tokens at each quantile, non-decreasing
     group_corr: float = 0.0           # share of a group's rows drawn at the group's quantile
+    curve: float = 1.0                # within each quantile interval, lengths rise as t^curve
+                                      # (1: linear; above 1 the interval's mass sits low,
+                                      # as in a long tail, where linear overstates the mean)
 
     def __post_init__(self) -> None:
         q, ln = self.quantiles, self.lengths
@@ -36,6 +39,20 @@ class LengthModel:
             raise ValueError("lengths.lengths must be >= 0 and non-decreasing")
         if not 0.0 <= self.group_corr <= 1.0:
             raise ValueError("lengths.group_corr must be in [0, 1]")
+        if not 0.05 <= self.curve <= 20.0:
+            raise ValueError("lengths.curve must be in [0.05, 20]")
+
+    def tokens_at(self, u: np.ndarray) -> np.ndarray:
+        """The inverse CDF: the length at quantile ``u``."""
+        q, ln = np.asarray(self.quantiles), np.asarray(self.lengths)
+        i = np.clip(np.searchsorted(q, u, side="right") - 1, 0, len(q) - 2)
+        t = (u - q[i]) / (q[i + 1] - q[i])
+        return ln[i] + (ln[i + 1] - ln[i]) * t ** self.curve
+
+    @property
+    def mean(self) -> float:
+        q, ln = np.asarray(self.quantiles), np.asarray(self.lengths)
+        return float(np.sum(np.diff(q) * (ln[:-1] + np.diff(ln) / (self.curve + 1))))
 
     def sample_groups(self, rng: np.random.Generator, groups: int, size: int,
                       budget: int) -> np.ndarray:
@@ -43,8 +60,7 @@ class LengthModel:
         u_group = rng.random((groups, 1))
         own = rng.random((groups, size)) < self.group_corr
         u = np.where(own, u_group, rng.random((groups, size)))
-        tokens = np.interp(u, self.quantiles, self.lengths)
-        return np.clip(np.rint(tokens), 1, budget).astype(np.int64)
+        return np.clip(np.rint(self.tokens_at(u)), 1, budget).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -99,5 +115,5 @@ def load_inputs(path: Path) -> PlanInputs:
     if unknown:
         raise ValueError(f"{path}: unknown fields {sorted(unknown)}; known: {sorted(known)}")
     lengths = data.pop("lengths")
-    return PlanInputs(lengths=LengthModel(tuple(lengths["quantiles"]), tuple(lengths["lengths"]),
-                                          lengths.get("group_corr", 0.0)), **data)
+    return PlanInputs(lengths=LengthModel(tuple(lengths.pop("quantiles")),
+                                          tuple(lengths.pop("lengths")), **lengths), **data)

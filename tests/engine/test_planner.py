@@ -192,3 +192,20 @@ def test_the_cli_prints_the_plan_of_a_run_directory(run_dir, capsys):
 def test_the_cli_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert main(["plan", str(tmp_path)]) == 2
     assert "config.toml is missing" in capsys.readouterr().err
+
+
+def test_fitted_lengths_reproduce_the_mean_and_the_group_max_the_run_reported():
+    import numpy as np
+
+    from engine.planner.fit import fit_lengths
+
+    quantiles = dict(zip(("min", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "max"),
+                         (1, 2, 2.2, 3.6, 9.25, 21.4, 30.3, 43.6, 46), strict=True))
+    row = {f"response_length/{k}": v for k, v in quantiles.items()}
+    row |= {"response_length/mean": 7.1, "response_length/group_max_mean": 20.0}
+    model = fit_lengths([row], group_size=8, budget=49)
+    assert model.curve > 1                        # a long tail: the mass sits low
+    assert model.mean == pytest.approx(7.1, rel=1e-3)
+    drawn = model.sample_groups(np.random.default_rng(1), 4000, 8, 49)
+    assert drawn.mean() == pytest.approx(7.1, rel=0.05)
+    assert drawn.max(1).mean() == pytest.approx(20.0, rel=0.05)
