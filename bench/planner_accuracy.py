@@ -13,11 +13,14 @@ and print predicted vs measured per policy with the ratio; the goal is within +-
 
     .venv/bin/python bench/planner_accuracy.py [--steps 6] [--recipes NAME ...]
     .venv/bin/python bench/planner_accuracy.py --quick     # smoke: toy sizes, 3 steps
+    .venv/bin/python bench/planner_accuracy.py --save runs.json    # keep what was measured
+    .venv/bin/python bench/planner_accuracy.py --replay runs.json  # predict again from it
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -30,7 +33,7 @@ import ray
 sys.path[:0] = [str(Path(__file__).parents[1]), str(Path(__file__).parent)]
 from async_policies import config  # noqa: E402  (the same recipe and placement)
 
-from engine.api import MetricsEvent, SpanEvent, run_local  # noqa: E402
+from engine.api import MetricsEvent, SpanEvent, event_from_dict, run_local  # noqa: E402
 from engine.planner import fit_run, plan_table, simulate  # noqa: E402
 from engine.telemetry.sinks import MemorySink  # noqa: E402
 
@@ -64,8 +67,14 @@ def plan_cost(fit, cfg, devices: int = 1024) -> float:
     return time.process_time() - t0
 
 
-def bench(recipe: str, steps: int, threads: int, quick: bool) -> list[tuple]:
-    cfg, sync_rows, spans = run("sync", steps, threads, quick, recipe)
+def bench(recipe: str, steps: int, threads: int, quick: bool, saved: dict) -> list[tuple]:
+    """``saved``: {policy: (step metrics, spans)} measured before (--replay), filled
+    with what this call measures (--save)."""
+    if "sync" not in saved:
+        _, rows, spans = run("sync", steps, threads, quick, recipe)
+        saved["sync"] = rows, [s.to_dict() for s in spans]
+    cfg = config("sync", steps, threads, quick, recipe)
+    sync_rows, spans = saved["sync"][0], [event_from_dict(s) for s in saved["sync"][1]]
     fit = fit_run(cfg, [m for _, m in sync_rows], spans, [s for s, _ in sync_rows])
     i = fit.inputs
     print(f"{recipe}: fitted on {fit.steps} sync steps: generate = {i.prefill_s * 1e3:.1f} ms "
@@ -83,7 +92,9 @@ def bench(recipe: str, steps: int, threads: int, quick: bool) -> list[tuple]:
                           steps=steps, seed=s) for s in range(SEEDS)]
         p_sps = statistics.fmean(p.samples_per_s for p in preds)
         p_bub = statistics.fmean(p.bubble for p in preds)
-        rows = sync_rows if policy == "sync" else run(policy, steps, threads, quick, recipe)[1]
+        if policy not in saved:
+            saved[policy] = run(policy, steps, threads, quick, recipe)[1], []
+        rows = saved[policy][0]
         m_sps, m_bub = measured([m for _, m in rows])
         out.append((recipe, policy, p_sps, m_sps, p_bub, m_bub))
         print(f"  {policy:16s} samples/s predicted {p_sps:7.1f} measured {m_sps:7.1f} "
@@ -98,16 +109,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per actor")
     ap.add_argument("--recipes", nargs="+", default=["longtail_reverse", "demo_arithmetic"])
     ap.add_argument("--quick", action="store_true", help="toy sizes: a smoke test")
+    ap.add_argument("--save", type=Path, help="write the measured runs here (JSON)")
+    ap.add_argument("--replay", type=Path, help="predict from runs measured before")
     args = ap.parse_args()
     steps = 3 if args.quick else args.steps
-
-    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False,
-             log_to_driver=False)
+    saved = json.loads(args.replay.read_text()) if args.replay else {}
+    if args.replay:
+        steps = saved.pop("steps")
+    else:
+        ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False,
+                 log_to_driver=False)
     try:
         rows = [r for recipe in args.recipes
-                for r in bench(recipe, steps, args.threads, args.quick)]
+                for r in bench(recipe, steps, args.threads, args.quick,
+                               saved.setdefault(recipe, {}))]
     finally:
-        ray.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+        if args.save:
+            args.save.write_text(json.dumps({"steps": steps, **saved}))
     print(f"planner accuracy, disaggregated 1 rollout worker + 1 learner, {steps} steps "
           f"(first left out), predictions: mean of {SEEDS} seeds")
     print(f"  {'recipe':18s} {'policy':16s} {'pred sps':>9s} {'meas sps':>9s} {'ratio':>6s} "
