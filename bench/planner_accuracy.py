@@ -114,8 +114,8 @@ def main() -> None:
     args = ap.parse_args()
     steps = 3 if args.quick else args.steps
     saved = json.loads(args.replay.read_text()) if args.replay else {}
-    if args.replay:
-        steps = saved.pop("steps")
+    if args.replay:                   # the sizes it was measured at
+        steps, args.quick = saved.pop("steps"), saved.pop("quick")
     else:
         ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False,
                  log_to_driver=False)
@@ -127,7 +127,7 @@ def main() -> None:
         if ray.is_initialized():
             ray.shutdown()
         if args.save:
-            args.save.write_text(json.dumps({"steps": steps, **saved}))
+            args.save.write_text(json.dumps({"steps": steps, "quick": args.quick, **saved}))
     print(f"planner accuracy, disaggregated 1 rollout worker + 1 learner, {steps} steps "
           f"(first left out), predictions: mean of {SEEDS} seeds")
     print(f"  {'recipe':18s} {'policy':16s} {'pred sps':>9s} {'meas sps':>9s} {'ratio':>6s} "
