@@ -82,7 +82,7 @@ def plan_run(cfg: RunConfig, metrics: Mapping[str, Mapping[int, float]], spans: 
             for s in steps]
     try:
         fit = fit_run(cfg, rows, list(spans), steps)
-    except FitError as exc:
+    except (FitError, ValueError) as exc:     # ValueError: a length or cost out of range
         raise PlanError(str(exc)) from exc
     except KeyError as exc:
         raise PlanError(f"the run did not report {exc.args[0]}, which the planner fits "
