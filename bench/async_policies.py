@@ -44,17 +44,21 @@ POLICIES = {
 }
 
 
-def config(policy: str, steps: int, threads: int, quick: bool):
-    data = load_config(ROOT / "configs" / "longtail_reverse.toml").model_dump(mode="json")
+def config(policy: str, steps: int, threads: int, quick: bool,
+           recipe: str = "longtail_reverse"):
+    data = load_config(ROOT / "configs" / f"{recipe}.toml").model_dump(mode="json")
     data.update(steps=steps, name=f"bench-{policy}")
     data["placement"] = {"type": "disaggregated", "threads_per_actor": threads}
     data["weight_sync"] = {"type": "shm"}
     data["async_policy"] = POLICIES[policy]
-    data["telemetry"].update(eval_samples=1, jsonl=False)
+    data.update(max_seconds=None)
+    data["telemetry"].update(eval_samples=1, jsonl=False, eval_every_steps=0)
+    data["checkpoint"]["every_steps"] = 0
     data["task"]["eval_size"] = 8
     if quick:
         data["warm_start"]["steps"] = 0
-        data["task"].update(max_len=6)
+        if recipe == "longtail_reverse":
+            data["task"].update(max_len=6)
         data["rollout"].update(prompts_per_step=4, max_new_tokens=7)
         data["algorithm"]["group_size"] = 2
     return validate_config(data)

@@ -2,6 +2,7 @@
 
     cfg = validate(form_data)                     # RunConfig or ConfigError(field, fix)
     summary = run_local(cfg, out_dir, sink=sink)  # the RL loop, in this process
+    table = plan_run(cfg, metrics, spans)         # what-if: placement x policy (planner)
     for line in events.jsonl: event_from_dict(json.loads(line))
 
 The event types live in engine.events; they are re-exported here for the control plane.
@@ -11,7 +12,7 @@ No torch or ray import happens at import time (the web process imports this modu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,9 @@ __all__ = [
     "CONTROL_KINDS", "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES", "CheckpointEvent",
     "ConfigError", "Control", "ControlAppliedEvent", "ControlError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
-    "RunSummary", "SpanEvent", "WeightSyncEvent", "event_from_dict", "load_config",
-    "placement_bundles", "placement_demand", "run_local", "validate", "validate_control",
+    "PlanError", "RunSummary", "SpanEvent", "WeightSyncEvent", "event_from_dict",
+    "load_config", "placement_bundles", "placement_demand", "plan_run", "run_local",
+    "validate", "validate_control",
 ]
 
 
@@ -60,6 +62,32 @@ def run_local(cfg: RunConfig, out_dir: str | Path, *, steps: int | None = None,
     return RunLoop(cfg, Path(out_dir), sink=sink, progress=progress,
                    stop_requested=stop_requested,
                    take_controls=take_controls).run(steps=steps, resume=resume)
+
+
+class PlanError(ValueError):
+    """The run cannot be planned from what it reported (no timed step yet, or a metric
+    the fit needs is missing); the message says which."""
+
+
+def plan_run(cfg: RunConfig, metrics: Mapping[str, Mapping[int, float]], spans: Iterable = (),
+             devices: int | None = None):
+    """The planner's what-if table for a run (engine.planner.PlanTable): fitted from its
+    metrics ({name: {step: value}}) and phase spans (objects with device, phase, start,
+    end, step), each placement x async policy on ``devices`` (default: the run's).
+    Raises PlanError when it cannot fit."""
+    from engine.planner import FitError, fit_run, plan_table  # numpy: only when asked
+
+    steps = sorted(metrics.get("time/step_s", {}))
+    rows = [{name: series[s] for name, series in metrics.items() if s in series}
+            for s in steps]
+    try:
+        fit = fit_run(cfg, rows, list(spans), steps)
+    except (FitError, ValueError) as exc:     # ValueError: a length or cost out of range
+        raise PlanError(str(exc)) from exc
+    except KeyError as exc:
+        raise PlanError(f"the run did not report {exc.args[0]}, which the planner fits "
+                        f"from (a run from an older engine?)") from exc
+    return plan_table(fit, cfg, devices)
 
 
 def placement_bundles(cfg: RunConfig) -> list[dict[str, float]]:

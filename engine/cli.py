@@ -1,7 +1,12 @@
 """``python -m engine run CONFIG.toml [--steps N] [--out DIR] [--resume]``
+``python -m engine plan RUN_DIR [--devices N]``
 
-Runs the RL loop in this process with a live progress bar (reward, step time), then prints
-a summary table. Exit status: 0 succeeded or stopped, 1 failed, 2 bad config.
+``run`` runs the RL loop in this process with a live progress bar (reward, step time), then
+prints a summary table. Exit status: 0 succeeded or stopped, 1 failed, 2 bad config.
+
+``plan`` fits the what-if planner (engine.planner) on a run directory's config.toml and
+events.jsonl and prints what the run would do under each placement and async policy on
+N devices (default: the run's). Exit status 2 when the directory cannot be fitted.
 """
 
 from __future__ import annotations
@@ -28,7 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--steps", type=int, default=None, help="override the config's steps")
     run.add_argument("--out", type=Path, default=None, help="run directory (default runs/NAME)")
     run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    plan = sub.add_parser("plan", help="what a finished run would do under each placement "
+                                       "and async policy")
+    plan.add_argument("run_dir", type=Path)
+    plan.add_argument("--devices", type=int, default=None,
+                      help="devices to plan for (default: the run's own)")
     args = parser.parse_args(argv)
+    if args.command == "plan":
+        return plan_command(args.run_dir, args.devices)
 
     try:
         cfg = load_config(args.config)
@@ -81,3 +93,29 @@ def main(argv: list[str] | None = None) -> int:
             table.add_row(k, "", f"{summary.last_metrics[k]:.4g}")
     console.print(table)
     return 0 if summary.status in ("succeeded", "stopped") else 1
+
+
+def plan_command(run_dir: Path, devices: int | None) -> int:
+    from engine.planner import FitError, fit_run_dir, format_table, plan_table
+
+    if devices is not None and not 1 <= devices <= 1024:
+        print("error: --devices must be between 1 and 1024", file=sys.stderr)
+        return 2
+    try:
+        fit = fit_run_dir(run_dir)
+        cfg = load_config(run_dir / "config.toml")
+    except (FitError, ConfigError, OSError, KeyError) as exc:
+        print(f"error: cannot plan {run_dir}: {exc}", file=sys.stderr)
+        return 2
+    table = plan_table(fit, cfg, devices)
+    i = fit.inputs
+    print(f"{cfg.name}: fitted on {fit.steps} steps ({fit.policy}, {fit.shape.label}): "
+          f"generate {i.prefill_s * 1e3:.1f} ms + {i.decode_step_s * 1e3:.2f} ms/decode step "
+          f"+ {i.decode_row_s * 1e3:.3f} ms/token, reward {i.reward_sample_s * 1e3:.2f} "
+          f"ms/sample, learner {i.learner_step_s * 1e3:.1f} ms + "
+          f"{i.learner_token_s * 1e3:.3f} ms/token, sync {i.sync_send_s * 1e3:.1f} + "
+          f"{i.recv_s * 1e3:.1f} ms")
+    print(f"on {table.devices} devices:")
+    print(format_table(table))
+    print(f"best: {table.summary()}")
+    return 0

@@ -77,6 +77,7 @@ from engine.tasks import task_for
 from engine.telemetry.recorder import Telemetry
 from engine.telemetry.sinks import FanoutSink, JsonlSink, MemorySink, last_seq
 from engine.telemetry.step_metrics import (
+    group_length_metrics,
     group_metrics,
     sample_metrics,
     sync_metrics,
@@ -295,7 +296,7 @@ class RunLoop:
         m |= reward_metrics([w.call(RolloutWorker.reward_metrics).result()
                              for w in d.workers], m)
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
-        m |= group_metrics(groups, self.experience.dropped)
+        m |= group_metrics(groups, self.experience.dropped) | group_length_metrics(groups)
         m |= sync_metrics(self.last_sync) | self._sample_devices()
         m["buffer/dropped_stale"] = float(self.buffer.dropped_stale)
         m["buffer/recycled"] = float(self.experience.recycled)

@@ -5,6 +5,7 @@
     m |= sample_metrics(samples, staleness)         reward/*, response_length/*, staleness/*
     m |= throughput_metrics(samples, m)             tokens and samples per second
     m |= group_metrics(groups, dropped)             samples/zero_std_group_frac, /resampled
+    m |= group_length_metrics(groups)               response_length/group_max_mean
     m |= sync_metrics(last_sync)                    weight_sync/*
 
 Canonical names are in DESIGN.md section 4.
@@ -24,6 +25,9 @@ def percentile(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs, dtype=np.float64), q))
 
 
+LENGTH_QUANTILES = (10, 25, 50, 75, 90, 95, 99)
+
+
 def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, float]:
     rewards = [s.reward for s in samples]
     lengths = [len(s.response_ids) for s in samples]
@@ -37,8 +41,10 @@ def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, flo
         "reward/std": statistics.pstdev(rewards),
         "reward/accuracy": sum(r == 1.0 for r in rewards) / len(rewards),
         "response_length/mean": statistics.fmean(lengths),
-        "response_length/p50": percentile(lengths, 50),
-        "response_length/p99": percentile(lengths, 99),
+        "response_length/min": float(min(lengths)),
+        # The distribution's shape, for the planner (engine.planner.fit): the long tail
+        # is what decides what overlapping and cutting generation can buy.
+        **{f"response_length/p{q}": percentile(lengths, q) for q in LENGTH_QUANTILES},
         "response_length/max": float(max(lengths)),
         "response/finished_frac": sum(s.finished for s in samples) / len(samples),
         "response/truncated_frac": sum(not s.finished for s in samples) / len(samples),
@@ -59,6 +65,13 @@ def group_metrics(groups: list[list[Sample]], dropped: int) -> dict[str, float]:
         "samples/zero_std_group_frac": flat / (len(groups) + dropped),
         "samples/resampled": float(dropped * group_size),
     }
+
+
+def group_length_metrics(groups: list[list[Sample]]) -> dict[str, float]:
+    """How alike a prompt's rows are in length (a group completes with its longest row):
+    the mean over groups of their longest response, next to response_length/mean."""
+    return {"response_length/group_max_mean": statistics.fmean(
+        max(len(s.response_ids) for s in g) for g in groups)}
 
 
 def throughput_metrics(samples: list[Sample], phases: dict[str, float]) -> dict[str, float]:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from jobs.alerts import levers
 from jobs.alerts.history import Finding, RunFacts, RunHistory, Thresholds
+from jobs.alerts.whatif import planner_advice
 
 Rule = Callable[[RunHistory, RunFacts, Thresholds, float], list[Finding]]
 CHART_POINTS = 30  # points of a series kept as evidence
@@ -326,9 +327,15 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
         kind="BubbleHigh", key=f"BubbleHigh:{name}", step=steps[-1],
         cause=(f"For {len(steps)} steps, {what} (placement {f.config.placement.type}, "
                f"{f.config.async_policy.type} policy)."),
-        runbook=levers.runbook(f.config, problem, lead),
+        runbook=levers.runbook(f.config, problem, lead) + _what_if(h, f),
         evidence={"values": {name: values[-1], "threshold": limit},
                   "series": chart(h, series)})]
+
+
+def _what_if(h: RunHistory, f: RunFacts) -> str:
+    """The planner's best alternative and its predicted gain, where it can fit the run."""
+    advice = planner_advice(f.config, h.metrics, h.spans)
+    return f" {advice}" if advice else ""
 
 
 def generation_wait(h: RunHistory, step: int) -> tuple[float, list[str], bool]:

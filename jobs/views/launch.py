@@ -32,6 +32,7 @@ from jobs.auth import operator_required
 from jobs.forms import ForkForm, RunConfigForm, initial_for
 from jobs.models import Checkpoint, InvalidTransition, Preset, Run
 from jobs.models.validators import parse_pk
+from jobs.planning import plan_for_run
 from jobs.queue import RUN_SLOT, fits_now
 
 
@@ -159,5 +160,7 @@ def run_fork(request, run_id: int):
         chosen = checkpoints.filter(pk=wanted).first() if wanted is not None else None
         form = ForkForm(parent, initial={**initial_for(cfg),
                                          "checkpoint": chosen or checkpoints.first()})
+    plan, plan_error = plan_for_run(parent)
     return render(request, "jobs/launch/fork.html",
-                  {"parent": parent, "form": form, "diff": diff})
+                  {"parent": parent, "form": form, "diff": diff, "plan": plan,
+                   "plan_error": plan_error})

@@ -61,3 +61,21 @@ def test_vllm_sync_bench_prints_each_path_next_to_broadcast(model_cache):
     for path in ("broadcast", "vllm_native", "shm"):
         assert f"\n  {path} " in proc.stdout
     assert "x broadcast" in proc.stdout
+
+
+@pytest.mark.slow
+def test_planner_accuracy_bench_prints_predicted_next_to_measured(model_cache, tmp_path):
+    saved = tmp_path / "runs.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "planner_accuracy.py"), "--quick",
+                           "--recipes", "demo_arithmetic", "--save", str(saved)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    for policy in ("sync", "one_step_off", "fully_async", "partial_rollout"):
+        assert f"demo_arithmetic    {policy}" in proc.stdout
+    assert "pred sps  meas sps  ratio" in proc.stdout and "s CPU" in proc.stdout
+    again = subprocess.run([sys.executable, str(ROOT / "bench" / "planner_accuracy.py"),
+                            "--recipes", "demo_arithmetic", "--replay", str(saved)],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert again.returncode == 0, again.stderr
+    table = proc.stdout[proc.stdout.index("planner accuracy"):]
+    assert table == again.stdout[again.stdout.index("planner accuracy"):]

@@ -1,0 +1,197 @@
+"""Fit the planner's inputs from what a run reported: its config, step metrics and spans.
+
+    fit = fit_run(cfg, metrics, spans)      # metrics: [{name: value}] per step, in order;
+                                            # spans: objects with device, phase, start,
+                                            # end, step (SpanEvent, the control plane's rows)
+    fit = fit_run_dir(Path("runs/demo"))     # config.toml + events.jsonl of a run directory
+
+Per step (the first left out: warm-up), with W rollout workers and tokens the step trained:
+
+    time/rollout_s  = prefill + decode_step x response_length/max + decode_row x tokens / W
+    time/reward_s   = reward_sample x samples / W
+    time/learner_s  = learner_step + learner_token / learner devices x tokens
+    weight_sync     = the learner side's spans (send) and each worker's (receive)
+    loop overhead   = step time that no phase of any device covers
+
+each by non-negative least squares over the steps. Exact for a sync run (phases in
+sequence, one call per worker per step); a run under another policy fits the same way,
+with calls that stop early or overlap blurring the decode split. Response lengths are the
+steps' quantiles averaged, bent within each interval to give response_length/mean (linear
+interpolation overstates a long tail's mean), and how alike a group's rows are is matched
+to response_length/group_max_mean.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from engine.config import RunConfig, load_config
+from engine.orchestration.placement import layout_for
+from engine.planner.inputs import LengthModel, PlanInputs
+from engine.planner.model import Shape, shape_of
+
+QUANTILE_METRICS = (("response_length/min", 0.0), ("response_length/p10", 0.10),
+                    ("response_length/p25", 0.25), ("response_length/p50", 0.50),
+                    ("response_length/p75", 0.75), ("response_length/p90", 0.90),
+                    ("response_length/p95", 0.95), ("response_length/p99", 0.99),
+                    ("response_length/max", 1.0))
+BUSY = ("rollout", "reward", "learner", "weight_sync")
+MAX_FIT_STEPS = 50      # the latest steps: lengths and costs drift as a run learns
+
+
+class FitError(ValueError):
+    """The run has too little to fit from (no completed step with timings)."""
+
+
+@dataclass
+class Fit:
+    inputs: PlanInputs
+    shape: Shape                 # where the fitted run ran
+    loop_overhead_s: float
+    steps: int                   # steps the fit used
+    policy: str                  # the fitted run's async policy
+
+
+def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0, by trying each subset of the columns
+    (a handful here): the best fit among those whose coefficients are all >= 0."""
+    best, best_err = np.zeros(x.shape[1]), float(np.sum(y ** 2))
+    for k in range(1, x.shape[1] + 1):
+        for cols in itertools.combinations(range(x.shape[1]), k):
+            coef = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+            if np.all(coef >= 0):
+                err = float(np.sum((x[:, cols] @ coef - y) ** 2))
+                if err < best_err - 1e-15:
+                    full = np.zeros(x.shape[1])
+                    full[list(cols)] = coef
+                    best, best_err = full, err
+    return best
+
+
+def _mean_group_max(lengths: LengthModel, corr: float, g: int, budget: int) -> float:
+    model = replace(lengths, group_corr=corr)
+    return float(model.sample_groups(np.random.default_rng(0), 4000, g, budget).max(1).mean())
+
+
+def _bisect(f, lo: float, hi: float, want: float, rounds: int = 20) -> float:
+    """x in [lo, hi] where the increasing function f reaches ``want`` (clamped)."""
+    for _ in range(rounds):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < want else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fit_lengths(rows: list[dict[str, float]], group_size: int, budget: int) -> LengthModel:
+    levels = [(q, [m[name] for m in rows if name in m]) for name, q in QUANTILE_METRICS]
+    points = [(q, statistics.fmean(v)) for q, v in levels if v]
+    if not any(q == 0.0 for q, _ in points):
+        points.insert(0, (0.0, 1.0))
+    points.sort()
+    qs = tuple(q for q, _ in points)
+    ls = tuple(np.maximum.accumulate([x for _, x in points]).tolist())
+    model = LengthModel(qs, ls)
+    means = [m["response_length/mean"] for m in rows if "response_length/mean" in m]
+    if means:            # the curve within the intervals that gives the measured mean
+        curve = _bisect(lambda c: -replace(model, curve=c).mean, 0.05, 20.0,
+                        -statistics.fmean(means))
+        model = replace(model, curve=round(curve, 3))
+    target = [m["response_length/group_max_mean"] for m in rows
+              if "response_length/group_max_mean" in m]
+    if target:           # more alike rows -> a smaller group max
+        corr = _bisect(lambda c: -_mean_group_max(model, c, group_size, budget), 0.0, 1.0,
+                       -statistics.fmean(target), rounds=12)
+        model = replace(model, group_corr=round(corr, 3))
+    return model
+
+
+def _phase_by_step(spans, devices: set[str], phase: str) -> dict[int, float]:
+    """Per step: the longest single device's summed ``phase`` time among ``devices``."""
+    per: dict[tuple[int, str], float] = {}
+    for s in spans:
+        if s.phase == phase and s.device in devices:
+            per[(s.step, s.device)] = per.get((s.step, s.device), 0.0) + s.end - s.start
+    out: dict[int, float] = {}
+    for (step, _), v in per.items():
+        out[step] = max(out.get(step, 0.0), v)
+    return out
+
+
+def fit_run(cfg: RunConfig, metrics: list[dict[str, float]], spans=(),
+            steps: list[int] | None = None) -> Fit:
+    """``metrics``: each step's values in step order (``steps`` their step numbers, for
+    the spans; default 0, 1, ...)."""
+    numbered = list(zip(steps or range(len(metrics)), metrics, strict=True))
+    timed = [(s, m) for s, m in numbered if "time/step_s" in m and "time/learner_s" in m]
+    used = (timed[1:] if len(timed) > 1 else timed)[-MAX_FIT_STEPS:]
+    if not used:
+        raise FitError("the run has no step with timings yet: let it finish a step, "
+                       "then plan again")
+    rows = [m for _, m in used]
+    shape = shape_of(cfg.placement)
+    layout = layout_for(cfg.placement)
+    n, g = cfg.rollout.prompts_per_step, cfg.algorithm.group_size
+    workers = shape.workers
+    tokens = np.array([m["throughput/tokens_per_s"] * m["time/step_s"] for m in rows])
+    ones = np.ones(len(rows))
+
+    longest = np.array([m["response_length/max"] for m in rows])
+    prefill, step_s, row_s = nnls(np.column_stack([ones, longest, tokens / workers]),
+                                  np.array([m["time/rollout_s"] for m in rows]))
+    reward = statistics.fmean(m["time/reward_s"] for m in rows) / (n * g / workers)
+    l_step, l_tok = nnls(np.column_stack([ones, tokens]),
+                         np.array([m["time/learner_s"] for m in rows]))
+
+    learner_dev = set(layout.learner.devices) - set(layout.rollout)
+    worker_dev = {w.devices[0] for w in layout.workers} - set(layout.learner.devices) \
+        if not shape.serial else set()
+    wanted = {s for s, _ in used}
+    spans = [s for s in spans if s.step in wanted]
+    send = _phase_by_step(spans, learner_dev or set(layout.devices), "weight_sync")
+    recv = _phase_by_step(spans, worker_dev, "weight_sync")
+    whole = [m["time/weight_sync_s"] for m in rows]
+    if send or recv:
+        send_s = statistics.median(send.values()) if send else 0.0
+        recv_s = statistics.median(recv.values()) if recv else 0.0
+    else:                      # no spans: the sync's time all on the learner's side
+        send_s, recv_s = statistics.median(whole), 0.0
+    overhead = statistics.median(
+        max(0.0, m["time/step_s"] - sum(m[f"time/{p}_s"] for p in BUSY)) for m in rows) \
+        if cfg.async_policy.type in ("sync", "partial_rollout") else \
+        statistics.median(max(0.0, m["time/step_s"] - max(
+            m["time/rollout_s"] + m["time/reward_s"], m["time/learner_s"]
+            + m["time/weight_sync_s"])) for m in rows)
+    inputs = PlanInputs(
+        prompts_per_step=n, group_size=g, max_new_tokens=cfg.rollout.max_new_tokens,
+        lengths=fit_lengths(rows, g, cfg.rollout.max_new_tokens),
+        prefill_s=float(prefill), decode_step_s=float(step_s), decode_row_s=float(row_s),
+        reward_sample_s=reward, learner_step_s=float(l_step),
+        learner_token_s=float(l_tok) * shape.learner_devices,
+        sync_send_s=send_s, sync_recv_s=recv_s,
+        sync_bytes=statistics.fmean(m.get("weight_sync/bytes", 0.0) for m in rows))
+    return Fit(inputs, shape, overhead, len(rows), cfg.async_policy.type)
+
+
+def fit_run_dir(run_dir: Path) -> Fit:
+    """Fit from a run directory the engine wrote (config.toml, events.jsonl)."""
+    from engine.events import MetricsEvent, SpanEvent
+    from engine.telemetry.sinks import read_jsonl
+
+    run_dir = Path(run_dir)
+    cfg_path, events_path = run_dir / "config.toml", run_dir / "events.jsonl"
+    for p in (cfg_path, events_path):
+        if not p.exists():
+            raise FitError(f"{p} is missing: RUN_DIR must be a run directory the engine "
+                           f"wrote (telemetry.jsonl = true)")
+    events = read_jsonl(events_path)
+    by_step: dict[int, dict[str, float]] = {}
+    for e in events:
+        if isinstance(e, MetricsEvent) and "time/step_s" in e.values:
+            by_step[e.step] = e.values
+    order = sorted(by_step)
+    spans = [e for e in events if isinstance(e, SpanEvent)]
+    return fit_run(load_config(cfg_path), [by_step[s] for s in order], spans, order)
