@@ -35,6 +35,7 @@ from jobs.actions import (
     do_set_priority,
     do_stop_run,
 )
+from jobs.charts import downsample
 from jobs.forms import toml_table
 from jobs.models import (
     LIVE_STATES,
@@ -178,16 +179,6 @@ def priority(request, run_id: int):
     do_set_priority(request.user, target, valid(s.PrioritySerializer, request)["priority"])
     target.refresh_from_db()
     return Response(s.RunSerializer(target).data)
-
-
-def downsample(points: list[tuple[int, float | None]], limit: int) -> list:
-    """At most ``limit`` points, evenly spaced by index; the first and last always kept."""
-    if len(points) <= limit:
-        return points
-    if limit == 1:
-        return points[-1:]
-    last = len(points) - 1
-    return [points[round(i * last / (limit - 1))] for i in range(limit)]
 
 
 @extend_schema(
