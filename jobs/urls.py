@@ -4,7 +4,7 @@ from jobs import api, prometheus, views
 from jobs.alerts import views as alerts
 from jobs.alerts.lifecycle import do_acknowledge, do_resolve
 from jobs.alerts.thresholds import preset_thresholds
-from jobs.views import cluster, compare, launch, tokens
+from jobs.views import cluster, compare, launch, runs_list, tokens
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -18,6 +18,9 @@ urlpatterns = [
     path("runs/new", launch.run_new, name="run-new"),
     path("runs/<int:run_id>/stop", launch.run_stop, name="run-stop"),
     path("runs/<int:run_id>/fork", launch.run_fork, name="run-fork"),
+    path("runs/<int:run_id>/archive", runs_list.run_archive, name="run-archive"),
+    path("runs/<int:run_id>/restore", runs_list.run_restore, name="run-restore"),
+    path("runs/<int:run_id>/delete", runs_list.run_delete, name="run-delete"),
     path("cluster", cluster.cluster_page, name="cluster"),
     path("alerts", alerts.alerts_page, name="alerts"),
     path("alerts/<int:alert_id>/ack", alerts.alert_change, {"change": do_acknowledge},
