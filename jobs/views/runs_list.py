@@ -15,6 +15,7 @@ import re
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models.fields.json import KeyTransform
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
@@ -31,9 +32,10 @@ class FilterError(ValueError):
     """A filter the list cannot apply; the message names the field and the fix."""
 
 
-def config_lookup(text: str) -> dict:
-    """``placement.type=colocated`` -> {"config__placement__type": "colocated"}. The value
-    is read as JSON where it is (numbers, true/false), else taken as a string."""
+def config_value_filter(runs, text: str):
+    """``runs`` whose config has ``placement.type=colocated``. The value is read as JSON
+    where it is (numbers, true/false), else taken as a string. Each dotted part is a key,
+    never a lookup: ``placement.contains=x`` asks for a key named "contains"."""
     key, sep, raw = text.partition("=")
     key, raw = key.strip(), raw.strip()
     if not sep or not CONFIG_KEY.match(key) or not raw:
@@ -46,7 +48,10 @@ def config_lookup(text: str) -> dict:
         value = json.loads(raw)
     except ValueError:
         value = raw
-    return {"config__" + key.replace(".", "__"): value}
+    path = "config"
+    for part in key.split("."):
+        path = KeyTransform(part, path)
+    return runs.alias(config_value=path).filter(config_value=value)
 
 
 def filtered_runs(params) -> tuple:
@@ -62,7 +67,7 @@ def filtered_runs(params) -> tuple:
     if chosen["name"]:
         runs = runs.filter(name__icontains=chosen["name"])
     if chosen["config"]:
-        runs = runs.filter(**config_lookup(chosen["config"]))
+        runs = config_value_filter(runs, chosen["config"])
     return runs, chosen
 
 
