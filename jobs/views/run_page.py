@@ -55,19 +55,20 @@ def runs_with_latest_metrics(runs=None):
 
 def metric_steps(run: Run) -> list[tuple[int, dict]]:
     """[(step, {metric: value})] in step order, for the metrics some chart reads."""
+    # By (name, step): the unique index's order, so the database reads it without a sort.
     rows = (MetricPoint.objects.filter(run=run, name__in=charts.metric_names())
-            .order_by("step").values_list("step", "name", "value"))
+            .order_by("name", "step").values_list("step", "name", "value"))
     steps: dict[int, dict] = {}
     for step, name, value in rows:
         steps.setdefault(step, {})[name] = value
-    return list(steps.items())
+    return sorted(steps.items())
 
 
 def metric_series(run: Run, names) -> dict[str, list[tuple[int, float | None]]]:
     """{name: [(step, value)]} in step order, for each of ``names`` (empty if unreported)."""
     series: dict[str, list] = {name: [] for name in names}
     rows = (MetricPoint.objects.filter(run=run, name__in=list(names))
-            .order_by("step").values_list("name", "step", "value"))
+            .order_by("name", "step").values_list("name", "step", "value"))
     for name, step, value in rows:
         series[name].append((step, value))
     return series
