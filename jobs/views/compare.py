@@ -2,7 +2,9 @@
 
     GET /runs/compare?ids=3,7[&level=0.5]      the page: overlaid charts (step or wall
                                                time), the summary table, the config diff
-    GET /api/runs/compare?ids=3,7[&level=0.5]  the same data as JSON (400: {"errors": ...})
+    GET /api/runs/compare?ids=3,7[&level=0.5]  the same data as JSON: the REST API's view
+                                               (jobs/rest/runs.py compare), also at
+                                               /api/v1/runs/compare
 
 ``?ids=3&ids=7`` (the runs list's checkboxes) is redirected to ``?ids=3,7``.
 """
@@ -10,7 +12,6 @@
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 
@@ -81,14 +82,3 @@ def compare_page(request):
     return render(request, "jobs/compare.html", {
         "data": data, "runs": runs, "summary_rows": rows,
         "level": request.GET.get("level", ""), "ids": ",".join(str(r.pk) for r in runs)})
-
-
-@require_GET
-@login_required
-def compare_api(request):
-    try:
-        runs, level = selection(request)
-    except CompareError as exc:
-        field, _, message = str(exc).partition(": ")
-        return JsonResponse({"errors": {field: message}}, status=400)
-    return JsonResponse(compare_data(runs, level))

@@ -160,6 +160,7 @@ def test_the_json_endpoint_returns_what_the_page_draws(client, admin_user, two_r
     api = client.get("/api/runs/compare" + url).json()
 
     assert api == compare_json(client.get("/runs/compare" + url))
+    assert client.get("/api/v1/runs/compare" + url).json() == api
     assert [r["parent_id"] for r in api["runs"]] == [None, parent.pk]
 
 
@@ -181,7 +182,9 @@ def test_a_bad_selection_is_a_400_naming_the_field(client, admin_user, two_runs)
     api = client.get(f"/api/runs/compare?ids={parent.pk}&level=x")
 
     assert page.status_code == 400 and "no run 999" in page.content.decode()
-    assert api.status_code == 400 and "compare 2 to 6 runs" in api.json()["errors"]["ids"]
+    assert api.status_code == 400
+    assert api.json()["errors"] == [{"field": "ids", "message": "compare 2 to 6 runs, got 1; "
+                                     "select them on the runs list, e.g. ?ids=3,7"}]
 
 
 def test_a_fork_page_links_to_compare_with_its_parent(client, admin_user, two_runs):

@@ -22,7 +22,7 @@ from jobs.models import (
 )
 from jobs.models.run import run_directory
 
-from .helpers import checkpoint_on_disk, log, metrics, span
+from .helpers import api_token, checkpoint_on_disk, log, metrics, span
 
 HTMX = {"HX-Request": "true"}
 DISAGGREGATED = {"name": "t", "steps": 3, "placement": {"type": "disaggregated"},
@@ -243,3 +243,27 @@ def test_the_run_header_says_step_k_of_n_eta_rewards_and_open_alerts(viewer, mak
     assert "0.300 <small>(step 1)</small>" in header
     assert f'href="/alerts?run={run.pk}">1</a>' in header
     assert 'id="axis-switch"' in html
+
+
+# --- the same over the REST API -------------------------------------------------------------
+
+def test_the_rest_api_restores_and_deletes_a_finished_run_operators_only(
+        client, make_run, django_capture_on_commit_callbacks):
+    operator, viewer = (api_token("olga", operator=True), api_token("vic", operator=False))
+    run = run_with_everything(make_run, "via-api")
+    running = make_run(name="busy")
+
+    def call(method, path, token):
+        return getattr(client, method)(f"/api/v1{path}",
+                                       headers={"Authorization": f"Bearer {token}"})
+
+    assert call("post", f"/runs/{run.pk}/archive", operator).json()["archived"] is True
+    assert call("post", f"/runs/{run.pk}/restore", viewer).status_code == 403
+    assert call("post", f"/runs/{run.pk}/restore", operator).json()["archived"] is False
+    assert call("delete", f"/runs/{run.pk}", viewer).status_code == 403
+    refused = call("delete", f"/runs/{running.pk}", operator)
+    assert refused.status_code == 409 and "only a finished run" in refused.json()["detail"]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert call("delete", f"/runs/{run.pk}", operator).status_code == 204
+    assert set(rows_of(run.pk).values()) == {0} and not run_directory(run.pk).exists()
+    assert Run.objects.filter(pk=running.pk).exists()
