@@ -6,7 +6,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from django.db import connection, transaction
-from django.db.models import Count, Max, OuterRef, Q, Subquery
+from django.db.models import Count, Max, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine.config import dump_config, validate_config
@@ -15,6 +16,7 @@ from jobs.models import (
     LIVE,
     LIVE_STATES,
     TERMINAL,
+    Alert,
     MetricPoint,
     PhaseSpan,
     Run,
@@ -49,8 +51,16 @@ def runs_with_latest_metrics(runs=None):
         reward_mean=latest_metric("reward/mean"), step_s=latest_metric("time/step_s"),
         step=latest_metric("time/step_s", "step"),
         held_out=latest_metric("eval/reward_mean"),
-        open_alerts=Count("alerts", filter=Q(alerts__state__in=LIVE_STATES)),
+        open_alerts=open_alert_count(),
     )
+
+
+def open_alert_count() -> Coalesce:
+    """A run's open and acknowledged alerts, as a correlated subquery: a joined Count
+    would make the list's query GROUP BY every run column."""
+    rows = (Alert.objects.filter(run=OuterRef("pk"), state__in=LIVE_STATES).order_by()
+            .values("run").annotate(n=Count("pk")).values("n"))
+    return Coalesce(Subquery(rows), 0)
 
 
 def metric_steps(run: Run) -> list[tuple[int, dict]]:
