@@ -220,6 +220,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Runs, metrics, events, checkpoints, alerts, presets and the cluster. "
                    "Send a token from /settings/tokens as 'Authorization: Bearer <token>'.",
     "VERSION": "1",
+    # Tags and operation ids from what follows /api/v1 (the pages' /api/runs/compare,
+    # left out of the schema, would otherwise shorten the common prefix to /api).
+    "SCHEMA_PATH_PREFIX": "/api/v1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],  # as every page
     "SWAGGER_UI_DIST": "SIDECAR",

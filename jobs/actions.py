@@ -4,10 +4,12 @@ is announced that did not commit."""
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -36,6 +38,7 @@ from jobs.models import (
     RunEvent,
     RunStatus,
 )
+from jobs.models.run import run_directory
 from jobs.queue import schedule_on_commit
 from jobs.tasks import stop_run
 
@@ -264,3 +267,39 @@ def do_archive_run(user, run: Run) -> None:
         run.archived_at = timezone.now()
         Run.objects.filter(pk=run.pk, archived_at=None).update(archived_at=run.archived_at)
 
+
+
+def do_restore_run(user, run: Run) -> None:
+    """Put an archived run back on the runs list."""
+    run.archived_at = None
+    Run.objects.filter(pk=run.pk).update(archived_at=None)
+    logger.info("run %s: restored to the runs list by %s", run.pk, user)
+
+
+def do_delete_run(user, run: Run) -> None:
+    """Delete a finished run: its rows (events, metrics, spans, checkpoints, alerts,
+    controls go with it) and, once that commits, its directory under the runs dir.
+    Raises Refused for a run that is not finished (stop or cancel it first) and for one
+    whose checkpoint a fork still waits to start from."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().filter(pk=run.pk).first()
+        if locked is None:
+            raise Refused(f"run {run.pk} no longer exists")
+        if not locked.is_terminal:
+            raise Refused(f"run {run.pk} is {locked.status}; only a finished run can be "
+                          "deleted (stop or cancel it first)")
+        waiting = list(locked.forks.filter(status__in=[RunStatus.QUEUED, RunStatus.SUBMITTING])
+                       .values_list("pk", flat=True))
+        if waiting:
+            raise Refused(f"run {run.pk}'s checkpoint is where fork(s) "
+                          f"{', '.join(f'#{pk}' for pk in waiting)} will start from; cancel "
+                          "them or let them start first")
+        directory = run_directory(run.pk)
+        locked.delete()
+        transaction.on_commit(partial(remove_run_directory, directory))
+    logger.info("run %s deleted by %s", run.pk, user)
+
+
+def remove_run_directory(directory: Path) -> None:
+    if directory.exists():
+        shutil.rmtree(directory)

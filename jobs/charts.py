@@ -8,6 +8,11 @@ MetricPoint / PhaseSpan rows) and the live updates (from events), so the traces 
     timeline_figure(spans) / timeline_update(spans)  the device Gantt, bars per phase
     control_marks(applied) -> [{step, label}]   a vertical line per live control applied,
                                                 drawn on every metric chart (page + socket)
+    compare_figures(runs)  -> one chart per COMPARE_METRICS, a trace per run, x by step;
+                              each figure's "wall" holds the same points' x in wall seconds
+
+Every metric chart can be drawn against wall time instead of steps: the pages map each
+step to when it was reported (jobs/views/run_page.py step_times) and restyle the x arrays.
 """
 
 from __future__ import annotations
@@ -71,6 +76,9 @@ METRIC_CHARTS: tuple[Chart, ...] = (
         offset("reward/mean", "reward/std", +1, "mean + std", **BAND, fill="tonexty",
                fillcolor="rgba(76,120,168,0.2)"),
         metric("reward/mean", "mean", line={"color": "#4c78a8"}),
+        # Reported at eval steps only: markers, so a sparse series still shows.
+        metric("eval/reward_mean", "held-out", mode="lines+markers",
+               line={"color": "#e45756"}),
     )),
     Chart("step_time", "Step time by phase (s)", tuple(
         metric(f"time/{phase}_s", phase, stackgroup="time", line={"color": PHASE_COLORS[phase]})
@@ -185,6 +193,56 @@ def timeline_update(spans: list[dict]) -> dict | None:
     chosen = [list(bars.values())[i] for i in indices]
     return {"indices": indices, **{key: [bar[key] for bar in chosen]
                                    for key in ("x", "y", "base")}}
+
+
+def downsample(points: list, limit: int) -> list:
+    """At most ``limit`` points, evenly spaced by index; the first and last always kept."""
+    if len(points) <= limit:
+        return points
+    if limit == 1:
+        return points[-1:]
+    last = len(points) - 1
+    return [points[round(i * last / (limit - 1))] for i in range(limit)]
+
+
+# Run compare: one chart per canonical metric, a trace per run.
+COMPARE_METRICS: tuple[tuple[str, str], ...] = (
+    ("reward/mean", "Reward (mean)"),
+    ("eval/reward_mean", "Held-out reward (eval/reward_mean)"),
+    ("time/step_s", "Step time (s)"),
+    ("throughput/samples_per_s", "Samples/s"),
+    ("throughput/tokens_per_s", "Tokens/s"),
+    ("rollout_share", "Rollout share"),
+    ("bubble", "Bubble"),
+    ("staleness/mean", "Staleness (mean)"),
+    ("logprob_gap/mean", "Logprob gap (mean)"),
+    ("weight_sync/latency_s", "Resync latency (s)"),
+    ("response_length/p50", "Response length p50 (tokens)"),
+    ("learner/loss", "Learner loss"),
+)
+COMPARE_POINTS = 2000  # per trace: a 10,000-step run is drawn from every 5th step
+RUN_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2")
+
+
+def compare_figures(runs: list[tuple[str, dict[str, list], dict[int, float]]]) -> list[dict]:
+    """``runs``: (label, {metric: [(step, value)]}, {step: wall seconds}) per run, in the
+    page's order. A run that did not report a metric still has its (empty) trace, so the
+    trace index is the run's index in every chart."""
+    figures = []
+    for name, title in COMPARE_METRICS:
+        traces, walls = [], []
+        for i, (label, series, wall) in enumerate(runs):
+            kept = downsample([(s, v) for s, v in series.get(name, ()) if v is not None],
+                              COMPARE_POINTS)
+            traces.append({"name": label, "type": "scatter", "mode": "lines+markers"
+                           if len(kept) < 50 else "lines",
+                           "line": {"color": RUN_COLORS[i % len(RUN_COLORS)]},
+                           "x": [s for s, _ in kept], "y": [v for _, v in kept]})
+            walls.append([wall.get(s) for s, _ in kept])
+        figures.append({"id": "compare-" + name.replace("/", "-"), "metric": name,
+                        "title": title, "traces": traces, "wall": walls,
+                        "layout": {**BASE_LAYOUT, "title": {"text": title}}})
+    return figures
 
 
 def control_label(kind: str, value: float | None) -> str:

@@ -23,13 +23,13 @@ import shlex
 import signal
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
 from jobs.models import LIVE, InvalidTransition, Run, RunStatus
+from jobs.models.run import run_directory
 from jobs.ray_cluster import job_not_found, ray_jobs, submission_id
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ STUCK_AFTER_S = 120  # a queued run that no submission reached by then gets anot
 def driver_entrypoint(run: Run) -> str:
     """The shell command of the Ray job: this checkout, this Python, the engine's Ray job entry."""
     base = settings.RLPLANE_URL.rstrip("/")
-    run_dir = Path(settings.RLPLANE_RUNS_DIR) / f"run-{run.pk}"
+    run_dir = run_directory(run.pk)
     args = [
         sys.executable, "-m", "engine.ray_job",
         "--config-json", json.dumps(run.config, separators=(",", ":")),

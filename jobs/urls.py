@@ -4,11 +4,14 @@ from jobs import api, prometheus, views
 from jobs.alerts import views as alerts
 from jobs.alerts.lifecycle import do_acknowledge, do_resolve
 from jobs.alerts.thresholds import preset_thresholds
-from jobs.views import cluster, launch, tokens
+from jobs.rest import runs as rest_runs
+from jobs.views import cluster, compare, launch, runs_list, tokens
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("runs/<int:run_id>", views.run_detail, name="run-detail"),
+    path("runs/compare", compare.compare_page, name="compare"),
+    path("api/runs/compare", rest_runs.compare_for_pages, name="compare-api"),
     path("api/runs/<int:run_id>/events", api.ingest_events, name="ingest-events"),
     path("api/runs/<int:run_id>/stop", api.stop_request, name="stop-request"),
     path("api/runs/<int:run_id>/controls", api.control_poll, name="control-poll"),
@@ -16,6 +19,9 @@ urlpatterns = [
     path("runs/new", launch.run_new, name="run-new"),
     path("runs/<int:run_id>/stop", launch.run_stop, name="run-stop"),
     path("runs/<int:run_id>/fork", launch.run_fork, name="run-fork"),
+    path("runs/<int:run_id>/archive", runs_list.run_archive, name="run-archive"),
+    path("runs/<int:run_id>/restore", runs_list.run_restore, name="run-restore"),
+    path("runs/<int:run_id>/delete", runs_list.run_delete, name="run-delete"),
     path("cluster", cluster.cluster_page, name="cluster"),
     path("alerts", alerts.alerts_page, name="alerts"),
     path("alerts/<int:alert_id>/ack", alerts.alert_change, {"change": do_acknowledge},

@@ -1,8 +1,9 @@
 from pathlib import Path
 
-from django.conf import settings
 from django.db import models
 from django.utils import timezone
+
+from jobs.models.run import run_directory
 
 
 class RunEvent(models.Model):
@@ -56,8 +57,7 @@ class Checkpoint(models.Model):
         """Where this checkpoint is, resolved by the control plane from (run, step) under
         the run's own directory. ``path`` is only what the driver said: a run token could
         have said anything there, so nothing is ever loaded from it."""
-        return (Path(settings.RLPLANE_RUNS_DIR) / f"run-{self.run_id}" / "checkpoints"
-                / f"step_{self.step:06d}")
+        return run_directory(self.run_id) / "checkpoints" / f"step_{self.step:06d}"
 
     def on_disk(self) -> bool:
         """Still there: a run keeps its last checkpoint.keep_last and deletes the rest."""

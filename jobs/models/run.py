@@ -1,6 +1,7 @@
 import hashlib
 import hmac
 import secrets
+from pathlib import Path
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -17,6 +18,11 @@ from jobs.models.status import (
 from jobs.models.validators import normalized_config, validate_run_config
 
 PRIORITY_BOUND = 1000  # priorities run from -1000 to 1000; higher starts first
+
+
+def run_directory(run_id: int) -> Path:
+    """The run's own directory under the runs dir: its checkpoints, the driver's files."""
+    return Path(settings.RLPLANE_RUNS_DIR) / f"run-{run_id}"
 
 
 def hash_token(token: str) -> str:

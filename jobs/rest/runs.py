@@ -3,9 +3,12 @@
     GET  /api/v1/runs                      ?status=running,queued &name= &archived=1 &limit=
     POST /api/v1/runs                      {toml | config, priority} -> 201 the queued run
     GET  /api/v1/runs/<id>                 + config, latest metrics, open alerts
+    DELETE /api/v1/runs/<id>               a finished run's rows and files -> 204
+    GET  /api/v1/runs/compare              ?ids=3,7 &level=0.5: what the compare page draws
     POST /api/v1/runs/<id>/stop            running: checkpoint and exit; queued: cancel
     POST /api/v1/runs/<id>/fork            {checkpoint?, toml | config?, priority}
     POST /api/v1/runs/<id>/archive         a finished run leaves the list
+    POST /api/v1/runs/<id>/restore         an archived run is back on the list
     POST /api/v1/runs/<id>/priority        {priority}: a queued run's place in the queue
     GET  /api/v1/runs/<id>/metrics         ?name=reward/mean&name=bubble &start= &end= &points=
     GET  /api/v1/runs/<id>/metric-names
@@ -29,12 +32,16 @@ from engine.api import validate_control
 from engine.config import RunConfig, validate_config
 from jobs.actions import (
     do_archive_run,
+    do_delete_run,
     do_fork_run,
     do_launch_run,
     do_request_control,
+    do_restore_run,
     do_set_priority,
     do_stop_run,
 )
+from jobs.charts import downsample
+from jobs.compare import CompareError
 from jobs.forms import toml_table
 from jobs.models import (
     LIVE_STATES,
@@ -47,6 +54,7 @@ from jobs.models import (
 )
 from jobs.models.controls import paused
 from jobs.rest import serializers as s
+from jobs.views.compare import compare_data, selection
 
 MAX_LIMIT = 1000
 MAX_POINTS = 5000
@@ -118,10 +126,40 @@ def runs(request):
     return Response(s.RunSerializer(rows[:limit], many=True).data)
 
 
-@extend_schema(responses=s.RunDetailSerializer)
-@api_view(["GET"])
+@extend_schema(methods=["GET"], responses=s.RunDetailSerializer)
+@extend_schema(methods=["DELETE"], responses={204: None, 409: s.ErrorSerializer})
+@api_view(["GET", "DELETE"])
 def run(request, run_id: int):
-    return Response(run_detail(get_object_or_404(Run, pk=run_id)))
+    target = get_object_or_404(Run, pk=run_id)
+    if request.method == "DELETE":
+        do_delete_run(request.user, target)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+    return Response(run_detail(target))
+
+
+@extend_schema(responses={200: OpenApiTypes.OBJECT, 400: s.ErrorSerializer},
+               parameters=[OpenApiParameter("ids", str, required=True,
+                                            description="2 to 6 comma-separated run ids"),
+                           OpenApiParameter("level", float,
+                                            description="the reward level to time")])
+@api_view(["GET"])
+def compare(request):
+    """The compare page's data: per run its summary, the config keys that differ, and
+    the overlaid charts (x by step; each chart's "wall" holds the same points' x in
+    seconds since the run's first step)."""
+    try:
+        runs, level = selection(request)
+    except CompareError as exc:
+        field, _, message = str(exc).partition(": ")
+        raise ValidationError({field: message}) from None
+    return Response(compare_data(runs, level))
+
+
+@extend_schema(exclude=True)
+@api_view(["GET"])
+def compare_for_pages(request):
+    """The same, at /api/runs/compare where the pages link it; documented once, above."""
+    return compare(request._request)
 
 
 @extend_schema(request=None, responses={200: s.RunDetailSerializer, 409: s.ErrorSerializer})
@@ -170,6 +208,14 @@ def archive(request, run_id: int):
     return Response(s.RunSerializer(target).data)
 
 
+@extend_schema(request=None, responses={200: s.RunSerializer})
+@api_view(["POST"])
+def restore(request, run_id: int):
+    target = get_object_or_404(Run, pk=run_id)
+    do_restore_run(request.user, target)
+    return Response(s.RunSerializer(target).data)
+
+
 @extend_schema(request=s.PrioritySerializer,
                responses={200: s.RunSerializer, 409: s.ErrorSerializer})
 @api_view(["POST"])
@@ -178,16 +224,6 @@ def priority(request, run_id: int):
     do_set_priority(request.user, target, valid(s.PrioritySerializer, request)["priority"])
     target.refresh_from_db()
     return Response(s.RunSerializer(target).data)
-
-
-def downsample(points: list[tuple[int, float | None]], limit: int) -> list:
-    """At most ``limit`` points, evenly spaced by index; the first and last always kept."""
-    if len(points) <= limit:
-        return points
-    if limit == 1:
-        return points[-1:]
-    last = len(points) - 1
-    return [points[round(i * last / (limit - 1))] for i in range(limit)]
 
 
 @extend_schema(

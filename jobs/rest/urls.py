@@ -5,10 +5,12 @@ from jobs.rest import runs, views
 
 urlpatterns = [
     path("runs", runs.runs, name="api-runs"),
+    path("runs/compare", runs.compare, name="api-runs-compare"),
     path("runs/<int:run_id>", runs.run, name="api-run"),
     path("runs/<int:run_id>/stop", runs.stop, name="api-run-stop"),
     path("runs/<int:run_id>/fork", runs.fork, name="api-run-fork"),
     path("runs/<int:run_id>/archive", runs.archive, name="api-run-archive"),
+    path("runs/<int:run_id>/restore", runs.restore, name="api-run-restore"),
     path("runs/<int:run_id>/priority", runs.priority, name="api-run-priority"),
     path("runs/<int:run_id>/metrics", runs.metrics, name="api-run-metrics"),
     path("runs/<int:run_id>/metric-names", runs.metric_names, name="api-run-metric-names"),

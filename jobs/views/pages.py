@@ -15,17 +15,6 @@ from jobs.views import run_page
 
 @require_GET
 @login_required
-def index(request):
-    """The runs list."""
-    context = {"runs": run_page.runs_with_latest_metrics()}
-    if request.htmx:
-        return render(request, "jobs/_runs_table.html", context)
-    context["operator"] = is_operator(request.user)
-    return render(request, "jobs/index.html", context)
-
-
-@require_GET
-@login_required
 def run_detail(request, run_id: int):
     run = get_object_or_404(Run, pk=run_id)
     context = {
@@ -42,6 +31,7 @@ def run_detail(request, run_id: int):
         "controls": run.controls.select_related("requested_by").order_by("-id")[:50],
         "shown_status": display_status(run),
         "current_lr": run_page.current_lr(run),
+        "progress": run_page.run_progress(run),
     }
     if request.htmx:
         return render(request, "jobs/_run_panels.html", context)

@@ -6,11 +6,23 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from django.db import connection, transaction
-from django.db.models import Max, OuterRef, Subquery
+from django.db.models import Count, Max, OuterRef, Subquery
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from engine.config import dump_config, validate_config
 from jobs import charts
-from jobs.models import TERMINAL, MetricPoint, PhaseSpan, Run, RunControl, RunEvent
+from jobs.models import (
+    LIVE,
+    LIVE_STATES,
+    TERMINAL,
+    Alert,
+    MetricPoint,
+    PhaseSpan,
+    Run,
+    RunControl,
+    RunEvent,
+)
 
 LOG_LINES = 200  # the newest log lines a page starts with
 
@@ -32,21 +44,52 @@ def latest_metric(name: str, field: str = "value") -> Subquery:
     return Subquery(rows.values(field)[:1])
 
 
-def runs_with_latest_metrics():
-    return Run.objects.filter(archived_at=None).annotate(
+def runs_with_latest_metrics(runs=None):
+    """``runs`` (default: every run not archived) with what the runs list shows of each."""
+    runs = Run.objects.filter(archived_at=None) if runs is None else runs
+    return runs.annotate(
         reward_mean=latest_metric("reward/mean"), step_s=latest_metric("time/step_s"),
         step=latest_metric("time/step_s", "step"),
+        held_out=latest_metric("eval/reward_mean"),
+        open_alerts=open_alert_count(),
     )
+
+
+def open_alert_count() -> Coalesce:
+    """A run's open and acknowledged alerts, as a correlated subquery: a joined Count
+    would make the list's query GROUP BY every run column."""
+    rows = (Alert.objects.filter(run=OuterRef("pk"), state__in=LIVE_STATES).order_by()
+            .values("run").annotate(n=Count("pk")).values("n"))
+    return Coalesce(Subquery(rows), 0)
 
 
 def metric_steps(run: Run) -> list[tuple[int, dict]]:
     """[(step, {metric: value})] in step order, for the metrics some chart reads."""
+    # By (name, step): the unique index's order, so the database reads it without a sort.
     rows = (MetricPoint.objects.filter(run=run, name__in=charts.metric_names())
-            .order_by("step").values_list("step", "name", "value"))
+            .order_by("name", "step").values_list("step", "name", "value"))
     steps: dict[int, dict] = {}
     for step, name, value in rows:
         steps.setdefault(step, {})[name] = value
-    return list(steps.items())
+    return sorted(steps.items())
+
+
+def metric_series(run: Run, names) -> dict[str, list[tuple[int, float | None]]]:
+    """{name: [(step, value)]} in step order, for each of ``names`` (empty if unreported)."""
+    series: dict[str, list] = {name: [] for name in names}
+    rows = (MetricPoint.objects.filter(run=run, name__in=list(names))
+            .order_by("name", "step").values_list("name", "step", "value"))
+    for name, step, value in rows:
+        series[name].append((step, value))
+    return series
+
+
+def step_times(run: Run) -> dict[int, float]:
+    """{step: unix time its metrics were reported}, by the engine's clock (a step reported
+    twice, by a resumed run: the later)."""
+    rows = (RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
+            .values_list("payload__step", "ts"))
+    return dict(rows)
 
 
 def recent_spans(run: Run) -> list[dict]:
@@ -67,8 +110,10 @@ def chart_data(run: Run) -> dict:
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
                    .order_by("id").values_list("applied_step", "kind", "value"))
         marks = charts.control_marks(applied)
+        times = step_times(run)
     return {"run_id": run.pk, "last_seq": last_seq, "ws_path": f"/ws/runs/{run.pk}/",
-            "terminal_statuses": sorted(TERMINAL), "charts": figures, "marks": marks}
+            "terminal_statuses": sorted(TERMINAL), "charts": figures, "marks": marks,
+            "step_times": times}
 
 
 LOG_TYPES = ("log", "control.applied")  # the log panel's lines; controls name who
@@ -104,11 +149,40 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
             ("async policy", cfg.async_policy.type), ("steps", str(cfg.steps))]
 
 
-
 def current_lr(run: Run) -> float:
     """The policy's learning rate as the learner last reported it (learner/lr), else the
     config's: what the live lr control starts from."""
-    latest = (MetricPoint.objects.filter(run=run, name="learner/lr").order_by("-step")
-              .values_list("value", flat=True).first())
-    return latest if latest is not None else validate_config(
-        run.config, check_files=False).algorithm.lr
+    latest = latest_point(run, "learner/lr")
+    if latest is not None and latest[1] is not None:
+        return latest[1]
+    return validate_config(run.config, check_files=False).algorithm.lr
+
+
+def latest_point(run: Run, name: str) -> tuple[int, float | None] | None:
+    """(step, value) of the metric's last reported step, or None."""
+    return (MetricPoint.objects.filter(run=run, name=name).order_by("-step")
+            .values_list("step", "value").first())
+
+
+ETA_STEPS = 20  # the ETA extrapolates the mean step time of this many latest steps
+
+
+def run_progress(run: Run) -> dict:
+    """The run header's "how is it going": step k of n, elapsed, ETA (while live), latest
+    training and held-out reward, open alerts."""
+    steps = validate_config(run.config, check_files=False).steps
+    recent = list(MetricPoint.objects.filter(run=run, name="time/step_s").order_by("-step")
+                  .values_list("step", "value")[:ETA_STEPS])
+    step = recent[0][0] if recent else None
+    elapsed = None
+    if run.started_at is not None:
+        elapsed = ((run.finished_at or timezone.now()) - run.started_at).total_seconds()
+    eta = None
+    durations = [v for _, v in recent if v is not None]
+    if run.status in LIVE and durations and step is not None:
+        eta = max(0, steps - step) * sum(durations) / len(durations)
+
+    return {"step": step, "steps": steps, "elapsed_s": elapsed, "eta_s": eta,
+            "reward": latest_point(run, "reward/mean"),
+            "held_out": latest_point(run, "eval/reward_mean"),
+            "open_alerts": run.alerts.filter(state__in=LIVE_STATES).count()}

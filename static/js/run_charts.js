@@ -3,6 +3,8 @@
 // On reconnect the socket resumes after the last seq applied, so nothing repeats or is lost.
 // Each live control applied (checkpoint, pause, lr, eval cadence) is a dotted vertical line
 // at the step it took effect from, on every metric chart (Plotly.relayout of the shapes).
+// The x axis switch redraws the metric charts against wall time (seconds since the first
+// reported step, by the engine's clock) and back; each chart's step x arrays are kept here.
 (function () {
   "use strict";
   const data = JSON.parse(document.getElementById("run-data").textContent);
@@ -12,34 +14,79 @@
   const TERMINAL = data.terminal_statuses;  // jobs/models/status.py, via the page
   let lastSeq = data.last_seq;
 
+  const stepXs = {};  // metric chart id -> per trace, the steps of its points
+  const stepTime = data.step_times;  // step -> unix seconds its metrics were reported
+  let axis = "step";
+  function startTime() { return Math.min(...Object.values(stepTime)); }
+  function toX(steps) {
+    if (axis === "step") return steps;
+    const t0 = startTime();
+    return steps.map((s) => (stepTime[s] === undefined ? null : stepTime[s] - t0));
+  }
   for (const fig of data.charts) {
     maxPoints[fig.id] = fig.max_points;
+    if (fig.id !== "timeline") stepXs[fig.id] = fig.traces.map((t) => t.x.slice());
     Plotly.newPlot("chart-" + fig.id, fig.traces, fig.layout, plotConfig);
   }
 
   const marks = [];  // jobs/charts.py control_marks: {step, label}
+  function drawMarks() {
+    const xs = toX(marks.map((m) => m.step));
+    const shapes = marks.map((m, i) => ({
+      type: "line", xref: "x", yref: "paper", x0: xs[i], x1: xs[i], y0: 0, y1: 1,
+      line: {color: "#4b2e9c", width: 1, dash: "dot"}}));
+    const annotations = marks.map((m, i) => ({
+      x: xs[i], xref: "x", y: 1, yref: "paper", text: m.label, showarrow: false,
+      textangle: -90, xanchor: "right", yanchor: "top", font: {size: 10, color: "#4b2e9c"}}));
+    for (const id of Object.keys(stepXs)) {  // the timeline has a time axis of its own
+      Plotly.relayout("chart-" + id, {shapes: shapes, annotations: annotations});
+    }
+  }
   function addMarks(more) {
     if (!more || !more.length) return;
     marks.push(...more);
-    const shapes = marks.map((m) => ({
-      type: "line", xref: "x", yref: "paper", x0: m.step, x1: m.step, y0: 0, y1: 1,
-      line: {color: "#4b2e9c", width: 1, dash: "dot"}}));
-    const annotations = marks.map((m) => ({
-      x: m.step, xref: "x", y: 1, yref: "paper", text: m.label, showarrow: false,
-      textangle: -90, xanchor: "right", yanchor: "top", font: {size: 10, color: "#4b2e9c"}}));
-    for (const fig of data.charts) {
-      if (fig.id === "timeline") continue;  // a time axis, not steps
-      Plotly.relayout("chart-" + fig.id, {shapes: shapes, annotations: annotations});
-    }
+    drawMarks();
   }
   addMarks(data.marks);
+
+  function setAxis(value) {
+    axis = value;
+    for (const [id, xs] of Object.entries(stepXs)) {
+      Plotly.update("chart-" + id, {x: xs.map(toX)},
+                    {"xaxis.title.text": axis === "wall" ? "wall time (s)" : "step"});
+    }
+    if (marks.length) drawMarks();
+  }
+  for (const radio of document.querySelectorAll('#axis-switch input[name="axis"]')) {
+    radio.addEventListener("change", () => setAxis(radio.value));
+  }
+
+  function setText(id, text) {
+    const el = document.getElementById(id);
+    if (el) el.textContent = text;
+  }
+  function followProgress(events) {  // the header's step and rewards, from metrics events
+    for (const e of events) {
+      if (e.type !== "metrics.append") continue;
+      stepTime[e.step] = e.ts;
+      if (e.values["time/step_s"] !== undefined) setText("progress-step", e.step);
+      const reward = e.values["reward/mean"];
+      if (typeof reward === "number") setText("progress-reward", reward.toFixed(3));
+      const heldOut = e.values["eval/reward_mean"];
+      if (typeof heldOut === "number") {
+        setText("progress-held-out", heldOut.toFixed(3) + " (step " + e.step + ")");
+      }
+    }
+  }
 
   function apply(msg) {
     if (msg.error) { console.error("run socket:", msg.error); return; }
     if (msg.alerts) { window.rlplaneAlerts.upsert(msg.alerts); return; }  // run_alerts.js
     if (msg.last_seq <= lastSeq) return;  // the server never resends; belt and braces
+    followProgress(msg.events);
     for (const [id, u] of Object.entries(msg.charts)) {
-      const update = {x: u.x, y: u.y};
+      if (stepXs[id]) u.indices.forEach((trace, k) => stepXs[id][trace].push(...u.x[k]));
+      const update = {x: stepXs[id] ? u.x.map(toX) : u.x, y: u.y};
       if (u.base) update.base = u.base;
       Plotly.extendTraces("chart-" + id, update, u.indices, maxPoints[id]);
     }

@@ -1,5 +1,6 @@
 // Runs list: rows update in place from ws/runs/ (one summary per ingested batch). A run the
-// table does not show yet makes htmx reload the table (it also reloads every 30 s).
+// table does not show yet makes htmx reload the table, unless the list is filtered (it
+// also reloads every 30 s).
 (function () {
   "use strict";
 
@@ -10,7 +11,10 @@
 
   function apply(msg) {
     const row = document.getElementById("run-" + msg.run_id);
-    if (!row) { htmx.trigger("#runs", "runs-changed"); return; }
+    if (!row) {  // a filtered list would reload for every run it leaves out: it polls
+      if (!window.location.search) htmx.trigger("#runs", "runs-changed");
+      return;
+    }
     for (const [id, html] of Object.entries(msg.swap)) {
       const el = document.getElementById(id);
       if (el) el.outerHTML = html;

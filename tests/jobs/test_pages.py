@@ -76,15 +76,19 @@ def test_the_run_page_draws_its_charts_from_the_stored_metrics(viewer, run):
     do_ingest_events(run, [
         metrics(1, 1, **{"reward/mean": 0.2, "reward/std": 0.1, "time/rollout_s": 0.7}),
         span(2, 1), log(3),
-        metrics(4, 2, **{"reward/mean": 0.4, "reward/std": 0.1, "time/rollout_s": 0.6}),
+        metrics(4, 2, **{"reward/mean": 0.4, "reward/std": 0.1, "time/rollout_s": 0.6,
+                         "eval/reward_mean": 0.25}),
     ])
 
     data = run_data(viewer.get(f"/runs/{run.pk}"))
 
     assert data["last_seq"] == 4 and data["ws_path"] == f"/ws/runs/{run.pk}/"
     assert data["terminal_statuses"] == ["failed", "lost", "stopped", "succeeded"]
-    lower, upper, mean = chart(data, "reward")["traces"]
+    lower, upper, mean, held_out = chart(data, "reward")["traces"]
     assert (mean["x"], mean["y"]) == ([1, 2], [0.2, 0.4])
+    assert (held_out["name"], held_out["x"], held_out["y"]) == ("held-out", [2], [0.25])
+    # When each step was reported (helpers.metrics: ts = 1000 + seq): the wall-time axis.
+    assert data["step_times"] == {"1": 1001.0, "2": 1004.0}
     assert lower["y"] == pytest.approx([0.1, 0.3]) and upper["y"] == pytest.approx([0.3, 0.5])
     assert upper["fill"] == "tonexty"
     rollout = chart(data, "step_time")["traces"][0]

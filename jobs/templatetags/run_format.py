@@ -1,0 +1,19 @@
+"""Run figures in templates: ``{{ seconds|duration }}`` -> "1h 02m", "4m 05s", "12s"."""
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def duration(seconds) -> str:
+    if seconds is None:
+        return "–"
+    total = int(round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
