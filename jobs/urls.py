@@ -4,11 +4,12 @@ from jobs import api, prometheus, views
 from jobs.alerts import views as alerts
 from jobs.alerts.lifecycle import do_acknowledge, do_resolve
 from jobs.alerts.thresholds import preset_thresholds
-from jobs.views import cluster, launch, tokens
+from jobs.views import cluster, inspector, launch, tokens
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("runs/<int:run_id>", views.run_detail, name="run-detail"),
+    path("runs/<int:run_id>/samples", inspector.run_samples, name="run-samples"),
     path("api/runs/<int:run_id>/events", api.ingest_events, name="ingest-events"),
     path("api/runs/<int:run_id>/stop", api.stop_request, name="stop-request"),
     path("api/runs/<int:run_id>/controls", api.control_poll, name="control-poll"),
