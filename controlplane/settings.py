@@ -188,6 +188,9 @@ RLPLANE_URL = os.environ.get("RLPLANE_URL", "http://127.0.0.1:8000")
 # How long a driver has to checkpoint and exit after a stop request before its Ray job is
 # stopped (which kills it after a short grace period).
 RLPLANE_STOP_TIMEOUT_S = float(os.environ.get("RLPLANE_STOP_TIMEOUT_S", "120"))
+# The rollout inspector keeps each run's samples of its last this many sampled steps
+# (older ones are deleted at ingest); at least 1.
+RLPLANE_SAMPLE_STEPS = max(1, int(os.environ.get("RLPLANE_SAMPLE_STEPS", "200")))
 
 # --- The queue (jobs/queue.py): how many in-process runs (the default colocated placement,
 # which reserves nothing on Ray) may run at once on this host.

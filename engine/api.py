@@ -22,26 +22,32 @@ from engine.events import (
     EVENT_TYPES,
     LOG_MESSAGE_LIMIT,
     RUN_STATUSES,
+    SAMPLE_TOKEN_LIMIT,
+    SAMPLES_PER_EVENT,
+    TOKEN_TEXT_LIMIT,
     CheckpointEvent,
     ControlAppliedEvent,
     Event,
     EventSink,
     LogEvent,
     MetricsEvent,
+    RolloutSample,
     RunStatusEvent,
     RunSummary,
+    SamplesEvent,
     SpanEvent,
     WeightSyncEvent,
     event_from_dict,
 )
 
 __all__ = [
-    "CONTROL_KINDS", "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES", "CheckpointEvent",
+    "CONTROL_KINDS", "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES", "SAMPLES_PER_EVENT",
+    "SAMPLE_TOKEN_LIMIT", "TOKEN_TEXT_LIMIT", "CheckpointEvent",
     "ConfigError", "Control", "ControlAppliedEvent", "ControlError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
-    "PlanError", "RunSummary", "SpanEvent", "WeightSyncEvent", "event_from_dict",
-    "load_config", "placement_bundles", "placement_demand", "plan_run", "run_local",
-    "validate", "validate_control",
+    "PlanError", "RolloutSample", "RunSummary", "SamplesEvent", "SpanEvent",
+    "WeightSyncEvent", "event_from_dict", "load_config", "placement_bundles",
+    "placement_demand", "plan_run", "run_local", "validate", "validate_control",
 ]
 
 

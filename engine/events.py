@@ -5,7 +5,7 @@
 
 Events are typed dataclasses with a per-run sequence number and a dotted ``type``
 (``run.status``, ``metrics.append``, ``span``, ``weight_sync.report``, ``checkpoint.saved``,
-``control.applied``, ``log``). Sinks (engine.telemetry.sinks, http_sink) implement
+``control.applied``, ``samples``, ``log``). Sinks (engine.telemetry.sinks, http_sink) implement
 EventSink. Standard library only: the web process reads these through engine.api.
 """
 
@@ -113,6 +113,63 @@ class ControlAppliedEvent(Event):
     message: str = ""
 
 
+SAMPLES_PER_EVENT = 32      # rollouts one samples event carries at most
+SAMPLE_TEXT_LIMIT = 4096    # characters of a prompt or completion kept (the head)
+SAMPLE_TOKEN_LIMIT = 1024   # per-token entries kept (rollout.max_new_tokens' bound)
+TOKEN_TEXT_LIMIT = 32       # characters of one token's text
+
+
+def storable_text(text: str, limit: int = SAMPLE_TEXT_LIMIT) -> str:
+    """Model text as the control plane takes it: the first ``limit`` characters (a
+    completion is read from its start), no NUL."""
+    if len(text) > limit:
+        note = f" [{len(text) - limit} characters cut]"
+        text = text[:limit - len(note)] + note
+    return text.replace("\x00", "\\0")
+
+
+@dataclass
+class RolloutSample:
+    """One rollout as the inspector shows it. The per-token lists are parallel: the
+    response tokens' text, the rollout engine's (behaviour) logprob of each and the
+    learner's recomputed logprob before its update (None where not finite)."""
+    group: int = 0                # its prompt group within the step
+    prompt: str = ""
+    completion: str = ""
+    reward: float = 0.0
+    reason: str = ""              # the reward judge's word ("correct", "timeout", ...)
+    advantage: float = 0.0
+    version: int = 0              # the (oldest) policy version that generated it
+    last_version: int = 0         # the newest, when a partial rollout mixed versions
+    staleness: int = 0            # learner version at the update - version
+    length: int = 0               # response tokens
+    truncated: bool = False       # no EOS within the budget
+    tokens: list[str] = field(default_factory=list)
+    behaviour_logprobs: list[float | None] = field(default_factory=list)
+    learner_logprobs: list[float | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.prompt, self.completion = storable_text(self.prompt), storable_text(self.completion)
+        self.reason = storable_text(self.reason)
+        n = min(SAMPLE_TOKEN_LIMIT, len(self.tokens))
+        self.tokens = [storable_text(t, TOKEN_TEXT_LIMIT) for t in self.tokens[:n]]
+        self.behaviour_logprobs = self.behaviour_logprobs[:n]
+        self.learner_logprobs = self.learner_logprobs[:n]
+
+
+@dataclass
+class SamplesEvent(Event):
+    """A sample of one step's rollouts, whole groups (the telemetry.sample_groups first
+    groups of the batch the learner trained on), for the control plane's inspector."""
+    type: ClassVar[str] = "samples"
+    step: int = 0
+    samples: list[RolloutSample] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.samples = [s if isinstance(s, RolloutSample) else RolloutSample(**s)
+                        for s in self.samples[:SAMPLES_PER_EVENT]]
+
+
 @dataclass
 class LogEvent(Event):
     type: ClassVar[str] = "log"
@@ -125,7 +182,7 @@ class LogEvent(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     c.type: c for c in (RunStatusEvent, MetricsEvent, SpanEvent, WeightSyncEvent,
-                        CheckpointEvent, ControlAppliedEvent, LogEvent)
+                        CheckpointEvent, ControlAppliedEvent, SamplesEvent, LogEvent)
 }
 
 

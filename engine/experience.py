@@ -30,6 +30,7 @@ class Sample:
     group: int                        # index of its prompt group within the step
     text: str = ""
     reward: float = 0.0
+    reason: str = ""                  # the judge's word on it ("correct", "timeout", ...)
     advantage: float = 0.0
     last_version: int | None = None   # newest version, when continued under new weights
     recycled: int = 0                 # steps it was carried over unfinished

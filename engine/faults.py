@@ -148,7 +148,7 @@ def resets_version(faults: FaultsConfig, step: int) -> bool:
 
 class SlowReward:
     """The reward stage takes ``seconds`` longer each step from ``from_step`` on: a plain
-    scorer in score(), a streaming pool in collect() (its part after generation ends), so
+    scorer in verdicts(), a streaming pool in collect() (its part after generation ends), so
     a pool keeps streaming and reporting its metrics under the fault."""
 
     def __init__(self, inner, seconds: float, from_step: int, step: StepFn):
@@ -161,9 +161,12 @@ class SlowReward:
         if self.step() >= self.from_step:
             time.sleep(self.seconds)
 
-    def score(self, problems, texts, finished) -> list[float]:
+    def verdicts(self, problems, texts, finished):
         self._delay()
-        return self.inner.score(problems, texts, finished)
+        return self.inner.verdicts(problems, texts, finished)
+
+    def score(self, problems, texts, finished) -> list[float]:
+        return [v.reward for v in self.verdicts(problems, texts, finished)]
 
     def collect(self, n: int):
         self._delay()

@@ -23,6 +23,7 @@ from engine.api import (
     Event,
     MetricsEvent,
     RunStatusEvent,
+    SamplesEvent,
     SpanEvent,
 )
 from jobs.alerts.lifecycle import do_evaluate_alerts
@@ -30,6 +31,7 @@ from jobs.event_batch import json_safe
 from jobs.groups import RUNS_GROUP, run_group
 from jobs.models import (
     Checkpoint,
+    InspectedSample,
     InvalidTransition,
     MetricPoint,
     PhaseSpan,
@@ -39,6 +41,7 @@ from jobs.models import (
     RunStatus,
 )
 from jobs.models.run import run_directory
+from jobs.models.samples import max_gap
 from jobs.queue import schedule_on_commit
 from jobs.tasks import stop_run
 
@@ -77,7 +80,7 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
             RunEvent.objects.filter(run=run, seq__in=list(by_seq)).values_list("seq", flat=True)
         )
         new = [by_seq[seq] for seq in sorted(by_seq) if seq not in stored_seqs]
-        payloads = [json_safe(event.to_dict()) for event in new]
+        payloads = [stored_payload(event) for event in new]
         RunEvent.objects.bulk_create(
             [RunEvent(run=run, seq=p["seq"], type=p["type"], ts=p["ts"], payload=p)
              for p in payloads],
@@ -104,6 +107,34 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
             transaction.on_commit(
                 partial(broadcast_events, run.pk, payloads, run_summary(run, new)), robust=True)
     return IngestResult(stored=len(new), duplicates=len(events) - len(new), last_seq=last_seq)
+
+
+def stored_payload(event: Event) -> dict:
+    """What RunEvent keeps of an event (and the run's socket is sent): all of it, but of a
+    samples event its step and count (its rollouts are InspectedSample rows, bounded)."""
+    if isinstance(event, SamplesEvent):
+        return {"type": event.type, "seq": event.seq, "ts": event.ts, "step": event.step,
+                "count": len(event.samples)}
+    return json_safe(event.to_dict())
+
+
+def derive_samples(run: Run, events: Sequence[SamplesEvent]) -> None:
+    """InspectedSample rows of the new samples events; a step sampled again (a resumed
+    run redoing it) takes the later rollouts. Then the retention setting applies."""
+    for e in events:
+        InspectedSample.objects.filter(run=run, step=e.step).delete()
+        InspectedSample.objects.bulk_create(
+            InspectedSample(run=run, step=e.step, index=i, group=s.group, prompt=s.prompt,
+                            completion=s.completion, reward=s.reward, reason=s.reason,
+                            advantage=s.advantage, version=s.version,
+                            last_version=s.last_version, staleness=s.staleness,
+                            length=s.length, truncated=s.truncated,
+                            tokens={"text": s.tokens, "behaviour": s.behaviour_logprobs,
+                                    "learner": s.learner_logprobs},
+                            max_gap=max_gap(s.behaviour_logprobs, s.learner_logprobs))
+            for i, s in enumerate(e.samples))
+    if events:
+        InspectedSample.keep_recent(run)
 
 
 def derive_rows(run: Run, events: Sequence[Event]) -> None:
@@ -141,6 +172,7 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
         checkpoints.values(), update_conflicts=True, unique_fields=["run", "step"],
         update_fields=["version", "path", "fingerprint", "created_at"],
     )
+    derive_samples(run, [e for e in events if isinstance(e, SamplesEvent)])
 
 
 def apply_engine_status(run: Run, event: RunStatusEvent) -> None:

@@ -24,7 +24,8 @@ A run token is as good as a password for one run, so it is treated as hostile: e
 value is bounded before anything is stored or drawn. Times (ts, a span's start and end)
 are unix seconds between 1970 and 2200; text carries no NUL (PostgreSQL refuses it) and
 has a length limit (a message MAX_LOG_CHARS, any other string MAX_TEXT_CHARS); an event
-carries at most MAX_METRICS_PER_EVENT metric names of at most MAX_TEXT_CHARS. A body that
+carries at most MAX_METRICS_PER_EVENT metric names of at most MAX_TEXT_CHARS, a samples
+event at most SAMPLES_PER_EVENT rollouts of at most SAMPLE_TOKEN_LIMIT tokens each. A body that
 is not JSON a server should parse (integers past Python's digit limit, nesting past the
 recursion limit) is refused whole, as malformed.
 """
@@ -45,6 +46,9 @@ from engine.api import (
     EVENT_TYPES,
     LOG_MESSAGE_LIMIT,
     RUN_STATUSES,
+    SAMPLE_TOKEN_LIMIT,
+    SAMPLES_PER_EVENT,
+    TOKEN_TEXT_LIMIT,
     Event,
     MetricsEvent,
     RunStatusEvent,
@@ -110,8 +114,8 @@ def parse_event(item: Any, stored_seq: int = 0) -> Event:
         raise ValueError(f"unknown event type {kind!r} (known: {known})")
     cls = EVENT_TYPES[kind]
     try:
-        fields = dict(schema_of(cls).model_validate({k: v for k, v in item.items()
-                                                      if k != "type"}))
+        fields = schema_of(cls).model_validate({k: v for k, v in item.items()
+                                                if k != "type"}).model_dump()
     except ValidationError as exc:
         raise ValueError(f"{kind}{describe(exc.errors())}") from None
     for name, value in fields.items():
@@ -132,11 +136,19 @@ def parse_event(item: Any, stored_seq: int = 0) -> Event:
 
 
 @functools.cache
-def schema_of(cls: type[Event]) -> type[BaseModel]:
-    """A strict pydantic model of an event dataclass: its fields, each required."""
+def schema_of(cls: type) -> type[BaseModel]:
+    """A strict pydantic model of an event dataclass: its fields, each required; a list of
+    dataclasses (a samples event's rollouts) is a list of their own strict models."""
     hints = typing.get_type_hints(cls)
+
+    def strict(hint):
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is list and dataclasses.is_dataclass(args[0]):
+            return list[schema_of(args[0])]
+        return hint
+
     return create_model(cls.__name__, __config__=ConfigDict(extra="forbid", strict=True),
-                        **{f.name: (hints[f.name], ...) for f in dataclasses.fields(cls)})
+                        **{f.name: (strict(hints[f.name]), ...) for f in dataclasses.fields(cls)})
 
 
 EXPECTED = {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
@@ -147,13 +159,21 @@ def describe(errors: list[dict[str, Any]]) -> str:
     """pydantic's errors as one message after the event type: all unknown fields, else
     all missing ones, else the first field whose value is wrong and what it should be."""
     for kind, what in (("extra_forbidden", "unknown"), ("missing", "missing")):
-        if names := sorted(str(e["loc"][0]) for e in errors if e["type"] == kind):
+        if names := sorted(path(e["loc"]) for e in errors if e["type"] == kind):
             return f": {what} field(s) {', '.join(names)}"
     err = errors[0]
-    field, *inner = err["loc"]
-    where = f" at {inner[0]!r}" if inner else ""
+    loc = err["loc"]
+    if len(loc) > 2 and isinstance(loc[-1], str):     # a nested object's field: name it whole
+        field, where = path(loc), ""
+    else:
+        field, where = path(loc[:-1] or loc), f" at {loc[-1]!r}" if len(loc) > 1 else ""
     expected = EXPECTED.get(err["type"], err["msg"].removeprefix("Input should be ").lower())
     return f".{field}: expected {expected}{where}, got {err['input']!r}"
+
+
+def path(loc: tuple) -> str:
+    """('samples', 0, 'reward') -> 'samples[0].reward'."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
 
 
 def out_of_range(value: Any) -> str | None:
@@ -183,6 +203,36 @@ def out_of_bounds(cls: type[Event], name: str, value: Any) -> str | None:
         for key in value:
             if problem := text_problem(key, MAX_TEXT_CHARS):
                 return f"a name {problem}"
+    if isinstance(value, list):
+        return samples_problem(value)
+    return None
+
+
+TOKEN_LISTS = ("tokens", "behaviour_logprobs", "learner_logprobs")
+
+
+def samples_problem(samples: list[dict[str, Any]]) -> str | None:
+    """A samples event's rollouts (engine.events.RolloutSample as dicts): how many, and
+    each value's bound; the per-token lists parallel, of bounded length."""
+    if len(samples) > SAMPLES_PER_EVENT:
+        return f"{len(samples)} rollouts in one event; send at most {SAMPLES_PER_EVENT}"
+    for i, sample in enumerate(samples):
+        for name, value in sample.items():
+            if isinstance(value, list):
+                problem = (f"has {len(value)} entries; the limit is {SAMPLE_TOKEN_LIMIT}"
+                           if len(value) > SAMPLE_TOKEN_LIMIT else None)
+                for item in value:
+                    problem = problem or (text_problem(item, TOKEN_TEXT_LIMIT)
+                                          if isinstance(item, str) else out_of_range(item))
+            elif isinstance(value, str):
+                problem = text_problem(value, MAX_TEXT_CHARS)
+            else:
+                problem = out_of_range(value)
+            if problem:
+                return f"[{i}].{name} {problem}"
+        if len({len(sample[name]) for name in TOKEN_LISTS}) > 1:
+            return (f"[{i}]: tokens, behaviour_logprobs and learner_logprobs must have one "
+                    f"entry per token (got {', '.join(str(len(sample[n])) for n in TOKEN_LISTS)})")
     return None
 
 

@@ -5,13 +5,14 @@ from jobs.alerts import views as alerts
 from jobs.alerts.lifecycle import do_acknowledge, do_resolve
 from jobs.alerts.thresholds import preset_thresholds
 from jobs.rest import runs as rest_runs
-from jobs.views import cluster, compare, launch, runs_list, tokens
+from jobs.views import cluster, compare, inspector, launch, runs_list, tokens
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("runs/<int:run_id>", views.run_detail, name="run-detail"),
     path("runs/compare", compare.compare_page, name="compare"),
     path("api/runs/compare", rest_runs.compare_for_pages, name="compare-api"),
+    path("runs/<int:run_id>/samples", inspector.run_samples, name="run-samples"),
     path("api/runs/<int:run_id>/events", api.ingest_events, name="ingest-events"),
     path("api/runs/<int:run_id>/stop", api.stop_request, name="stop-request"),
     path("api/runs/<int:run_id>/controls", api.control_poll, name="control-poll"),

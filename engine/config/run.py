@@ -48,6 +48,9 @@ class TelemetryConfig(_Section):
     """Samples per held-out prompt at the eval temperature (more = less noisy mean)."""
     jsonl: bool = True
     """Write every event to events.jsonl in the run directory."""
+    sample_groups: int = Field(default=2, ge=0, le=32)
+    """Prompt groups per step sent to the control plane's rollout inspector as a
+    ``samples`` event (prompt, completion, reward, advantage, per-token logprobs); 0 = off."""
 
 
 class RunConfig(_Section):

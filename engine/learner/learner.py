@@ -72,6 +72,7 @@ class Learner:
                                            weight_decay=cfg.weight_decay)
         self.version = 0
         self.step = 0
+        self.last_logprobs: torch.Tensor | None = None   # (B, R) of the last update
 
     @property
     def lr(self) -> float:
@@ -117,6 +118,11 @@ class Learner:
         self.policy.train()
         return logp
 
+    def token_logprobs(self, rows: list[int]) -> list[list[float]]:
+        """The learner's logprobs (recomputed before the last update) of those rows' response
+        tokens, padding included: the caller cuts each to its response length."""
+        return self.last_logprobs[rows].float().cpu().tolist()
+
     def _micro_batches(self, batch: PackedBatch, idx: torch.Tensor) -> list[torch.Tensor]:
         """Rows ``idx`` split under learner.micro_batch_tokens, counting the tokens the
         forward layout computes (real ones packed, the full padded width padded)."""
@@ -143,6 +149,7 @@ class Learner:
         batch = batch.to(self.device)
         mask = batch.response_mask
         old_logp = self.recompute(batch)                                   # (B, R)
+        self.last_logprobs = old_logp                  # what the inspector shows per token
         ref_logp = None
         if self.reference is not None and cfg.kl_coef > 0:
             ref_logp = self.reference_logprobs(batch)

@@ -11,6 +11,8 @@
         sync.send(step) -> every rollout worker     each reports (version, fp)     [spans]
         emit metrics.append (engine.telemetry.step_metrics; every actor's spans and
                              the device/* its DeviceSampler measured)
+        emit samples        (telemetry.sample_groups groups, with the learner's
+                             per-token logprobs: engine.telemetry.samples)
     eval -> final checkpoint -> run.status
 
 Every policy runs on every placement; only on Ray do generation and training overlap. A
@@ -75,6 +77,7 @@ from engine.rollout.preflight import preflight_verdict
 from engine.seeds import seed_everything, step_seed
 from engine.tasks import task_for
 from engine.telemetry.recorder import Telemetry
+from engine.telemetry.samples import inspected_rows, samples_event
 from engine.telemetry.sinks import FanoutSink, JsonlSink, MemorySink, last_seq
 from engine.telemetry.step_metrics import (
     group_length_metrics,
@@ -103,7 +106,7 @@ class RunLoop:
         self.step = self.version = 0
         self.d: Deployment | None = None       # while deployed
         self.buffer = ExperienceBuffer()       # replaced once deployed
-        self.policy = self.experience = None
+        self.policy = self.experience = self.tokenizer = None
         self.last_sync: SyncResult | None = None
         self._logged: set[str] = set()         # worker log lines already logged
         self._take_controls = take_controls
@@ -178,8 +181,8 @@ class RunLoop:
                          f"{self.version})")
         self.buffer = wrap_buffer(ExperienceBuffer(buffer_bound(cfg.async_policy)),
                                   cfg.faults, lambda: self.step)
-        task = task_for(cfg, load_tokenizer(policy_dir, cfg.model.trust_remote_code),
-                        log=self.tel.log)
+        self.tokenizer = load_tokenizer(policy_dir, cfg.model.trust_remote_code)
+        task = task_for(cfg, self.tokenizer, log=self.tel.log)
         self.experience = Experience(d.workers, task, self.buffer,
                                      cfg.rollout.prompts_per_step, cfg.algorithm.group_size,
                                      cfg.model.seed, resumed_at=self.step,
@@ -301,8 +304,20 @@ class RunLoop:
         m["buffer/dropped_stale"] = float(self.buffer.dropped_stale)
         m["buffer/recycled"] = float(self.experience.recycled)
         self.tel.emit(MetricsEvent(step=step, values=m))
+        self._emit_samples(step, groups, samples, staleness)
         self._drain_logs()
         return m
+
+    def _emit_samples(self, step: int, groups: list[list[Sample]], samples: list[Sample],
+                      staleness: list[int]) -> None:
+        """The inspector's sample of the batch just trained on (telemetry.sample_groups)."""
+        rows = inspected_rows(groups, self.cfg.telemetry.sample_groups)
+        if not rows:
+            return
+        learner = self.d.learner.call(LearnerWorker.token_logprobs, rows).result()
+        tok = self.tokenizer
+        self.tel.emit(samples_event(step, samples, rows, staleness, learner,
+                                    lambda t: tok.decode([t])))
 
     def _check_dynamic_sampling(self, step: int, groups: list[list[Sample]]) -> None:
         """A batch that dynamic sampling could not fill within its budget: a warning when

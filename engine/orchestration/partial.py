@@ -91,7 +91,7 @@ def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: Sampli
         owners = [groups[gi].problem for gi in done for _ in rows[gi]]
         flat = [r for gi in done for r in rows[gi]]
         texts = [tok.decode(r.token_ids, skip_special_tokens=True) for r in flat]
-        rewards = reward.score(owners, texts, [r.finished for r in flat]) if flat else []
+        verdicts = reward.verdicts(owners, texts, [r.finished for r in flat]) if flat else []
     samples, k = [], 0
     for n, gi in enumerate(done):
         group = []
@@ -99,7 +99,8 @@ def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: Sampli
             group.append(Sample(
                 problem=groups[gi].problem, prompt_ids=prompt[gi], response_ids=r.token_ids,
                 behaviour_logprobs=r.logprobs, finished=r.finished, version=r.version,
-                group=n, text=texts[k], reward=rewards[k], recycled=groups[gi].recycled,
+                group=n, text=texts[k], reward=verdicts[k].reward, reason=verdicts[k].reason,
+                recycled=groups[gi].recycled,
                 last_version=r.last_version, gen_s=gen_s.get((gi, ri))))
             k += 1
         samples.append(group)

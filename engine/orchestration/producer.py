@@ -5,7 +5,7 @@
         each completion as it finishes (on_complete): its time since the call began
         (Sample.gen_s: a straggler is a sample, not a step), and a streaming reward (a
         pool) gets it to score while the rest still generate
-    decode, reward.score(...) or pool.collect(...)          [span: reward]
+    decode, reward.verdicts(...) or pool.collect(...)          [span: reward]
     -> one group (list[Sample]) per problem, tagged with the engine's weight version
 """
 
@@ -57,13 +57,14 @@ class RolloutProducer:
         with self.rec.phase("reward", step, version):
             texts = [self._decode(o) for o in outs]
             if stream:
-                rewards = [v.reward for v in self.reward.collect(len(outs))]
+                verdicts = self.reward.collect(len(outs))
             else:
-                rewards = self.reward.score(owners, texts, [o.finished for o in outs])
+                verdicts = self.reward.verdicts(owners, texts, [o.finished for o in outs])
         samples = [
             Sample(problem=owners[i], prompt_ids=batch[i], response_ids=o.token_ids,
                    behaviour_logprobs=o.logprobs, finished=o.finished, version=o.version,
-                   group=i // g, text=texts[i], reward=rewards[i], gen_s=done_s[i])
+                   group=i // g, text=texts[i], reward=verdicts[i].reward,
+                   reason=verdicts[i].reason, gen_s=done_s[i])
             for i, o in enumerate(outs)
         ]
         return [samples[i:i + g] for i in range(0, len(samples), g)]

@@ -9,6 +9,7 @@
         .drain_logs()
     LearnerWorker(cfg, policy_dir, model_dir, devices, checkpoint)
         .update(samples, step) -> metrics                  [span: learner]  version += 1
+        .token_logprobs(rows)                              that update's learner logprobs
         .setup_sender(...); .connect(); .prepare(step) -> (WeightMeta, ticket); .transfer()
                                                            [span: weight_sync]
         .save_checkpoint(root, keep)
@@ -213,6 +214,10 @@ class LearnerWorker(WeightSenderHost):
         for f in peers:
             f.result()
         return metrics
+
+    def token_logprobs(self, rows: list[int]) -> list[list[float]]:
+        """Rows of the last update's recomputed logprobs (rank 0 recomputes the whole batch)."""
+        return self.learner.token_logprobs(rows)
 
     def set_lr(self, lr: float) -> float:
         """Every rank's optimizer takes ``lr`` from the next step; returns the previous."""

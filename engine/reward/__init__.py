@@ -1,6 +1,6 @@
 """The reward seam. A reward scores a batch of completions of problems; a judge scores one.
 
-    reward = build_reward(cfg.reward, task, log)       # RewardFn: .score(problems, texts, finished)
+    reward = build_reward(cfg.reward, task, log)   # RewardFn: .verdicts(problems, texts, finished)
       rule          RuleVerifier      exact / numeric / the task's verifier, + format check
       sandbox       SandboxVerifier   run the program against unit tests (engine/reward/sandbox.py)
       reward_model  RewardModelJudge  served classifier (engine/reward/model.py), verifier alongside
@@ -35,8 +35,13 @@ __all__ = ["Judge", "RewardFn", "Verdict", "build_judge", "build_reward", "rewar
 
 
 class RewardFn(Protocol):
+    def verdicts(self, problems: list[Problem], texts: list[str],
+                 finished: list[bool]) -> list[Verdict]:
+        """One Verdict (reward + the judge's reason) per completion, in order."""
+
     def score(self, problems: list[Problem], texts: list[str],
-              finished: list[bool]) -> list[float]: ...
+              finished: list[bool]) -> list[float]:
+        """The rewards of ``verdicts``."""
 
 
 def verifier_for(task: Task) -> Judge:

@@ -103,6 +103,10 @@ class RewardService:
         self._reset()
         return out
 
+    def score(self, problems: list[Problem], texts: list[str],
+              finished: list[bool]) -> list[float]:
+        return [v.reward for v in self.verdicts(problems, texts, finished)]
+
 
 class InlineReward(RewardService):
     """Scores a batch in the calling process, one completion after another."""
@@ -121,10 +125,6 @@ class InlineReward(RewardService):
             self.record(v, submitted, start, time.time())
             out.append(v)
         return out
-
-    def score(self, problems: list[Problem], texts: list[str],
-              finished: list[bool]) -> list[float]:
-        return [v.reward for v in self.verdicts(problems, texts, finished)]
 
 
 class RewardWorker:
@@ -207,11 +207,11 @@ class RewardPool(RewardService):
             raise ValueError(f"collect({n}) left verdicts for indices {sorted(self.done)}")
         return out
 
-    def score(self, problems: list[Problem], texts: list[str],
-              finished: list[bool]) -> list[float]:
+    def verdicts(self, problems: list[Problem], texts: list[str],
+                 finished: list[bool]) -> list[Verdict]:
         for i, (p, t, f) in enumerate(zip(problems, texts, finished, strict=True)):
             self.submit(i, p, t, f)
-        return [v.reward for v in self.collect(len(texts))]
+        return self.collect(len(texts))
 
     def close(self) -> None:
         import ray

@@ -8,6 +8,7 @@
     alerts.py   Alert         a named condition on a run; AlertChannel; Notification
     tokens.py   ApiToken      a user's REST API token, stored hashed
     controls.py RunControl    a live control asked of a running run (pause, set_lr, ...)
+    samples.py  InspectedSample  a rollout of a step, for the inspector (bounded retention)
 """
 
 from jobs.models.alerts import (
@@ -22,13 +23,14 @@ from jobs.models.controls import RunControl
 from jobs.models.events import Checkpoint, RunEvent
 from jobs.models.preset import Preset
 from jobs.models.run import Run
+from jobs.models.samples import InspectedSample
 from jobs.models.series import MetricPoint, PhaseSpan, latest_values
 from jobs.models.status import LIVE, TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
 from jobs.models.tokens import ApiToken
 
 __all__ = [
     "LIVE_STATES", "Alert", "AlertChannel", "AlertState", "ApiToken", "Notification",
-    "NotificationStatus",
+    "InspectedSample", "NotificationStatus",
     "LIVE", "TERMINAL", "TRANSITIONS", "Checkpoint", "InvalidTransition", "MetricPoint",
     "PhaseSpan", "Preset", "Run", "RunControl", "RunEvent", "RunStatus", "latest_values",
 ]

@@ -14,7 +14,9 @@ class RunEvent(models.Model):
     seq = models.BigIntegerField()
     type = models.CharField(max_length=40)
     ts = models.FloatField()  # unix seconds, the engine's clock
-    payload = models.JSONField()  # event.to_dict(), non-finite numbers as null
+    # event.to_dict(), non-finite numbers as null; a samples event's step and count only
+    # (jobs.actions.stored_payload: its rollouts are InspectedSample rows)
+    payload = models.JSONField()
 
     class Meta:
         ordering = ["run", "seq"]

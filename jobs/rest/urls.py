@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from jobs.rest import runs, views
+from jobs.rest import runs, samples, views
 
 urlpatterns = [
     path("runs", runs.runs, name="api-runs"),
@@ -17,6 +17,7 @@ urlpatterns = [
     path("runs/<int:run_id>/events", runs.events, name="api-run-events"),
     path("runs/<int:run_id>/checkpoints", runs.checkpoints, name="api-run-checkpoints"),
     path("runs/<int:run_id>/controls", runs.controls, name="api-run-controls"),
+    path("runs/<int:run_id>/samples", samples.samples, name="api-run-samples"),
     path("alerts", views.alerts, name="api-alerts"),
     path("alerts/<int:alert_id>/acknowledge", views.acknowledge, name="api-alert-ack"),
     path("alerts/<int:alert_id>/resolve", views.resolve, name="api-alert-resolve"),

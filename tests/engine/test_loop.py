@@ -10,6 +10,7 @@ from engine.api import (
     CheckpointEvent,
     MetricsEvent,
     RunStatusEvent,
+    SamplesEvent,
     SpanEvent,
     WeightSyncEvent,
     event_from_dict,
@@ -126,3 +127,31 @@ def test_a_stop_file_checkpoints_after_the_step_in_progress(tmp_path, model_cach
     summary = run_local(small_run(steps=5), tmp_path)
     assert summary.status == "stopped" and summary.steps_done == 1
     assert (tmp_path / "checkpoints" / "step_000001" / "state.json").exists()
+
+
+def test_every_step_emits_a_sample_of_its_rollouts_for_the_inspector(two_step_run):
+    _, events, _ = two_step_run
+    metrics = {e.step: e.values for e in events
+               if isinstance(e, MetricsEvent) and "reward/mean" in e.values}
+    sampled = [e for e in events if isinstance(e, SamplesEvent)]
+    assert [e.step for e in sampled] == [0, 1]
+    for event in sampled:
+        samples = event.samples
+        # telemetry.sample_groups = 2 (the default) whole groups of group_size = 4
+        assert [s.group for s in samples] == [0] * 4 + [1] * 4
+        for group in (samples[:4], samples[4:]):
+            assert len({s.prompt for s in group}) == 1 and group[0].prompt.strip()
+            assert abs(sum(s.advantage for s in group)) < 1e-4   # group-relative
+        for s in samples:
+            assert s.reason and s.staleness == 0 and s.version == s.last_version
+            assert s.length == len(s.tokens) == len(s.behaviour_logprobs) \
+                == len(s.learner_logprobs)
+            special = {"<pad>", "<bos>", "<eos>", "<unk>"}    # shown as tokens, not in the text
+            assert "".join(t for t in s.tokens if t not in special) == s.completion
+            assert not s.truncated or s.length == 4               # rollout.max_new_tokens
+            # the learner's recompute is the one the step's logprob_gap/max is measured on
+            gaps = [abs(b - learner) for b, learner in
+                    zip(s.behaviour_logprobs, s.learner_logprobs, strict=True)]
+            assert max(gaps, default=0.0) <= metrics[event.step]["logprob_gap/max"] + 1e-3
+            assert all(b <= 0 for b in s.behaviour_logprobs)
+

@@ -22,6 +22,7 @@ from engine.orchestration.actors import LocalActor
 from engine.orchestration.partial import PartialGroup, Row, continue_groups
 from engine.orchestration.policies import Experience, SyncPolicy, build_policy
 from engine.orchestration.producer import RolloutProducer, split
+from engine.reward import Verdict
 from engine.rollout.base import Completion, SamplingParams
 from engine.tasks.base import Problem
 from engine.telemetry.recorder import SpanRecorder
@@ -142,8 +143,8 @@ class ByteTok:
 
 
 class ZeroReward:
-    def score(self, problems, texts, finished):
-        return [0.0] * len(texts)
+    def verdicts(self, problems, texts, finished):
+        return [Verdict(0.0, "wrong")] * len(texts)
 
 
 def test_partial_rollout_stops_at_the_target_and_carries_the_long_tail():
