@@ -38,6 +38,7 @@ from engine.learner.losses import (
     tis_weights,
     token_weights,
 )
+from engine.moe import RouterHooks, moe_routers
 from engine.seeds import minibatch_seed
 from engine.weightsync.fingerprint import fingerprint
 
@@ -68,6 +69,10 @@ class Learner:
                                  else torch.device("cpu"))
         self.reference = (reference.to(self.reference_device).eval().requires_grad_(False)
                           if reference is not None else None)
+        # Hooks on the policy's MoE routers: the agreement of its routing with the
+        # rollout's, and learner.routing_replay (engine.moe). Dense models have none.
+        self.router = (RouterHooks(self.policy, replay=setup.routing_replay)
+                       if setup.routing_replay or moe_routers(self.policy) else None)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr,
                                            weight_decay=cfg.weight_decay)
         self.version = 0
@@ -96,7 +101,8 @@ class Learner:
         """(B, R) response logprobs on this learner's device, layout and precision."""
         with autocast(self.device, self.setup):
             return response_logprobs(model, batch, temperature, with_entropy,
-                                     packed=self.setup.packing, top_p=top_p)
+                                     packed=self.setup.packing, top_p=top_p,
+                                     router=self.router if model is self.policy else None)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: PackedBatch) -> torch.Tensor:
@@ -109,13 +115,18 @@ class Learner:
                 for i in self._micro_batches(on, torch.arange(len(on)))]).to(self.device)
 
     @torch.no_grad()
-    def recompute(self, batch: PackedBatch) -> torch.Tensor:
+    def recompute(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, R) logprobs before any optimizer step, and, when the batch carries the
+        rollout's routing, whether the policy's own routing agreed per response token."""
         self.policy.eval()
-        logp = torch.cat([self.logprobs(self.policy, batch.select(i), self.temperature,
-                                        top_p=self.top_p)[0]
-                          for i in self._micro_batches(batch, torch.arange(len(batch)))])
+        logps, agreed = [], []
+        for i in self._micro_batches(batch, torch.arange(len(batch))):
+            logps.append(self.logprobs(self.policy, batch.select(i), self.temperature,
+                                       top_p=self.top_p)[0])
+            if self.router is not None and self.router.agreed is not None:
+                agreed.append(self.router.agreed)
         self.policy.train()
-        return logp
+        return torch.cat(logps), torch.cat(agreed) if agreed else None
 
     def _micro_batches(self, batch: PackedBatch, idx: torch.Tensor) -> list[torch.Tensor]:
         """Rows ``idx`` split under learner.micro_batch_tokens, counting the tokens the
@@ -142,7 +153,7 @@ class Learner:
         cfg = self.cfg
         batch = batch.to(self.device)
         mask = batch.response_mask
-        old_logp = self.recompute(batch)                                   # (B, R)
+        old_logp, agreed = self.recompute(batch)                           # (B, R)
         ref_logp = None
         if self.reference is not None and cfg.kl_coef > 0:
             ref_logp = self.reference_logprobs(batch)
@@ -154,6 +165,8 @@ class Learner:
             "logprob_gap/k3": float(masked_mean(k3(batch.behaviour_logp, old_logp), mask)),
             "tis/clip_frac": float(masked_mean(tis_clipped.float(), mask)),
         }
+        if agreed is not None:
+            metrics["moe/routing_agreement"] = float(agreed.float().mean())
         if self.temperature != 1.0:
             # The gap to the raw distribution (log_softmax(logits): no temperature, no
             # top-p, vLLM's raw_logprobs): ~0 when the engine's logprobs ignore temperature

@@ -63,7 +63,8 @@ class RolloutProducer:
         samples = [
             Sample(problem=owners[i], prompt_ids=batch[i], response_ids=o.token_ids,
                    behaviour_logprobs=o.logprobs, finished=o.finished, version=o.version,
-                   group=i // g, text=texts[i], reward=rewards[i], gen_s=done_s[i])
+                   group=i // g, text=texts[i], reward=rewards[i], gen_s=done_s[i],
+                   routing=o.routing)
             for i, o in enumerate(outs)
         ]
         return [samples[i:i + g] for i in range(0, len(samples), g)]
