@@ -18,6 +18,10 @@ minibatch's mask before it is split, so the accumulated gradient is the one big 
 whatever the micro-batch split. Sequences out of the loss (algorithm.overlong "filter")
 have weight 0 and do not count.
 
+An MoE policy's routers carry hooks (engine.moe): the recompute compares their top-k with
+the rollout's recorded routing (moe/routing_agreement), and learner.routing_replay routes
+every forward of the update by the recorded experts.
+
 Where it runs is ``[learner]`` (engine.config.LearnerConfig): the policy and the
 reference live on the resolved device, batches move there, bf16 autocasts the forward
 and backward while parameters and AdamW state stay float32. The learner owns the policy
