@@ -234,3 +234,36 @@ def test_a_grpo_run_on_a_tiny_moe_model_replays_routing_and_syncs(moe_dirs, tmp_
     m = summary.last_metrics
     assert m["weight_sync/matched"] == 1.0
     assert m["moe/routing_agreement"] == 1.0 and m["logprob_gap/max"] < DENSE_BOUND
+
+
+def sharded_rank(rank: int, world: int, port: int, path, batch, out_path) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from engine.learner.sharded import ShardedLearner
+
+        policy = load_policy(path)
+        perturb_routers(policy, TIE, seed=1)
+        learner = ShardedLearner(policy, GrpoConfig(), 1.0, seed=0,
+                                 setup=LearnerConfig(routing_replay=True))
+        metrics = learner.update(batch)
+        if rank == 0:
+            torch.save(metrics, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_an_fsdp_sharded_learner_replays_routing_too(near_tied_dirs, tmp_path):
+    from .test_learner_sharded import run_ranks
+
+    path = near_tied_dirs["qwen2_moe"]
+    batch = pack(rollout_samples(path), load_tokenizer(path).pad_token_id)
+    run_ranks(sharded_rank, 2, path, batch, tmp_path / "m.pt")
+    m = torch.load(tmp_path / "m.pt")
+    assert m["moe/routing_agreement"] < 0.8 and m["logprob_gap/max"] < DENSE_BOUND
