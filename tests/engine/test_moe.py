@@ -25,12 +25,10 @@ from engine.tasks.base import Problem
 
 from .conftest import small_run
 from .hf_models import MOE_ARCHITECTURES, build_hf_model
+from .test_hf_models import TEXTS
 
 DENSE_BOUND = 1e-4     # sampler vs learner logprobs in fp32 (tests/engine/test_hf_models.py)
 TIE = 1e-5             # router rows differ by this much: every routing decision is near-tied
-
-TEXTS = ["12+34=", "Natalia sold clips to 48 of her friends.", "rev:abcdef=", "7*8=",
-         "How many clips did she sell? Let us think step by step."]
 
 
 @pytest.fixture(scope="module")
