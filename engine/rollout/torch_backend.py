@@ -146,7 +146,7 @@ class TorchRollout:
 
         def complete(i: int, aborted: bool = False) -> bool:
             n = int(lengths[i])
-            fed = (routing[i, P - len(prompts[i]):P + n - 1].numpy()
+            fed = (routing[i, P - len(prompts[i]):P + n - 1].numpy().copy()
                    if routing is not None else None)
             results[i] = Completion(token_ids=out_tok[i, :n].tolist(),
                                     logprobs=out_lp[i, :n].tolist(), finished=bool(finished[i]),
