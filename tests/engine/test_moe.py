@@ -265,3 +265,22 @@ def test_an_fsdp_sharded_learner_replays_routing_too(near_tied_dirs, tmp_path):
     run_ranks(sharded_rank, 2, path, batch, tmp_path / "m.pt")
     m = torch.load(tmp_path / "m.pt")
     assert m["moe/routing_agreement"] < 0.8 and m["logprob_gap/max"] < DENSE_BOUND
+
+
+@pytest.mark.slow
+def test_routing_travels_from_ray_rollout_workers_to_the_learner(ray_gpus, moe_dirs, tmp_path):
+    from engine.api import MetricsEvent, WeightSyncEvent
+    from engine.telemetry.sinks import MemorySink
+
+    cfg = small_run(steps=3, model={"path": str(moe_dirs["mixtral"])},
+                    placement={"type": "disaggregated"}, async_policy={"type": "one_step_off"},
+                    weight_sync={"type": "object_store"},
+                    rollout={"max_new_tokens": 6, "record_routing": True},
+                    learner={"routing_replay": True})
+    sink = MemorySink()
+    summary = run_local(cfg, tmp_path, sink=sink)
+    assert (summary.status, summary.steps_done) == ("succeeded", 3)
+    steps = [e.values for e in sink.events
+             if isinstance(e, MetricsEvent) and "staleness/max" in e.values]
+    assert len(steps) == 3 and all(0.0 < m["moe/routing_agreement"] <= 1.0 for m in steps)
+    assert all(s.matched for s in sink.events if isinstance(s, WeightSyncEvent))
