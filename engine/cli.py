@@ -20,8 +20,9 @@ from engine.config import ConfigError, load_config
 KEY_METRICS = [
     "reward/mean", "reward/accuracy", "response_length/p50", "response_length/p99",
     "time/step_s", "rollout_share", "bubble", "throughput/tokens_per_s",
-    "logprob_gap/mean", "logprob_gap/max", "tis/clip_frac", "staleness/max",
-    "weight_sync/latency_s", "weight_sync/matched", "learner/loss", "learner/entropy",
+    "logprob_gap/mean", "logprob_gap/max", "moe/routing_agreement", "tis/clip_frac",
+    "staleness/max", "weight_sync/latency_s", "weight_sync/matched", "learner/loss",
+    "learner/entropy",
 ]
 
 

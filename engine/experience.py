@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from engine.config import NoOverlongConfig, OverlongConfig, OverlongPenaltyConfig
 from engine.tasks.base import Problem
 
@@ -37,6 +39,8 @@ class Sample:
     shaping: float = 0.0              # added to reward for advantages (overlong penalty)
     in_loss: bool = True              # False: masked out of the loss (overlong filter)
     gen_s: float | None = None        # its generate call's start -> its completion (seconds)
+    # rollout.record_routing: experts per fed token (prompt + response[:-1], L, k), int16
+    routing: np.ndarray | None = None
 
     @property
     def learning_reward(self) -> float:

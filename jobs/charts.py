@@ -90,9 +90,14 @@ METRIC_CHARTS: tuple[Chart, ...] = (
     Chart("staleness", "Staleness (policy versions)", (
         metric("staleness/mean", "mean"), metric("staleness/max", "max"),
     )),
-    Chart("logprob_gap", "Logprob gap |behaviour - learner|", (
+    # MoE runs that record routing draw, beside the gap, how often the learner's own
+    # router picked the rollout's experts: a gap that rises as agreement falls is routing.
+    Chart("logprob_gap", "Logprob gap |behaviour - learner| (and MoE routing agreement)", (
         metric("logprob_gap/mean", "mean"), metric("logprob_gap/max", "max"),
-    )),
+        metric("moe/routing_agreement", "routing agreement", yaxis="y2",
+               line={"dash": "dot"}),
+    ), {"yaxis2": {"overlaying": "y", "side": "right", "range": [0, 1],
+                   "title": {"text": "agreement"}}}),
     Chart("weight_sync", "Weight sync: latency and versions", (
         metric("weight_sync/latency_s", "latency (s)"),
         metric("weight_sync/version_learner", "learner version", yaxis="y2",

@@ -46,3 +46,8 @@ class LearnerConfig(_Section):
     """Pack prompt+response sequences end to end into dense rows (positions restart per
     sequence, attention never crosses sequences) instead of padding each to the longest.
     Same logprobs and loss as the padded layout, fewer wasted tokens."""
+    routing_replay: bool = False
+    """Mixture-of-Experts models: route the learner's forward through the experts the
+    rollout recorded (rollout.record_routing) instead of the learner's own top-k; the
+    routing weights come from the learner's router logits at those experts (engine.moe).
+    Removes the logprob gap that a near-tied router choice opens between the engines."""

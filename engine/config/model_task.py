@@ -66,17 +66,46 @@ class ModelConfig(_Section):
         return self
 
 
-def max_positions(path: Path) -> int | None:
-    """The longest sequence the directory's config.json allows (max_position_embeddings),
-    or None when it does not say (or the file is unreadable: model_dir_problem reports
-    that)."""
+def _text_config(path: Path) -> dict:
+    """The language model's part of the directory's config.json; {} when the file is
+    unreadable (model_dir_problem reports that)."""
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
+        return {}
     text = config.get("text_config", config) if isinstance(config, dict) else {}
-    value = text.get("max_position_embeddings") if isinstance(text, dict) else None
+    return text if isinstance(text, dict) else {}
+
+
+def max_positions(path: Path) -> int | None:
+    """The longest sequence the directory's config.json allows (max_position_embeddings),
+    or None when it does not say."""
+    value = _text_config(path).get("max_position_embeddings")
     return value if isinstance(value, int) else None
+
+
+MOE_ROUTERS = {
+    "mixtral": "MixtralTopKRouter",
+    "qwen2_moe": "Qwen2MoeTopKRouter",
+    "qwen3_moe": "Qwen3MoeTopKRouter",
+    "olmoe": "OlmoeTopKRouter",
+}
+"""Mixture-of-Experts families whose routing the engine records and replays (engine.moe):
+config.json model_type -> its transformers router class."""
+
+
+def routing_problem(path: Path) -> str | None:
+    """Why model.path's routing cannot be recorded or replayed (a dense model, or an MoE
+    family engine.moe does not handle); None for a supported MoE model."""
+    text = _text_config(path)
+    kind = text.get("model_type")
+    if kind in MOE_ROUTERS:
+        return None
+    if any(k in text for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+        return (f"model.path is a Mixture-of-Experts model of type {kind!r}, whose router "
+                f"the engine cannot record or replay (it can: {', '.join(MOE_ROUTERS)})")
+    return (f"model.path is a dense model (model_type {kind!r}): it has no experts to "
+            f"route")
 
 
 _WEIGHTS = ("*.safetensors", "pytorch_model*.bin")

@@ -20,6 +20,11 @@ class _RolloutCommon(_Section):
     """Token budget per completion, EOS included."""
     prompts_per_step: int = Field(default=32, ge=1, le=4096)
     """Prompts per RL step; each is sampled group_size times."""
+    record_routing: bool = False
+    """Mixture-of-Experts models: record the experts every router chose for each token
+    (prompt and response) so that learner.routing_replay can route the learner's forward
+    the same way, and moe/routing_agreement can show how often the learner's own routing
+    agrees. Torch sampler only; a dense model is refused."""
     preflight: Literal["error", "warn"] = "error"
     """At run start, compare the engine's logprobs with the learner's recompute under the
     tempered and the untempered distribution. "error" refuses to start when they match the

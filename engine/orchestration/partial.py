@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from engine.experience import Sample
 from engine.reward import RewardFn
 from engine.rollout.base import Completion, RolloutEngine, SamplingParams
@@ -33,6 +35,7 @@ class Row:
     last_version: int | None = None
     done: bool = False                # EOS or budget reached
     finished: bool = False            # EOS
+    routing: np.ndarray | None = None  # per fed token (prompt + tokens[:-1], L, k)
 
     def extend(self, c: Completion, budget: int) -> Row:
         room = budget - len(self.token_ids)
@@ -43,7 +46,18 @@ class Row:
         return Row(self.token_ids + ids, self.logprobs + lps,
                    c.version if self.version is None else self.version, c.version,
                    done=not c.aborted or len(self.token_ids) + len(ids) >= budget,
-                   finished=finished)
+                   finished=finished, routing=self._extend_routing(c, len(ids)))
+
+    def _extend_routing(self, c: Completion, kept: int) -> np.ndarray | None:
+        """A continuation re-feeds the prompt and this row's tokens: every position keeps
+        the routing of the call that first fed it (the one that sampled the token after
+        it), and the continuation's covers the rest, cut to the ``kept`` tokens."""
+        if c.routing is None:
+            return None
+        new = c.routing[:len(c.routing) - (len(c.token_ids) - kept)]
+        if self.routing is None:
+            return new
+        return np.concatenate([self.routing, new[len(self.routing):]])
 
 
 @dataclass
@@ -100,8 +114,8 @@ def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: Sampli
                 problem=groups[gi].problem, prompt_ids=prompt[gi], response_ids=r.token_ids,
                 behaviour_logprobs=r.logprobs, finished=r.finished, version=r.version,
                 group=n, text=texts[k], reward=verdicts[k].reward, reason=verdicts[k].reason,
-                recycled=groups[gi].recycled,
-                last_version=r.last_version, gen_s=gen_s.get((gi, ri))))
+                recycled=groups[gi].recycled, last_version=r.last_version,
+                gen_s=gen_s.get((gi, ri)), routing=r.routing))
             k += 1
         samples.append(group)
     finished_groups = set(done)

@@ -64,7 +64,7 @@ class RolloutProducer:
             Sample(problem=owners[i], prompt_ids=batch[i], response_ids=o.token_ids,
                    behaviour_logprobs=o.logprobs, finished=o.finished, version=o.version,
                    group=i // g, text=texts[i], reward=verdicts[i].reward,
-                   reason=verdicts[i].reason, gen_s=done_s[i])
+                   reason=verdicts[i].reason, gen_s=done_s[i], routing=o.routing)
             for i, o in enumerate(outs)
         ]
         return [samples[i:i + g] for i in range(0, len(samples), g)]

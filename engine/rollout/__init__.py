@@ -26,4 +26,5 @@ def build_rollout(cfg: TorchRolloutConfig | VllmRolloutConfig, model_dir: Path, 
         return VllmRollout(model_dir, cfg, dtype, seed, weight_transfer, trust_remote_code)
     from engine.rollout.torch_backend import TorchRollout
 
-    return TorchRollout.from_pretrained(model_dir, DTYPES[dtype], trust_remote_code)
+    return TorchRollout.from_pretrained(model_dir, DTYPES[dtype], trust_remote_code,
+                                        record_routing=cfg.record_routing)

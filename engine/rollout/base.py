@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -39,6 +40,10 @@ class Completion:
     finished: bool                # True when EOS / a stop id ended it, False: the budget
     version: int                  # policy version that generated it
     aborted: bool = False         # cut short by an on_complete stop (partial rollout)
+    # rollout.record_routing: the experts each MoE layer chose for every token the engine
+    # fed, prompt then generated tokens but the last: (len(prompt) + len(token_ids) - 1,
+    # L, k) int16 (engine.moe)
+    routing: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

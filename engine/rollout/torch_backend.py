@@ -18,6 +18,11 @@ actually sampled from: temperature-scaled, then truncated to the top-p nucleus a
 renormalized (vLLM's processed logprobs). At temperature 0 decoding is greedy and every
 logprob is 0 (a point mass). The learner recomputes the same distribution
 (engine.sampling), so at any top_p the two agree to rounding.
+
+With ``record_routing`` (an MoE model, rollout.record_routing) every forward also records
+the experts each router chose per token (engine.moe.RouterHooks), into a (B, S, L, k)
+buffer by slot; a completion carries the slots its row fed: prompt, then its tokens
+but the last.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 import torch
 
 from engine.model import eos_token_ids, load_policy
+from engine.moe import RouterHooks
 from engine.rollout.base import Completion, OnComplete, SamplingParams, WeightReport
 from engine.rollout.hf_kv import HFKV
 from engine.rollout.llama_kv import LlamaKV
@@ -50,10 +56,12 @@ class TorchRollout:
     """Holds its own copy of the weights; ``load_weights`` is the only way they change."""
 
     def __init__(self, model: LlamaKV | HFKV, tensors: dict[str, torch.Tensor],
-                 eos_ids: Iterable[int], pad_id: int, version: int = 0):
+                 eos_ids: Iterable[int], pad_id: int, version: int = 0,
+                 router: RouterHooks | None = None):
         """``tensors``: the HF-named parameters ``model`` computes with (this engine's own
-        copy); ``eos_ids``: what ends a completion whatever the sampling params say."""
-        self.model, self.tensors = model, tensors
+        copy); ``eos_ids``: what ends a completion whatever the sampling params say;
+        ``router``: hooks on ``model``'s routers, to record routing."""
+        self.model, self.tensors, self.router = model, tensors, router
         self.eos_ids = tuple(eos_ids)
         self.pad_id = pad_id
         self.dtype = next(iter(tensors.values())).dtype
@@ -61,19 +69,23 @@ class TorchRollout:
 
     @classmethod
     def from_pretrained(cls, path: Path, dtype: torch.dtype = torch.float32,
-                        trust_remote_code: bool = False, forward: str = "auto") -> TorchRollout:
+                        trust_remote_code: bool = False, forward: str = "auto",
+                        record_routing: bool = False) -> TorchRollout:
         """``forward``: "auto" takes the hand-written Llama where it reproduces the model,
-        "hf" always the model's own forward (for comparing the two)."""
+        "hf" always the model's own forward (for comparing the two). ``record_routing``:
+        completions carry the MoE routing (the model's own forward; a dense model is
+        refused)."""
         policy = load_policy(path, dtype, trust_remote_code)
         config = policy.config
         eos = eos_token_ids(path)
         # Pad slots are masked everywhere; any id in the vocabulary will do.
         pad = config.pad_token_id if config.pad_token_id is not None else (eos or (0,))[0]
-        if forward == "auto" and LlamaKV.supports(config):
+        if forward == "auto" and LlamaKV.supports(config) and not record_routing:
             tensors = {n: p.detach() for n, p in policy.named_parameters()}
             return cls(LlamaKV(config, tensors), tensors, eos, pad)
         hf = HFKV(policy)
-        return cls(hf, hf.tensors(), eos, pad)
+        return cls(hf, hf.tensors(), eos, pad,
+                   router=RouterHooks(policy) if record_routing else None)
 
     # ------------------------------------------------------------------ weights
 
@@ -119,6 +131,11 @@ class TorchRollout:
         next_pos = valid[:, :P].sum(-1)                                    # (B,)
         cache = self.model.new_cache(B, S, self.dtype)
         logits = self.model.forward(ids, positions, cache, 0, valid, last_only=True)[:, -1]
+        routing = None
+        if self.router is not None:   # (B, S, L, k) by slot; -1 where nothing was fed
+            routing = torch.full((B, S, self.router.layers, self.router.top_k), -1,
+                                 dtype=torch.int16)
+            routing[:, :P] = self.router.chosen().view(B, P, self.router.layers, -1)
         stop_ids = torch.tensor(sorted({*self.eos_ids, *params.stop_token_ids}), dtype=torch.long)
 
         out_tok = torch.full((B, params.max_new_tokens), self.pad_id, dtype=torch.long)
@@ -129,9 +146,11 @@ class TorchRollout:
 
         def complete(i: int, aborted: bool = False) -> bool:
             n = int(lengths[i])
+            fed = (routing[i, P - len(prompts[i]):P + n - 1].numpy().copy()
+                   if routing is not None else None)
             results[i] = Completion(token_ids=out_tok[i, :n].tolist(),
                                     logprobs=out_lp[i, :n].tolist(), finished=bool(finished[i]),
-                                    version=self._version, aborted=aborted)
+                                    version=self._version, aborted=aborted, routing=fed)
             return bool(on_complete(i, results[i])) if on_complete and not aborted else False
 
         rows = torch.arange(B)            # original row of each live batch row
@@ -161,5 +180,7 @@ class TorchRollout:
             slot = P + t
             valid[:, slot] = True
             logits = self.model.forward(tok[:, None], next_pos[:, None], cache, slot, valid)[:, -1]
+            if routing is not None:
+                routing[rows, slot] = self.router.chosen().to(torch.int16)
             next_pos = next_pos + 1
         return results  # type: ignore[return-value]  # every row completed above

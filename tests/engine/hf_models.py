@@ -17,6 +17,13 @@ The variants differ where the engine has to care:
              to EOS), <|im_end|> in generation_config's eos list
     qwen3    Qwen3ForCausalLM, q/k RMS norms, untied
     mistral  MistralForCausalLM, tied embeddings
+
+and the Mixture-of-Experts ones (MOE_ARCHITECTURES: 4 experts, top-2 per token, in
+every layer), whose routers differ in how they weigh the chosen experts:
+
+    qwen2_moe  Qwen2MoeForCausalLM, a shared expert beside the routed ones, the top-2
+               weights left as their share of the softmax (norm_topk_prob = False)
+    mixtral    MixtralForCausalLM, the top-2 weights renormalized to sum to 1
 """
 
 from __future__ import annotations
@@ -32,14 +39,19 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+MOE_ARCHITECTURES = ("qwen2_moe", "mixtral")
 
 EOS, IM_START, IM_END, PAD = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"
 
@@ -66,6 +78,12 @@ ARCH = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=False, head_dim=32)),
     "mistral": (MistralConfig, MistralForCausalLM, dict(tie_word_embeddings=True,
                                                         head_dim=32, sliding_window=None)),
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, dict(
+        tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=64, shared_expert_intermediate_size=64, norm_topk_prob=False)),
+    "mixtral": (MixtralConfig, MixtralForCausalLM, dict(
+        tie_word_embeddings=False, head_dim=32, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=None)),
 }
 
 

@@ -218,3 +218,18 @@ def test_the_run_header_names_the_model_the_dataset_and_how_it_runs(viewer, make
                  "<dt>reward</dt><dd>math</dd>",
                  "<dt>placement</dt><dd>disaggregated (1 rollout x 1, learner 2)</dd>"):
         assert text in facts, facts
+
+
+def test_the_logprob_gap_chart_draws_moe_routing_agreement_beside_the_gap(viewer, run):
+    do_ingest_events(run, [
+        metrics(1, 1, **{"logprob_gap/mean": 2e-3, "moe/routing_agreement": 0.6}),
+        metrics(2, 2, **{"logprob_gap/mean": 1e-7, "moe/routing_agreement": 1.0}),
+    ])
+
+    gap = chart(run_data(viewer.get(f"/runs/{run.pk}")), "logprob_gap")
+
+    mean, _, agreement = gap["traces"]
+    assert mean["y"] == [2e-3, 1e-7]
+    assert agreement["name"] == "routing agreement" and agreement["yaxis"] == "y2"
+    assert (agreement["x"], agreement["y"]) == ([1, 2], [0.6, 1.0])
+    assert gap["layout"]["yaxis2"]["range"] == [0, 1]
