@@ -201,7 +201,8 @@ def run_summary(run: Run, events: Sequence[Event]) -> dict:
             step = event.step
             latest.update(json_safe(event.values))
     return {"type": "runs.summary", "run_id": run.pk, "status": run.status, "step": step,
-            "reward_mean": latest.get("reward/mean"), "step_s": latest.get("time/step_s")}
+            "reward_mean": latest.get("reward/mean"), "step_s": latest.get("time/step_s"),
+            "held_out": latest.get("eval/reward_mean")}
 
 
 def broadcast_events(run_id: int, events: list[dict], summary: dict | None = None) -> None:

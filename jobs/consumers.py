@@ -4,7 +4,8 @@
                     server -> {"last_seq", "events", "charts", "swap", "append"}, ...
                               {"alerts": {"alert-<id>": html}}  (after the backfill, the
                               run's alerts; then each alert whose state changed)
-    ws/runs/        server -> {"run_id", "status", "step", "reward_mean", "step_s", "swap"}
+    ws/runs/        server -> {"run_id", "status", "step", "reward_mean", "step_s", "held_out",
+                              "swap"}
 
 A run socket joins the group ``run.<id>`` before it reads the database, and ingest
 announces events only after they commit, so every event is either in the backfill or in

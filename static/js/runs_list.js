@@ -22,6 +22,7 @@
     if (msg.step !== null) setText(row, "step", msg.step);
     if (msg.reward_mean !== null) setText(row, "reward", msg.reward_mean.toFixed(3));
     if (msg.step_s !== null) setText(row, "step-s", msg.step_s.toFixed(2) + " s");
+    if (msg.held_out !== null) setText(row, "held-out", msg.held_out.toFixed(3));
   }
 
   window.rlplaneLiveSocket("/ws/runs/", {onMessage: apply});  // live_socket.js

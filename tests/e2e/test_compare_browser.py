@@ -2,7 +2,8 @@
 
     log in -> launch a run from the form -> (its steps, read from the REST API) -> stop
     -> fork it from its checkpoint with another async policy (review the diff, launch)
-    -> (a few steps) -> stop -> the fork's page: Compare with parent -> both runs' traces
+    -> (a few steps) -> stop -> the fork's page: its header, its charts against wall time
+    -> Compare with parent -> both runs' traces
     in every chart, by step and by wall time (screenshot: artifacts/compare.png)
 
 A live run page redraws every chart at each step; on a loaded box that starves the
@@ -64,6 +65,26 @@ def trace_points(page) -> dict[str, list[int]]:
     }""")
 
 
+def run_page_wall_axis(page) -> None:
+    """The run page's switch redraws the reward chart's traces against wall time: the
+    same number of points, x in seconds from the first step (so not the step numbers)."""
+    from playwright.sync_api import expect
+
+    def mean_x():
+        return page.evaluate("""() => document.getElementById("chart-reward").data
+                                .find(t => t.name === "mean").x""")
+
+    by_step = mean_x()
+    page.check('#axis-switch input[value="wall"]')
+    expect(page.locator("#chart-reward .xtitle")).to_have_text("wall time (s)")
+    by_wall = mean_x()
+    assert len(by_wall) == len(by_step) > 0 and by_wall[0] is not None, (by_step, by_wall)
+    assert by_wall != by_step and by_wall == sorted(by_wall), (by_step, by_wall)
+    page.check('#axis-switch input[value="step"]')
+    expect(page.locator("#chart-reward .xtitle")).to_have_text("step")
+    assert mean_x() == by_step
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
@@ -92,7 +113,9 @@ def test_a_run_and_its_fork_compared_show_both_traces_in_every_chart(stack, brow
         print(f"fork steps: {wait_for_steps(page, stack, fork_id, 2, 120)}")
         stop_by_request(page, fork_url, timeout_s=120)
 
-        page.goto(fork_url)
+        page.goto(fork_url)   # finished: its page no longer streams
+        expect(page.locator("#run-progress")).to_contain_text("of 5000")
+        run_page_wall_axis(page)
         page.click("a.compare-parent")
         page.wait_for_url(re.compile(rf"/runs/compare\?ids={run_id},{fork_id}$"))
         expect(page.locator("#compare-config")).to_contain_text("one_step_off")

@@ -261,7 +261,8 @@ def test_the_runs_list_socket_gets_each_runs_status_and_latest_metrics(
         communicator, connected, _ = await open_socket("/ws/runs/", session_cookie)
         assert connected
         await ingest(run, [status(1, "running"),
-                           metrics(2, 7, **{"reward/mean": 0.5, "time/step_s": 1.25})])
+                           metrics(2, 7, **{"reward/mean": 0.5, "time/step_s": 1.25,
+                                            "eval/reward_mean": 0.75})])
         message = await communicator.receive_json_from(timeout=20)
         await communicator.disconnect(timeout=10)
         return message
@@ -271,6 +272,7 @@ def test_the_runs_list_socket_gets_each_runs_status_and_latest_metrics(
     assert message["run_id"] == run.pk
     assert (message["status"], message["step"]) == ("running", 7)
     assert (message["reward_mean"], message["step_s"]) == (0.5, 1.25)
+    assert message["held_out"] == 0.75
     assert f'id="run-{run.pk}-status"' in message["swap"][f"run-{run.pk}-status"]
 
 
