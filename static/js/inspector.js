@@ -80,7 +80,7 @@
     for (const g of view.groups) {
       const box = el("section", "sample-group");
       box.dataset.group = g.group;
-      const head = el("header", "group-head");
+      const head = el("div", "group-head");
       head.append(el("b", null, "group " + g.group), el("span", "group-gap",
         "largest gap " + fmt(g.max_gap, 3)));
       box.append(head, el("pre", "prompt", g.prompt));

@@ -51,6 +51,7 @@ def test_the_inspector_of_a_live_run_advances_its_step_slider(stack, browser):  
             page.wait_for_timeout(250)
         assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
         later = shown_step(page)
+        expect(page.locator("#inspector-summary")).to_contain_text(f"Step {later}:")
         assert page.locator("#step-slider").input_value() == page.evaluate(
             "document.getElementById('step-slider').max"), "the slider is not at the latest"
         # group_size = 2 rollouts per group, each with its tokens coloured by logprob gap
@@ -62,5 +63,6 @@ def test_the_inspector_of_a_live_run_advances_its_step_slider(stack, browser):  
         page.screenshot(path=str(shot), full_page=True)
         print(f"inspector screenshot (steps {first} -> {later}): {shot}")
 
+        page.set_default_timeout(120_000)      # the stop's reload, on a busy host
         page.goto(run_url)
-        stop_from_page(page)
+        stop_from_page(page, timeout_s=120)
