@@ -1,7 +1,9 @@
 """model.path checkpoints of several architectures through the torch rollout backend and
 the learner: tiny random-weight Llama, Qwen2 (q/k/v biases, tied embeddings, no pad
 token), Qwen3 (q/k norms) and Mistral (tied), each with a locally trained BPE tokenizer
-and a chat template (tests/engine/hf_models.py)."""
+and a chat template (tests/engine/hf_models.py); the sampler/learner logprob and weight
+sync oracles also run the Mixture-of-Experts Qwen2-MoE and Mixtral (routing replay:
+tests/engine/test_moe.py)."""
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from engine.rollout.torch_backend import TorchRollout
 from engine.weightsync.fingerprint import fingerprint
 
 from .conftest import small_run
-from .hf_models import ARCHITECTURES, IM_END, build_hf_model
+from .hf_models import ARCHITECTURES, IM_END, MOE_ARCHITECTURES, build_hf_model
 from .sync_session import sync_in_place
 from .test_vllm_backend import perturbed, recompute
 
@@ -28,7 +30,8 @@ TEXTS = ["12+34=", "Natalia sold clips to 48 of her friends.", "rev:abcdef=", "7
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    return {arch: build_hf_model(root / arch, arch) for arch in ARCHITECTURES}
+    return {arch: build_hf_model(root / arch, arch)
+            for arch in ARCHITECTURES + MOE_ARCHITECTURES}
 
 
 def prompts_for(tok) -> list[list[int]]:
@@ -40,7 +43,7 @@ def prompts_for(tok) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", ARCHITECTURES + MOE_ARCHITECTURES)
 def test_sampler_logprobs_equal_the_learners_recompute(hf_dirs, arch, temperature):
     path = hf_dirs[arch]
     tok, policy = load_tokenizer(path), load_policy(path).eval()
@@ -99,7 +102,7 @@ def test_both_forwards_sample_the_same_tokens_on_a_llama(hf_dirs):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", ARCHITECTURES + MOE_ARCHITECTURES)
 def test_a_weight_sync_is_served_with_a_matching_fingerprint(hf_dirs, arch):
     path = hf_dirs[arch]
     tok = load_tokenizer(path)
