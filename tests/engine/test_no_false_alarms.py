@@ -52,11 +52,20 @@ def healthy_run(path: Path, tmp_path, steps: int = TEST_STEPS, warm_start: dict 
     return watch
 
 
+# The one preset that is not healthy on purpose: GRPO exploits its learned reward model
+# while the verifier alongside falls (tests/engine/test_reward_overopt.py), so its alert
+# is expected there, and every other alert is still forbidden.
+EXPECTED = {"code_reward_model.toml": {"RewardOverOptimization"}}
+
+
 def assert_quiet(watch: AlertWatch, name: str, capsys) -> None:
     assert watch.steps_checked == TEST_STEPS
-    assert watch.fired == [], [f"step {s}: {f.kind}: {f.cause}" for s, f in watch.fired]
+    fired = [(s, f) for s, f in watch.fired if f.kind not in EXPECTED.get(name, set())]
+    assert fired == [], [f"step {s}: {f.kind}: {f.cause}" for s, f in fired]
+    expected = sorted({f.kind for _, f in watch.fired})
     with capsys.disabled():
-        print(f"\n{name}: {watch.steps_checked} healthy steps checked, no alert")
+        print(f"\n{name}: {watch.steps_checked} healthy steps checked, "
+              + (f"only the expected {', '.join(expected)}" if expected else "no alert"))
 
 
 @pytest.mark.slow
