@@ -39,6 +39,7 @@
     if (msg.alerts) { window.rlplaneAlerts.upsert(msg.alerts); return; }  // run_alerts.js
     if (msg.last_seq <= lastSeq) return;  // the server never resends; belt and braces
     for (const [id, u] of Object.entries(msg.charts)) {
+      if (!(id in maxPoints)) continue;  // a chart this run's page does not draw
       const update = {x: u.x, y: u.y};
       if (u.base) update.base = u.base;
       Plotly.extendTraces("chart-" + id, update, u.indices, maxPoints[id]);
