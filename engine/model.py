@@ -70,10 +70,15 @@ def load_critic(path: Path, dtype: torch.dtype = torch.float32,
             output_loading_info=True)
     finally:
         hf_logging.set_verbosity(verbosity)
-    if any(k.startswith("score.") for k in info["missing_keys"]):
-        with torch.no_grad():
+    with torch.no_grad():
+        if any(k.startswith("score.") for k in info["missing_keys"]):
             for p in critic.score.parameters():
                 p.zero_()
+        # Own, freshly allocated storage: tensors loaded from a file sit at offsets its
+        # layout decides, and kernels round differently by alignment, so a critic resumed
+        # from a checkpoint computed values 1e-8 off the one that wrote it.
+        for p in critic.parameters():
+            p.data = p.data.clone()
     return critic
 
 
