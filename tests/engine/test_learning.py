@@ -1,4 +1,4 @@
-"""GRPO learns: a shortened demo run, fixed seed, held-out reward before vs after.
+"""GRPO and PPO learn: a shortened demo run, fixed seed, held-out reward before vs after.
 
 The demo (configs/demo_arithmetic.toml) is the same recipe for 5 minutes; here 40 steps,
 with the torch sampler and with vLLM as the rollout engine (same seed, same warm start).
@@ -41,3 +41,25 @@ def test_grpo_raises_held_out_reward_from_the_warm_start(tmp_path, model_cache, 
                if "reward/mean" in e.values]
     assert len(rewards) == 40
     assert statistics.fmean(rewards[-10:]) > statistics.fmean(rewards[:10])
+
+
+@pytest.mark.slow
+def test_ppo_raises_held_out_reward_from_the_warm_start(tmp_path, model_cache):
+    """configs/ppo_arithmetic.toml for 30 steps: the demo's task and warm start, PPO with a
+    critic colocated with the learner. Measured held-out mean reward 0.567 -> 0.682 (30
+    steps) and -> 0.672 (40) with the learner on a 16-core CPU (2026-11-30); its critic's
+    explained variance stays near 0 this early (whether a tiny model answers right is
+    hard to tell from the prompt), so the gain is mostly the whitened returns'."""
+    [preset] = [p for p in CONFIGS if p.name == "ppo_arithmetic.toml"]
+    cfg = load_config(preset).model_copy(update={"steps": 30, "max_seconds": None})
+    assert cfg.algorithm.type == "ppo"
+    sink = MemorySink()
+    summary = run_local(cfg, tmp_path, sink=sink)
+
+    before = summary.eval_before["eval/reward_mean"]
+    after = summary.eval_after["eval/reward_mean"]
+    assert 0.05 < before < 0.95, "the warm start should leave room to learn"
+    assert after - before >= 0.05, (before, after)
+    steps = [e.values for e in sink.of_type(MetricsEvent) if "critic/value_loss" in e.values]
+    assert len(steps) == 30
+    assert all(s["time/critic_s"] > 0 for s in steps)          # its own span, every step
