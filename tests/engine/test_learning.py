@@ -21,24 +21,28 @@ from engine.telemetry.sinks import MemorySink
 from .test_config import CONFIGS
 
 
+def trained_from_the_warm_start(preset: str, steps: int, out) -> list[dict[str, float]]:
+    """Run configs/<preset> for ``steps`` steps; assert held-out reward gained at least 0.05
+    over a warm start that left room to learn; return each step's metrics."""
+    [path] = [p for p in CONFIGS if p.name == preset]
+    cfg = load_config(path).model_copy(update={"steps": steps, "max_seconds": None})
+    sink = MemorySink()
+    summary = run_local(cfg, out, sink=sink)
+
+    before = summary.eval_before["eval/reward_mean"]
+    after = summary.eval_after["eval/reward_mean"]
+    assert 0.05 < before < 0.95, "the warm start should leave room to learn"
+    assert after - before >= 0.05, (before, after)
+    return [e.values for e in sink.of_type(MetricsEvent) if "reward/mean" in e.values]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("demo_name", [
     "demo_arithmetic.toml",
     pytest.param("demo_arithmetic_vllm.toml", marks=pytest.mark.vllm),
 ])
 def test_grpo_raises_held_out_reward_from_the_warm_start(tmp_path, model_cache, demo_name):
-    [demo] = [p for p in CONFIGS if p.name == demo_name]
-    cfg = load_config(demo).model_copy(update={"steps": 40, "max_seconds": None})
-    sink = MemorySink()
-    summary = run_local(cfg, tmp_path, sink=sink)
-
-    before = summary.eval_before["eval/reward_mean"]
-    after = summary.eval_after["eval/reward_mean"]
-    assert 0.05 < before < 0.95, "the warm start should leave room to learn"
-    assert after - before >= 0.05, (before, after)
-
-    rewards = [e.values["reward/mean"] for e in sink.of_type(MetricsEvent)
-               if "reward/mean" in e.values]
+    rewards = [m["reward/mean"] for m in trained_from_the_warm_start(demo_name, 40, tmp_path)]
     assert len(rewards) == 40
     assert statistics.fmean(rewards[-10:]) > statistics.fmean(rewards[:10])
 
@@ -50,16 +54,6 @@ def test_ppo_raises_held_out_reward_from_the_warm_start(tmp_path, model_cache):
     steps) and -> 0.672 (40) with the learner on a 16-core CPU (2026-11-30); its critic's
     explained variance stays near 0 this early (whether a tiny model answers right is
     hard to tell from the prompt), so the gain is mostly the whitened returns'."""
-    [preset] = [p for p in CONFIGS if p.name == "ppo_arithmetic.toml"]
-    cfg = load_config(preset).model_copy(update={"steps": 30, "max_seconds": None})
-    assert cfg.algorithm.type == "ppo"
-    sink = MemorySink()
-    summary = run_local(cfg, tmp_path, sink=sink)
-
-    before = summary.eval_before["eval/reward_mean"]
-    after = summary.eval_after["eval/reward_mean"]
-    assert 0.05 < before < 0.95, "the warm start should leave room to learn"
-    assert after - before >= 0.05, (before, after)
-    steps = [e.values for e in sink.of_type(MetricsEvent) if "critic/value_loss" in e.values]
+    steps = trained_from_the_warm_start("ppo_arithmetic.toml", 30, tmp_path)
     assert len(steps) == 30
-    assert all(s["time/critic_s"] > 0 for s in steps)          # its own span, every step
+    assert all("critic/value_loss" in m and m["time/critic_s"] > 0 for m in steps)
