@@ -17,6 +17,7 @@ KEY_METRICS = [
     "time/step_s", "rollout_share", "bubble", "throughput/tokens_per_s",
     "logprob_gap/mean", "logprob_gap/max", "tis/clip_frac", "staleness/max",
     "weight_sync/latency_s", "weight_sync/matched", "learner/loss", "learner/entropy",
+    "critic/value_loss", "critic/explained_variance",                  # PPO runs only
 ]
 
 
