@@ -497,3 +497,10 @@ def test_a_fork_of_a_ppo_run_keeps_its_critic_and_needs_no_path(parent):
     parent.refresh_from_db()
     assert parent.fork_problem(validate_config(PPO).model_dump(mode="json")) is None
     assert parent.fork_problem(validate_config(GOOD).model_dump(mode="json")) is None
+
+
+def test_validate_names_the_algorithm_it_would_launch(client, operator, monkeypatch):
+    monkeypatch.setattr("jobs.queue.ray_capacity",
+                        lambda: ({"GPU": 4.0, "CPU": 8.0}, {"GPU": 4.0, "CPU": 8.0}))
+    response = validate(client, "/runs/new", form_data(PPO, algorithm="ppo"))
+    assert "Valid: ppo, colocated placement, sync policy." in response.content.decode()
