@@ -23,6 +23,7 @@ KEY_METRICS = [
     "logprob_gap/mean", "logprob_gap/max", "moe/routing_agreement", "tis/clip_frac",
     "staleness/max", "weight_sync/latency_s", "weight_sync/matched", "learner/loss",
     "learner/entropy",
+    "critic/value_loss", "critic/explained_variance",                  # PPO runs only
 ]
 
 

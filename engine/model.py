@@ -5,6 +5,8 @@
     ensure_warm_start(cfg)        (engine.learner.warmstart) THE model directory of the
                                   run: the base after the supervised warm start, if any
     load_policy(dir, dtype)       AutoModelForCausalLM, SDPA attention
+    load_critic(dir, dtype)       PPO's value model: AutoModelForTokenClassification with
+                                  one label (the architecture's base model + a scalar head)
     load_tokenizer(dir)           AutoTokenizer, left padding, pad token -> EOS if unset
     eos_token_ids(dir)            config.json + generation_config.json EOS ids
     stop_token_ids(tok, dir)      those + the chat template's end-of-turn token
@@ -21,7 +23,7 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from engine.config import ModelConfig
@@ -49,6 +51,35 @@ def load_policy(path: Path, dtype: torch.dtype = torch.float32,
     return AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code,
         local_files_only=True)
+
+
+def load_critic(path: Path, dtype: torch.dtype = torch.float32,
+                trust_remote_code: bool = False) -> torch.nn.Module:
+    """A value model from ``path``: a causal LM's directory (the policy: its base model's
+    weights, a new head) or a saved critic (its head too), as veRL and OpenRLHF build
+    theirs. A new head starts at zero, so every first value is 0 and the first advantages
+    are the plain returns."""
+    # From a causal LM the load report lists lm_head as unused and the head as new: both
+    # expected here, and the report would read like a fault in the run's log.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        critic, info = AutoModelForTokenClassification.from_pretrained(
+            path, num_labels=1, dtype=dtype, attn_implementation="sdpa",
+            trust_remote_code=trust_remote_code, local_files_only=True,
+            output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    with torch.no_grad():
+        if any(k.startswith("score.") for k in info["missing_keys"]):
+            for p in critic.score.parameters():
+                p.zero_()
+        # Own, freshly allocated storage: tensors loaded from a file sit at offsets its
+        # layout decides, and kernels round differently by alignment, so a critic resumed
+        # from a checkpoint computed values 1e-8 off the one that wrote it.
+        for p in critic.parameters():
+            p.data = p.data.clone()
+    return critic
 
 
 def load_tokenizer(path: Path, trust_remote_code: bool = False):

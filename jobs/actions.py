@@ -240,6 +240,8 @@ def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict,
         raise Refused(f"run {parent.pk}'s checkpoint at step {checkpoint.step} is no longer "
                       f"on disk (a run keeps its last checkpoint.keep_last); fork from one "
                       "that is")
+    if problem := parent.fork_problem(config):
+        raise Refused(f"{problem[0]}: {problem[1]}")
     with transaction.atomic():
         run = Run.objects.create(name=config.get("name") or parent.name, config=config,
                                  created_by=user, parent=parent,

@@ -3,7 +3,8 @@ MetricPoint / PhaseSpan rows) and the live updates (from events), so the traces 
 `Plotly.newPlot` draws and the points that `Plotly.extendTraces` appends always line up:
 
     steps = [(step, {metric: value}), ...]      spans = [{device, phase, start, end}, ...]
-    metric_figures(steps)  -> [{id, title, traces: [{name, x, y, ...}], layout}]   page load
+    metric_figures(steps, algorithm) -> [{id, title, traces: [{name, x, ...}], layout}]  page
+                                        load; the charts of that algorithm.type (PPO: critic)
     metric_updates(steps)  -> {chart id: {indices, x: [[...]], y: [[...]]}}        websocket
     timeline_figure(spans) / timeline_update(spans)  the device Gantt, bars per phase
     control_marks(applied) -> [{step, label}]   a vertical line per live control applied,
@@ -23,9 +24,10 @@ from dataclasses import dataclass, field
 Values = dict[str, float | None]
 
 TIMELINE_STEPS = 20  # the device timeline keeps roughly this many recent steps
-PHASES = ("rollout", "reward", "learner", "weight_sync")
+# New phases go last: a trace's index is its place here, and pages extend traces by index.
+PHASES = ("rollout", "reward", "learner", "weight_sync", "critic")   # critic: PPO's
 PHASE_COLORS = {"rollout": "#4c78a8", "reward": "#f58518", "learner": "#54a24b",
-                "weight_sync": "#e45756", "idle": "#bab0ac"}
+                "weight_sync": "#e45756", "critic": "#b279a2", "idle": "#bab0ac"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Chart:
     title: str
     traces: tuple[Trace, ...]
     layout: dict = field(default_factory=dict)
+    algorithm: str | None = None   # drawn only for runs of this algorithm.type (None: all)
 
 
 def metric(name: str, label: str | None = None, **style) -> Trace:
@@ -111,6 +114,11 @@ METRIC_CHARTS: tuple[Chart, ...] = (
     Chart("device_memory", "Devices, measured: memory used (GB)", tuple(
         first_of(f"device {k}", (f"device/memory_gb/gpu:{k}", f"device/memory_gb/cpu:{k}"))
         for k in range(DEVICE_SLOTS))),
+    Chart("critic", "Critic (PPO): value loss, explained variance, mean value", (
+        metric("critic/value_loss", "value loss"),
+        metric("critic/explained_variance", "explained variance"),
+        metric("critic/value_mean", "mean value", line={"dash": "dot"}),
+    ), algorithm="ppo"),
     Chart("throughput", "Throughput (tokens/s)", (metric("throughput/tokens_per_s", "tokens/s"),)),
     Chart("response_length", "Response length (tokens)", (
         metric("response_length/p50", "p50"), metric("response_length/p99", "p99"),
@@ -134,9 +142,11 @@ def points(chart: Chart, steps: Iterable[tuple[int, Values]]) -> tuple[list, lis
     return xs, ys
 
 
-def metric_figures(steps: list[tuple[int, Values]]) -> list[dict]:
+def metric_figures(steps: list[tuple[int, Values]], algorithm: str = "grpo") -> list[dict]:
     figures = []
     for chart in METRIC_CHARTS:
+        if chart.algorithm not in (None, algorithm):
+            continue
         xs, ys = points(chart, steps)
         traces = [{"name": t.name, "type": "scatter", "mode": "lines", **t.style, "x": x, "y": y}
                   for t, x, y in zip(chart.traces, xs, ys, strict=True)]

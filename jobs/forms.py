@@ -1,7 +1,8 @@
 """The run form: a TOML config validated by RunConfig, placement and async policy on top.
 
-    placement    [colocated v]      one select per pluggable choice the operator changes
-    async policy [sync v]           between runs: a view of that table's ``type``
+    algorithm    [grpo v]           one select per pluggable choice the operator changes
+    placement    [colocated v]      between runs: a view of that table's ``type``
+    async policy [sync v]
     config       [ TOML textarea ]  the one source of truth
 
 The TOML decides. In the browser (static/js/run_form.js) a select shows the ``type`` the
@@ -13,7 +14,9 @@ naming both.
 
 Every ConfigError (field path, message) becomes a ConfigProblem with the TOML line the
 path maps to (jobs/toml_lines.py); it is listed under the config at that line, and also
-shown on the placement or async policy select when the path starts there.
+shown on the algorithm, placement or async policy select when the path starts there.
+A fork also asks the parent whether its checkpoints can start the new config
+(Run.fork_problem: PPO from a run without a critic needs algorithm.critic.path).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from engine.config import ConfigError, RunConfig, dump_config, union_choices, va
 from jobs.models import Checkpoint, Run
 from jobs.toml_lines import line_of
 
-CHOICE_SECTIONS = ("placement", "async_policy")  # the explicit choices at the top
+CHOICE_SECTIONS = ("algorithm", "placement", "async_policy")  # the choices at the top
 
 
 def toml_table(text: str) -> dict:
@@ -65,6 +68,8 @@ def initial_for(cfg: RunConfig) -> dict:
 
 
 class RunConfigForm(forms.Form):
+    algorithm = forms.ChoiceField(
+        required=False, help_text="The RL objective: [algorithm] type (ppo adds a critic).")
     placement = forms.ChoiceField(
         required=False, help_text="Where rollout and learner run: [placement] type.")
     async_policy = forms.ChoiceField(
@@ -130,7 +135,7 @@ class ForkForm(RunConfigForm):
     submit: the first shows the diff against the parent and records which config was
     reviewed (``reviewed``); a config changed after the review is shown again."""
 
-    field_order = ["checkpoint", "placement", "async_policy", "config"]
+    field_order = ["checkpoint", "algorithm", "placement", "async_policy", "config"]
 
     checkpoint = forms.ModelChoiceField(queryset=Checkpoint.objects.none(), empty_label=None,
                                         help_text="The fork starts from these weights.")
@@ -142,6 +147,15 @@ class ForkForm(RunConfigForm):
         self.fields["checkpoint"].queryset = Checkpoint.forkable(parent)
         self.fields["checkpoint"].label_from_instance = (
             lambda c: f"step {c.step} (version {c.version})")
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.run_config is not None:
+            problem = self.parent.fork_problem(self.run_config.model_dump(mode="json"))
+            if problem is not None:
+                self._config_error(*problem)
+                self.run_config = None
+        return cleaned
 
     def digest(self) -> str:
         return hashlib.sha256(dump_config(self.run_config).encode()).hexdigest()[:16]

@@ -2,6 +2,7 @@
 
     check                                  on a GPU machine          on a CPU machine
     learner bf16 update, tiny / small      CUDA, 3 steps each        CPU, tiny only
+    PPO critic + actor bf16 update, tiny   CUDA, 3 steps             CPU
     sampler vs learner logprobs (fp32)     CPU sampler, CUDA learner CPU both
     packed vs padded logprobs (fp32)       CUDA                      CPU
     cuda_ipc transport, 2 processes        spawned receiver          skipped (no CUDA)
@@ -34,6 +35,7 @@ from engine.config import (  # noqa: E402
     GrpoConfig,
     LearnerConfig,
     LongTailTaskConfig,
+    PpoConfig,
 )
 from engine.experience import Sample  # noqa: E402
 from engine.learner.batch import (  # noqa: E402
@@ -43,7 +45,8 @@ from engine.learner.batch import (  # noqa: E402
     response_logprobs,
 )
 from engine.learner.learner import Learner  # noqa: E402
-from engine.model import load_policy, load_tokenizer  # noqa: E402
+from engine.learner.ppo import PpoLearner  # noqa: E402
+from engine.model import load_critic, load_policy, load_tokenizer  # noqa: E402
 from engine.rollout.base import SamplingParams  # noqa: E402
 from engine.rollout.torch_backend import TorchRollout  # noqa: E402
 from engine.tasks import ArithmeticTask, ReverseTask  # noqa: E402
@@ -111,6 +114,30 @@ def learner_bf16(size: str):
     return ("PASS" if ok else "FAIL",
             f"{steps} steps on {DEVICE}, loss {losses[-1]:+.4f}, max |dw| {moved:.1e}, "
             f"fp32 master weights, {tokens / seconds:,.0f} tok/s", learner)
+
+
+def ppo_bf16():
+    """PPO's critic (values, GAE, clipped value loss) and actor on the learner's device."""
+    model_dir = ensure_base_model("tiny", 0)
+    rows = samples(model_dir)
+    for i, s in enumerate(rows):
+        s.reward = float(i % 3 == 0)
+    batch = pack(rows, load_tokenizer(model_dir).pad_token_id)
+    learner = PpoLearner(load_policy(model_dir), load_critic(model_dir),
+                         PpoConfig(minibatches=2, critic={"lr": 1e-3}), 1.0, seed=0,
+                         setup=LearnerConfig(device=DEVICE, precision="bf16"))
+    values, losses = [], []
+    for _ in range(3):
+        adv, m = learner.update_critic(batch)
+        values.append(m["critic/value_loss"])
+        losses.append(learner.update(batch, adv)["learner/loss"])
+    where = {p.device.type for p in learner.critic.parameters()}
+    dtypes = {p.dtype for p in learner.critic.parameters()}
+    ok = (all(math.isfinite(x) for x in values + losses) and values[-1] < values[0]
+          and where == {DEVICE} and dtypes == {torch.float32})
+    return ("PASS" if ok else "FAIL",
+            f"value loss {values[0]:.4f} -> {values[-1]:.4f}, actor loss {losses[-1]:+.4f}, "
+            f"critic on {sorted(where)} in {sorted(map(str, dtypes))}")
 
 
 def sampler_vs_learner(top_p: float = 1.0):
@@ -305,6 +332,7 @@ def main() -> int:
         check("learner bf16 update, small", lambda: learner_bf16("small"))
     else:
         check("learner bf16 update, small", lambda: ("SKIP", "CPU machine: tiny only"))
+    check("PPO critic + actor bf16 update, tiny", ppo_bf16)
     check("sampler vs learner logprobs (fp32)", sampler_vs_learner)
     check("sampler vs learner logprobs at top_p 0.9 (fp32)", lambda: sampler_vs_learner(0.9))
     check("packed vs padded logprobs (fp32)", packed_vs_padded)

@@ -24,12 +24,14 @@ from __future__ import annotations
 from engine.config.algorithm import (
     AdvEstimator,
     AlgorithmConfig,
+    CriticConfig,
     GrpoConfig,
     LossAggMode,
     NoOverlongConfig,
     OverlongConfig,
     OverlongFilterConfig,
     OverlongPenaltyConfig,
+    PpoConfig,
 )
 from engine.config.async_policy import (
     AsyncPolicyConfig,
@@ -110,6 +112,7 @@ __all__ = [
     "CodeTaskConfig",
     "ColocatedPlacementConfig",
     "ConfigError",
+    "CriticConfig",
     "CudaIpcSyncConfig",
     "DatasetTaskConfig",
     "DisaggregatedPlacementConfig",
@@ -131,6 +134,7 @@ __all__ = [
     "OverlongPenaltyConfig",
     "PartialRolloutPolicyConfig",
     "PlacementConfig",
+    "PpoConfig",
     "PythonRewardConfig",
     "RewardConfig",
     "RewardModelConfig",

@@ -3,7 +3,8 @@ is clipped and aggregated, which experience reaches the learner, and the optimiz
 
     algorithm = GrpoConfig (type = "grpo")        critic-free: advantages from the group
                                                   of completions of one prompt
-                (type = "ppo" joins the union with a critic; it shares _PolicyGradient)
+              | PpoConfig  (type = "ppo")         a critic (value model) and GAE over the
+                                                  response tokens; [algorithm.critic]
 
 Names follow veRL where it has them (loss_agg_mode and its values, adv_estimator, the
 overlong buffer); clip_eps_low / clip_eps_high are veRL's clip_ratio_low / _high.
@@ -11,9 +12,10 @@ overlong buffer); clip_eps_low / clip_eps_high are veRL's clip_ratio_low / _high
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from engine.config._base import _choice, _Section
 
@@ -136,4 +138,61 @@ class GrpoConfig(_PolicyGradient):
         return self
 
 
-AlgorithmConfig = _choice(GrpoConfig)
+class CriticConfig(_Section):
+    """PPO's value model: the policy's architecture with a scalar head on every token
+    (transformers' *ForTokenClassification, num_labels = 1), trained by its own AdamW."""
+
+    path: str | None = None
+    """A local Hugging Face directory to start the critic from (a critic saved by a PPO
+    checkpoint's critic/, or any model of the policy's tokenizer); unset = the policy's
+    own weights with a fresh, zero head. A fork of a run without a critic (GRPO) to PPO
+    needs it."""
+    lr: float = Field(default=1e-4, gt=0.0, le=1.0)
+    """AdamW learning rate of the critic (veRL's critic.optim.lr)."""
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    """AdamW decoupled weight decay of the critic."""
+    max_grad_norm: float = Field(default=1.0, gt=0.0, le=1000.0)
+    """Global gradient-norm clip of the critic's steps."""
+
+    @model_validator(mode="after")
+    def _path_holds_a_model(self, info: ValidationInfo) -> CriticConfig:
+        if self.path is None or not (info.context or {}).get("check_files", True):
+            return self
+        path = Path(self.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise ValueError(f"algorithm.critic.path={path} holds no config.json; point it at "
+                             f"a local Hugging Face model directory (a PPO checkpoint's "
+                             f"critic/), or unset it to start the critic from the policy")
+        if not any(next(path.glob(g), None) for g in ("*.safetensors", "pytorch_model*.bin")):
+            raise ValueError(f"algorithm.critic.path={path} holds no weights (*.safetensors "
+                             f"or pytorch_model*.bin); save the critic there with "
+                             f"save_pretrained")
+        return self
+
+
+class PpoConfig(_PolicyGradient):
+    """PPO with a critic: per-token advantages by GAE from the critic's values.
+
+    Token-level rewards are the sequence's (learning) reward on its last response token
+    and 0 elsewhere; algorithm.kl_coef stays a loss term as in GRPO (no KL in the reward).
+    Every completion ends its episode at its last token (truncated ones too: no bootstrap
+    beyond the budget). Completions are still drawn group_size per prompt; the groups only
+    matter to dynamic sampling."""
+
+    type: Literal["ppo"] = "ppo"
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Discount per response token (veRL's algorithm.gamma)."""
+    lam: float = Field(default=0.95, ge=0.0, le=1.0)
+    """GAE's lambda (veRL's algorithm.lam): 1 = Monte-Carlo returns minus values, 0 = one-step
+    TD errors."""
+    value_clip_eps: float = Field(default=0.5, gt=0.0, le=100.0)
+    """Value clip (veRL's critic.cliprange_value): the loss takes the worse of the new value
+    and the old value moved at most this far toward it."""
+    whiten_advantages: bool = True
+    """Whiten the GAE advantages over every response token of the step's batch (mean 0,
+    std 1), as veRL and OpenRLHF do."""
+    critic: CriticConfig = CriticConfig()
+    """The value model: where it starts from and its optimizer."""
+
+
+AlgorithmConfig = _choice(GrpoConfig, PpoConfig)

@@ -24,7 +24,11 @@ from engine.config.model_task import (
     max_positions,
     routing_problem,
 )
-from engine.config.placement import ColocatedPlacementConfig, PlacementConfig
+from engine.config.placement import (
+    ColocatedPlacementConfig,
+    DisaggregatedPlacementConfig,
+    PlacementConfig,
+)
 from engine.config.reward import RewardConfig, RuleRewardConfig
 from engine.config.rollout import RolloutConfig, TorchRolloutConfig
 from engine.config.weightsync import InPlaceSyncConfig, WeightSyncConfig
@@ -69,8 +73,8 @@ class RunConfig(_Section):
     warm_start: WarmStartConfig = WarmStartConfig()
     """Supervised steps on the task before RL, cached per (model, task, settings)."""
     algorithm: AlgorithmConfig = GrpoConfig()
-    """The RL objective and optimizer ("grpo"): advantage estimator, clipping, loss
-    aggregation, dynamic sampling, overlong handling."""
+    """The RL objective and optimizer: "grpo" (critic-free: advantage estimator, loss
+    aggregation, dynamic sampling, overlong handling) or "ppo" (a critic and GAE)."""
     learner: LearnerConfig = LearnerConfig()
     """How the learner computes its update: device, precision, micro-batches, packing."""
     rollout: RolloutConfig = TorchRolloutConfig()
@@ -178,6 +182,16 @@ class RunConfig(_Section):
             if problem is not None:
                 raise ValueError(f"{field}=true: {problem}; turn rollout.record_routing "
                                  f"and learner.routing_replay off for this model")
+        return self
+
+    @model_validator(mode="after")
+    def _critic_fits_the_learner(self) -> RunConfig:
+        p = self.placement
+        if (self.algorithm.type == "ppo" and isinstance(p, DisaggregatedPlacementConfig)
+                and p.learner_devices > 1):
+            raise ValueError(f'placement.learner_devices={p.learner_devices} shards the '
+                             f'learner, and algorithm.type = "ppo" trains its critic beside '
+                             f'an unsharded learner only; set placement.learner_devices = 1')
         return self
 
     @model_validator(mode="after")

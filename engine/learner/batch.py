@@ -60,6 +60,7 @@ class PackedBatch:
     advantages: torch.Tensor       # (B,)
     prompt_len: int                # P
     in_loss: torch.Tensor          # (B,) float, 0 for a sequence masked out of the loss
+    rewards: torch.Tensor          # (B,) learning rewards (PPO's GAE reads them)
     routing: torch.Tensor | None = None  # (B, P+R, L, k) recorded experts, -1: none (engine.moe)
 
     def __len__(self) -> int:
@@ -69,13 +70,14 @@ class PackedBatch:
         return PackedBatch(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
                            self.response_mask[idx], self.behaviour_logp[idx],
                            self.advantages[idx], self.prompt_len, self.in_loss[idx],
+                           self.rewards[idx],
                            self.routing[idx] if self.routing is not None else None)
 
     def to(self, device: torch.device) -> PackedBatch:
         return PackedBatch(self.input_ids.to(device), self.attention_mask.to(device),
                            self.position_ids.to(device), self.response_mask.to(device),
                            self.behaviour_logp.to(device), self.advantages.to(device),
-                           self.prompt_len, self.in_loss.to(device),
+                           self.prompt_len, self.in_loss.to(device), self.rewards.to(device),
                            self.routing.to(device) if self.routing is not None else None)
 
     def row_tokens(self) -> list[int]:
@@ -101,7 +103,9 @@ def pack(samples: list[Sample], pad_id: int) -> PackedBatch:
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     in_loss = torch.tensor([float(s.in_loss) for s in samples])
-    return PackedBatch(ids, attn, pos, rmask, beh, adv, P, in_loss, pack_routing(samples, P, R))
+    rewards = torch.tensor([s.learning_reward for s in samples], dtype=torch.float32)
+    return PackedBatch(ids, attn, pos, rmask, beh, adv, P, in_loss, rewards,
+                       pack_routing(samples, P, R))
 
 
 def pack_routing(samples: list[Sample], P: int, R: int) -> torch.Tensor | None:
@@ -225,6 +229,42 @@ def attention_kernels(device: torch.device):
     return sdpa_kernel(NO_CUDNN_ATTENTION)
 
 
+def response_hidden(model: torch.nn.Module, batch: PackedBatch, packed: bool = False,
+                    row_tokens: int = PACKED_ROW_TOKENS,
+                    router: RouterHooks | None = None) -> torch.Tensor:
+    """(K, H) last hidden states of ``model``'s base model at the outputs that predict the
+    K response tokens (row-major order of response_mask), in the chosen layout; with
+    ``router``, the recorded routing replayed as response_logprobs says."""
+    lay = packed_layout(batch, row_tokens) if packed else padded_layout(batch)
+    recorded = lay.routing.flatten(0, 1) if lay.routing is not None else None  # (N*T, L, k)
+    if router is not None:
+        router.route(recorded)
+    with attention_kernels(lay.input_ids.device):
+        hidden = model.base_model(input_ids=lay.input_ids, attention_mask=lay.attention_mask,
+                                  position_ids=lay.position_ids,
+                                  use_cache=False).last_hidden_state          # (N, T, H)
+    if router is not None:
+        router.agreed = (same_experts(router.chosen()[lay.predict_at],
+                                      recorded[lay.predict_at])
+                         if recorded is not None else None)
+    return hidden.reshape(-1, hidden.shape[-1])[lay.predict_at]
+
+
+def response_values(critic: torch.nn.Module, batch: PackedBatch, packed: bool = False,
+                    row_tokens: int = PACKED_ROW_TOKENS) -> torch.Tensor:
+    """(B, R) a value model's (engine.learner.critic) estimate V(s_t) of each response
+    token's state (the prompt and the response before token t), float32; 0 off the
+    response. The head reads the same outputs the policy's LM head does."""
+    h = response_hidden(critic, batch, packed, row_tokens)                    # (K, H)
+    head = critic.score
+    mask = batch.response_mask.bool()
+    with torch.autocast(h.device.type, enabled=False):
+        v = head(h.to(head.weight.dtype)).float().squeeze(-1)                  # (K,)
+    values = torch.zeros(mask.shape, dtype=torch.float32, device=v.device)
+    values[mask] = v
+    return values
+
+
 def response_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float,
                       with_entropy: bool = False, packed: bool = False,
                       row_tokens: int = PACKED_ROW_TOKENS, top_p: float = 1.0,
@@ -239,19 +279,7 @@ def response_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: f
     recorded routing if the hooks replay, and ``router.agreed`` says, per response token
     (K,), whether the model's own routing at the position predicting it was the
     recorded one (None when the batch records none)."""
-    lay = packed_layout(batch, row_tokens) if packed else padded_layout(batch)
-    recorded = lay.routing.flatten(0, 1) if lay.routing is not None else None  # (N*T, L, k)
-    if router is not None:
-        router.route(recorded)
-    with attention_kernels(lay.input_ids.device):
-        hidden = model.base_model(input_ids=lay.input_ids, attention_mask=lay.attention_mask,
-                                  position_ids=lay.position_ids,
-                                  use_cache=False).last_hidden_state          # (N, T, H)
-    if router is not None:
-        router.agreed = (same_experts(router.chosen()[lay.predict_at],
-                                      recorded[lay.predict_at])
-                         if recorded is not None else None)
-    h = hidden.reshape(-1, hidden.shape[-1])[lay.predict_at]                   # (K, H)
+    h = response_hidden(model, batch, packed, row_tokens, router)              # (K, H)
     head = model.get_output_embeddings()
     mask = batch.response_mask.bool()
     targets = batch.input_ids[:, batch.prompt_len:][mask]                       # (K,)

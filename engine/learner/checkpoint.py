@@ -5,6 +5,7 @@
         optimizer.pt                                       AdamW state
         rng.pt                                             python, numpy, torch RNG states
         state.json                                         step, weight version, fingerprint
+        critic/ critic_optimizer.pt                        PPO: the value model and its AdamW
 
 A directory is written under a temp name and renamed, so a crash never leaves a half
 checkpoint that looks complete.
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.learner.ppo import PpoLearner
 from engine.model import load_tokenizer
 from engine.tinymodel import atomic_dir
 
@@ -32,6 +34,8 @@ def save_checkpoint(root: Path, learner, model_dir: Path, keep_last: int) -> Pat
     def write(d: Path) -> None:
         learner.policy.save_pretrained(d, safe_serialization=True)
         torch.save(learner.optimizer.state_dict(), d / "optimizer.pt")
+        if isinstance(learner, PpoLearner):
+            learner.save_critic(d)
         write_run_state(d, learner, model_dir, learner.fingerprint())
 
     atomic_dir(final, write)
@@ -68,6 +72,8 @@ def restore_checkpoint(path: Path, learner) -> dict:
     # AdamW state goes where the parameters are now, not where it was saved from.
     learner.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True,
                                                  map_location=learner.device))
+    if isinstance(learner, PpoLearner):          # its weights came from critic_source
+        learner.restore_critic_optimizer(path)
     return read_run_state(path, learner)
 
 

@@ -1,11 +1,11 @@
-"""The GRPO learner: one ``update`` per RL step.
+"""The policy learner: one ``update`` per RL step (GRPO; PPO's actor, engine.learner.ppo).
 
     old_logp  = recompute(policy, batch)                 # before any optimizer step
     gap       = |behaviour_logp - old_logp|              # engine mismatch / staleness signal
     w_tis     = min(exp(old_logp - behaviour_logp), cap) # token-level TIS, detached
     for epoch in epochs, for minibatch in split(batch):
         for micro in split(minibatch, learner.micro_batch_tokens):   # gradients accumulate
-            ratio = exp(new_logp - old_logp)
+            ratio = exp(new_logp - old_logp)             # A: a completion's, or PPO's per token
             per_token = -w_tis * min(ratio*A, clip(ratio, 1-low, 1+high)*A)
                         + kl_coef * k3(new, ref)
             sum(w * per_token over micro).backward()     # w: token_weights of the minibatch
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import GrpoConfig, LearnerConfig
+from engine.config import AlgorithmConfig, LearnerConfig
 from engine.learner.batch import PackedBatch, micro_batches, response_logprobs
 from engine.learner.device import autocast, resolve_device
 from engine.learner.losses import (
@@ -48,7 +48,7 @@ from engine.weightsync.fingerprint import fingerprint
 
 
 class Learner:
-    def __init__(self, policy: torch.nn.Module, cfg: GrpoConfig, temperature: float,
+    def __init__(self, policy: torch.nn.Module, cfg: AlgorithmConfig, temperature: float,
                  seed: int, reference: torch.nn.Module | None = None,
                  setup: LearnerConfig | None = None, norm_tokens: int | None = None,
                  top_p: float = 1.0):
@@ -159,10 +159,15 @@ class Learner:
     def _sum_over_ranks(self, totals: torch.Tensor) -> torch.Tensor:
         return totals
 
-    def update(self, batch: PackedBatch) -> dict[str, float]:
+    def update(self, batch: PackedBatch,
+               token_advantages: torch.Tensor | None = None) -> dict[str, float]:
+        """One RL step on ``batch``. Advantages are the batch's one per completion, or
+        ``token_advantages`` (B, R) (PPO's GAE)."""
         cfg = self.cfg
         batch = batch.to(self.device)
         mask = batch.response_mask
+        adv = (batch.advantages[:, None].expand_as(mask) if token_advantages is None
+               else token_advantages.to(self.device))                      # (B, R)
         old_logp, agreed = self.recompute(batch)                           # (B, R)
         self.last_logprobs = old_logp                  # what the inspector shows per token
         ref_logp = None
@@ -196,7 +201,7 @@ class Learner:
         for _ in range(cfg.epochs):
             perm = torch.randperm(n, generator=gen)
             for idx in perm.chunk(cfg.minibatches):
-                step = self._minibatch_step(batch, idx, old_logp, w_tis, ref_logp)
+                step = self._minibatch_step(batch, idx, adv, old_logp, w_tis, ref_logp)
                 for k, v in step.items():
                     sums[k].append(v)
         self.step += 1
@@ -209,8 +214,9 @@ class Learner:
         metrics["learner/lr"] = self.lr  # what this step's optimizer steps used
         return metrics
 
-    def _minibatch_step(self, batch: PackedBatch, idx: torch.Tensor, old_logp: torch.Tensor,
-                        w_tis: torch.Tensor, ref_logp: torch.Tensor | None) -> dict[str, float]:
+    def _minibatch_step(self, batch: PackedBatch, idx: torch.Tensor, adv: torch.Tensor,
+                        old_logp: torch.Tensor, w_tis: torch.Tensor,
+                        ref_logp: torch.Tensor | None) -> dict[str, float]:
         """One optimizer step on the rows ``idx``, accumulated over their micro-batches.
         The loss is aggregated over the whole minibatch (algorithm.loss_agg_mode): each
         token's weight is fixed by the minibatch before it is split, so micro-batches and
@@ -229,7 +235,7 @@ class Learner:
             new_logp, entropy = self.logprobs(self.policy, mb, self.temperature,
                                               with_entropy=True, top_p=self.top_p)
             surr, ppo_clipped = clipped_surrogate(new_logp, old_logp[micro],
-                                                  mb.advantages[:, None], cfg.clip_low,
+                                                  adv[micro], cfg.clip_low,
                                                   cfg.clip_high)
             per_token = -w_tis[micro] * surr
             kl = torch.zeros((), device=self.device)

@@ -3,6 +3,8 @@
 Shapes: B sequences, R response tokens; ``mask`` (B, R) is 1 on real response tokens.
 
     advantages(estimator, rewards, lengths, K)    (B,) one per completion, for its tokens
+    gae(token_rewards, values, mask, gamma, lam)  (B, R) PPO's per-token advantages, returns
+    clipped_value_loss(v, v_old, returns, eps)    (B, R) PPO's critic loss per token
     clipped_surrogate(new, old, A, low, high)     (B, R) min(ratio A, clip(ratio) A)
     token_weights(mask, loss_agg_mode)            (B, R) w with loss = sum(w * per_token)
 """
@@ -55,6 +57,70 @@ def advantages(estimator: str, rewards: torch.Tensor, lengths: torch.Tensor, gro
     if estimator == "reinforce_pp":
         return reinforce_pp_advantages(rewards, lengths)
     raise ValueError(f"unknown advantage estimator {estimator!r}")
+
+
+def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) sequence rewards -> (B, R) token-level rewards: each on its sequence's last
+    response token, 0 elsewhere (an outcome reward; PPO's critic spreads it back)."""
+    last = (mask.sum(dim=-1).long() - 1).clamp(min=0)                  # (B,)
+    out = torch.zeros_like(mask)
+    out[torch.arange(len(rewards)), last] = rewards.to(out.dtype) * (mask.sum(dim=-1) > 0)
+    return out
+
+
+def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation over response tokens (Schulman et al. 2016):
+
+        delta_t = r_t + gamma * V_{t+1} - V_t          V_{t+1} = 0 past the last token
+        A_t     = delta_t + gamma * lam * A_{t+1}       A = 0 past the last token
+        returns = A + V                                 (the critic's targets)
+
+    Every sequence ends its episode at its last response token (the terminal step: no
+    value beyond it). (B, R) rewards, values, mask -> (B, R) advantages, returns; 0 off
+    the response."""
+    values = values * mask
+    B, R = mask.shape
+    adv = torch.zeros_like(values)
+    running = torch.zeros(B, dtype=values.dtype, device=values.device)
+    for t in reversed(range(R)):
+        next_value = values[:, t + 1] if t + 1 < R else torch.zeros_like(running)
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        # Past a sequence's end the mask is 0: nothing carries back into its last token.
+        running = (delta + gamma * lam * running) * mask[:, t]
+        adv[:, t] = running
+    return adv, (adv + values) * mask
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the tokens of ``mask`` (unbiased variance, as veRL's
+    masked_whiten); 0 off the mask."""
+    mean = masked_mean(x, mask)
+    n = mask.sum()
+    var = (((x - mean) ** 2) * mask).sum() / (n - 1).clamp(min=1)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped value loss per token (veRL's compute_value_loss, before aggregation):
+
+        0.5 * max((V - G)^2, (V_old + clip(V - V_old, -eps, eps) - G)^2)
+
+    and the mask of tokens where the clipped term was the larger one."""
+    clipped = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
+    plain, bounded = (values - returns) ** 2, (clipped - returns) ** 2
+    return 0.5 * torch.maximum(plain, bounded), bounded > plain
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor,
+                       mask: torch.Tensor) -> float:
+    """1 - Var(G - V) / Var(G) over the response tokens: 1 a perfect critic, 0 one that
+    predicts the mean, negative worse than that."""
+    var = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    err = returns - values
+    var_err = masked_mean((err - masked_mean(err, mask)) ** 2, mask)
+    return float(1.0 - var_err / var) if var > 0 else 0.0
 
 
 # --------------------------------------------------------------------------- the loss

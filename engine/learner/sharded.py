@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from engine.config import GrpoConfig, LearnerConfig
+from engine.config import AlgorithmConfig, LearnerConfig
 from engine.learner.batch import PackedBatch
 from engine.learner.checkpoint import prune_checkpoints, read_run_state, write_run_state
 from engine.learner.learner import Learner
@@ -69,7 +69,7 @@ def shard_policy(policy: torch.nn.Module, setup: LearnerConfig,
 class ShardedLearner(Learner):
     """A Learner whose policy is FSDP2-sharded across the default process group."""
 
-    def __init__(self, policy: torch.nn.Module, cfg: GrpoConfig, temperature: float,
+    def __init__(self, policy: torch.nn.Module, cfg: AlgorithmConfig, temperature: float,
                  seed: int, reference: torch.nn.Module | None = None,
                  setup: LearnerConfig | None = None, norm_tokens: int | None = None,
                  top_p: float = 1.0):

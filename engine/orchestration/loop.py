@@ -6,8 +6,9 @@
         groups  = policy.next_batch(step, version)  rollout + reward on the workers [spans]
                                                     (dynamic sampling: no flat groups)
         check staleness <= the policy's bound       (negative: error event, run fails)
-        adv     = advantages(algorithm.adv_estimator, rewards + shaping)
-        metrics = learner.update(samples)           version += 1                   [span]
+        adv     = advantages(algorithm.adv_estimator, rewards + shaping)   (GRPO; PPO's
+                                                    critic and GAE run in the learner)
+        metrics = learner.update(samples)           version += 1   [spans: critic, learner]
         sync.send(step) -> every rollout worker     each reports (version, fp)     [spans]
         emit metrics.append (engine.telemetry.step_metrics; every actor's spans and
                              the device/* its DeviceSampler measured)
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import RunConfig, dump_config
+from engine.config import GrpoConfig, RunConfig, dump_config
 from engine.controls import (
     CheckpointControl,
     Control,
@@ -280,11 +281,13 @@ class RunLoop:
                                  self.cfg.async_policy.type, step):
             self.tel.emit(LogEvent(level="error", message=message))
         alg = self.cfg.algorithm
-        adv = advantages(alg.adv_estimator, torch.tensor([s.learning_reward for s in samples]),
-                         torch.tensor([len(s.response_ids) for s in samples]), alg.group_size,
-                         alg.normalize_std)
-        for s, a in zip(samples, adv.tolist(), strict=True):
-            s.advantage = a
+        if isinstance(alg, GrpoConfig):          # PPO's come from its critic, in the learner
+            adv = advantages(alg.adv_estimator,
+                             torch.tensor([s.learning_reward for s in samples]),
+                             torch.tensor([len(s.response_ids) for s in samples]),
+                             alg.group_size, alg.normalize_std)
+            for s, a in zip(samples, adv.tolist(), strict=True):
+                s.advantage = a
         for w in d.sharing:                   # colocated: the engine yields the device
             w.call(RolloutWorker.sleep)
         m = d.learner.call(LearnerWorker.update, samples, step).result()

@@ -10,6 +10,7 @@
     LearnerWorker(cfg, policy_dir, model_dir, devices, checkpoint)
         .update(samples, step) -> metrics                  [span: learner]  version += 1
         .token_logprobs(rows)                              that update's learner logprobs
+                                    PPO: the critic first, on the same devices [span: critic]
         .setup_sender(...); .connect(); .prepare(step) -> (WeightMeta, ticket); .transfer()
                                                            [span: weight_sync]
         .save_checkpoint(root, keep)
@@ -37,7 +38,8 @@ from engine.faults import resets_version, wrap_reward, wrap_rollout
 from engine.learner.batch import pack
 from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
 from engine.learner.learner import Learner
-from engine.model import load_policy, load_tokenizer, stop_token_ids
+from engine.learner.ppo import PpoLearner, critic_source
+from engine.model import load_critic, load_policy, load_tokenizer, stop_token_ids
 from engine.orchestration.actors import concurrent
 from engine.orchestration.evaluation import evaluate
 from engine.orchestration.partial import PartialGroup, continue_groups
@@ -174,21 +176,22 @@ class LearnerWorker(WeightSenderHost):
         policy = load_policy(policy_dir, dtype, remote)
         self.peers: list = []
         self.world = world
+        args = (alg, cfg.rollout.temperature, cfg.model.seed)
+        kw = {"reference": reference, "setup": cfg.learner,
+              "norm_tokens": cfg.rollout.max_new_tokens, "top_p": cfg.rollout.top_p}
         if world > 1:
             from engine.learner.sharded import ShardedLearner, restore_sharded_checkpoint
 
             init_process_group(cfg, rank, world, rendezvous)
-            self.learner = ShardedLearner(policy, alg, cfg.rollout.temperature, cfg.model.seed,
-                                          reference=reference, setup=cfg.learner,
-                                          norm_tokens=cfg.rollout.max_new_tokens,
-                                          top_p=cfg.rollout.top_p)
+            self.learner = ShardedLearner(policy, *args, **kw)
             if checkpoint is not None:
                 restore_sharded_checkpoint(checkpoint, self.learner)
         else:
-            self.learner = Learner(policy, alg, cfg.rollout.temperature, cfg.model.seed,
-                                   reference=reference, setup=cfg.learner,
-                                   norm_tokens=cfg.rollout.max_new_tokens,
-                                   top_p=cfg.rollout.top_p)
+            if alg.type == "ppo":
+                critic = load_critic(critic_source(alg, policy_dir, checkpoint), dtype, remote)
+                self.learner = PpoLearner(policy, critic, *args, **kw)
+            else:
+                self.learner = Learner(policy, *args, **kw)
             if checkpoint is not None:
                 restore_checkpoint(checkpoint, self.learner)
         self.pad_id = load_tokenizer(model_dir, remote).pad_token_id
@@ -207,8 +210,12 @@ class LearnerWorker(WeightSenderHost):
 
     def update(self, samples: list[Sample], step: int) -> dict[str, float]:
         peers = self._with_peers(LearnerWorker.update, samples, step)
+        batch, advantages, metrics = pack(samples, self.pad_id), None, {}
+        if isinstance(self.learner, PpoLearner):
+            with self.rec.phase("critic", step, self.learner.version):
+                advantages, metrics = self.learner.update_critic(batch)
         with self.rec.phase("learner", step, self.learner.version):
-            metrics = self.learner.update(pack(samples, self.pad_id))
+            metrics |= self.learner.update(batch, advantages)
         if resets_version(self.cfg.faults, step):
             self.learner.version = 1
         for f in peers:

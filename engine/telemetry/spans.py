@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-PHASES = ("rollout", "reward", "learner", "weight_sync")   # busy
+PHASES = ("rollout", "reward", "learner", "weight_sync", "critic")   # busy
 WAITING = "waiting"
 
 

@@ -8,6 +8,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from engine.config import validate_config
 from jobs.models.status import (
     TERMINAL,
     InvalidTransition,
@@ -160,3 +161,18 @@ class Run(models.Model):
         if not self.ingest_token_hash:
             return False
         return hmac.compare_digest(hash_token(token), self.ingest_token_hash)
+
+    def fork_problem(self, config: dict) -> tuple[str, str] | None:
+        """Why a fork of this run with ``config`` cannot start from this run's checkpoints,
+        as (field path, message with the fix); None when it can. PPO continues the
+        checkpoint's critic: a run trained without one (GRPO) has none to give."""
+        parent = validate_config(self.config, check_files=False).algorithm
+        child = validate_config(config, check_files=False).algorithm
+        if child.type != "ppo" or parent.type == "ppo" or child.critic.path is not None:
+            return None
+        return ("algorithm.critic.path",
+                f'run #{self.pk} trained with algorithm.type = "{parent.type}", without a '
+                f'critic, so its checkpoints hold none for PPO to continue; set '
+                f'algorithm.critic.path to a directory to start the critic from (a PPO '
+                f'checkpoint\'s critic/, or the model the run started from), or fork with '
+                f'algorithm.type = "{parent.type}"')

@@ -51,7 +51,8 @@ def placement_preview(cfg: RunConfig) -> dict:
                 f"{cfg.placement.devices} logical device{'s' * (cfg.placement.devices != 1)}")
     fits, why = fits_now(asked)
     return {"what": what, "bundles": len(bundles), "fits": fits, "why": why,
-            "placement": cfg.placement.type, "async_policy": cfg.async_policy.type}
+            "algorithm": cfg.algorithm.type, "placement": cfg.placement.type,
+            "async_policy": cfg.async_policy.type}
 
 
 def validation(request, form):

@@ -105,7 +105,8 @@ def chart_data(run: Run) -> dict:
     the statuses after which the run has nothing left to stop."""
     with snapshot():
         last_seq = RunEvent.highest_seq(run)
-        figures = charts.metric_figures(metric_steps(run))
+        algorithm = validate_config(run.config, check_files=False).algorithm.type
+        figures = charts.metric_figures(metric_steps(run), algorithm)
         figures.append(charts.timeline_figure(recent_spans(run)))
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
                    .order_by("id").values_list("applied_step", "kind", "value"))

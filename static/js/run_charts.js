@@ -85,6 +85,7 @@
     if (msg.last_seq <= lastSeq) return;  // the server never resends; belt and braces
     followProgress(msg.events);
     for (const [id, u] of Object.entries(msg.charts)) {
+      if (!(id in maxPoints)) continue;  // a chart this run's page does not draw
       if (stepXs[id]) u.indices.forEach((trace, k) => stepXs[id][trace].push(...u.x[k]));
       const update = {x: stepXs[id] ? u.x.map(toX) : u.x, y: u.y};
       if (u.base) update.base = u.base;

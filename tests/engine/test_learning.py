@@ -1,4 +1,4 @@
-"""GRPO learns: a shortened demo run, fixed seed, held-out reward before vs after.
+"""GRPO and PPO learn: a shortened demo run, fixed seed, held-out reward before vs after.
 
 The demo (configs/demo_arithmetic.toml) is the same recipe for 5 minutes; here 40 steps,
 with the torch sampler and with vLLM as the rollout engine (same seed, same warm start).
@@ -21,23 +21,39 @@ from engine.telemetry.sinks import MemorySink
 from .test_config import CONFIGS
 
 
+def trained_from_the_warm_start(preset: str, steps: int, out) -> list[dict[str, float]]:
+    """Run configs/<preset> for ``steps`` steps; assert held-out reward gained at least 0.05
+    over a warm start that left room to learn; return each step's metrics."""
+    [path] = [p for p in CONFIGS if p.name == preset]
+    cfg = load_config(path).model_copy(update={"steps": steps, "max_seconds": None})
+    sink = MemorySink()
+    summary = run_local(cfg, out, sink=sink)
+
+    before = summary.eval_before["eval/reward_mean"]
+    after = summary.eval_after["eval/reward_mean"]
+    assert 0.05 < before < 0.95, "the warm start should leave room to learn"
+    assert after - before >= 0.05, (before, after)
+    return [e.values for e in sink.of_type(MetricsEvent) if "reward/mean" in e.values]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("demo_name", [
     "demo_arithmetic.toml",
     pytest.param("demo_arithmetic_vllm.toml", marks=pytest.mark.vllm),
 ])
 def test_grpo_raises_held_out_reward_from_the_warm_start(tmp_path, model_cache, demo_name):
-    [demo] = [p for p in CONFIGS if p.name == demo_name]
-    cfg = load_config(demo).model_copy(update={"steps": 40, "max_seconds": None})
-    sink = MemorySink()
-    summary = run_local(cfg, tmp_path, sink=sink)
-
-    before = summary.eval_before["eval/reward_mean"]
-    after = summary.eval_after["eval/reward_mean"]
-    assert 0.05 < before < 0.95, "the warm start should leave room to learn"
-    assert after - before >= 0.05, (before, after)
-
-    rewards = [e.values["reward/mean"] for e in sink.of_type(MetricsEvent)
-               if "reward/mean" in e.values]
+    rewards = [m["reward/mean"] for m in trained_from_the_warm_start(demo_name, 40, tmp_path)]
     assert len(rewards) == 40
     assert statistics.fmean(rewards[-10:]) > statistics.fmean(rewards[:10])
+
+
+@pytest.mark.slow
+def test_ppo_raises_held_out_reward_from_the_warm_start(tmp_path, model_cache):
+    """configs/ppo_arithmetic.toml for 30 steps: the demo's task and warm start, PPO with a
+    critic colocated with the learner. Measured held-out mean reward 0.567 -> 0.682 (30
+    steps) and -> 0.672 (40) with the learner on a 16-core CPU (2026-11-30); its critic's
+    explained variance stays near 0 this early (whether a tiny model answers right is
+    hard to tell from the prompt), so the gain is mostly the whitened returns'."""
+    steps = trained_from_the_warm_start("ppo_arithmetic.toml", 30, tmp_path)
+    assert len(steps) == 30
+    assert all("critic/value_loss" in m and m["time/critic_s"] > 0 for m in steps)

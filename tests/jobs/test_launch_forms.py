@@ -8,6 +8,7 @@ from django.contrib.auth.models import Group, User
 from django.contrib.messages import get_messages
 
 from engine.config import RunConfig, dump_config, union_choices, validate_config
+from jobs.actions import Refused, do_fork_run
 from jobs.auth import OPERATOR_GROUP
 from jobs.forms import RunConfigForm
 from jobs.models import Checkpoint, Preset, Run, RunStatus
@@ -427,3 +428,79 @@ def test_the_fork_form_validates_the_same_way_and_launches_nothing(client, opera
     line = bad.splitlines().index("rollout_workers = 0") + 1
     assert f'data-path="placement.rollout_workers" data-line="{line}"' in html
     assert Run.objects.count() == 1 and queued == []
+
+
+# --------------------------------------------------------------------------- algorithm
+
+def test_the_run_forms_offer_the_algorithm_choice(client, operator, parent):
+    for url in ("/runs/new", f"/runs/{parent.pk}/fork"):
+        form = client.get(url).context["form"]
+        assert [t for t, _ in form.fields["algorithm"].choices] == union_choices("algorithm")
+        assert {"grpo", "ppo"} <= set(union_choices("algorithm"))
+        assert form.initial.get("algorithm", "grpo") == "grpo"
+    html = client.get(f"/runs/{parent.pk}/fork").content.decode()
+    assert 'name="algorithm"' in html and 'class="field field-algorithm highlight"' in html
+
+
+def test_the_algorithm_select_sets_a_config_without_an_algorithm_type(client, operator,
+                                                                      queued):
+    toml = 'name = "demo"\n[warm_start]\nsteps = 0\n[algorithm]\nlam = 0.9\n'   # PPO's
+    form = RunConfigForm(form_data(toml, algorithm="ppo"))
+    assert form.is_valid(), form.errors
+    assert form.run_config.algorithm.type == "ppo" and form.run_config.algorithm.lam == 0.9
+
+
+PPO = {**GOOD, "name": "demo-ppo", "algorithm": {"type": "ppo"}}
+
+
+def test_a_fork_of_a_grpo_run_to_ppo_is_refused_naming_critic_path(
+        client, operator, parent, queued, django_capture_on_commit_callbacks):
+    data = form_data(PPO, algorithm="ppo", checkpoint=parent.checkpoints.first().pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(f"/runs/{parent.pk}/fork", data)
+
+    form = response.context["form"]
+    assert not form.is_valid() and Run.objects.count() == 1 and queued == []
+    [problem] = form.config_errors
+    assert problem.path == "algorithm.critic.path"
+    assert "without a critic" in problem.message and "algorithm.critic.path" in problem.message
+    assert "algorithm.critic.path" in " ".join(form.errors["algorithm"])
+
+
+def test_a_fork_of_a_grpo_run_to_ppo_with_a_critic_path_launches(
+        client, operator, parent, queued, django_capture_on_commit_callbacks, tmp_path):
+    for name in ("config.json", "model.safetensors"):        # what the validator looks for
+        (tmp_path / name).write_text("{}")
+    with_critic = {**PPO, "algorithm": {"type": "ppo", "critic": {"path": str(tmp_path)}}}
+    data = form_data(with_critic, algorithm="ppo", checkpoint=parent.checkpoints.first().pk)
+    review = client.post(f"/runs/{parent.pk}/fork", data)
+    assert review.context["form"].is_valid(), review.context["form"].errors
+    reviewed = review.context["form"]["reviewed"].value()
+    with django_capture_on_commit_callbacks(execute=True):
+        launch = client.post(f"/runs/{parent.pk}/fork", {**data, "reviewed": reviewed})
+
+    fork = Run.objects.exclude(pk=parent.pk).get()
+    assert launch.status_code == 302 and fork.config["algorithm"]["type"] == "ppo"
+    assert queued == [("submit", fork.pk)]
+
+
+def test_the_fork_action_refuses_it_too(operator, parent):   # the REST API's way in
+    with pytest.raises(Refused, match="algorithm.critic.path"):
+        do_fork_run(operator, parent, parent.checkpoints.first(),
+                    validate_config(PPO).model_dump(mode="json"))
+    assert Run.objects.count() == 1
+
+
+def test_a_fork_of_a_ppo_run_keeps_its_critic_and_needs_no_path(parent):
+    Run.objects.filter(pk=parent.pk).update(
+        config=validate_config(PPO).model_dump(mode="json"))
+    parent.refresh_from_db()
+    assert parent.fork_problem(validate_config(PPO).model_dump(mode="json")) is None
+    assert parent.fork_problem(validate_config(GOOD).model_dump(mode="json")) is None
+
+
+def test_validate_names_the_algorithm_it_would_launch(client, operator, monkeypatch):
+    monkeypatch.setattr("jobs.queue.ray_capacity",
+                        lambda: ({"GPU": 4.0, "CPU": 8.0}, {"GPU": 4.0, "CPU": 8.0}))
+    response = validate(client, "/runs/new", form_data(PPO, algorithm="ppo"))
+    assert "Valid: ppo, colocated placement, sync policy." in response.content.decode()

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from engine.config import validate_config
 from jobs.actions import do_ingest_events
 from jobs.models import RunStatus
 
@@ -233,3 +234,25 @@ def test_the_logprob_gap_chart_draws_moe_routing_agreement_beside_the_gap(viewer
     assert agreement["name"] == "routing agreement" and agreement["yaxis"] == "y2"
     assert (agreement["x"], agreement["y"]) == ([1, 2], [0.6, 1.0])
     assert gap["layout"]["yaxis2"]["range"] == [0, 1]
+
+
+def test_a_ppo_run_page_charts_its_critic_and_a_grpo_run_page_does_not(viewer, make_run, run):
+    ppo = make_run(name="ppo")
+    ppo.config = validate_config({"name": "ppo", "algorithm": {"type": "ppo"}}).model_dump(
+        mode="json")
+    ppo.save()
+    do_ingest_events(ppo, [
+        metrics(1, 1, **{"critic/value_loss": 0.24, "critic/explained_variance": -0.1,
+                         "critic/value_mean": 0.0}),
+        metrics(2, 2, **{"critic/value_loss": 0.11, "critic/explained_variance": 0.3,
+                         "critic/value_mean": 0.2}),
+        span(3, 1, phase="critic"),
+    ])
+
+    data = run_data(viewer.get(f"/runs/{ppo.pk}"))
+    loss, explained, mean = chart(data, "critic")["traces"]
+    assert (loss["x"], loss["y"]) == ([1, 2], [0.24, 0.11])
+    assert explained["y"] == [-0.1, 0.3] and mean["y"] == [0.0, 0.2]
+    timeline = {t["name"]: t for t in chart(data, "timeline")["traces"]}
+    assert timeline["critic"]["x"] == [500.0] and timeline["critic"]["y"] == ["cpu:0"]
+    assert "critic" not in {c["id"] for c in run_data(viewer.get(f"/runs/{run.pk}"))["charts"]}
