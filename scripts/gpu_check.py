@@ -50,6 +50,7 @@ from engine.model import load_critic, load_policy, load_tokenizer  # noqa: E402
 from engine.rollout.base import SamplingParams  # noqa: E402
 from engine.rollout.torch_backend import TorchRollout  # noqa: E402
 from engine.tasks import ArithmeticTask, ReverseTask  # noqa: E402
+from engine.tasks.base import Problem  # noqa: E402
 from engine.telemetry.devices import DeviceSampler  # noqa: E402
 from engine.tinymodel import ensure_base_model  # noqa: E402
 from engine.weightsync.fingerprint import fingerprint  # noqa: E402
@@ -322,6 +323,35 @@ def fsdp2():
             f"max |dw| {dw:.1e} (bound 1e-5)")
 
 
+def moe_replay():
+    """MoE routing replay: the torch sampler (CPU) records each token's experts, the
+    learner on the device replays them; its logprobs equal the sampler's to the dense
+    bound and its own routing agrees on every token (tiny random qwen2_moe and mixtral,
+    built here as the tests build them)."""
+    import tempfile
+
+    from tests.engine.hf_models import MOE_ARCHITECTURES, build_hf_model
+
+    out = []
+    for arch in MOE_ARCHITECTURES:
+        path = build_hf_model(Path(tempfile.mkdtemp()) / arch, arch)
+        tok = load_tokenizer(path)
+        prompts = [tok(t)["input_ids"] for t in ("12+34=", "rev:abcdef=", "7*8=")] * 4
+        outs = TorchRollout.from_pretrained(path, record_routing=True).generate(
+            prompts, SamplingParams(temperature=1.0, max_new_tokens=12), seed=3)
+        rows = [Sample(Problem("", ""), p, o.token_ids, o.logprobs, o.finished, o.version, 0,
+                       routing=o.routing) for p, o in zip(prompts, outs, strict=True)]
+        learner = Learner(load_policy(path), GrpoConfig(), 1.0, seed=0,
+                          setup=LearnerConfig(device=DEVICE, precision="fp32",
+                                              routing_replay=True))
+        m = learner.update(pack(rows, tok.pad_token_id))
+        out.append((arch, m["logprob_gap/max"], m["moe/routing_agreement"]))
+    ok = all(gap < 1e-3 and agree == 1.0 for _, gap, agree in out)
+    return ("PASS" if ok else "FAIL",
+            "; ".join(f"{a}: max gap {g:.1e}, routing agreement {r:.3f}" for a, g, r in out)
+            + f" (learner on {DEVICE}, bound 1e-3)")
+
+
 def main() -> int:
     torch.manual_seed(0)
     gpu = torch.cuda.get_device_name(0) if CUDA else "none"
@@ -336,6 +366,7 @@ def main() -> int:
     check("sampler vs learner logprobs (fp32)", sampler_vs_learner)
     check("sampler vs learner logprobs at top_p 0.9 (fp32)", lambda: sampler_vs_learner(0.9))
     check("packed vs padded logprobs (fp32)", packed_vs_padded)
+    check("MoE routing replay (fp32)", moe_replay)
     check("cuda_ipc transport, 2 processes", lambda: cuda_ipc(tiny))
     check("NVML sampling", nvml)
     check("CPU process sampling", cpu_sampling)
