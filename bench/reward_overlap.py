@@ -45,6 +45,9 @@ class _AfterGeneration:
     def __init__(self, pool: RewardPool):
         self.pool = pool
 
+    def verdicts(self, problems, texts, finished):
+        return self.pool.verdicts(problems, texts, finished)
+
     def score(self, problems, texts, finished):
         return self.pool.score(problems, texts, finished)
 
