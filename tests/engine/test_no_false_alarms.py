@@ -1,5 +1,6 @@
 """No false alarms: every preset in configs/, run healthy for 40 steps, raises no alert at
-all; nor does an async policy on a disaggregated Ray placement.
+all (the code reward-model preset only the over-optimization it is built to show); an
+async policy on a disaggregated Ray placement raises no alert but its true bubble.
 
 40 steps is what the rules need to be able to fire at all: StuckReward looks at a 20-step
 window, LogprobGapDrift at 5 steps of rise, BubbleHigh at 2, PhaseHang at a phase 10x its
