@@ -71,15 +71,23 @@ def valid(serializer_class, request):
     return serializer.validated_data
 
 
-def int_param(request, name: str, default: int | None = None, lo: int = 0,
-              hi: int | None = None) -> int | None:
+def query_param(request, name: str, parse, expect: str):
+    """The query parameter ``name`` read by ``parse`` (which raises ValueError on a bad
+    value), None when absent or empty; a bad value is a 400 naming it: "must be <expect>"."""
     raw = request.query_params.get(name)
     if raw is None or raw == "":
-        return default
+        return None
     try:
-        value = int(raw)
+        return parse(raw)
     except ValueError:
-        raise ValidationError({name: f"must be an integer, got {raw!r}"}) from None
+        raise ValidationError({name: f"must be {expect}, got {raw!r}"}) from None
+
+
+def int_param(request, name: str, default: int | None = None, lo: int = 0,
+              hi: int | None = None) -> int | None:
+    value = query_param(request, name, int, "an integer")
+    if value is None:
+        return default
     if value < lo or (hi is not None and value > hi):
         raise ValidationError({name: f"must be between {lo} and {hi}, got {value}"})
     return value

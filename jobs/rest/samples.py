@@ -22,31 +22,27 @@ from rest_framework.response import Response
 
 from jobs.inspector import ORDERS, SampleFilters, step_view
 from jobs.models import Run
-from jobs.rest.runs import int_param
+from jobs.rest.runs import int_param, query_param
 
 BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 
 
 def float_param(request, name: str) -> float | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValidationError({name: f"must be a number, got {raw!r}"}) from None
-    if not math.isfinite(value):
+    value = query_param(request, name, float, "a number")
+    if value is not None and not math.isfinite(value):
+        raw = request.query_params.get(name)
         raise ValidationError({name: f"must be a finite number, got {raw!r}"})
     return value
 
 
-def bool_param(request, name: str) -> bool | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
+def boolean(raw: str) -> bool:
     if raw.lower() not in BOOLEANS:
-        raise ValidationError({name: f"must be true or false, got {raw!r}"})
+        raise ValueError(raw)
     return BOOLEANS[raw.lower()]
+
+
+def bool_param(request, name: str) -> bool | None:
+    return query_param(request, name, boolean, "true or false")
 
 
 def sample_filters(request) -> SampleFilters:
