@@ -148,7 +148,7 @@ def sampler_vs_learner(top_p: float = 1.0):
     learner = Learner(load_policy(model_dir), GrpoConfig(), 1.0, seed=0,
                       setup=LearnerConfig(device=DEVICE, precision="fp32"), top_p=top_p)
     on_device = batch.to(learner.device)
-    logp = learner.recompute(on_device)
+    logp, _ = learner.recompute(on_device)      # (B, R), and no routing to agree on
     mask = on_device.response_mask.bool()
     gap = float((logp - on_device.behaviour_logp).abs()[mask].max())
     return ("PASS" if gap < 1e-3 else "FAIL",
