@@ -4,7 +4,8 @@ MetricPoint / PhaseSpan rows) and the live updates (from events), so the traces 
 
     steps = [(step, {metric: value}), ...]      spans = [{device, phase, start, end}, ...]
     metric_figures(steps, algorithm) -> [{id, title, traces: [{name, x, ...}], layout}]  page
-                                        load; the charts of that algorithm.type (PPO: critic)
+                                        load; the charts of that algorithm.type (PPO: critic),
+                                        each thinned to its min/max envelope past RUN_POINTS
     metric_updates(steps)  -> {chart id: {indices, x: [[...]], y: [[...]]}}        websocket
     timeline_figure(spans) / timeline_update(spans)  the device Gantt, bars per phase
     control_marks(applied) -> [{step, label}]   a vertical line per live control applied,
@@ -142,17 +143,48 @@ def points(chart: Chart, steps: Iterable[tuple[int, Values]]) -> tuple[list, lis
     return xs, ys
 
 
+RUN_POINTS = 2000  # per chart on the run page's first render; live updates add to it
+
+
+def envelope(chart: Chart, steps: list[tuple[int, Values]], limit: int = RUN_POINTS) -> list:
+    """The steps a chart's first render draws: all of them up to ``limit``; beyond, the
+    steps split into equal buckets and each bucket keeps its first and last step and, per
+    trace, the step of its lowest and of its highest value. Every spike and dip survives
+    thinning (a one-step logprob-gap spike at step 7,431 is still drawn), and the chart's
+    traces share their steps, so a band's two edges still pair up point by point."""
+    if len(steps) <= limit:
+        return steps
+    per_bucket = 2 + 2 * len(chart.traces)
+    buckets = max(1, limit // per_bucket)
+    size = -(-len(steps) // buckets)
+    kept: list = []
+    for start in range(0, len(steps), size):
+        bucket = steps[start:start + size]
+        chosen = {0, len(bucket) - 1}
+        for trace in chart.traces:
+            valued = [(y, i) for i, (_, values) in enumerate(bucket)
+                      if (y := trace.value(values)) is not None]
+            if valued:
+                chosen.update((min(valued)[1], max(valued)[1]))
+        kept += [bucket[i] for i in sorted(chosen)]
+    return kept
+
+
 def metric_figures(steps: list[tuple[int, Values]], algorithm: str = "grpo") -> list[dict]:
+    """One figure per chart of ``algorithm``; a long run's charts are thinned to their
+    envelope (at most RUN_POINTS steps each) and say so in their title."""
     figures = []
     for chart in METRIC_CHARTS:
         if chart.algorithm not in (None, algorithm):
             continue
-        xs, ys = points(chart, steps)
+        kept = envelope(chart, steps)
+        xs, ys = points(chart, kept)
         traces = [{"name": t.name, "type": "scatter", "mode": "lines", **t.style, "x": x, "y": y}
                   for t, x, y in zip(chart.traces, xs, ys, strict=True)]
+        title = chart.title if kept is steps else (
+            f"{chart.title} · {len(steps):,} steps, each bucket's min and max drawn")
         figures.append({"id": chart.id, "title": chart.title, "traces": traces,
-                        "layout": {**BASE_LAYOUT, **chart.layout,
-                                   "title": {"text": chart.title}}})
+                        "layout": {**BASE_LAYOUT, **chart.layout, "title": {"text": title}}})
     return figures
 
 

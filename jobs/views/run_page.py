@@ -111,7 +111,11 @@ def chart_data(run: Run) -> dict:
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
                    .order_by("id").values_list("applied_step", "kind", "value"))
         marks = charts.control_marks(applied)
-        times = step_times(run)
+        # Only the steps some chart draws (thinned on long runs); live steps bring their own.
+        drawn = {x for figure in figures if figure["id"] != "timeline"
+                 for trace in figure["traces"] for x in trace["x"]}
+        drawn.update(mark["step"] for mark in marks)
+        times = {step: ts for step, ts in step_times(run).items() if step in drawn}
     return {"run_id": run.pk, "last_seq": last_seq, "ws_path": f"/ws/runs/{run.pk}/",
             "terminal_statuses": sorted(TERMINAL), "charts": figures, "marks": marks,
             "step_times": times}

@@ -1,7 +1,8 @@
-"""Page load with a 10,000-step run in the database: the run page and the compare page
-answer within a loose budget. Measured server-side (the test client: query, chart
-building, template), printed with the response size; the budget is loose on purpose,
-the printed figure is the one to watch."""
+"""Page load with a 10,000-step run in the database: what the run page, the compare page
+and its JSON send is bounded by their thinning (every chart at most charts.RUN_POINTS /
+COMPARE_POINTS steps), not by the run's length. Timed server-side (the test client:
+query, chart building, template) and printed with the sizes; times are printed, never
+asserted (a loaded CI box is not a regression)."""
 
 import json
 import math
@@ -14,7 +15,7 @@ from jobs.models import MetricPoint, Run, RunEvent, RunStatus
 
 STEPS = 10_000
 EVAL_EVERY = 10
-BUDGET_S = 10.0
+MAX_BYTES = 2_500_000  # a 10,000-step run's page sent 5.8 MB before the envelope
 PER_STEP = (
     "reward/mean", "reward/std", "response_length/p50", "response_length/p99",
     "time/step_s", "time/rollout_s", "time/reward_s", "time/learner_s", "time/weight_sync_s",
@@ -57,7 +58,7 @@ def timed_get(client, url: str) -> tuple[float, int]:
 
 
 @pytest.mark.slow
-def test_the_run_and_compare_pages_load_within_budget_with_a_10000_step_run(
+def test_the_run_and_compare_pages_of_a_10000_step_run_send_a_bounded_payload(
         client, admin_user):
     client.force_login(admin_user)
     start = time.perf_counter()
@@ -69,10 +70,10 @@ def test_the_run_and_compare_pages_load_within_budget_with_a_10000_step_run(
     compare_s, compare_bytes = timed_get(client, f"/runs/compare?ids={parent.pk},{fork.pk}"
                                                  "&level=0.8")
     api_s, api_bytes = timed_get(client, f"/api/runs/compare?ids={parent.pk},{fork.pk}")
-    list_s, _ = timed_get(client, "/")
+    list_s, list_bytes = timed_get(client, "/")
 
     print(f"\n10,000-step runs ({len(PER_STEP)} metrics/step, fixture {setup_s:.1f} s): "
           f"run page {run_s:.2f} s ({run_bytes / 1e6:.1f} MB), compare page (2 runs) "
           f"{compare_s:.2f} s ({compare_bytes / 1e6:.1f} MB), compare JSON {api_s:.2f} s "
-          f"({api_bytes / 1e6:.1f} MB), runs list {list_s:.2f} s; budget {BUDGET_S:.0f} s each")
-    assert max(run_s, compare_s, api_s, list_s) < BUDGET_S
+          f"({api_bytes / 1e6:.1f} MB), runs list {list_s:.2f} s")
+    assert max(run_bytes, compare_bytes, api_bytes, list_bytes) < MAX_BYTES
