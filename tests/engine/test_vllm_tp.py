@@ -3,7 +3,8 @@ processes, one core each, gloo between them), synced from the learner's full wei
 
 Each rank's reload_weights cuts the full tensors to its shard with the parameters' own
 weight loaders; the fingerprint is of the ranks' served shards put back together, so it
-equals the learner's, and a sync that did not apply on one rank does not.
+equals the learner's, and a sync that did not apply on one rank does not. The GRPO run
+starts from the sharded learner (its gathered full weights) into a TP = 2 rollout actor.
 """
 
 import pytest
@@ -22,11 +23,18 @@ from .test_vllm_backend import PROMPTS, perturbed
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def test_a_grpo_run_with_tp2_rollout_completes(tmp_path, model_cache):
+def test_a_grpo_run_from_a_sharded_learner_into_tp2_rollout_completes(tmp_path, ray_gpus):
+    """Disaggregated: a two-rank FSDP learner gathers the full weights, shm carries them to
+    a rollout actor whose vLLM engine spans two ranks (its child processes, in its
+    two-device bundle), and every sync's reassembled fingerprint matches."""
     cfg = small_run(rollout={"type": "vllm", "tensor_parallel_size": 2},
-                    placement={"devices": 2}, steps=2)
+                    placement={"type": "disaggregated", "devices_per_worker": 2,
+                               "learner_devices": 2},
+                    weight_sync={"type": "shm"}, steps=2)
     summary = run_local(cfg, tmp_path)
     assert summary.steps_done == 2 and summary.status == "succeeded"
+    assert summary.last_metrics["weight_sync/matched"] == 1.0
+    assert summary.last_metrics["weight_sync/version_rollout"] == 2.0
 
 
 @pytest.fixture(scope="module")
