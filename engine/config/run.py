@@ -185,6 +185,28 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _tp_ranks_fit_a_worker(self) -> RunConfig:
+        """A rollout worker's tensor-parallel ranks run as its child processes, so they
+        need that many devices of their own in the worker's slot."""
+        tp, p = getattr(self.rollout, "tensor_parallel_size", 1), self.placement
+        if tp == 1:
+            return self
+        if isinstance(p, DisaggregatedPlacementConfig) and p.devices_per_worker < tp:
+            raise ValueError(f"rollout.tensor_parallel_size={tp} runs {tp} ranks in each "
+                             f"rollout worker's bundle, and placement.devices_per_worker="
+                             f"{p.devices_per_worker} gives it fewer devices; set "
+                             f"placement.devices_per_worker >= {tp}")
+        if isinstance(p, ColocatedPlacementConfig) and p.ray:
+            raise ValueError(f"rollout.tensor_parallel_size={tp} needs {tp} devices per "
+                             f"rollout worker, and placement.ray = true gives each worker a "
+                             f"share of one device; use placement.type = \"disaggregated\" "
+                             f"with devices_per_worker >= {tp}, or placement.ray = false")
+        if isinstance(p, ColocatedPlacementConfig) and p.devices < tp:
+            raise ValueError(f"rollout.tensor_parallel_size={tp} needs {tp} devices, and "
+                             f"placement.devices={p.devices}; set placement.devices >= {tp}")
+        return self
+
+    @model_validator(mode="after")
     def _critic_fits_the_learner(self) -> RunConfig:
         p = self.placement
         if (self.algorithm.type == "ppo" and isinstance(p, DisaggregatedPlacementConfig)
@@ -214,9 +236,15 @@ class RunConfig(_Section):
                              f'and rollout.type="{self.rollout.type}"; set rollout.type = '
                              '"vllm" or choose another weight_sync.type')
         if self.rollout.tensor_parallel_size != 1:
-            raise ValueError('weight_sync.type="vllm_native" ranks one vLLM worker per '
-                             'rollout worker; set rollout.tensor_parallel_size = 1 or use '
-                             'weight_sync.type = "broadcast"')
+            # rlplane's gloo engine is registered with vLLM in the driver's process, where
+            # a TP = 1 worker runs; TP ranks are spawned processes without it, and the
+            # learner's group gives each rollout worker one rank, not one per TP rank.
+            raise ValueError('weight_sync.type="vllm_native" joins one vLLM worker process '
+                             'per rollout worker to the learner, and rollout.'
+                             f'tensor_parallel_size={self.rollout.tensor_parallel_size} '
+                             'spreads each over that many processes; set rollout.'
+                             'tensor_parallel_size = 1, or weight_sync.type = "broadcast", '
+                             '"shm" or "in_place" (they load full tensors into every rank)')
         for name in ("skip_weight_sync", "sleep_drops_weights", "sync_hang"):
             if getattr(self.faults, name) is not None:
                 raise ValueError(f"faults.{name}=this fault acts on engine.load_weights, which "

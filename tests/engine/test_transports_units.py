@@ -186,8 +186,9 @@ def test_vllm_native_cuda_backends_on_a_cpu_box_are_refused_with_the_fix(backend
 
 @pytest.mark.parametrize("overrides, fix", [
     ({"rollout": {"type": "torch"}}, r'rollout.type="torch"; set rollout.type = "vllm"'),
-    ({"rollout": {"type": "vllm", "tensor_parallel_size": 2}},
-     r"set rollout.tensor_parallel_size = 1"),
+    ({"rollout": {"type": "vllm", "tensor_parallel_size": 2}, "placement": {"devices": 2}},
+     r'tensor_parallel_size=2.*set rollout.tensor_parallel_size = 1, or weight_sync.type = '
+     r'"broadcast", "shm" or "in_place"'),
     ({"rollout": {"type": "vllm"}, "faults": {"skip_weight_sync": {}}},
      r'faults.skip_weight_sync.*weight_sync.type = "broadcast"'),
     ({"rollout": {"type": "vllm"}, "weight_sync": {"type": "vllm_native", "backend": "nccl"}},

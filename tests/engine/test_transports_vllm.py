@@ -26,10 +26,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 @ray.remote(num_cpus=0)
 class VllmWorker(EngineHost):
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, tp=1):
         from engine.rollout.vllm_backend import VllmRollout
 
-        super().__init__(VllmRollout(model_dir, VllmRolloutConfig(), "float32", seed=0))
+        super().__init__(VllmRollout(model_dir, VllmRolloutConfig(tensor_parallel_size=tp),
+                                     "float32", seed=0))
 
 
 @ray.remote(num_cpus=0)
@@ -60,9 +61,13 @@ def cluster():
         ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def worker(cluster, tiny_dir):
-    return VllmWorker.remote(str(tiny_dir))
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def worker(cluster, tiny_dir, request):
+    """A vLLM engine in an actor, on one rank or (TP = 2) on two child processes of it,
+    each rank loading its shard of the full tensors sent."""
+    w = VllmWorker.remote(str(tiny_dir), request.param)
+    yield w
+    ray.kill(w)
 
 
 @pytest.fixture(scope="module")
