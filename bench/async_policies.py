@@ -1,4 +1,4 @@
-"""Samples/s and bubble per async policy on the long-tail task, disaggregated on Ray.
+"""Samples/s and bubble per async policy on the long-tail task (or --recipe), on Ray.
 
 One Ray instance (logical GPUs), one rollout worker + one learner, each an actor with
 ``--threads`` torch threads (1 each on a 2-core box: one core per actor, so overlapping
@@ -10,6 +10,13 @@ the figures are medians over rounds, and the ratios are to sync's median.
     samples/s = samples trained / summed step wall time, first step left out (the
                 pipeline fills there); bubble = mean of the steps' bubble (all devices)
 
+Each policy's speed-up over sync is set against the overlap bound of its own run: its
+phase seconds per step laid end to end (rollout + reward + learner + weight sync + critic)
+over its busiest device's seconds, what a perfect overlap would take. The ratio splits
+into phase cost (sync's step / this run's phase seconds: below 1 when overlapped actors
+slow each other down on shared cores) x schedule (busiest device / step: idle waits).
+Sync and partial rollout do not overlap by design, so their ratio is what overlap leaves.
+
 Overlap buys throughput only from idle cores: each round prints the machine's load
 average, since on a shared box other work takes the core the overlap would use.
 Two measurements say where the ceilings are: sync's phase times bound what overlapping
@@ -17,6 +24,7 @@ can buy (step / max(generation side, learner side)), and the sampler's cost of o
 step at the long tail's batch size vs a full batch says what cutting the tail can buy.
 
     .venv/bin/python bench/async_policies.py [--steps 8] [--rounds 2] [--threads 1]
+    .venv/bin/python bench/async_policies.py --recipe demo_arithmetic   # the demo recipe
     .venv/bin/python bench/async_policies.py --quick     # smoke: toy sizes, 2 steps
 """
 
@@ -33,6 +41,7 @@ import ray
 from engine.api import MetricsEvent, run_local
 from engine.config import load_config, validate_config
 from engine.telemetry.sinks import MemorySink
+from engine.telemetry.spans import PHASES
 
 ROOT = Path(__file__).parents[1]
 POLICIES = {
@@ -64,10 +73,11 @@ def config(policy: str, steps: int, threads: int, quick: bool,
     return validate_config(data)
 
 
-def measure(policy: str, steps: int, threads: int, quick: bool) -> dict[str, float]:
+def measure(policy: str, steps: int, threads: int, quick: bool,
+            recipe: str) -> dict[str, float]:
     sink = MemorySink()
     with tempfile.TemporaryDirectory() as out:
-        run_local(config(policy, steps, threads, quick), out, sink=sink)
+        run_local(config(policy, steps, threads, quick, recipe), out, sink=sink)
     rows = [e.values for e in sink.events
             if isinstance(e, MetricsEvent) and "bubble" in e.values][1:]
     wall = sum(m["time/step_s"] for m in rows)
@@ -75,6 +85,12 @@ def measure(policy: str, steps: int, threads: int, quick: bool) -> dict[str, flo
         "bubble", "time/step_s", "time/rollout_s", "time/reward_s", "time/learner_s",
         "time/weight_sync_s", "staleness/max")}
     out["samples/s"] = sum(m["throughput/samples_per_s"] * m["time/step_s"] for m in rows) / wall
+    # The overlap bound from this run's own phase times: every phase's seconds, as if laid
+    # end to end, over the busiest device's seconds (what a perfect overlap would take).
+    out["phases_s"] = statistics.fmean(sum(m[f"time/{p}_s"] for p in PHASES) for m in rows)
+    out["busiest_s"] = statistics.fmean(max(
+        m[k] * m["time/step_s"] for k in m
+        if k.startswith("device/utilization/") and k.count("/") == 2) for m in rows)
     out["recycled"] = rows[-1]["buffer/recycled"]
     out["dropped"] = rows[-1]["buffer/dropped_stale"]
     return out
@@ -112,6 +128,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per actor")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
     ap.add_argument("--quick", action="store_true", help="toy sizes: a smoke test")
+    ap.add_argument("--recipe", default="longtail_reverse",
+                    help="a config in configs/ (demo_arithmetic: the demo recipe)")
     args = ap.parse_args()
     steps, rounds = (2, 1) if args.quick else (args.steps, args.rounds)
     runs: dict[str, list[dict[str, float]]] = {p: [] for p in args.policies}
@@ -121,7 +139,7 @@ def main() -> None:
         for r in range(rounds):
             order = args.policies[r % len(args.policies):] + args.policies[:r % len(args.policies)]
             for policy in order:
-                m = measure(policy, steps, args.threads, args.quick)
+                m = measure(policy, steps, args.threads, args.quick, args.recipe)
                 runs[policy].append(m)
                 print(f"round {r}: {policy:22s} {m['samples/s']:7.1f} samples/s  "
                       f"bubble {m['bubble']:.2f}  (load average {os.getloadavg()[0]:.1f} "
@@ -132,7 +150,7 @@ def main() -> None:
     def med(policy: str, key: str) -> float:
         return statistics.median(m[key] for m in runs[policy])
 
-    print(f"longtail_reverse, disaggregated (1 rollout worker + 1 learner), "
+    print(f"{args.recipe}, disaggregated (1 rollout worker + 1 learner), "
           f"{args.threads} torch thread(s) per actor, {steps} steps x {rounds} rounds")
     base = med("sync", "samples/s") if "sync" in runs else None
     for p in args.policies:
@@ -140,6 +158,21 @@ def main() -> None:
         print(f"  {p:22s} {med(p, 'samples/s'):7.1f} samples/s  bubble {med(p, 'bubble'):.2f}"
               f"{ratio}  (staleness max {med(p, 'staleness/max'):.0f}, recycled "
               f"{med(p, 'recycled'):.0f}, dropped {med(p, 'dropped'):.0f})")
+    if base:
+        print("  speed-up over sync vs the overlap bound of the same run (phase seconds laid "
+              "end to end / the busiest device's); ratio = phase cost x schedule, where\n"
+              "  phase cost = sync's step / this run's phase seconds (below 1: phases slowed, "
+              "e.g. actors sharing cores) and schedule = busiest device / step (idle waits)")
+        sync_step = med("sync", "time/step_s")
+        for p in args.policies:
+            speedup = med(p, "samples/s") / base
+            bound = med(p, "phases_s") / med(p, "busiest_s")
+            print(f"  {p:22s} speed-up {speedup:.2f}x  bound {bound:.2f}x  ratio "
+                  f"{speedup / bound:.2f}  (phase cost {sync_step / med(p, 'phases_s'):.2f}, "
+                  f"schedule {med(p, 'busiest_s') / med(p, 'time/step_s'):.2f}; phases "
+                  f"{med(p, 'phases_s'):.2f} s = generation {med(p, 'time/rollout_s'):.2f} + "
+                  f"learner {med(p, 'time/learner_s'):.2f} + ..., busiest device "
+                  f"{med(p, 'busiest_s'):.2f} s, step {med(p, 'time/step_s'):.2f} s)")
     if base:
         gen = med("sync", "time/rollout_s") + med("sync", "time/reward_s")
         learn, sync = med("sync", "time/learner_s"), med("sync", "time/weight_sync_s")

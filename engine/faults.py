@@ -83,7 +83,8 @@ class FaultyRollout:
         return _delegate(self, name)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
-                 on_complete: OnComplete | None = None) -> list[Completion]:
+                 on_complete: OnComplete | None = None,
+                 budgets: list[int] | None = None) -> list[Completion]:
         unscaled, straggler = self.faults.unscaled_logprobs, self.faults.straggler
         straggling = straggler is not None and self.step() >= straggler.from_step
         left = len(prompts)
@@ -98,7 +99,8 @@ class FaultyRollout:
             return on_complete(i, c) if on_complete is not None else False
 
         outs = self.inner.generate(prompts, params, seed,
-                                   on_complete=late_last if straggling else on_complete)
+                                   on_complete=late_last if straggling else on_complete,
+                                   budgets=budgets)
         if straggling and left > 0:        # stopped early: the straggler still holds it
             time.sleep(straggler.seconds)
         if unscaled is not None and self.step() >= unscaled.from_step:

@@ -7,10 +7,12 @@
     step k+1: a carried row continues under the new weights; its sample then mixes
              versions: version = the oldest (its staleness), last_version = the newest
 
-A row's remaining budget is max_new_tokens minus the tokens it has; rows are generated in
-one call with the full budget and cut to their own. Carried groups that would train more
-than the policy's staleness bound after their oldest tokens are dropped (and counted)
-before they cost more generation (PartialRolloutPolicy, engine.orchestration.policies).
+A row's remaining budget is max_new_tokens minus the tokens it has, and the engine stops
+it there (generate's ``budgets``): a carried row past its budget would otherwise hold the
+call open for tokens that are cut away, and count as complete only at the full budget.
+Carried groups that would train more than the policy's staleness bound after their oldest
+tokens are dropped (and counted) before they cost more generation (PartialRolloutPolicy,
+engine.orchestration.policies).
 """
 
 from __future__ import annotations
@@ -97,7 +99,9 @@ def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: Sampli
         inputs = [prompt[gi] + groups[gi].rows[ri].token_ids for gi, ri in todo]
         with rec.phase("rollout", step, engine.weight_version()):
             start = time.monotonic()
-            outs = engine.generate(inputs, params, seed, on_complete=on_complete)
+            outs = engine.generate(inputs, params, seed, on_complete=on_complete,
+                                   budgets=[budget - len(groups[gi].rows[ri].token_ids)
+                                            for gi, ri in todo])
         for (gi, ri), c in zip(todo, outs, strict=True):
             rows[gi][ri] = rows[gi][ri].extend(c, budget)
     done = [gi for gi in range(len(groups)) if all(r.done for r in rows[gi])]

@@ -62,7 +62,11 @@ order; a True return stops generation and the rows still running come back abort
 
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
-                 on_complete: OnComplete | None = None) -> list[Completion]: ...
+                 on_complete: OnComplete | None = None,
+                 budgets: list[int] | None = None) -> list[Completion]:
+        """``budgets``: each row's own cap on new tokens (<= params.max_new_tokens; a
+        continued partial rollout has only what its row has left), reached = completed."""
+        ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                      version: int, verify: bool = True) -> WeightReport:

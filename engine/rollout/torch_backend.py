@@ -4,7 +4,8 @@ The fallback engine and the oracle for other backends. The forward is the hand-w
 Llama over a preallocated cache (engine.rollout.llama_kv) where it reproduces the model,
 else the model's own forward over transformers' cache (engine.rollout.hf_kv). One call:
 
-    prefill all prompts (left-padded to P)  ->  loop t < max_new_tokens:
+    prefill all prompts (left-padded to P)  ->  loop t < max_new_tokens (or the largest
+                                               of the rows' own budgets):
         logits (B, V) -> processed logprobs (engine.sampling: / temperature, top-p)
         -> sample -> record token + its logprob under that distribution
         -> rows that sampled EOS or a stop token id (SamplingParams.stop_token_ids: the
@@ -118,10 +119,16 @@ class TorchRollout:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
-                 on_complete: OnComplete | None = None) -> list[Completion]:
+                 on_complete: OnComplete | None = None,
+                 budgets: list[int] | None = None) -> list[Completion]:
         gen = torch.Generator().manual_seed(seed)
         B, P = len(prompts), max(len(p) for p in prompts)
-        S = P + params.max_new_tokens
+        cap = torch.tensor(budgets if budgets else [params.max_new_tokens] * B)   # (B,)
+        if bool((cap < 1).any()) or bool((cap > params.max_new_tokens).any()):
+            raise ValueError(f"budgets must lie in [1, max_new_tokens = "
+                             f"{params.max_new_tokens}], got {sorted(set(cap.tolist()))}")
+        steps = int(cap.max())
+        S = P + steps
         ids = torch.full((B, P), self.pad_id, dtype=torch.long)
         valid = torch.zeros((B, S), dtype=torch.bool)
         for i, p in enumerate(prompts):
@@ -154,7 +161,7 @@ class TorchRollout:
             return bool(on_complete(i, results[i])) if on_complete and not aborted else False
 
         rows = torch.arange(B)            # original row of each live batch row
-        for t in range(params.max_new_tokens):
+        for t in range(steps):
             tok, lp = sample_next(logits, params.temperature, params.top_p, gen)
             out_tok[rows, t], out_lp[rows, t] = tok, lp
             lengths[rows] = t + 1
@@ -162,8 +169,7 @@ class TorchRollout:
             if params.ignore_eos:
                 done = torch.zeros_like(done)
             finished[rows[done]] = True
-            if t == params.max_new_tokens - 1:
-                done = torch.ones_like(done)                 # the budget ends every row
+            done = done | (cap[rows] <= t + 1)              # a row's budget ends it
             stop = False
             for i in rows[done].tolist():
                 stop = complete(i) or stop

@@ -386,7 +386,8 @@ class VllmRollout:
     # ------------------------------------------------------------------ sampling
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
-                 on_complete: OnComplete | None = None) -> list[Completion]:
+                 on_complete: OnComplete | None = None,
+                 budgets: list[int] | None = None) -> list[Completion]:
         """Drives vLLM's engine step by step (what LLM.generate does inside), so each
         completion is handed to ``on_complete`` the moment it finishes, and a stop
         aborts the requests still running and returns what they generated so far."""
@@ -405,7 +406,8 @@ class VllmRollout:
         results: list[Completion | None] = [None] * len(prompts)
         for i, p in enumerate(prompts):
             sp = VSP(temperature=params.temperature, top_p=params.top_p,
-                     max_tokens=params.max_new_tokens, logprobs=0, seed=(seed + i) % (2**31),
+                     max_tokens=budgets[i] if budgets else params.max_new_tokens,
+                     logprobs=0, seed=(seed + i) % (2**31),
                      ignore_eos=params.ignore_eos, skip_special_tokens=False, detokenize=False,
                      stop_token_ids=[] if params.ignore_eos else list(params.stop_token_ids),
                      output_kind=RequestOutputKind.DELTA)

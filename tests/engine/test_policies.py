@@ -113,13 +113,14 @@ class LengthEngine:
     order of the tokens they still need, and an on_complete stop aborts the rest."""
 
     def __init__(self):
-        self.version, self.calls = 0, []
+        self.version, self.calls, self.budgets = 0, [], []
 
     def weight_version(self):
         return self.version
 
-    def generate(self, prompts, params, seed, on_complete=None):
+    def generate(self, prompts, params, seed, on_complete=None, budgets=None):
         self.calls.append(prompts)
+        self.budgets.append(budgets)
         need = [int(chr(p[0])) - len(p) + 1 for p in prompts]        # prompt is one token
         order = sorted(range(len(prompts)), key=lambda i: need[i])
         out, stop_at = [None] * len(prompts), None
@@ -163,6 +164,7 @@ def test_partial_rollout_stops_at_the_target_and_carries_the_long_tail():
     done, carry = continue_groups(engine, ZeroReward(), ByteTok(), params, carry, 1, 0, 1, rec)
 
     assert carry == [] and engine.calls[-1][0] == [ord("9")] + [7] * 3   # prompt + prefix
+    assert engine.budgets[-1] == [9 - 3] * 2    # the engine stops each at what it has left
     (group,) = done
     assert all(len(s.response_ids) == 9 and s.finished for s in group)
     assert all(s.version == 0 and s.last_version == 1 and s.mixes_versions for s in group)

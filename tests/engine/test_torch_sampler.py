@@ -155,3 +155,16 @@ def test_on_complete_returning_true_stops_and_returns_aborted_partials(parts):
     prompts = [tok(p)["input_ids"] for p in PROMPTS] * 8
     check_stop(engine, prompts, SamplingParams(temperature=1.5, max_new_tokens=16), seed=5,
                keep=10)
+
+
+def test_each_rows_own_budget_ends_it_and_completes_it(parts):
+    engine, _, tok = parts
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:2]]
+    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    ended: list[int] = []
+    outs = engine.generate(prompts, params, seed=0, budgets=[3, 8],
+                           on_complete=lambda i, c: ended.append(len(c.token_ids)))
+    assert [len(o.token_ids) for o in outs] == ended == [3, 8]
+    assert outs[0].token_ids == engine.generate(prompts, params, seed=0)[0].token_ids[:3]
+    with pytest.raises(ValueError, match="budgets"):
+        engine.generate(prompts, params, seed=0, budgets=[0, 9])
