@@ -177,3 +177,19 @@ def test_a_sharded_learner_is_refused_for_ppo():
                                "placement": {"type": "disaggregated", "learner_devices": 2},
                                "weight_sync": {"type": "object_store"}})
     assert "placement.learner_devices" in msg and "learner_devices = 1" in msg
+
+
+RAY_PPO = {"algorithm": {"type": "ppo"}, "weight_sync": {"type": "shm"},
+           "placement": {"type": "colocated", "ray": True, "critic_devices": 1}}
+
+
+def test_a_critic_on_its_own_bundle_is_a_ray_placement_of_a_ppo_run():
+    assert validate_config(RAY_PPO).placement.critic_devices == 1
+    [(path, msg)] = errors_of({**RAY_PPO, "algorithm": {"type": "grpo"}})
+    assert path == "placement.critic_devices" and 'algorithm.type = "ppo"' in msg
+    [(path, msg)] = errors_of({**RAY_PPO, "weight_sync": {"type": "in_place"},
+                               "placement": {"type": "colocated", "critic_devices": 1}})
+    assert path == "placement.critic_devices" and "placement.ray = true" in msg
+    [(path, msg)] = errors_of({**RAY_PPO, "placement": {"type": "disaggregated",
+                                                        "critic_devices": 2}})
+    assert path == "placement.critic_devices" and "critic_devices = 1" in msg
