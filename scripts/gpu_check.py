@@ -132,8 +132,8 @@ def ppo_bf16():
         adv, m = learner.update_critic(batch)
         values.append(m["critic/value_loss"])
         losses.append(learner.update(batch, adv)["learner/loss"])
-    where = {p.device.type for p in learner.critic.parameters()}
-    dtypes = {p.dtype for p in learner.critic.parameters()}
+    where = {p.device.type for p in learner.critic.model.parameters()}
+    dtypes = {p.dtype for p in learner.critic.model.parameters()}
     ok = (all(math.isfinite(x) for x in values + losses) and values[-1] < values[0]
           and where == {DEVICE} and dtypes == {torch.float32})
     return ("PASS" if ok else "FAIL",

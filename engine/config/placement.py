@@ -23,6 +23,12 @@ class _PlacementCommon(_Section):
     ready_timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0)
     """Longest wait for Ray to grant the placement group before the run fails (a
     placement that cannot fit the cluster is refused at once, before this wait)."""
+    critic_devices: int = Field(default=0, ge=0, le=1024)
+    """PPO's critic: 0 = with the learner, on its devices, in turn with it (the default);
+    1 = a critic actor on a bundle of its own, which trains its values while the learner
+    trains the policy (OpenRLHF's critic_num_gpus_per_node; veRL's critic resource pool).
+    Needs algorithm.type = "ppo" and a Ray placement; the critic is not sharded, so one
+    device is all it uses."""
 
 
 class ColocatedPlacementConfig(_PlacementCommon):

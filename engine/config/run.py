@@ -209,6 +209,20 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _critic_fits_the_learner(self) -> RunConfig:
         p = self.placement
+        n = p.critic_devices
+        if n and self.algorithm.type != "ppo":
+            raise ValueError(f'placement.critic_devices={n} places a critic, and algorithm.type '
+                             f'= "{self.algorithm.type}" has none; set placement.critic_devices '
+                             f'= 0, or algorithm.type = "ppo"')
+        if n and isinstance(p, ColocatedPlacementConfig) and not p.ray:
+            raise ValueError(f"placement.critic_devices={n} gives the critic a Ray bundle of "
+                             f"its own, and this colocated placement runs in one process "
+                             f"without Ray; set placement.ray = true, or "
+                             f"placement.critic_devices = 0 (the critic beside the learner)")
+        if n > 1:
+            raise ValueError(f"placement.critic_devices={n}: the critic trains unsharded, on "
+                             f"one device, so the other {n - 1} would sit idle; set "
+                             f"placement.critic_devices = 1")
         if (self.algorithm.type == "ppo" and isinstance(p, DisaggregatedPlacementConfig)
                 and p.learner_devices > 1):
             raise ValueError(f'placement.learner_devices={p.learner_devices} shards the '

@@ -21,12 +21,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.learner.ppo import PpoLearner
+from engine.learner.ppo import PpoLearner, move_critic_state
 from engine.model import load_tokenizer
 from engine.tinymodel import atomic_dir
 
 
-def save_checkpoint(root: Path, learner, model_dir: Path, keep_last: int) -> Path:
+def save_checkpoint(root: Path, learner, model_dir: Path, keep_last: int,
+                    critic_state: Path | None = None) -> Path:
+    """``critic_state``: where a critic on its own bundle saved its state for this step
+    (critic/, critic_optimizer.pt), moved into the checkpoint as it is written."""
     final = root / f"step_{learner.step:06d}"
     if final.exists():
         shutil.rmtree(final)
@@ -35,7 +38,9 @@ def save_checkpoint(root: Path, learner, model_dir: Path, keep_last: int) -> Pat
         learner.policy.save_pretrained(d, safe_serialization=True)
         torch.save(learner.optimizer.state_dict(), d / "optimizer.pt")
         if isinstance(learner, PpoLearner):
-            learner.save_critic(d)
+            learner.critic.save(d)
+        if critic_state is not None:
+            move_critic_state(critic_state, d)
         write_run_state(d, learner, model_dir, learner.fingerprint())
 
     atomic_dir(final, write)
@@ -73,7 +78,7 @@ def restore_checkpoint(path: Path, learner) -> dict:
     learner.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True,
                                                  map_location=learner.device))
     if isinstance(learner, PpoLearner):          # its weights came from critic_source
-        learner.restore_critic_optimizer(path)
+        learner.critic.restore_optimizer(path)
     return read_run_state(path, learner)
 
 

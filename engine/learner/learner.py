@@ -47,6 +47,15 @@ from engine.seeds import minibatch_seed
 from engine.weightsync.fingerprint import fingerprint
 
 
+def split_rows(batch: PackedBatch, idx: torch.Tensor,
+               setup: LearnerConfig) -> list[torch.Tensor]:
+    """Rows ``idx`` split under learner.micro_batch_tokens, counting the tokens the
+    forward layout computes (real ones packed, the full padded width padded)."""
+    width = batch.input_ids.shape[1]
+    costs = batch.row_tokens() if setup.packing else [width] * len(batch)
+    return micro_batches(idx, costs, setup.micro_batch_tokens)
+
+
 class Learner:
     def __init__(self, policy: torch.nn.Module, cfg: AlgorithmConfig, temperature: float,
                  seed: int, reference: torch.nn.Module | None = None,
@@ -139,11 +148,7 @@ class Learner:
         return self.last_logprobs[rows].float().cpu().tolist()
 
     def _micro_batches(self, batch: PackedBatch, idx: torch.Tensor) -> list[torch.Tensor]:
-        """Rows ``idx`` split under learner.micro_batch_tokens, counting the tokens the
-        forward layout computes (real ones packed, the full padded width padded)."""
-        width = batch.input_ids.shape[1]
-        costs = batch.row_tokens() if self.setup.packing else [width] * len(batch)
-        return micro_batches(idx, costs, self.setup.micro_batch_tokens)
+        return split_rows(batch, idx, self.setup)
 
     def _train_runs(self, batch: PackedBatch,
                     idx: torch.Tensor) -> list[tuple[torch.Tensor, float]]:

@@ -9,9 +9,16 @@
                  aggregated by loss_agg_mode; its own AdamW, lr algorithm.critic.lr
     actor:   Learner.update(batch, A)                      [span: learner]
 
-The critic is the policy's architecture with a scalar head (engine.model.load_critic);
-it lives with the learner, on its device and precision, and its state goes into every
-checkpoint next to the policy's:
+The critic is the policy's architecture with a scalar head (engine.model.load_critic),
+held by one component, ``Critic``, wherever it runs:
+
+    colocated (placement.critic_devices = 0): PpoLearner holds it, on the learner's device;
+        critic.update (values, GAE, value epochs), then the actor's update, in turn
+    own bundle (critic_devices = 1): a CriticWorker actor holds it
+        critic.estimate (values, GAE) -> advantages -> the actor's update  } concurrently,
+                                                       critic.train     } on two bundles
+
+Its state goes into every checkpoint next to the policy's:
 
     step_000012/critic/              the critic's HF directory (a fork's critic.path)
     step_000012/critic_optimizer.pt  its AdamW state
@@ -19,14 +26,15 @@ checkpoint next to the policy's:
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
 
 from engine.config import LearnerConfig, PpoConfig
 from engine.learner.batch import PackedBatch, response_values
-from engine.learner.device import autocast
-from engine.learner.learner import Learner
+from engine.learner.device import autocast, resolve_device
+from engine.learner.learner import Learner, split_rows
 from engine.learner.losses import (
     clipped_value_loss,
     explained_variance,
@@ -42,31 +50,35 @@ CRITIC_DIR = "critic"
 CRITIC_OPTIMIZER = "critic_optimizer.pt"
 
 
-class PpoLearner(Learner):
-    def __init__(self, policy: torch.nn.Module, critic: torch.nn.Module, cfg: PpoConfig,
-                 temperature: float, seed: int, reference: torch.nn.Module | None = None,
-                 setup: LearnerConfig | None = None, norm_tokens: int | None = None,
-                 top_p: float = 1.0):
-        super().__init__(policy, cfg, temperature, seed, reference, setup, norm_tokens, top_p)
-        self.critic = critic.to(self.device).train()
-        if self.setup.gradient_checkpointing:
-            self.critic.gradient_checkpointing_enable(
+class Critic:
+    """The value model and its AdamW: values, GAE, the value update and their checkpoint
+    state. ``step`` is the learner's step the batch trains (it seeds the critic's own
+    minibatch shuffle, so a resumed run shuffles as the uninterrupted one did)."""
+
+    def __init__(self, model: torch.nn.Module, cfg: PpoConfig, seed: int,
+                 setup: LearnerConfig | None = None, norm_tokens: int | None = None):
+        self.cfg, self.seed, self.norm_tokens = cfg, seed, norm_tokens
+        self.setup = setup = setup or LearnerConfig()
+        self.device = resolve_device(setup.device)
+        self.model = model.to(self.device).train()
+        if setup.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(),
-                                                  lr=cfg.critic.lr,
-                                                  weight_decay=cfg.critic.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr,
+                                           weight_decay=cfg.critic.weight_decay)
 
     def values(self, batch: PackedBatch) -> torch.Tensor:
-        """(B, R) the critic's values of ``batch`` (on this learner's device)."""
+        """(B, R) the critic's values of ``batch`` (on its device)."""
         with autocast(self.device, self.setup):
-            return response_values(self.critic, batch, packed=self.setup.packing)
+            return response_values(self.model, batch, packed=self.setup.packing)
 
     @torch.no_grad()
     def old_values(self, batch: PackedBatch) -> torch.Tensor:
-        self.critic.eval()
+        batch = batch.to(self.device)
+        self.model.eval()
         v = torch.cat([self.values(batch.select(i))
-                       for i in self._micro_batches(batch, torch.arange(len(batch)))])
-        self.critic.train()
+                       for i in split_rows(batch, torch.arange(len(batch)), self.setup)])
+        self.model.train()
         return v
 
     def advantages(self, batch: PackedBatch, values: torch.Tensor
@@ -79,38 +91,50 @@ class PpoLearner(Learner):
             adv = masked_whiten(adv, mask)
         return adv, returns
 
-    def update_critic(self, batch: PackedBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Values, GAE and the critic's epochs on ``batch``; returns the actor's (B, R)
-        advantages (from the values before this step's critic training) and critic/*."""
+    def estimate(self, batch: PackedBatch
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Values before this step's training, and GAE from them: (B, R) advantages, old
+        values, returns. What the actor needs; ``train`` takes the other two."""
+        batch = batch.to(self.device)
+        old = self.old_values(batch)                                       # (B, R)
+        adv, returns = self.advantages(batch, old)
+        return adv, old, returns
+
+    def train(self, batch: PackedBatch, old: torch.Tensor, returns: torch.Tensor,
+              step: int) -> dict[str, float]:
+        """The critic's epochs toward ``returns``; critic/* metrics."""
         cfg = self.cfg
         batch = batch.to(self.device)
         mask = batch.response_mask
-        old = self.old_values(batch)                                       # (B, R)
-        adv, returns = self.advantages(batch, old)
         # The critic's shuffle is its own (the actor's is minibatch_seed(seed, step)).
-        gen = torch.Generator().manual_seed(minibatch_seed(self.seed + 1, self.step))
+        gen = torch.Generator().manual_seed(minibatch_seed(self.seed + 1, step))
         losses, norms, clipped = [], [], []
         for _ in range(cfg.epochs):
             perm = torch.randperm(len(batch), generator=gen)
             for idx in perm.chunk(cfg.minibatches):
-                loss, norm, frac = self._critic_step(batch, idx, old, returns)
+                loss, norm, frac = self._step(batch, idx, old, returns)
                 losses.append(loss)
                 norms.append(norm)
                 clipped.append(frac)
-        metrics = {
+        return {
             "critic/value_loss": sum(losses) / len(losses),
             "critic/grad_norm": sum(norms) / len(norms),
             "critic/value_clip_frac": sum(clipped) / len(clipped),
             "critic/explained_variance": explained_variance(old, returns, mask),
             "critic/value_mean": float(masked_mean(old, mask)),
             "critic/return_mean": float(masked_mean(returns, mask)),
-            "critic/lr": float(self.critic_optimizer.param_groups[0]["lr"]),
+            "critic/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
-        return adv, metrics
 
-    def _critic_step(self, batch: PackedBatch, idx: torch.Tensor, old: torch.Tensor,
-                     returns: torch.Tensor) -> tuple[float, float, float]:
-        """One critic optimizer step on rows ``idx``, aggregated like the actor's loss
+    def update(self, batch: PackedBatch, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """``estimate`` then ``train``: the actor's (B, R) advantages (from the values
+        before this step's critic training) and critic/*."""
+        adv, old, returns = self.estimate(batch)
+        return adv, self.train(batch, old, returns, step)
+
+    def _step(self, batch: PackedBatch, idx: torch.Tensor, old: torch.Tensor,
+              returns: torch.Tensor) -> tuple[float, float, float]:
+        """One optimizer step on rows ``idx``, aggregated like the actor's loss
         (loss_agg_mode, weights fixed by the whole minibatch before micro-batching)."""
         cfg, mask = self.cfg, batch.response_mask
         weights = torch.zeros_like(mask)                                 # (B, R)
@@ -118,8 +142,8 @@ class PpoLearner(Learner):
                                      self.norm_tokens)
         n_tokens = mask[idx].sum().clamp(min=1)
         total, clipped = 0.0, 0.0
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        for micro in self._micro_batches(batch, idx):
+        self.optimizer.zero_grad(set_to_none=True)
+        for micro in split_rows(batch, idx, self.setup):
             mb = batch.select(micro)
             values = self.values(mb)
             per_token, was_clipped = clipped_value_loss(values, old[micro], returns[micro],
@@ -128,23 +152,48 @@ class PpoLearner(Learner):
             loss.backward()
             total += float(loss.detach())
             clipped += float((was_clipped.float() * mb.response_mask).sum() / n_tokens)
-        norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(),
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                               cfg.critic.max_grad_norm)
-        self.critic_optimizer.step()
+        self.optimizer.step()
         return total, float(norm), clipped
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save_critic(self, d: Path) -> None:
-        self.critic.save_pretrained(d / CRITIC_DIR, safe_serialization=True)
-        torch.save(self.critic_optimizer.state_dict(), d / CRITIC_OPTIMIZER)
+    def save(self, d: Path) -> None:
+        """critic/ and critic_optimizer.pt into directory ``d``."""
+        self.model.save_pretrained(d / CRITIC_DIR, safe_serialization=True)
+        torch.save(self.optimizer.state_dict(), d / CRITIC_OPTIMIZER)
 
-    def restore_critic_optimizer(self, d: Path) -> None:
-        """The critic's AdamW state from checkpoint ``d``, when it has one (a fork of a
-        GRPO run starts its critic from critic.path with a fresh optimizer)."""
+    def restore_optimizer(self, d: Path) -> None:
+        """The AdamW state from checkpoint ``d``, when it has one (a fork of a GRPO run
+        starts its critic from critic.path with a fresh optimizer)."""
         if (d / CRITIC_OPTIMIZER).exists():
-            self.critic_optimizer.load_state_dict(torch.load(
+            self.optimizer.load_state_dict(torch.load(
                 d / CRITIC_OPTIMIZER, weights_only=True, map_location=self.device))
+
+
+def move_critic_state(src: Path, d: Path) -> None:
+    """A critic's state saved elsewhere (by a CriticWorker, into ``src``) into checkpoint
+    directory ``d`` while it is written, so the checkpoint appears whole or not at all."""
+    for name in (CRITIC_DIR, CRITIC_OPTIMIZER):
+        shutil.move(src / name, d / name)
+    shutil.rmtree(src, ignore_errors=True)
+
+
+class PpoLearner(Learner):
+    """The learner with its critic beside it, on its device (critic_devices = 0)."""
+
+    def __init__(self, policy: torch.nn.Module, critic: torch.nn.Module, cfg: PpoConfig,
+                 temperature: float, seed: int, reference: torch.nn.Module | None = None,
+                 setup: LearnerConfig | None = None, norm_tokens: int | None = None,
+                 top_p: float = 1.0):
+        super().__init__(policy, cfg, temperature, seed, reference, setup, norm_tokens, top_p)
+        self.critic = Critic(critic, cfg, seed, self.setup, norm_tokens)
+
+    def update_critic(self, batch: PackedBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Values, GAE and the critic's epochs on ``batch``; returns the actor's (B, R)
+        advantages (from the values before this step's critic training) and critic/*."""
+        return self.critic.update(batch, self.step)
 
 
 def critic_source(cfg: PpoConfig, policy_dir: Path, checkpoint: Path | None) -> Path:

@@ -2,6 +2,7 @@
 
     with deploy(cfg, layout, policy_dir, model_dir, checkpoint, log) as d:
         d.learner, d.workers        # actor handles (engine.orchestration.actors)
+        d.critic                    # PPO's critic on its own bundle, or None (in the learner)
         d.sharing                   # rollout workers on the learner's devices (colocated)
         d.sync                      # the connected WeightSyncSession
     # gone: transports closed, actors killed, placement group removed, Ray shut down
@@ -25,7 +26,7 @@ from pathlib import Path
 from engine.config import InPlaceSyncConfig, RunConfig
 from engine.orchestration.actors import LocalActor, RayActor
 from engine.orchestration.placement import Layout, reserve
-from engine.orchestration.workers import LearnerWorker, RolloutWorker
+from engine.orchestration.workers import CriticWorker, LearnerWorker, RolloutWorker
 from engine.weightsync.session import WeightSyncSession
 
 
@@ -35,6 +36,7 @@ class Deployment:
     workers: list[LocalActor | RayActor]
     sharing: list[LocalActor | RayActor]
     sync: WeightSyncSession
+    critic: LocalActor | RayActor | None = None
 
 
 @contextmanager
@@ -42,7 +44,7 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
            checkpoint: Path | None, log: Callable[..., None]) -> Iterator[Deployment]:
     learner_args = (cfg, policy_dir, model_dir, layout.learner.devices, checkpoint)
     started: list[tuple[LocalActor | RayActor, type]] = []
-    pg, ray_started = None, False
+    pg, ray_started, critic = None, False, None
     try:
         if not layout.on_ray:
             learner = LocalActor(LearnerWorker(*learner_args))
@@ -66,12 +68,18 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
                 ray_started = True
             pg = reserve(layout, cfg.placement.ready_timeout_s)
             threads = cfg.placement.threads_per_actor
-            log(f"placed on Ray: {len(layout.workers)} rollout worker(s) + learner in "
+            log(f"placed on Ray: {len(layout.workers)} rollout worker(s) + learner"
+                f"{' + critic' if layout.critic else ''} in "
                 f"bundles {layout.bundles} ({layout.strategy}), {threads} torch thread(s) "
                 f"per actor")
             ranks = start_learner_ranks(layout, learner_args, threads, pg)
             started += [(r, LearnerWorker) for r in ranks]
             learner = ranks[0]
+            if layout.critic is not None:
+                critic = RayActor.start(CriticWorker, (*learner_args[:3], layout.critic.devices,
+                                                       checkpoint, threads),
+                                        layout.critic.gpus, pg, layout.critic.bundle)
+                started.append((critic, CriticWorker))
             workers = []
             for w in layout.workers:
                 workers.append(RayActor.start(
@@ -86,7 +94,7 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
                 log(line, level=level)
         sync = WeightSyncSession(learner, workers, sync_cfg)
         sync.connect()
-        yield Deployment(learner, workers, sharing, sync)
+        yield Deployment(learner, workers, sharing, sync, critic)
     finally:
         _teardown(started, layout.on_ray, pg, ray_started)
 

@@ -7,7 +7,8 @@
                                                     (dynamic sampling: no flat groups)
         check staleness <= the policy's bound       (negative: error event, run fails)
         adv     = advantages(algorithm.adv_estimator, rewards + shaping)   (GRPO; PPO's
-                                                    critic and GAE run in the learner)
+                                                    critic and GAE run in the learner, or
+                                                    on the critic's bundle: see _update)
         metrics = learner.update(samples)           version += 1   [spans: critic, learner]
         sync.send(step) -> every rollout worker     each reports (version, fp)     [spans]
         emit metrics.append (engine.telemetry.step_metrics; every actor's spans and
@@ -72,7 +73,7 @@ from engine.model import load_tokenizer
 from engine.orchestration.deployment import Deployment, deploy
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import Experience, buffer_bound, build_policy
-from engine.orchestration.workers import LearnerWorker, RolloutWorker
+from engine.orchestration.workers import CriticWorker, LearnerWorker, RolloutWorker
 from engine.reward import reward_metrics
 from engine.rollout.preflight import preflight_verdict
 from engine.seeds import seed_everything, step_seed
@@ -266,8 +267,9 @@ class RunLoop:
 
     def train_step(self, step: int) -> dict[str, float]:
         d, t0, version = self.d, time.time(), self.version
-        # The learner's own devices wait for experience (shared ones are busy generating).
-        waiting = [x for x in self.layout.learner.devices if x not in self.layout.rollout]
+        # The learner's and critic's own devices wait for experience (shared ones are
+        # busy generating).
+        waiting = [x for x in self.layout.trainers if x not in self.layout.rollout]
         with self.tel.phase("waiting", waiting, step, version):
             groups = self.policy.next_batch(step, version)
         self._check_dynamic_sampling(step, groups)
@@ -290,7 +292,7 @@ class RunLoop:
                 s.advantage = a
         for w in d.sharing:                   # colocated: the engine yields the device
             w.call(RolloutWorker.sleep)
-        m = d.learner.call(LearnerWorker.update, samples, step).result()
+        m = self._update(samples, step, version)
         for w in d.sharing:
             w.call(RolloutWorker.wake_up)
         self.step, self.version = d.learner.call(LearnerWorker.state).result()
@@ -310,6 +312,17 @@ class RunLoop:
         self._emit_samples(step, groups, samples, staleness)
         self._drain_logs()
         return m
+
+    def _update(self, samples: list[Sample], step: int, version: int) -> dict[str, float]:
+        """The learner's update; with a critic on its own bundle, the critic's values give
+        the advantages first, then its value update runs beside the actor's."""
+        d = self.d
+        if d.critic is None:
+            return d.learner.call(LearnerWorker.update, samples, step).result()
+        adv = d.critic.call(CriticWorker.estimate, samples, step, version)
+        actor = d.learner.call(LearnerWorker.update, samples, step, adv)
+        critic = d.critic.call(CriticWorker.train, step, version)
+        return actor.result() | critic.result()
 
     def _emit_samples(self, step: int, groups: list[list[Sample]], samples: list[Sample],
                       staleness: list[int]) -> None:
@@ -363,6 +376,8 @@ class RunLoop:
         d = self.d
         futures = [d.learner.call(LearnerWorker.drain_spans),
                    *(w.call(RolloutWorker.drain_spans) for w in d.workers)]
+        if d.critic is not None:
+            futures.append(d.critic.call(CriticWorker.drain_spans))
         for f in futures:
             self.tel.ingest(*f.result())
 
@@ -370,6 +385,8 @@ class RunLoop:
         d = self.d
         futures = [d.learner.call(LearnerWorker.sample_devices),
                    *(w.call(RolloutWorker.sample_devices) for w in d.workers)]
+        if d.critic is not None:
+            futures.append(d.critic.call(CriticWorker.sample_devices))
         return {k: v for f in futures for k, v in f.result().items()}
 
     def evaluate(self, step: int) -> dict[str, float]:
@@ -382,9 +399,12 @@ class RunLoop:
         return values
 
     def checkpoint(self) -> None:
-        path, step, version, fp = self.d.learner.call(
-            LearnerWorker.save_checkpoint, self.ckpt_root, self.cfg.checkpoint.keep_last
-        ).result()
+        d = self.d
+        critic_state = None if d.critic is None else d.critic.call(
+            CriticWorker.save_state, self.ckpt_root, self.step)
+        path, step, version, fp = d.learner.call(
+            LearnerWorker.save_checkpoint, self.ckpt_root, self.cfg.checkpoint.keep_last,
+            critic_state).result()
         self.tel.emit(CheckpointEvent(step=step, version=version, path=path, fingerprint=fp))
 
     def status(self, status: str, message: str = "") -> None:

@@ -11,6 +11,9 @@
     disaggregated, rollout_workers=1, learner_devices=2 (an FSDP2-sharded learner):
         bundle 0 {GPU: 1}  gpu:0  rollout worker 0
         bundle 1 {GPU: 2}  gpu:1  learner rank 0     gpu:2  learner rank 1
+    any Ray placement with critic_devices=1 (PPO): one bundle more, after the others
+        disaggregated, rollout_workers=1:   ... bundle 1 gpu:1 learner   bundle 2 gpu:2 critic
+        colocated, devices=2, on Ray:       ... bundle 2 {GPU: 1}  gpu:2  critic
 
 Device names number the placement's devices (gpu:<k>), not the node's. Spans are recorded
 per logical device, so bubble and utilization mean the same on a CPU slot, a logical GPU
@@ -20,7 +23,7 @@ cluster is refused before anything launches (PlacementError: asked vs available)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.config import ColocatedPlacementConfig, DisaggregatedPlacementConfig
 
@@ -44,6 +47,7 @@ class Layout:
     strategy: str
     on_ray: bool
     learner_ranks: int = 1     # processes of the learner: one per device when sharded
+    critic: Slot | None = None  # PPO's critic on a bundle of its own; None: in the learner
 
     @property
     def rollout(self) -> list[str]:
@@ -51,10 +55,27 @@ class Layout:
 
     @property
     def devices(self) -> list[str]:
-        return list(dict.fromkeys(self.rollout + self.learner.devices))
+        critic = self.critic.devices if self.critic is not None else []
+        return list(dict.fromkeys(self.rollout + self.learner.devices + critic))
+
+    @property
+    def trainers(self) -> list[str]:
+        """The devices that wait for experience: the learner's and the critic's."""
+        return self.learner.devices + (self.critic.devices if self.critic else [])
 
 
 def layout_for(cfg: ColocatedPlacementConfig | DisaggregatedPlacementConfig) -> Layout:
+    layout = _roles_layout(cfg)
+    if not cfg.critic_devices:
+        return layout
+    first = len(layout.devices)
+    critic = Slot(len(layout.bundles), cfg.critic_devices,
+                  [f"gpu:{first + j}" for j in range(cfg.critic_devices)])
+    return replace(layout, critic=critic,
+                   bundles=[*layout.bundles, {"GPU": float(cfg.critic_devices)}])
+
+
+def _roles_layout(cfg: ColocatedPlacementConfig | DisaggregatedPlacementConfig) -> Layout:
     if isinstance(cfg, DisaggregatedPlacementConfig):
         per, n = cfg.devices_per_worker, cfg.rollout_workers
         workers = [Slot(i, per, [f"gpu:{i * per + j}" for j in range(per)]) for i in range(n)]

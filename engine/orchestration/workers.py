@@ -1,4 +1,4 @@
-"""The two kinds of actor a run places: rollout workers and the learner.
+"""The kinds of actor a run places: rollout workers, the learner and PPO's critic.
 
     RolloutWorker(cfg, policy_dir, model_dir, devices)   engine + reward + tokenizer
         .produce(step, problems, seed) -> groups           [spans: rollout, reward]
@@ -8,13 +8,19 @@
         .evaluate(...), .preflight(...), .sleep(), .wake_up(), .reward_metrics(),
         .drain_logs()
     LearnerWorker(cfg, policy_dir, model_dir, devices, checkpoint)
-        .update(samples, step) -> metrics                  [span: learner]  version += 1
+        .update(samples, step, advantages) -> metrics      [span: learner]  version += 1
         .token_logprobs(rows)                              that update's learner logprobs
                                     PPO: the critic first, on the same devices [span: critic]
+                                    (or advantages from the CriticWorker)
         .setup_sender(...); .connect(); .prepare(step) -> (WeightMeta, ticket); .transfer()
                                                            [span: weight_sync]
-        .save_checkpoint(root, keep)
-    both: .drain_spans() -> (closed, running)             (its own clock and devices)
+        .save_checkpoint(root, keep, critic_state)
+    CriticWorker(cfg, policy_dir, model_dir, devices, checkpoint)  PPO, critic_devices = 1
+        .estimate(samples, step, version) -> advantages    [span: critic]   values, GAE
+        .train(step, version) -> critic/*                  [span: critic]   beside the
+                                                           learner's update of that step
+        .save_state(root, step) -> where it saved          the learner moves it in
+    all: .drain_spans() -> (closed, running)             (its own clock and devices)
           .sample_devices() -> device/* metrics            (NVML on GPUs, else the process)
 
 The weight-sync methods come from engine.weightsync.session (WeightSenderHost,
@@ -38,7 +44,7 @@ from engine.faults import resets_version, wrap_reward, wrap_rollout
 from engine.learner.batch import pack
 from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
 from engine.learner.learner import Learner
-from engine.learner.ppo import PpoLearner, critic_source
+from engine.learner.ppo import Critic, PpoLearner, critic_source
 from engine.model import load_critic, load_policy, load_tokenizer, stop_token_ids
 from engine.orchestration.actors import concurrent
 from engine.orchestration.evaluation import evaluate
@@ -187,7 +193,7 @@ class LearnerWorker(WeightSenderHost):
             if checkpoint is not None:
                 restore_sharded_checkpoint(checkpoint, self.learner)
         else:
-            if alg.type == "ppo":
+            if alg.type == "ppo" and not cfg.placement.critic_devices:
                 critic = load_critic(critic_source(alg, policy_dir, checkpoint), dtype, remote)
                 self.learner = PpoLearner(policy, critic, *args, **kw)
             else:
@@ -208,9 +214,12 @@ class LearnerWorker(WeightSenderHost):
     def state(self) -> tuple[int, int]:
         return self.learner.step, self.learner.version
 
-    def update(self, samples: list[Sample], step: int) -> dict[str, float]:
+    def update(self, samples: list[Sample], step: int,
+               advantages: torch.Tensor | None = None) -> dict[str, float]:
+        """``advantages``: (B, R) per token, from a critic on its own bundle; else the
+        samples' own (GRPO), or this learner's critic's (PPO, critic_devices = 0)."""
         peers = self._with_peers(LearnerWorker.update, samples, step)
-        batch, advantages, metrics = pack(samples, self.pad_id), None, {}
+        batch, metrics = pack(samples, self.pad_id), {}
         if isinstance(self.learner, PpoLearner):
             with self.rec.phase("critic", step, self.learner.version):
                 advantages, metrics = self.learner.update_critic(batch)
@@ -249,7 +258,9 @@ class LearnerWorker(WeightSenderHost):
         """A peer's part of rank 0's gather of the full weights."""
         self.learner.named_tensors()
 
-    def save_checkpoint(self, root: Path, keep_last: int) -> tuple[str, int, int, str]:
+    def save_checkpoint(self, root: Path, keep_last: int,
+                        critic_state: Path | None = None) -> tuple[str, int, int, str]:
+        """``critic_state``: a CriticWorker's save_state for this step (moved in)."""
         if self.world > 1:
             from engine.learner.sharded import save_sharded_checkpoint
 
@@ -258,7 +269,8 @@ class LearnerWorker(WeightSenderHost):
             for f in peers:
                 f.result()
         else:
-            path = save_checkpoint(root, self.learner, self.model_dir, keep_last)
+            path = save_checkpoint(root, self.learner, self.model_dir, keep_last,
+                                   critic_state)
             fp = self.learner.fingerprint()
         return str(path), self.learner.step, self.learner.version, fp
 
@@ -281,6 +293,65 @@ class LearnerWorker(WeightSenderHost):
 
     def close(self) -> None:
         self.close_sender()
+
+
+class CriticWorker:
+    """PPO's critic on a bundle of its own (placement.critic_devices = 1): the learner's
+    update of step s and the critic's training on that step's batch run at once, on two
+    bundles, after the critic's values gave the learner its advantages:
+
+        critic   [estimate: values, GAE][train: value epochs          ]
+        learner  ......................[update: recompute, actor epochs]
+    """
+
+    def __init__(self, cfg: RunConfig, policy_dir: Path, model_dir: Path, devices: list[str],
+                 checkpoint: Path | None = None, threads: int | None = None):
+        if threads is not None:
+            torch.set_num_threads(threads)
+        seed_everything(cfg.model.seed)
+        alg, remote = cfg.algorithm, cfg.model.trust_remote_code
+        model = load_critic(critic_source(alg, policy_dir, checkpoint), DTYPES[cfg.model.dtype],
+                            remote)
+        self.critic = Critic(model, alg, cfg.model.seed, cfg.learner, cfg.rollout.max_new_tokens)
+        if checkpoint is not None:
+            self.critic.restore_optimizer(checkpoint)
+        self.pad_id = load_tokenizer(model_dir, remote).pad_token_id
+        self.rec, self.sampler = SpanRecorder(devices), DeviceSampler(devices)
+        self._targets = None      # (batch, old values, returns) between estimate and train
+
+    def estimate(self, samples: list[Sample], step: int, version: int) -> torch.Tensor:
+        """(B, R) the actor's advantages for ``samples``, on the CPU (they travel)."""
+        batch = pack(samples, self.pad_id)
+        with self.rec.phase("critic", step, version):
+            adv, old, returns = self.critic.estimate(batch)
+        self._targets = (batch, old, returns)
+        return adv.cpu()
+
+    def train(self, step: int, version: int) -> dict[str, float]:
+        """The value update on the batch of the last ``estimate``; critic/* metrics."""
+        batch, old, returns = self._targets
+        self._targets = None
+        with self.rec.phase("critic", step, version):
+            return self.critic.train(batch, old, returns, step)
+
+    def save_state(self, root: Path, step: int) -> Path:
+        """The critic's state beside the checkpoints (a name pruning never touches), for
+        the learner's save_checkpoint of ``step`` to move in."""
+        d = Path(root) / f".critic_step_{step:06d}"
+        d.mkdir(parents=True, exist_ok=True)
+        self.critic.save(d)
+        return d
+
+    @concurrent("telemetry")
+    def drain_spans(self):
+        return self.rec.drain()
+
+    @concurrent("telemetry")
+    def sample_devices(self) -> dict[str, float]:
+        return self.sampler.sample()
+
+    def close(self) -> None:
+        pass
 
 
 def init_process_group(cfg: RunConfig, rank: int, world: int, rendezvous: str) -> None:

@@ -142,3 +142,16 @@ def test_a_grant_that_never_comes_times_out_with_what_is_free(ray_gpus):
             reserve(lay, timeout_s=1.0)
     finally:
         remove_placement_group(hog)
+
+
+@pytest.mark.parametrize(("placement", "bundle", "device"), [
+    (DisaggregatedPlacementConfig(rollout_workers=2, critic_devices=1), 3, "gpu:3"),
+    (ColocatedPlacementConfig(devices=2, ray=True, critic_devices=1), 2, "gpu:2"),
+])
+def test_a_critic_of_its_own_adds_a_bundle_and_a_device_that_counts_in_bubble(
+        placement, bundle, device):
+    lay = layout_for(placement)
+    assert len(lay.bundles) == bundle + 1 and lay.bundles[bundle] == {"GPU": 1.0}
+    assert (lay.critic.bundle, lay.critic.gpus, lay.critic.devices) == (bundle, 1, [device])
+    assert lay.devices[-1] == device and lay.trainers == [*lay.learner.devices, device]
+    assert layout_for(ColocatedPlacementConfig(devices=2, ray=True)).critic is None

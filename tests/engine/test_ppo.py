@@ -96,7 +96,7 @@ def scored_batch(tiny_dir):
 def test_a_critic_from_the_policy_starts_at_zero_and_learns_the_returns(tiny_dir, scored_batch):
     cfg = PpoConfig(minibatches=1, critic={"lr": 1e-3})
     learner = PpoLearner(load_policy(tiny_dir), load_critic(tiny_dir), cfg, 1.0, seed=0)
-    assert float(learner.old_values(scored_batch).abs().max()) == 0.0
+    assert float(learner.critic.old_values(scored_batch).abs().max()) == 0.0
     losses = [learner.update_critic(scored_batch)[1]["critic/value_loss"] for _ in range(10)]
     assert losses[-1] < 0.6 * losses[0]        # measured: 0.240 -> 0.106
     after = learner.update_critic(scored_batch)[1]
@@ -177,3 +177,19 @@ def test_a_sharded_learner_is_refused_for_ppo():
                                "placement": {"type": "disaggregated", "learner_devices": 2},
                                "weight_sync": {"type": "object_store"}})
     assert "placement.learner_devices" in msg and "learner_devices = 1" in msg
+
+
+RAY_PPO = {"algorithm": {"type": "ppo"}, "weight_sync": {"type": "shm"},
+           "placement": {"type": "colocated", "ray": True, "critic_devices": 1}}
+
+
+def test_a_critic_on_its_own_bundle_is_a_ray_placement_of_a_ppo_run():
+    assert validate_config(RAY_PPO).placement.critic_devices == 1
+    [(path, msg)] = errors_of({**RAY_PPO, "algorithm": {"type": "grpo"}})
+    assert path == "placement.critic_devices" and 'algorithm.type = "ppo"' in msg
+    [(path, msg)] = errors_of({**RAY_PPO, "weight_sync": {"type": "in_place"},
+                               "placement": {"type": "colocated", "critic_devices": 1}})
+    assert path == "placement.critic_devices" and "placement.ray = true" in msg
+    [(path, msg)] = errors_of({**RAY_PPO, "placement": {"type": "disaggregated",
+                                                        "critic_devices": 2}})
+    assert path == "placement.critic_devices" and "critic_devices = 1" in msg
