@@ -188,6 +188,9 @@ RLPLANE_URL = os.environ.get("RLPLANE_URL", "http://127.0.0.1:8000")
 # How long a driver has to checkpoint and exit after a stop request before its Ray job is
 # stopped (which kills it after a short grace period).
 RLPLANE_STOP_TIMEOUT_S = float(os.environ.get("RLPLANE_STOP_TIMEOUT_S", "120"))
+# An admitted run that no submission reached after this long (its submit_run lost with the
+# broker or a worker) is queued for submission again by sync_runs.
+RLPLANE_RESUBMIT_AFTER_S = float(os.environ.get("RLPLANE_RESUBMIT_AFTER_S", "120"))
 # The rollout inspector keeps each run's samples of its last this many sampled steps
 # (older ones are deleted at ingest); at least 1.
 RLPLANE_SAMPLE_STEPS = max(1, int(os.environ.get("RLPLANE_SAMPLE_STEPS", "200")))

@@ -35,7 +35,6 @@ from jobs.ray_cluster import job_not_found, ray_jobs, submission_id
 logger = logging.getLogger(__name__)
 
 TOKEN_ENV = "RLPLANE_INGEST_TOKEN"
-STUCK_AFTER_S = 120  # a queued run that no submission reached by then gets another
 
 
 def driver_entrypoint(run: Run) -> str:
@@ -174,8 +173,9 @@ def killed_by(info) -> str | None:
 def resubmit_stuck_runs() -> None:
     """Queue submit_run again for admitted runs that no submission reached (a message lost
     with the broker or a worker): submit_run is idempotent per run, so a late twin is
-    harmless. Queued runs are the queue's (do_schedule_runs admits them)."""
-    cutoff = timezone.now() - timedelta(seconds=STUCK_AFTER_S)
+    harmless. Queued runs are the queue's (do_schedule_runs admits them). How long a run
+    waits first: RLPLANE_RESUBMIT_AFTER_S."""
+    cutoff = timezone.now() - timedelta(seconds=settings.RLPLANE_RESUBMIT_AFTER_S)
     stuck = Run.objects.filter(status=RunStatus.SUBMITTING, ray_submission_id="",
                                created_at__lt=cutoff)
     for run_id in stuck.values_list("pk", flat=True):

@@ -34,7 +34,6 @@ import pytest
 
 from controlplane import processes as proc
 from jobs.ray_cluster import submission_id
-from jobs.tasks import STUCK_AFTER_S
 
 from ..ray_head import RayHead
 from .local_processes import (
@@ -54,9 +53,15 @@ from .local_processes import (
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 DOWN_S = 4.0   # how long a killed part stays down
+# sync_runs queues an unsubmitted run's submit again after this (120 s by default): long
+# enough that a live worker's submit (a few seconds) is not twinned, short enough that the
+# worker drill does not idle two minutes for it.
+RESUBMIT_AFTER_S = 20
 
 # 60 steps (~1 min on 2 busy cores): time to be hurt mid-run and to go on after it.
 CONFIG = {**STEADY_RUN, "steps": 60, "telemetry": {"eval_samples": 1}}
+# The worker drill hurts the run before it starts: any run that finishes shows it went on.
+SHORT_CONFIG = {**CONFIG, "steps": 10}
 
 LAUNCH = """
 import json, os
@@ -78,7 +83,8 @@ class ControlPlane:
         self.env = drill_env(
             self.db, self.redis_port, RLPLANE_URL=self.url, RLPLANE_RUNS_DIR=str(self.runs_dir),
             RAY_DASHBOARD_ADDRESS=head.dashboard, RAY_AUTH_TOKEN_PATH=str(head.token_path),
-            RLPLANE_CACHE=os.environ.get("RLPLANE_CACHE", str(root / "cache")))
+            RLPLANE_CACHE=os.environ.get("RLPLANE_CACHE", str(root / "cache")),
+            RLPLANE_RESUBMIT_AFTER_S=str(RESUBMIT_AFTER_S))
         self.env.pop("RAY_AUTH_TOKEN", None)
         self.children: dict[str, object] = {}
         self.argv = {
@@ -109,8 +115,8 @@ class ControlPlane:
         for name in names or tuple(self.children):
             kill_group(self.children.pop(name, None))
 
-    def launch(self) -> int:
-        return int(manage({**self.env, "RUN_CONFIG": json.dumps(CONFIG)}, "shell", "-c",
+    def launch(self, config: dict = CONFIG) -> int:
+        return int(manage({**self.env, "RUN_CONFIG": json.dumps(config)}, "shell", "-c",
                           LAUNCH).split()[-1])
 
     def status(self, run_id: int) -> str:
@@ -244,7 +250,7 @@ def test_killing_redis_mid_run_loses_no_event_and_the_workers_reconnect(plane):
 def test_killing_the_worker_mid_submit_still_submits_the_run_once(plane):
     log = plane.logs / "worker.log"
     received = log.read_text().count("jobs.tasks.submit_run")
-    run_id = plane.launch()
+    run_id = plane.launch(SHORT_CONFIG)
     wait_for("the worker taking submit_run",
              lambda: log.read_text().count("jobs.tasks.submit_run") > received, 120, log)
     plane.kill("worker")
@@ -262,8 +268,8 @@ def test_killing_the_worker_mid_submit_still_submits_the_run_once(plane):
     assert len(starts) == 1, "the driver ran more than once"
     n = plane.assert_every_event_stored_once(run_id)
     # Either the dead worker's submit request had reached Ray, or sync_runs queued the
-    # submit again (after STUCK_AFTER_S) and the new worker made it.
+    # submit again (after RESUBMIT_AFTER_S) and the new worker made it.
     resubmitted = log.read_text().count("jobs.tasks.submit_run") > taken
     print(f"\nworker killed mid-submit: running {running_s:.0f}s after the kill, "
           f"{'resubmitted by sync_runs' if resubmitted else 'its submit had reached Ray'} "
-          f"(resubmission after {STUCK_AFTER_S}s); one Ray job, {n} events, 0 lost, 0 twice")
+          f"(resubmission after {RESUBMIT_AFTER_S}s); one Ray job, {n} events, 0 lost, 0 twice")

@@ -241,6 +241,21 @@ def test_admitted_runs_that_no_submission_reached_are_submitted_again(make_run, 
     assert queued == [stuck.pk] and fresh.pk not in queued and waiting.pk not in queued
 
 
+@pytest.mark.django_db
+def test_a_run_is_submitted_again_only_after_rlplane_resubmit_after_s(make_run, monkeypatch,
+                                                                      settings):
+    queued = []
+    monkeypatch.setattr(tasks.submit_run, "delay", queued.append)
+    run = make_run(RunStatus.SUBMITTING)
+    Run.objects.filter(pk=run.pk).update(created_at=timezone.now() - timedelta(seconds=30))
+    settings.RLPLANE_RESUBMIT_AFTER_S = 60
+    tasks.resubmit_stuck_runs()
+    assert queued == []
+    settings.RLPLANE_RESUBMIT_AFTER_S = 20
+    tasks.resubmit_stuck_runs()
+    assert queued == [run.pk]
+
+
 # --- sync_runs and stop_run against the real head --------------------------------------------
 
 @pytest.mark.django_db
