@@ -75,7 +75,20 @@ def native_backend(cfg: RunConfig) -> str | None:
     return ws.backend if ws.type == "vllm_native" else None
 
 
-class RolloutWorker(WeightReceiverHost):
+class _Telemetered:
+    """An actor's own spans (``self.rec``) and device samples (``self.sampler``), read on
+    the telemetry concurrency group so they never wait behind a long call."""
+
+    @concurrent("telemetry")
+    def drain_spans(self):
+        return self.rec.drain()
+
+    @concurrent("telemetry")
+    def sample_devices(self) -> dict[str, float]:
+        return self.sampler.sample()
+
+
+class RolloutWorker(_Telemetered, WeightReceiverHost):
     def __init__(self, cfg: RunConfig, policy_dir: Path, model_dir: Path, devices: list[str],
                  threads: int | None = None):
         if threads is not None:
@@ -145,14 +158,6 @@ class RolloutWorker(WeightReceiverHost):
 
     def wake_up(self) -> None:
         self.engine.wake_up()
-
-    @concurrent("telemetry")
-    def drain_spans(self):
-        return self.rec.drain()
-
-    @concurrent("telemetry")
-    def sample_devices(self) -> dict[str, float]:
-        return self.sampler.sample()
 
     def close(self) -> None:
         self.close_receiver()
@@ -295,7 +300,7 @@ class LearnerWorker(WeightSenderHost):
         self.close_sender()
 
 
-class CriticWorker:
+class CriticWorker(_Telemetered):
     """PPO's critic on a bundle of its own (placement.critic_devices = 1): the learner's
     update of step s and the critic's training on that step's batch run at once, on two
     bundles, after the critic's values gave the learner its advantages:
@@ -341,14 +346,6 @@ class CriticWorker:
         d.mkdir(parents=True, exist_ok=True)
         self.critic.save(d)
         return d
-
-    @concurrent("telemetry")
-    def drain_spans(self):
-        return self.rec.drain()
-
-    @concurrent("telemetry")
-    def sample_devices(self) -> dict[str, float]:
-        return self.sampler.sample()
 
     def close(self) -> None:
         pass
