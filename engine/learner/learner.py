@@ -12,6 +12,12 @@
         AdamW step with global grad-norm clip
     version += 1                                         # weights changed: a new policy
 
+One optimizer step per batch (epochs = minibatches = 1, as in the demo recipes) needs no
+separate recompute: the training forward runs before any update, so its detached
+logprobs are old_logp (ratio = 1), and the learner saves that forward pass (veRL's
+on-policy shortcut). Not where dropout is active (train and eval forwards differ), where
+MoE routing is recorded or replayed, or on a sharded learner (each rank trains its rows).
+
 The loss aggregates the whole minibatch (algorithm.loss_agg_mode: a token mean, or a mean
 over sequences of their token sums or means): every token's weight w is fixed from the
 minibatch's mask before it is split, so the accumulated gradient is the one big batch's
@@ -54,6 +60,18 @@ def split_rows(batch: PackedBatch, idx: torch.Tensor,
     width = batch.input_ids.shape[1]
     costs = batch.row_tokens() if setup.packing else [width] * len(batch)
     return micro_batches(idx, costs, setup.micro_batch_tokens)
+
+
+def dropout_active(model: torch.nn.Module) -> bool:
+    """Whether a train-mode forward differs from an eval-mode one: a dropout module with
+    p > 0, or a transformers config with a nonzero *dropout* / *pdrop* rate."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0
+           for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    rates = vars(config).items() if config is not None else ()
+    return any(("dropout" in k or "pdrop" in k) and isinstance(v, float) and v > 0
+               for k, v in rates)
 
 
 class Learner:
@@ -173,11 +191,32 @@ class Learner:
         mask = batch.response_mask
         adv = (batch.advantages[:, None].expand_as(mask) if token_advantages is None
                else token_advantages.to(self.device))                      # (B, R)
-        old_logp, agreed = self.recompute(batch)                           # (B, R)
-        self.last_logprobs = old_logp                  # what the inspector shows per token
         ref_logp = None
         if self.reference is not None and cfg.kl_coef > 0:
             ref_logp = self.reference_logprobs(batch)
+        if self.temperature != 1.0:
+            # The gap to the raw distribution (log_softmax(logits): no temperature, no
+            # top-p, vLLM's raw_logprobs): ~0 when the engine's logprobs ignore temperature
+            # (TRL #4159), which the plain gap alone cannot tell from staleness.
+            self.policy.eval()
+            with torch.no_grad():
+                raw = torch.cat([self.logprobs(self.policy, batch.select(i), 1.0)[0]
+                                 for i in self._micro_batches(batch, torch.arange(len(batch)))])
+            self.policy.train()
+            untempered = float(masked_mean((batch.behaviour_logp - raw).abs(), mask))
+        gen = torch.Generator().manual_seed(minibatch_seed(self.seed, self.step))
+        sums = {"loss": [], "grad_norm": [], "entropy": [], "kl_ref": [], "clip_frac": []}
+        fused = self.fuses_recompute()
+        if fused:
+            # the one optimizer step's own forward gives old_logp (filled in place)
+            old_logp, agreed = torch.zeros_like(batch.behaviour_logp), None
+            idx = torch.randperm(len(batch), generator=gen)
+            step = self._minibatch_step(batch, idx, adv, old_logp, None, ref_logp)
+            for k, v in step.items():
+                sums[k].append(v)
+        else:
+            old_logp, agreed = self.recompute(batch)                       # (B, R)
+        self.last_logprobs = old_logp                  # what the inspector shows per token
         gap = (batch.behaviour_logp - old_logp).abs() * mask
         w_tis, tis_clipped = tis_weights(old_logp, batch.behaviour_logp, cfg.tis_cap)
         metrics = {
@@ -189,21 +228,9 @@ class Learner:
         if agreed is not None:
             metrics["moe/routing_agreement"] = float(agreed.float().mean())
         if self.temperature != 1.0:
-            # The gap to the raw distribution (log_softmax(logits): no temperature, no
-            # top-p, vLLM's raw_logprobs): ~0 when the engine's logprobs ignore temperature
-            # (TRL #4159), which the plain gap alone cannot tell from staleness.
-            self.policy.eval()
-            with torch.no_grad():
-                raw = torch.cat([self.logprobs(self.policy, batch.select(i), 1.0)[0]
-                                 for i in self._micro_batches(batch, torch.arange(len(batch)))])
-            self.policy.train()
-            metrics["logprob_gap/untempered_mean"] = float(
-                masked_mean((batch.behaviour_logp - raw).abs(), mask))
-
-        gen = torch.Generator().manual_seed(minibatch_seed(self.seed, self.step))
-        sums = {"loss": [], "grad_norm": [], "entropy": [], "kl_ref": [], "clip_frac": []}
+            metrics["logprob_gap/untempered_mean"] = untempered
         n = len(batch)
-        for _ in range(cfg.epochs):
+        for _ in range(0 if fused else cfg.epochs):
             perm = torch.randperm(n, generator=gen)
             for idx in perm.chunk(cfg.minibatches):
                 step = self._minibatch_step(batch, idx, adv, old_logp, w_tis, ref_logp)
@@ -219,13 +246,22 @@ class Learner:
         metrics["learner/lr"] = self.lr  # what this step's optimizer steps used
         return metrics
 
+    def fuses_recompute(self) -> bool:
+        """Whether update() takes old_logp from its one optimizer step's own forward
+        instead of a separate no-grad recompute (see the module docstring)."""
+        return (self.cfg.epochs == 1 and self.cfg.minibatches == 1 and self.router is None
+                and type(self)._train_runs is Learner._train_runs
+                and not dropout_active(self.policy))
+
     def _minibatch_step(self, batch: PackedBatch, idx: torch.Tensor, adv: torch.Tensor,
-                        old_logp: torch.Tensor, w_tis: torch.Tensor,
+                        old_logp: torch.Tensor, w_tis: torch.Tensor | None,
                         ref_logp: torch.Tensor | None) -> dict[str, float]:
         """One optimizer step on the rows ``idx``, accumulated over their micro-batches.
         The loss is aggregated over the whole minibatch (algorithm.loss_agg_mode): each
         token's weight is fixed by the minibatch before it is split, so micro-batches and
-        ranks only sum their shares. The other metrics are token means over it."""
+        ranks only sum their shares. The other metrics are token means over it.
+        ``w_tis`` None: the fused step (fuses_recompute) writes each micro-batch's detached
+        logprobs into ``old_logp`` and weighs by them."""
         cfg = self.cfg
         mask = batch.response_mask
         n_tokens = mask[idx].sum().clamp(min=1)
@@ -239,10 +275,15 @@ class Learner:
             m = mb.response_mask
             new_logp, entropy = self.logprobs(self.policy, mb, self.temperature,
                                               with_entropy=True, top_p=self.top_p)
+            if w_tis is None:
+                old_logp[micro] = new_logp.detach()
+                w = tis_weights(old_logp[micro], mb.behaviour_logp, cfg.tis_cap)[0]
+            else:
+                w = w_tis[micro]
             surr, ppo_clipped = clipped_surrogate(new_logp, old_logp[micro],
                                                   adv[micro], cfg.clip_low,
                                                   cfg.clip_high)
-            per_token = -w_tis[micro] * surr
+            per_token = -w * surr
             kl = torch.zeros((), device=self.device)
             if ref_logp is not None:
                 kl_tok = k3(new_logp, ref_logp[micro])

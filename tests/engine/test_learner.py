@@ -108,3 +108,45 @@ def test_a_top_p_learner_recomputes_the_nucleus_the_engine_sampled_from(tiny_dir
     # The full tempered distribution instead: -log(kept mass) per token, not rounding.
     full = Learner(load_policy(tiny_dir), cfg, 0.7, seed=0).update(batch)
     assert full["logprob_gap/mean"] > 0.05
+
+
+@pytest.mark.parametrize("tis_cap", [2.0, 1.0 + 1e-6])
+def test_one_optimizer_step_takes_old_logprobs_from_its_own_forward_with_the_same_update(
+        tiny_dir, rollout_batch, tis_cap, monkeypatch):
+    """epochs = minibatches = 1: no separate recompute, and the same step, the same
+    metrics and the same per-token logprobs as with it (TIS clipping included)."""
+    samples, pad = rollout_batch
+    skewed = [copy.copy(s) for s in samples]
+    for i, s in enumerate(skewed):          # some tokens over the TIS cap, some under
+        s.behaviour_logprobs = [lp + (0.3 if (i + j) % 2 else -0.3)
+                                for j, lp in enumerate(s.behaviour_logprobs)]
+    cfg = GrpoConfig(minibatches=1, tis_cap=tis_cap, lr=1e-2)
+    runs = {}
+    for fused in (True, False):
+        learner = Learner(load_policy(tiny_dir), cfg, 0.7, seed=0)
+        assert learner.fuses_recompute()
+        calls = []
+        recompute = learner.recompute
+        monkeypatch.setattr(learner, "fuses_recompute", lambda f=fused: f)
+        monkeypatch.setattr(learner, "recompute",
+                            lambda b, c=calls, r=recompute: c.append(1) or r(b))
+        m = learner.update(pack(skewed, pad))
+        assert calls == ([] if fused else [1])
+        runs[fused] = (m, learner.last_logprobs,
+                       {n: p.detach().clone() for n, p in learner.policy.named_parameters()})
+    (m1, lp1, w1), (m0, lp0, w0) = runs[True], runs[False]
+    assert m1.keys() == m0.keys()
+    for k in m0:
+        assert m1[k] == pytest.approx(m0[k], rel=1e-4, abs=1e-6), k
+    mask = pack(skewed, pad).response_mask.bool()
+    torch.testing.assert_close(lp1[mask], lp0[mask], rtol=0, atol=1e-5)
+    for n in w0:
+        torch.testing.assert_close(w1[n], w0[n], rtol=1e-4, atol=1e-6)
+
+
+def test_a_policy_with_dropout_keeps_the_separate_recompute(tiny_dir):
+    policy = load_policy(tiny_dir)
+    policy.config.attention_dropout = 0.1
+    assert not Learner(policy, GrpoConfig(minibatches=1), 1.0, seed=0).fuses_recompute()
+    assert not Learner(load_policy(tiny_dir), GrpoConfig(minibatches=2), 1.0,
+                       seed=0).fuses_recompute()
