@@ -1,6 +1,6 @@
 """No false alarms: every preset in configs/, run healthy for 40 steps, raises no alert at
-all (the code reward-model preset only the over-optimization it is built to show); an
-async policy on a disaggregated Ray placement raises no alert but its true bubble.
+all (the code reward-model preset only the over-optimization it is built to show), and
+neither does an async policy on a disaggregated Ray placement.
 
 40 steps is what the rules need to be able to fire at all: StuckReward looks at a 20-step
 window, LogprobGapDrift at 5 steps of rise, BubbleHigh at 2, PhaseHang at a phase 10x its
@@ -85,34 +85,29 @@ def test_a_healthy_preset_raises_no_alert_in_40_steps(path, tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_a_healthy_async_run_on_a_disaggregated_ray_placement_raises_only_its_true_bubble(
+def test_a_healthy_async_run_on_a_disaggregated_ray_placement_raises_no_alert(
         ray_gpus, tmp_path, capsys):
     """One step off: generation of step n+1 overlaps the learner's step n on another
-    (logical) GPU, every sample one version stale, within its bound of 1."""
-    watch = healthy_run(CONFIGS[0].parent / "demo_arithmetic.toml", tmp_path,
+    (logical) GPU, every sample one version stale, within its bound of 1.
+
+    The recipe is one an operator would balance: on a 1 + 1 split the bubble is the gap
+    between the two sides, so generation must cost about what training does. On the
+    arithmetic demo it cannot (answers of 3-4 tokens: the learner's step is 2.2x the
+    generation's, a true bubble of 0.36 that BubbleHigh names); the long-tail task with 6
+    prompts a step and one optimizer step (no separate recompute) measured generation
+    0.27 s vs learner 0.35 s, bubble median 0.12 (max 0.41, never two steps over 0.3)."""
+    watch = healthy_run(CONFIGS[0].parent / "longtail_reverse.toml", tmp_path,
                         placement={"type": "disaggregated"},
                         async_policy={"type": "one_step_off"},
                         weight_sync={"type": "object_store"},
-                        # lr 1e-4: the first Adam step alone moves the policy that
-                        # generated step 1 by 0.106 nats/token (measured), over
-                        # LogprobGapHigh's 0.1 -- true of a one-version-stale batch
-                        algorithm={"lr": 5e-5})
+                        rollout={"prompts_per_step": 6},
+                        algorithm={"minibatches": 1})
     staleness = list(watch.history.metrics["staleness/max"].values())
     assert max(staleness) == 1, staleness
-    assert watch.steps_checked == TEST_STEPS
-    # On this recipe the learner's step is about 2x the generation's (torch sampler;
-    # 1.4x under vLLM) and the driver's per-step round trips idle both devices: bubble
-    # 0.08-0.49 a step, run medians 0.30-0.42, always some 2-step window over
-    # BubbleHigh's 0.3 (measured on 2 shared cores), and the alert says so truly. Every other alert
-    # (desync, gap, staleness, hang, resync) must stay quiet; a recipe balanced enough
-    # for zero alerts under any load is still to be found.
-    fired = [(s, f) for s, f in watch.fired if f.key != "BubbleHigh:bubble"]
-    assert fired == [], [f"step {s}: {f.kind}: {f.cause}" for s, f in fired]
-    bubble = list(watch.history.metrics["bubble"].values())
+    assert_quiet(watch, "longtail_reverse.toml one_step_off disaggregated", capsys)
+    bubble = sorted(watch.history.metrics["bubble"].values())
     with capsys.disabled():
-        print(f"\ndemo_arithmetic, one_step_off, disaggregated on Ray: {TEST_STEPS} steps, "
-              f"staleness <= 1, bubble {min(bubble):.2f}-{max(bubble):.2f}, no alert but "
-              f"BubbleHigh:bubble")
+        print(f"bubble median {bubble[len(bubble) // 2]:.2f}, max {bubble[-1]:.2f}")
 
 
 @pytest.mark.slow
