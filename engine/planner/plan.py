@@ -70,7 +70,7 @@ class PlanTable:
             if r.policy == cfg.async_policy.type and r.shape is not None \
                     and r.shape.same_layout(want):
                 return r, ""
-        return None, (f"the table has no row for {want.label} under "
+        return None, (f"no row for {want.label} under "
                       f"{cfg.async_policy.type} (it plans {self.devices} devices)")
 
     def summary(self) -> str:

@@ -170,7 +170,7 @@ def test_a_row_for_another_config_matches_its_layout_and_policy_type_not_its_lab
     on_ray = cfg.model_copy(update={"placement": ColocatedPlacementConfig(devices=2, ray=True)})
     assert table.row_for(on_ray)[0].placement == "colocated 2"
     assert table.row_for(small_run()) == (
-        None, "the table has no row for colocated 1 (in process) under sync "
+        None, "no row for colocated 1 (in process) under sync "
               "(it plans 2 devices)")
 
 
