@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -61,6 +61,10 @@ class Shape:
     shared: bool = False       # colocated on Ray: worker 0 and the learner share device 0
     serial: bool = False       # colocated in the driver's process: nothing overlaps
 
+    def same_layout(self, other: Shape) -> bool:
+        """The same actors on the same devices, whatever the two labels say."""
+        return replace(self, label="") == replace(other, label="")
+
 
 def shape_of(cfg: PlacementConfig) -> Shape:
     if isinstance(cfg, DisaggregatedPlacementConfig):
@@ -84,6 +88,7 @@ class Prediction:
     dropped_per_step: float         # groups dropped as too stale
     recycled_per_step: float        # groups carried unfinished into a later call
     speedup: float = 1.0            # samples/s over the run's own (set by plan_table)
+    shape: Shape | None = field(default=None, repr=False, compare=False)
 
     @property
     def staleness_max(self) -> int:
@@ -383,7 +388,7 @@ def simulate(inp: PlanInputs, placement: PlacementConfig | Shape, policy: AsyncP
     counted = steps - 1
     ages, counts = np.unique(np.asarray(staleness), return_counts=True)
     return Prediction(
-        placement=shape.label, policy=policy.type, samples_per_s=samples / wall,
+        placement=shape.label, policy=policy.type, shape=shape, samples_per_s=samples / wall,
         step_s=wall / counted, bubble=1.0 - busy / (shape.devices * wall),
         rollout_share=rollout / wall,
         staleness={int(k): float(c) / len(staleness) for k, c in zip(ages, counts, strict=True)},

@@ -22,7 +22,7 @@ from engine.config import (
     SyncPolicyConfig,
 )
 from engine.planner.fit import Fit
-from engine.planner.model import Prediction, Shape, simulate
+from engine.planner.model import Prediction, Shape, shape_of, simulate
 
 
 def shapes_for(devices: int) -> list[Shape]:
@@ -60,6 +60,18 @@ class PlanTable:
     def gain(self) -> float:
         """The best row's samples/s over the run's own (predicted)."""
         return self.best.samples_per_s / self.current.samples_per_s
+
+    def row_for(self, cfg: RunConfig) -> tuple[Prediction | None, str]:
+        """(the row predicting ``cfg``'s placement under its policy type, "") or (None, why
+        there is none): the table holds the fitted run's own layout and those it tries on
+        its device count, so another device count or split has no row."""
+        want = shape_of(cfg.placement)
+        for r in self.rows:          # the run's own row first
+            if r.policy == cfg.async_policy.type and r.shape is not None \
+                    and r.shape.same_layout(want):
+                return r, ""
+        return None, (f"no row for {want.label} under "
+                      f"{cfg.async_policy.type} (it plans {self.devices} devices)")
 
     def summary(self) -> str:
         b = self.best

@@ -1,7 +1,9 @@
 """Run compare: 2-6 runs side by side. The URL holds the selection, so it can be shared.
 
     GET /runs/compare?ids=3,7[&level=0.5]      the page: overlaid charts (step or wall
-                                               time), the summary table, the config diff
+                                               time), the summary table, the config diff,
+                                               the planner's table fitted from the first
+                                               run and the others' measurements against it
     GET /api/runs/compare?ids=3,7[&level=0.5]  the same data as JSON: the REST API's view
                                                (jobs/rest/runs.py compare), also at
                                                /api/v1/runs/compare
@@ -27,6 +29,7 @@ from jobs.compare import (
     summarize,
 )
 from jobs.models import Run
+from jobs.planning import plan_for_run, predicted_vs_measured
 from jobs.views import run_page
 
 
@@ -79,6 +82,9 @@ def compare_page(request):
     data = compare_data(runs, level)
     rows = [(label, [r["summary"][key] for r in data["runs"]])
             for key, label in SUMMARY_FIELDS.items()]
+    plan, plan_error = plan_for_run(runs[0])     # the baseline: the first run asked for
+    checks = predicted_vs_measured(plan, runs[0], runs[1:]) if plan else []
     return render(request, "jobs/compare.html", {
-        "data": data, "runs": runs, "summary_rows": rows,
+        "data": data, "runs": runs, "summary_rows": rows, "plan": plan,
+        "plan_error": plan_error, "plan_checks": checks,
         "level": request.GET.get("level", ""), "ids": ",".join(str(r.pk) for r in runs)})

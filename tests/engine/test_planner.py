@@ -158,6 +158,22 @@ def test_a_thousand_devices_plan_every_placement_and_policy():
     assert table.best.samples_per_s >= table.current.samples_per_s
 
 
+def test_a_row_for_another_config_matches_its_layout_and_policy_type_not_its_label():
+    cfg = small_run(placement=ONE_PLUS_ONE.model_dump(), weight_sync={"type": "shm"})
+    metrics = trace(fixed(reward_sample_s=0.0), [(9, 9), (10, 40), (30, 60)])
+    table = plan_run(cfg, {k: {i: m[k] for i, m in enumerate(metrics)} for k in metrics[0]})
+
+    assert table.row_for(cfg) == (table.current, "")
+    async_cfg = cfg.model_copy(update={"async_policy": OneStepOffPolicyConfig()})
+    row, why = table.row_for(async_cfg)
+    assert (row.placement, row.policy, why) == ("disaggregated 1+1", "one_step_off", "")
+    on_ray = cfg.model_copy(update={"placement": ColocatedPlacementConfig(devices=2, ray=True)})
+    assert table.row_for(on_ray)[0].placement == "colocated 2"
+    assert table.row_for(small_run()) == (
+        None, "no row for colocated 1 (in process) under sync "
+              "(it plans 2 devices)")
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, model_cache):
     out = tmp_path_factory.mktemp("planned")
