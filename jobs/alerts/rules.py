@@ -309,9 +309,10 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
                    "generation takes {:.0%}+ of each step", "generation"),
                   ("bubble", t.bubble_max,
                    "devices sit idle for {:.0%}+ of each step", "bubble")]
-        if f.config.placement.type == "disaggregated":
-            # Generation on its own devices taking the whole step is what they are for:
-            # a learner left waiting for it shows as the bubble, checked next.
+        if (f.config.placement.type == "disaggregated"
+                and f.config.async_policy.type != "sync"):
+            # Generation on its own devices, overlapping learning, taking the whole step is
+            # what they are for: a learner left waiting for it shows as the bubble.
             checks = [c for c in checks if c[0] != "rollout_share"]
         hit = next(((name, limit, what, [share(name, s) for s in steps], problem)
                     for name, limit, what, problem in checks
