@@ -14,6 +14,11 @@ else the model's own forward over transformers' cache (engine.rollout.hf_kv). On
            the batch is compacted as rows finish
         -> decode one token for the rows still running
 
+The hand-written Llama prefills the rows sorted by prompt length, in buckets of similar
+length, each bucket only as wide as its longest prompt (its keys land at the same slots of
+the one cache): a batch of mostly short prompts, or of partial rollout's carried rows
+(prompt + tokens so far), no longer computes every row at the longest's width.
+
 Behaviour logprobs are the log-probabilities of the sampled tokens under the distribution
 actually sampled from: temperature-scaled, then truncated to the top-p nucleus and
 renormalized (vLLM's processed logprobs). At temperature 0 decoding is greedy and every
@@ -51,6 +56,19 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     logp = processed_logprobs(logits, temperature, top_p)                 # (B, V)
     ids = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
     return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
+
+
+def prefill_buckets(lengths: list[int], min_rows: int = 8,
+                    shrink: float = 0.75) -> list[tuple[int, int, int]]:
+    """(first row, end row, width) slices of rows sorted by descending prompt length: a
+    new bucket starts once a prompt is under ``shrink`` x its bucket's width and the
+    bucket has ``min_rows`` (each forward has a fixed cost, too small ones do not pay)."""
+    out, a = [], 0
+    for j in range(1, len(lengths) + 1):
+        if j == len(lengths) or (lengths[j] < shrink * lengths[a] and j - a >= min_rows):
+            out.append((a, j, lengths[a]))
+            a = j
+    return out
 
 
 class TorchRollout:
@@ -129,15 +147,33 @@ class TorchRollout:
                              f"{params.max_new_tokens}], got {sorted(set(cap.tolist()))}")
         steps = int(cap.max())
         S = P + steps
+        # for the prefill, batch row j holds prompt order[j]: buckets need contiguous rows
+        order, buckets = torch.arange(B), []
+        if self.router is None and isinstance(self.model, LlamaKV):
+            order = torch.tensor(sorted(range(B), key=lambda i: -len(prompts[i])))
+            buckets = prefill_buckets([len(prompts[i]) for i in order.tolist()])
+            if len(buckets) == 1:                   # one width: one plain prefill
+                order, buckets = torch.arange(B), []
         ids = torch.full((B, P), self.pad_id, dtype=torch.long)
         valid = torch.zeros((B, S), dtype=torch.bool)
-        for i, p in enumerate(prompts):
-            ids[i, P - len(p):] = torch.tensor(p)
-            valid[i, P - len(p):P] = True
+        for j, i in enumerate(order.tolist()):
+            ids[j, P - len(prompts[i]):] = torch.tensor(prompts[i])
+            valid[j, P - len(prompts[i]):P] = True
         positions = (valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)     # (B, P)
         next_pos = valid[:, :P].sum(-1)                                    # (B,)
         cache = self.model.new_cache(B, S, self.dtype)
-        logits = self.model.forward(ids, positions, cache, 0, valid, last_only=True)[:, -1]
+        if buckets:
+            logits = torch.cat([
+                self.model.forward(ids[a:b, P - w:], positions[a:b, P - w:],
+                                   (cache[0][:, a:b], cache[1][:, a:b]), P - w, valid[a:b],
+                                   last_only=True)[:, -1]
+                for a, b, w in buckets])
+            # back to the prompts' order: sampling draws per row in it, as unbucketed
+            back = torch.argsort(order)
+            logits, valid, next_pos = logits[back], valid[back], next_pos[back]
+            cache = self.model.select(cache, back)
+        else:
+            logits = self.model.forward(ids, positions, cache, 0, valid, last_only=True)[:, -1]
         routing = None
         if self.router is not None:   # (B, S, L, k) by slot; -1 where nothing was fed
             routing = torch.full((B, S, self.router.layers, self.router.top_k), -1,
