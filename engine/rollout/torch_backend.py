@@ -11,7 +11,8 @@ else the model's own forward over transformers' cache (engine.rollout.hf_kv). On
         -> rows that sampled EOS or a stop token id (SamplingParams.stop_token_ids: the
            chat template's end of turn) finish (on_complete(i, completion) for each; True
            stops the call and returns the rows still running as aborted partials);
-           the batch is compacted as rows finish
+           the batch is compacted once a quarter of it has finished (each compaction
+           copies the KV cache; until then finished rows ride along, their tokens unused)
         -> decode one token for the rows still running
 
 The hand-written Llama prefills the rows sorted by prompt length, in buckets of similar
@@ -56,6 +57,9 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     logp = processed_logprobs(logits, temperature, top_p)                 # (B, V)
     ids = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
     return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
+
+
+COMPACT_EVERY = 4      # compact the batch once 1/4 of its rows have finished
 
 
 def prefill_buckets(lengths: list[int], min_rows: int = 8,
@@ -196,33 +200,40 @@ class TorchRollout:
                                     version=self._version, aborted=aborted, routing=fed)
             return bool(on_complete(i, results[i])) if on_complete and not aborted else False
 
-        rows = torch.arange(B)            # original row of each live batch row
+        rows = torch.arange(B)            # original row of each batch row
+        alive = torch.ones(B, dtype=torch.bool)   # batch rows still generating
         for t in range(steps):
             tok, lp = sample_next(logits, params.temperature, params.top_p, gen)
-            out_tok[rows, t], out_lp[rows, t] = tok, lp
-            lengths[rows] = t + 1
-            done = torch.isin(tok, stop_ids)
+            live = alive.nonzero().squeeze(-1)
+            mine, tok_l = rows[live], tok[live]
+            out_tok[mine, t], out_lp[mine, t] = tok_l, lp[live]
+            lengths[mine] = t + 1
+            done = torch.isin(tok_l, stop_ids)
             if params.ignore_eos:
                 done = torch.zeros_like(done)
-            finished[rows[done]] = True
-            done = done | (cap[rows] <= t + 1)              # a row's budget ends it
+            finished[mine[done]] = True
+            done = done | (cap[mine] <= t + 1)              # a row's budget ends it
             stop = False
-            for i in rows[done].tolist():
+            for i in mine[done].tolist():
                 stop = complete(i) or stop
             if stop:
-                for i in rows[~done].tolist():
+                for i in mine[~done].tolist():
                     complete(i, aborted=True)
                 break
-            if bool(done.all()):
+            alive[live[done]] = False
+            if not bool(alive.any()):
                 break
-            if bool(done.any()):          # compact: finished rows stop costing compute
-                keep = (~done).nonzero().squeeze(-1)
+            # compact once a quarter of the batch has finished: finished rows stop costing
+            # compute, and the cache is copied a few times per call, not at every finish
+            if int((~alive).sum()) * COMPACT_EVERY >= len(alive):
+                keep = alive.nonzero().squeeze(-1)
                 rows, tok, next_pos, valid = rows[keep], tok[keep], next_pos[keep], valid[keep]
+                alive = alive[keep]
                 cache = self.model.select(cache, keep)
             slot = P + t
             valid[:, slot] = True
             logits = self.model.forward(tok[:, None], next_pos[:, None], cache, slot, valid)[:, -1]
             if routing is not None:
-                routing[rows, slot] = self.router.chosen().to(torch.int16)
+                routing[rows[alive], slot] = self.router.chosen()[alive].to(torch.int16)
             next_pos = next_pos + 1
         return results  # type: ignore[return-value]  # every row completed above
