@@ -15,7 +15,7 @@ from __future__ import annotations
 from engine.config import RunConfig
 
 # problem -> what it is about, for the runbook's wording
-PROBLEMS = ("generation", "straggler", "bubble", "reward", "resync_wait")
+PROBLEMS = ("generation", "straggler", "bubble", "reward", "resync_wait", "learner")
 
 
 def _async_levers(cfg: RunConfig, problem: str) -> list[str]:
@@ -92,6 +92,20 @@ def next_levers(cfg: RunConfig, problem: str) -> list[str]:
         if cfg.async_policy.type == "sync":
             out.append('overlap reward with generation: async_policy.type = "one_step_off"')
         return [*out, "speed up the verifier itself"]
+    if problem == "learner":                # disaggregated: the generator waits
+        pl, alg, out = cfg.placement, cfg.algorithm, []
+        out.append(f"shard the learner over more devices: placement.learner_devices "
+                   f"{pl.learner_devices} -> {pl.learner_devices * 2}")
+        if alg.epochs * alg.minibatches > 1:
+            out.append(f"one optimizer step per batch: algorithm.minibatches "
+                       f"{alg.minibatches} -> 1" + (f", epochs {alg.epochs} -> 1"
+                                                    if alg.epochs > 1 else "")
+                       + " (its forward then gives the old logprobs: no separate "
+                         "recompute)")
+        if pl.rollout_workers > 1:
+            out.append(f"fewer rollout workers: placement.rollout_workers "
+                       f"{pl.rollout_workers} -> {pl.rollout_workers - 1}")
+        return out
     in_process = cfg.placement.type == "colocated" and not cfg.placement.ray
     out = [_placement_lever(cfg)] if in_process else []   # no overlap without Ray
     out += _async_levers(cfg, problem)

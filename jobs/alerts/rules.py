@@ -282,6 +282,26 @@ def straggler_steps(h: RunHistory, steps: list[int], t: Thresholds) -> list[floa
     return values if min(values) > limit else None
 
 
+LEARNER_BOUND_GAP = 0.15   # learner side this much busier than the rollout side
+
+
+def side_utilization(h: RunHistory, steps: list[int]) -> tuple[float, float] | None:
+    """Mean busy share of the rollout side's devices and of the learner side's over
+    ``steps`` (a device is on the side whose phase it ran), or None without both."""
+    sides: dict[str, list[float]] = {"rollout": [], "learner": []}
+    for name, series in h.metrics.items():
+        parts = name.split("/")
+        if len(parts) != 4 or parts[:1] != ["device"] or parts[1] != "utilization" \
+                or parts[3] not in sides:
+            continue
+        if any(series.get(s, 0.0) > 0 for s in steps):
+            total = h.metrics.get(f"device/utilization/{parts[2]}", {})
+            sides[parts[3]] += [total.get(s, 0.0) for s in steps]
+    if not sides["rollout"] or not sides["learner"]:
+        return None
+    return (statistics.fmean(sides["rollout"]), statistics.fmean(sides["learner"]))
+
+
 def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     steps = h.steps[-t.bubble_window:]
     if len(steps) < t.bubble_window:
@@ -325,6 +345,12 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
             "reward": "Scoring blocks the generator and the learner.",
             "generation": "Long-tail generations hold every step.",
             "bubble": "Devices wait for each other."}[problem]
+    if problem == "bubble" and f.config.placement.type == "disaggregated":
+        sides = side_utilization(h, steps)
+        if sides is not None and sides[1] - sides[0] > LEARNER_BOUND_GAP:
+            problem = "learner"
+            lead = (f"The generator waits for the learner: rollout devices busy "
+                    f"{sides[0]:.0%} of each step, learner devices {sides[1]:.0%}.")
     series = {"reward_share": "time/reward_s",
               "straggler": ("rollout/gen_s_p99" if "rollout/gen_s_p99" in h.metrics
                             else "time/rollout_s")}.get(name, name)

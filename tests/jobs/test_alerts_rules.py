@@ -375,3 +375,30 @@ def test_runbooks_name_the_runs_own_settings():
                                                            "StalenessOverBound").runbook
     sync_run = finding(stale, FACTS, "StalenessOverBound").runbook
     assert "max_staleness" not in sync_run and "rollout.prompts_per_step (now 32)" in sync_run
+
+
+def with_sides(h: RunHistory, rollout: float, learner: float) -> RunHistory:
+    """Per-device utilization as the engine reports it: gpu:0 generates, gpu:1 trains."""
+    for s in h.steps:
+        for d, phase, busy in (("gpu:0", "rollout", rollout), ("gpu:1", "learner", learner)):
+            h.metrics.setdefault(f"device/utilization/{d}", {})[s] = busy
+            h.metrics.setdefault(f"device/utilization/{d}/{phase}", {})[s] = busy
+    return h
+
+
+def test_a_disaggregated_bubble_names_the_side_that_waits():
+    # The learner is the slow side: the rollout device idles, and more rollout workers
+    # would idle more; the levers are the learner's.
+    learner_bound = with_sides(fully_async(bubble=0.4), rollout=0.25, learner=0.95)
+    f = finding(learner_bound, async_facts(), "BubbleHigh")
+    assert f.key == "BubbleHigh:bubble"
+    assert "The generator waits for the learner: rollout devices busy 25%" in f.runbook
+    assert "placement.learner_devices 1 -> 2" in f.runbook
+    assert "algorithm.minibatches 2 -> 1" in f.runbook        # the default is 2
+    assert "rollout_workers 1 -> 2" not in f.runbook
+    # Generation is the slow side: the learner idles; the generation levers as before.
+    gen_bound = with_sides(fully_async(bubble=0.4), rollout=0.95, learner=0.25)
+    f = finding(gen_bound, async_facts(), "BubbleHigh")
+    assert "Devices wait for each other." in f.runbook
+    assert "placement.rollout_workers 1 -> 2" in f.runbook
+    assert "learner_devices" not in f.runbook
