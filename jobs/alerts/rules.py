@@ -303,7 +303,9 @@ def side_utilization(h: RunHistory, steps: list[int]) -> tuple[float, float] | N
 
 
 def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
-    steps = h.steps[-t.bubble_window:]
+    # The run's first step is left out, as the planner and the benches do: an async
+    # policy's pipeline fills there (nothing to train before the first batch exists).
+    steps = h.steps[1:][-t.bubble_window:]
     if len(steps) < t.bubble_window:
         return []
 

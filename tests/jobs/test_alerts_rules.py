@@ -402,3 +402,12 @@ def test_a_disaggregated_bubble_names_the_side_that_waits():
     assert "Devices wait for each other." in f.runbook
     assert "placement.rollout_workers 1 -> 2" in f.runbook
     assert "learner_devices" not in f.runbook
+
+
+def test_bubble_high_leaves_out_the_first_step_where_an_async_pipeline_fills():
+    # Steps 0 and 1 over the bound: step 0 is the fill (generation of the first batch
+    # while the learner has nothing), so the 2-step window is not yet there.
+    fill = fully_async(steps=2, bubble=0.45)
+    assert "BubbleHigh" not in kinds(fill, facts=async_facts())
+    held = fully_async(steps=3, bubble=0.45)     # steps 1 and 2: past the fill, it holds
+    assert "BubbleHigh" in kinds(held, facts=async_facts())
