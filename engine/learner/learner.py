@@ -206,19 +206,22 @@ class Learner:
             untempered = float(masked_mean((batch.behaviour_logp - raw).abs(), mask))
         gen = torch.Generator().manual_seed(minibatch_seed(self.seed, self.step))
         sums = {"loss": [], "grad_norm": [], "entropy": [], "kl_ref": [], "clip_frac": []}
-        fused = self.fuses_recompute()
-        if fused:
-            # the one optimizer step's own forward gives old_logp (filled in place)
-            old_logp, agreed = torch.zeros_like(batch.behaviour_logp), None
-            idx = torch.randperm(len(batch), generator=gen)
-            step = self._minibatch_step(batch, idx, adv, old_logp, None, ref_logp)
-            for k, v in step.items():
-                sums[k].append(v)
+        if self.fuses_recompute():
+            # the one optimizer step's own forward fills old_logp (and weighs by it)
+            old_logp, agreed, w_tis = torch.zeros_like(batch.behaviour_logp), None, None
         else:
             old_logp, agreed = self.recompute(batch)                       # (B, R)
+            w_tis = tis_weights(old_logp, batch.behaviour_logp, cfg.tis_cap)[0]
+        n = len(batch)
+        for _ in range(cfg.epochs):
+            perm = torch.randperm(n, generator=gen)
+            for idx in perm.chunk(cfg.minibatches):
+                step = self._minibatch_step(batch, idx, adv, old_logp, w_tis, ref_logp)
+                for k, v in step.items():
+                    sums[k].append(v)
         self.last_logprobs = old_logp                  # what the inspector shows per token
         gap = (batch.behaviour_logp - old_logp).abs() * mask
-        w_tis, tis_clipped = tis_weights(old_logp, batch.behaviour_logp, cfg.tis_cap)
+        tis_clipped = tis_weights(old_logp, batch.behaviour_logp, cfg.tis_cap)[1]
         metrics = {
             "logprob_gap/mean": float(masked_mean(gap, mask)),
             "logprob_gap/max": float(gap.max()),
@@ -229,13 +232,6 @@ class Learner:
             metrics["moe/routing_agreement"] = float(agreed.float().mean())
         if self.temperature != 1.0:
             metrics["logprob_gap/untempered_mean"] = untempered
-        n = len(batch)
-        for _ in range(0 if fused else cfg.epochs):
-            perm = torch.randperm(n, generator=gen)
-            for idx in perm.chunk(cfg.minibatches):
-                step = self._minibatch_step(batch, idx, adv, old_logp, w_tis, ref_logp)
-                for k, v in step.items():
-                    sums[k].append(v)
         self.step += 1
         self.version += 1
 

@@ -72,6 +72,11 @@ class LlamaKV:
         """The cache of the batch rows ``rows`` (finished rows stop costing compute)."""
         return cache[0][:, rows], cache[1][:, rows]
 
+    @staticmethod
+    def rows(cache: tuple[torch.Tensor, ...], a: int, b: int) -> tuple[torch.Tensor, ...]:
+        """A view of batch rows [a, b) of the cache: a forward on it writes in place."""
+        return cache[0][:, a:b], cache[1][:, a:b]
+
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: tuple[torch.Tensor, ...],
                 start: int, valid: torch.Tensor, last_only: bool = False) -> torch.Tensor:

@@ -169,7 +169,7 @@ class TorchRollout:
         if buckets:
             logits = torch.cat([
                 self.model.forward(ids[a:b, P - w:], positions[a:b, P - w:],
-                                   (cache[0][:, a:b], cache[1][:, a:b]), P - w, valid[a:b],
+                                   self.model.rows(cache, a, b), P - w, valid[a:b],
                                    last_only=True)[:, -1]
                 for a, b, w in buckets])
             # back to the prompts' order: sampling draws per row in it, as unbucketed

@@ -291,8 +291,7 @@ def side_utilization(h: RunHistory, steps: list[int]) -> tuple[float, float] | N
     sides: dict[str, list[float]] = {"rollout": [], "learner": []}
     for name, series in h.metrics.items():
         parts = name.split("/")
-        if len(parts) != 4 or parts[:1] != ["device"] or parts[1] != "utilization" \
-                or parts[3] not in sides:
+        if len(parts) != 4 or parts[:2] != ["device", "utilization"] or parts[3] not in sides:
             continue
         if any(series.get(s, 0.0) > 0 for s in steps):
             total = h.metrics.get(f"device/utilization/{parts[2]}", {})
