@@ -10,6 +10,7 @@ lr = 1e-4 step) for every one: the second minibatch's step starts from weights t
 already differ by rounding, which AdamW's normalization amplifies for small gradients.
 """
 
+import contextlib
 import os
 import socket
 import time
@@ -38,11 +39,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_main(rank: int, world: int, port: int, tiny_dir, batch, out_path) -> None:
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int):
+    """A spawned rank's gloo process group. Teardown starts with a barrier: gloo's barrier
+    waits for every earlier collective of this rank, and no rank destroys its group while a
+    peer is still inside one (a rank that tore down first aborted its peer at exit with
+    "terminate called without an active exception", once in a CI run)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def rank_main(rank: int, world: int, port: int, tiny_dir, batch, out_path) -> None:
+    with gloo_group(rank, world, port):
         from engine.learner.sharded import ShardedLearner
 
         torch.manual_seed(0)
@@ -54,8 +68,6 @@ def rank_main(rank: int, world: int, port: int, tiny_dir, batch, out_path) -> No
         fp = learner.fingerprint()
         if rank == 0:
             torch.save((metrics, dict(named), fp), out_path)
-    finally:
-        dist.destroy_process_group()
 
 
 def run_ranks(target, world: int, *args):

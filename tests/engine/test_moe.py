@@ -235,14 +235,9 @@ def test_a_grpo_run_on_a_tiny_moe_model_replays_routing_and_syncs(moe_dirs, tmp_
 
 
 def sharded_rank(rank: int, world: int, port: int, path, batch, out_path) -> None:
-    import os
+    from .test_learner_sharded import gloo_group
 
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         from engine.learner.sharded import ShardedLearner
 
         policy = load_policy(path)
@@ -252,8 +247,6 @@ def sharded_rank(rank: int, world: int, port: int, path, batch, out_path) -> Non
         metrics = learner.update(batch)
         if rank == 0:
             torch.save(metrics, out_path)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
