@@ -4,16 +4,21 @@ For each state (the tiny and small models, a synthetic 200 MB state) one learner
 process) pushes to one rollout-worker actor on a local Ray cluster, through every
 cross-process transport. Two figures per transport:
 
-    move   latency from the learner's new version to the worker's report, the worker only
-           copying the weights into the tensors it serves (the data path alone);
-    sync   the same with the worker's fingerprint of what it serves, as every real sync
-           does (XXH3-128, engine/weightsync/fingerprint.py; its own GB/s is printed);
+    move   latency from the learner's new version to the worker's report, neither end
+           fingerprinting (the data path alone);
+    sync   latency from the learner's new version to both ends' fingerprints being in, as
+           every verified sync does (XXH3-128, engine/weightsync/fingerprint.py; its own
+           GB/s is printed): the worker hashes what it serves after loading it, the
+           learner hashes what it sent while the worker loads (WeightSyncSession);
+    serial the same, the learner hashing before it sends (as the engine did before its
+           hash moved behind the transfer): "overlap" = serial / sync;
     sha    the same with the SHA-256 fingerprint the engine used before (the reference
            copy below), timed in the same rounds on the same tensors.
 
-"fp share" is the fingerprints' share of a whole sync: (sync - move + the learner's own
-fingerprint) / (sync + the learner's fingerprint); both ends fingerprint every verified
-sync (weight_sync.verify_every = 1), the learner before it sends.
+"fp share" is the fingerprints' share of a whole sync, (sync - move) / sync: what verifying
+every sync (weight_sync.verify_every = 1) adds to its latency. "every 4" is the same share
+measured over runs of 4 consecutive syncs at weight_sync.verify_every = 4 (one verified):
+(mean of the 4 - move) / mean.
 
 "shm adopted" first moves the learner's tensors into the shared buffer (ShmSender.adopt),
 so only the worker copies; "broadcast 1buf" packs and sends with one buffer, so its
@@ -68,7 +73,8 @@ def sha256_fingerprint(named_tensors) -> str:
     return h.hexdigest()[:16]
 
 
-FINGERPRINTS = {"move": None, "sync": fingerprint, "sha": sha256_fingerprint}
+FINGERPRINTS = {"move": None, "serial": fingerprint, "sync": fingerprint,
+                "sha": sha256_fingerprint}
 
 
 class ServedWeights:
@@ -109,13 +115,20 @@ class Worker(EngineHost):
         self.engine.mode = mode
 
 
-class Precomputed(TensorSource):
-    """The learner's fingerprint is timed on its own (the "fingerprint" row)."""
+class Source(TensorSource):
+    """The learner's end, fingerprinting with the round's function (none for "move");
+    "serial" hashes ahead of the send, in sync_weights."""
 
-    fp = ""
+    mode, early = "sync", ""
+
+    def sync_weights(self):
+        if self.mode == "serial":
+            self.early = fingerprint(self.named)
+        return super().sync_weights()
 
     def weights_fingerprint(self, named):
-        return self.fp
+        fn = FINGERPRINTS[self.mode]
+        return self.early if self.mode == "serial" else fn(named) if fn else ""
 
 
 def state(name: str, synthetic_mb: int) -> list[tuple[str, torch.Tensor]]:
@@ -138,7 +151,7 @@ def bench_state(name: str, named, rounds: int) -> None:
             free = [hosts[-1][1]]
         worker_of[kind] = free[0]
         next(types for types, w in hosts if w is free[0]).add(cfg.type)
-        sources[kind] = Precomputed(named)
+        sources[kind] = Source(named)
         sessions[kind] = WeightSyncSession(LocalActor(sources[kind]),
                                            [RayActor(worker_of[kind])], cfg)
         sessions[kind].connect()
@@ -148,7 +161,8 @@ def bench_state(name: str, named, rounds: int) -> None:
     dst = [torch.empty_like(t) for _, t in named]
     times: dict[str, list[float]] = {k: [] for k in
                                      ["memcpy", "fingerprint", "sha256",
-                                      *(f"{k} {m}" for k in sessions for m in FINGERPRINTS)]}
+                                      *(f"{k} {m}" for k in sessions
+                                        for m in [*FINGERPRINTS, "every4"])]}
     version = 0
     for r in range(rounds + 1):                  # round 0 warms up (page faults, buffers)
         t0 = time.perf_counter()
@@ -163,17 +177,33 @@ def bench_state(name: str, named, rounds: int) -> None:
             times["memcpy"].append(t1 - t0)
             times["fingerprint"].append(t2 - t1)
             times["sha256"].append(t3 - t2)
+        modes = list(FINGERPRINTS)
+        modes = modes[r % len(modes):] + modes[:r % len(modes)]   # no mode always first
         for kind, session in sessions.items():
-            for mode in FINGERPRINTS:
+            for mode in modes:
                 ray.get(worker_of[kind].fingerprinting.remote(mode))
                 version += 1
-                sources[kind].version = version
-                sources[kind].fp = sha if mode == "sha" else fp
+                sources[kind].version, sources[kind].mode = version, mode
                 session.send(version, initial=version == 1)
                 [res] = session.settle(wait=True)
-                assert mode == "move" or res.matched, res
+                assert res.matched and res.fingerprint_learner == {
+                    "move": "", "serial": fp, "sync": fp, "sha": sha}[mode], res
                 if r:
-                    times[f"{kind} {mode}"].append(res.latency_s)
+                    times[f"{kind} {mode}"].append(res.verify_latency_s)
+            cfg = session.cfg                        # 4 syncs at verify_every = 4
+            session.cfg = cfg.model_copy(update={"verify_every": 4})
+            sources[kind].mode, run = "sync", []
+            ray.get(worker_of[kind].fingerprinting.remote("sync"))
+            for _ in range(4):
+                version += 1
+                sources[kind].version = version
+                session.send(version)
+                [res] = session.settle(wait=True)
+                assert res.matched, res
+                run.append(res.verify_latency_s)
+            session.cfg = cfg
+            if r:
+                times[f"{kind} every4"].append(statistics.mean(run))
     med = {k: statistics.median(v) for k, v in times.items()}
     memcpy = nbytes / 1e9 / med["memcpy"]
     print(f"{name}: {nbytes / 1e6:.1f} MB in {len(named)} tensors, 1 worker, "
@@ -185,20 +215,23 @@ def bench_state(name: str, named, rounds: int) -> None:
     print(f"  {'fingerprint (sha256, before)':28s} {nbytes / 1e9 / sha:6.2f} GB/s "
           f"{sha * 1e3:8.2f} ms   xxh3 is {sha / xxh:.1f}x faster")
     print(f"  {'transport':14s} {'move GB/s':>10s} {'ratio':>6s} {'sync GB/s':>10s} "
-          f"{'ratio':>6s} {'sync ms':>8s} {'fp share':>8s} {'sha ms':>8s} {'sha share':>9s}")
+          f"{'ratio':>6s} {'sync ms':>8s} {'fp share':>8s} {'serial ms':>9s} {'overlap':>7s} "
+          f"{'serial share':>12s} {'every 4':>7s} {'sha ms':>8s} {'sha share':>9s}")
 
-    def share(kind, mode, learner_fp):
-        total = med[f"{kind} {mode}"] + learner_fp
-        return (med[f"{kind} {mode}"] - med[f"{kind} move"] + learner_fp) / total
+    def share(kind, mode):
+        return (med[f"{kind} {mode}"] - med[f"{kind} move"]) / med[f"{kind} {mode}"]
 
     for kind in sessions:
         move, sync = (nbytes / 1e9 / med[f"{kind} {m}"] for m in ("move", "sync"))
         print(f"  {kind:14s} {move:10.2f} {move / memcpy:6.2f} {sync:10.2f} "
-              f"{sync / memcpy:6.2f} {(med[f'{kind} sync'] + xxh) * 1e3:8.1f} "
-              f"{share(kind, 'sync', xxh):8.2f} {(med[f'{kind} sha'] + sha) * 1e3:8.1f} "
-              f"{share(kind, 'sha', sha):9.2f}")
-    print("  ratio = transport GB/s / memcpy GB/s; sync ms and sha ms include the learner's "
-          "fingerprint")
+              f"{sync / memcpy:6.2f} {med[f'{kind} sync'] * 1e3:8.1f} "
+              f"{share(kind, 'sync'):8.2f} {med[f'{kind} serial'] * 1e3:9.1f} "
+              f"{med[f'{kind} serial'] / med[f'{kind} sync']:6.2f}x "
+              f"{share(kind, 'serial'):12.2f} {share(kind, 'every4'):7.2f} "
+              f"{med[f'{kind} sha'] * 1e3:8.1f} "
+              f"{share(kind, 'sha'):9.2f}")
+    print("  ratio = transport GB/s / memcpy GB/s; sync ms and sha ms run until both ends' "
+          "fingerprints are in")
     for source in sources.values():
         source.close_sender()
     for _, worker in hosts:

@@ -12,7 +12,8 @@
         .token_logprobs(rows)                              that update's learner logprobs
                                     PPO: the critic first, on the same devices [span: critic]
                                     (or advantages from the CriticWorker)
-        .setup_sender(...); .connect(); .prepare(step) -> (WeightMeta, ticket); .transfer()
+        .setup_sender(...); .connect(); .prepare(step) -> ticket; .transfer();
+        .sent_fingerprint(step) -> WeightMeta
                                                            [span: weight_sync]
         .save_checkpoint(root, keep, critic_state)
     CriticWorker(cfg, policy_dir, model_dir, devices, checkpoint)  PPO, critic_devices = 1

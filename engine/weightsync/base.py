@@ -32,6 +32,7 @@ class SyncResult:
     fingerprint_rollout: str      # the first worker's that differs from the learner's, if any
     bytes: int                    # size of the weights (each worker receives all of them)
     latency_s: float      # learner's new version -> every rollout worker reports serving it
+    verify_latency_s: float = 0.0  # ... -> both ends' fingerprints are in (the sync's end)
     workers: tuple = ()   # one rollout.base.WeightReport per worker (two-sided transports)
     verified: bool = True  # False: verify_every skipped the fingerprints (both are "")
     wire_bytes: int = 0   # bytes each worker received (a delta's compressed XOR; else bytes)

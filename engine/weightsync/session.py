@@ -8,10 +8,16 @@ every transport (in place included). The loop, the tests and the benches all dri
         res.matched, res.latency_s, res.bytes, res.gb_per_s
 
     learner (rank 0, WeightSenderHost)        rollout workers (rank 1..n, WeightReceiverHost)
-    prepare(step) -> (meta, ticket)  ------>  receive_weights(ticket, step)   (every rank is
+    prepare(step) -> ticket          ------>  receive_weights(ticket, step)   (every rank is
     transfer(step)  =====bytes=====>            load into the engine,          queued before
-    settle: meta + reports          <------     Served(WeightReport(v, fp), at)  transfer: a
-                                                                  broadcast needs them all)
+    sent_fingerprint(step) -> meta              fingerprint what it serves     transfer: a
+    settle: meta + reports          <------     Served(WeightReport(v, fp), at)  broadcast
+                                                                  needs them all)
+
+The learner fingerprints what it sent after the bytes are on their way (sent_fingerprint,
+queued behind transfer), while the workers load theirs: its hash is off the sync's critical
+path instead of ahead of every byte. It still hashes the version it sent: the call is
+queued before any later update of the learner's, and it holds the very tensors prepare sent.
 
 Calls to one actor run in submit order, so a ``produce`` queued after ``send`` generates
 with the new weights, and ``send`` returns before the workers have them (the overlapped
@@ -42,10 +48,11 @@ from engine.weightsync.fingerprint import fingerprint
 
 @dataclass(frozen=True)
 class WeightMeta:
-    """The learner's side of one sync: the version it sent and its fingerprint ("" when
-    the sync is not verified)."""
+    """The learner's side of one sync: the version it sent, its fingerprint ("" when the
+    sync is not verified) and when that fingerprint was done (time.time())."""
     version: int
     fingerprint: str
+    at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -81,21 +88,32 @@ class WeightSenderHost:
         self.sender.connect()
 
     def prepare(self, step: int, initial: bool, verify: bool = True,
-                base: int | None = None) -> tuple[WeightMeta, Ticket]:
+                base: int | None = None) -> Ticket:
         """``base``: the version every worker serves (weight_sync.delta sends the XOR
         against it when the sender last sent that version; None: a full send)."""
+        self._sent = None
         with self.rec.phase("weight_sync", step, self.sync_version()):
             version, named = self.sync_weights()
-            meta = WeightMeta(version, self.weights_fingerprint(named) if verify else "")
             if self.sync_delta:
                 ticket = self.sender.prepare(named, version, initial, base=base)
             else:
                 ticket = self.sender.prepare(named, version, initial)
-            return meta, dataclasses.replace(ticket, verify=verify)
+            self._sent = (version, named if verify else None)
+            return dataclasses.replace(ticket, verify=verify)
 
     def transfer(self, step: int) -> None:
         with self.rec.phase("weight_sync", step, self.sync_version()):
             self.sender.transfer()
+
+    def sent_fingerprint(self, step: int) -> WeightMeta:
+        """The fingerprint of the tensors the last ``prepare`` sent ("" if unverified)."""
+        if getattr(self, "_sent", None) is None:
+            raise RuntimeError("no weights to fingerprint: this sync's prepare failed "
+                               "(its error is the sync's)")
+        (version, named), self._sent = self._sent, None   # a gathered copy can go now
+        with self.rec.phase("weight_sync", step, version):
+            fp = self.weights_fingerprint(named) if named is not None else ""
+        return WeightMeta(version, fp, time.time())
 
     def close_sender(self) -> None:
         if hasattr(self, "sender"):
@@ -168,12 +186,12 @@ class WeightSyncSession:
         verify = initial or self._sends % self.cfg.verify_every == 0
         self._sends += 1
         sent_at = time.time()
-        meta, ticket = self.learner.call(WeightSenderHost.prepare, step, initial, verify,
-                                         None if initial else self._delta_base(),
-                                         num_returns=2)
+        ticket = self.learner.call(WeightSenderHost.prepare, step, initial, verify,
+                                   None if initial else self._delta_base())
         served = [w.call(WeightReceiverHost.receive_weights, ticket, step)
                   for w in self.workers]
         self.learner.call(WeightSenderHost.transfer, step)
+        meta = self.learner.call(WeightSenderHost.sent_fingerprint, step)
         self._pending.append(_Pending(step, sent_at, meta, ticket, served))
 
     def settle(self, wait: bool) -> list[SyncResult]:
@@ -186,7 +204,7 @@ class WeightSyncSession:
         while self._pending and (wait or all(f.done() for f in self._pending[0].served)):
             p = self._pending.pop(0)
             try:
-                meta, ticket = p.meta.result(), p.ticket.result()
+                ticket, meta = p.ticket.result(), p.meta.result()   # prepare's error first
                 served = [f.result() for f in p.served]
             except BaseException:
                 self._last = None        # workers may hold any version: the next is full
@@ -199,7 +217,9 @@ class WeightSyncSession:
                 fingerprint_learner=meta.fingerprint,
                 fingerprint_rollout=(differing or reports)[0].fingerprint,
                 bytes=ticket.layout.payload_bytes,
-                latency_s=max(s.at for s in served) - p.sent_at, workers=reports,
+                latency_s=max(s.at for s in served) - p.sent_at,
+                verify_latency_s=max(meta.at, *(s.at for s in served)) - p.sent_at,
+                workers=reports,
                 verified=ticket.verify, wire_bytes=ticket.wire_bytes, delta=ticket.delta)
             self._settled.append(self._last)
 

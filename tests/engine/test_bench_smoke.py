@@ -39,6 +39,7 @@ def test_weight_sync_bench_prints_every_transport_next_to_memcpy(model_cache):
     assert "ratio = transport GB/s / memcpy GB/s" in proc.stdout
     assert "fingerprint (xxh3-128)" in proc.stdout and "fingerprint (sha256, before)" in proc.stdout
     assert "fp share" in proc.stdout and "sha share" in proc.stdout
+    assert "serial share" in proc.stdout and "every 4" in proc.stdout
 
 
 @pytest.mark.slow

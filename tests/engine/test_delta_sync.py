@@ -221,6 +221,48 @@ def test_an_unverified_sync_still_reports_a_worker_left_behind(tmp_path):
     assert "unverified" in res.mismatch()
 
 
+def test_the_learner_hashes_what_it_sent_after_the_transfer_and_before_it_changes(tmp_path):
+    """The learner's fingerprint is off the sync's critical path (after transfer, while the
+    workers load) yet still of the version sent; the sync ends when both ends' are in."""
+    calls = []
+
+    class Recording(TensorSource):
+        def prepare(self, *a, **kw):
+            calls.append("prepare")
+            return super().prepare(*a, **kw)
+
+        def transfer(self, step):
+            calls.append("transfer")
+            super().transfer(step)
+
+        def weights_fingerprint(self, named):
+            calls.append("fingerprint")
+            return super().weights_fingerprint(named)
+
+    named = _weights()
+    source = Recording(named, 0)
+    engines = [_Tensors(named)]
+    session = WeightSyncSession(LocalActor(source), [LocalActor(EngineHost(engines[0]))],
+                                _shm(tmp_path))
+    session.connect()
+    for version in range(3):
+        named = _step(named, version)
+        res = _push(session, source, named, version, initial=version == 0)
+        assert res.matched and res.fingerprint_learner == fingerprint(named)
+        assert res.verify_latency_s >= res.latency_s > 0
+    assert calls == ["prepare", "transfer", "fingerprint"] * 3
+
+
+def test_a_failed_prepare_surfaces_its_own_error_not_the_missing_fingerprint(tmp_path):
+    named = _weights()
+    session, source, _, _ = _session(_shm(tmp_path), named)
+    source.sync_weights = lambda: (_ for _ in ()).throw(RuntimeError("gather failed"))
+    with pytest.raises(RuntimeError, match="gather failed"):
+        session.send(1, initial=True)
+    with pytest.raises(RuntimeError, match="prepare failed"):
+        source.sent_fingerprint(1)
+
+
 # --------------------------------------------------------------------------- broadcast
 
 def _broadcast_pair(cfg, named):
