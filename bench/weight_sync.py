@@ -127,8 +127,10 @@ class Source(TensorSource):
         return super().sync_weights()
 
     def weights_fingerprint(self, named):
+        if self.mode == "serial":
+            return self.early
         fn = FINGERPRINTS[self.mode]
-        return self.early if self.mode == "serial" else fn(named) if fn else ""
+        return fn(named) if fn else ""
 
 
 def state(name: str, synthetic_mb: int) -> list[tuple[str, torch.Tensor]]:
@@ -164,6 +166,15 @@ def bench_state(name: str, named, rounds: int) -> None:
                                       *(f"{k} {m}" for k in sessions
                                         for m in [*FINGERPRINTS, "every4"])]}
     version = 0
+
+    def one_sync(kind):
+        nonlocal version
+        version += 1
+        sources[kind].version = version
+        sessions[kind].send(version, initial=version == 1)
+        [res] = sessions[kind].settle(wait=True)
+        return res
+
     for r in range(rounds + 1):                  # round 0 warms up (page faults, buffers)
         t0 = time.perf_counter()
         for d, (_, t) in zip(dst, named, strict=True):
@@ -182,10 +193,8 @@ def bench_state(name: str, named, rounds: int) -> None:
         for kind, session in sessions.items():
             for mode in modes:
                 ray.get(worker_of[kind].fingerprinting.remote(mode))
-                version += 1
-                sources[kind].version, sources[kind].mode = version, mode
-                session.send(version, initial=version == 1)
-                [res] = session.settle(wait=True)
+                sources[kind].mode = mode
+                res = one_sync(kind)
                 assert res.matched and res.fingerprint_learner == {
                     "move": "", "serial": fp, "sync": fp, "sha": sha}[mode], res
                 if r:
@@ -195,10 +204,7 @@ def bench_state(name: str, named, rounds: int) -> None:
             sources[kind].mode, run = "sync", []
             ray.get(worker_of[kind].fingerprinting.remote("sync"))
             for _ in range(4):
-                version += 1
-                sources[kind].version = version
-                session.send(version)
-                [res] = session.settle(wait=True)
+                res = one_sync(kind)
                 assert res.matched, res
                 run.append(res.verify_latency_s)
             session.cfg = cfg

@@ -82,6 +82,7 @@ class WeightSenderHost:
         """Build the sender; returns what receivers join with (None unless collective)."""
         self.sender = build_sender(cfg, world_size)
         self.sync_delta = cfg.delta
+        self._sent = None       # (version, tensors or None) of the last prepare
         return self.sender.join_info()
 
     def connect(self) -> None:
@@ -107,7 +108,7 @@ class WeightSenderHost:
 
     def sent_fingerprint(self, step: int) -> WeightMeta:
         """The fingerprint of the tensors the last ``prepare`` sent ("" if unverified)."""
-        if getattr(self, "_sent", None) is None:
+        if self._sent is None:
             raise RuntimeError("no weights to fingerprint: this sync's prepare failed "
                                "(its error is the sync's)")
         (version, named), self._sent = self._sent, None   # a gathered copy can go now
