@@ -5,9 +5,12 @@ mountinfo, and the same containment for a non-root reward worker."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -167,7 +170,7 @@ HOSTILE = {
 }
 WORKER = """
 import json, sys
-sys.path.insert(0, {root!r})
+sys.path[:0] = PATHS
 from engine.reward.sandbox import Limits, run_tests
 limits = Limits(timeout_s=3.0, cpu_s=2)
 results = {{k: run_tests(v, {tests!r}, limits) for k, v in {hostile!r}.items()}}
@@ -177,21 +180,37 @@ print(json.dumps({{k: [r.reason, r.detail, r.degraded] for k, r in results.items
 
 def run_as_unprivileged_worker(script: str) -> subprocess.CompletedProcess:
     """Run ``script`` with this interpreter as a plain uid, as a non-root reward worker runs.
-    As root, a private mount namespace makes the interpreter reachable for that uid (a
-    pyenv under /root is not) and setpriv drops root; otherwise we are that worker."""
+    As root, a private mount namespace makes what the worker imports reachable for that uid
+    wherever the checkout lies (a clone in a folder only root may enter, a pyenv under
+    /root): the interpreter's prefix is bound back in place under a world-readable tmpfs,
+    this environment's site-packages at /mnt/sp, and the worker imports a copy of
+    engine/; then setpriv drops root. Otherwise we are that worker already."""
     if os.geteuid() != 0:
-        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                              timeout=300)
+        return subprocess.run([sys.executable, "-c", script.replace("PATHS", repr([str(ROOT)]))],
+                              capture_output=True, text=True, timeout=300)
     prefix = os.path.realpath(sys.base_prefix)
+    packages = sysconfig.get_paths()["purelib"]
     uid = str(UNPRIVILEGED_UID)
-    setup = ("set -e; mount -t tmpfs -o size=64k,mode=755 w /mnt; mkdir /mnt/p; "
-             f"mount --bind {prefix} /mnt/p; mount -t tmpfs -o mode=755 w /root; "
-             f"mkdir -p {prefix}; mount --bind /mnt/p {prefix}; exec \"$@\"")
-    return subprocess.run(
-        ["unshare", "--mount", "sh", "-c", setup, "sh", "setpriv", f"--reuid={uid}",
-         f"--regid={uid}", "--clear-groups", sys.executable, "-c", script],
-        capture_output=True, text=True, timeout=300, cwd="/",
-        env={"PATH": os.environ["PATH"], "RLPLANE_CANARY_SECRET": "hunter2"})
+    with tempfile.TemporaryDirectory(prefix="rlw", dir="/tmp") as staged:
+        os.chmod(staged, 0o755)
+        shutil.copytree(ROOT / "engine", Path(staged) / "engine",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        subprocess.run(["chmod", "-R", "a+rX", staged], check=True)
+        setup = ("set -e; mount -t tmpfs -o size=64k,mode=755 w /mnt; mkdir /mnt/p /mnt/sp; "
+                 f"mount --bind {prefix} /mnt/p; mount --bind {packages} /mnt/sp; "
+                 f"mount -t tmpfs -o mode=755 w /root; "
+                 f"mkdir -p {prefix}; mount --bind /mnt/p {prefix}; exec \"$@\"")
+        done = subprocess.run(
+            ["unshare", "--mount", "sh", "-c", setup, "sh", "setpriv", f"--reuid={uid}",
+             f"--regid={uid}", "--clear-groups", os.path.realpath(sys.executable), "-c",
+             script.replace("PATHS", repr([staged, "/mnt/sp"]))],
+            capture_output=True, text=True, timeout=300, cwd="/",
+            env={"PATH": os.environ["PATH"], "RLPLANE_CANARY_SECRET": "hunter2"})
+    if done.returncode != 0 and "No module named" in done.stderr:
+        pytest.fail("the unprivileged worker could not import what it needs (a copy of "
+                    f"engine/ in a world-readable folder, {packages} bound at /mnt/sp):\n"
+                    + done.stderr[-2000:])
+    return done
 
 
 def test_a_non_root_worker_contains_what_the_old_fallback_let_through():
@@ -202,7 +221,7 @@ def test_a_non_root_worker_contains_what_the_old_fallback_let_through():
                                f"--regid={UNPRIVILEGED_UID}", "--clear-groups", "sleep", "120"]
                               ) if os.geteuid() == 0 else subprocess.Popen(["sleep", "120"])
     try:
-        done = run_as_unprivileged_worker(WORKER.format(root=str(ROOT), tests=TESTS,
+        done = run_as_unprivileged_worker(WORKER.format(tests=TESTS,
                                                         hostile=hostile))
         assert done.returncode == 0, done.stderr[-2000:]
         verdicts = json.loads(done.stdout.splitlines()[-1])
