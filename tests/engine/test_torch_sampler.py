@@ -126,11 +126,11 @@ def check_streaming(engine, prompts, params, seed):
     return [len(c.token_ids) for _, c in seen]
 
 
-def check_stop(engine, prompts, params, seed, keep):
+def check_stop(engine, prompts, params, seed, keep, budgets=None):
     """A True from on_complete stops the call: the rest come back as aborted prefixes."""
-    full = engine.generate(prompts, params, seed=seed)
+    full = engine.generate(prompts, params, seed=seed, budgets=budgets)
     done: list[int] = []
-    outs = engine.generate(prompts, params, seed=seed,
+    outs = engine.generate(prompts, params, seed=seed, budgets=budgets,
                            on_complete=lambda i, c: done.append(i) or len(done) >= keep)
     aborted = [i for i, o in enumerate(outs) if o.aborted]
     assert len(done) >= keep and aborted and set(aborted).isdisjoint(done)

@@ -223,8 +223,13 @@ def test_delete_takes_a_post_with_its_csrf_token(operator, make_run, django_user
 
 # --- the run page header --------------------------------------------------------------------
 
-def test_the_run_header_says_step_k_of_n_eta_rewards_and_open_alerts(viewer, make_run):
-    run = make_run(started_at=timezone.now() - timezone.timedelta(seconds=125))
+def test_the_run_header_says_step_k_of_n_eta_rewards_and_open_alerts(viewer, make_run,
+                                                                      monkeypatch):
+    # The clock stands still: the page rounds "now - started_at" as it renders, and a busy
+    # machine spends more than half a second on the writes and the GET below.
+    now = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: now)
+    run = make_run(started_at=now - timezone.timedelta(seconds=125))
     Run.objects.filter(pk=run.pk).update(config={**run.config, "steps": 10})
     do_ingest_events(run, [
         metrics(1, 1, **{"time/step_s": 2.0, "reward/mean": 0.1, "eval/reward_mean": 0.3}),
