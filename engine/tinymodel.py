@@ -12,6 +12,7 @@ Set RLPLANE_CACHE to move the cache.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -69,12 +70,23 @@ def _key(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def atomic_dir(final: Path, write) -> Path:
+def atomic_dir(final: Path, write, once: bool = False) -> Path:
     """Build a directory in a temp sibling and rename it into place (safe under races).
-    ``write(tmp)`` may return another path to put it at instead (not a cache entry)."""
+    ``write(tmp)`` may return another path to put it at instead (not a cache entry).
+    ``once`` (cache entries): processes that want the entry at the same time build it
+    once; the others wait on a lock file beside it, then find it built (a warm start is a
+    minute of CPU that two runs, or two test workers, starting together would each pay)."""
     if final.exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    if not once:
+        return _build_dir(final, write)
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return final if final.exists() else _build_dir(final, write)
+
+
+def _build_dir(final: Path, write) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     try:
         final = write(tmp) or final
@@ -100,7 +112,7 @@ def ensure_base_model(size: str, seed: int) -> Path:
         model.save_pretrained(d, safe_serialization=True)
         build_tokenizer().save_pretrained(d)
 
-    return atomic_dir(cache_root() / "models" / f"{size}-{key}", write)
+    return atomic_dir(cache_root() / "models" / f"{size}-{key}", write, once=True)
 
 
 def num_params(model: torch.nn.Module) -> int:

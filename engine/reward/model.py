@@ -114,7 +114,7 @@ def ensure_reward_model(cfg: RewardModelConfig, task_cfg) -> Path:
         model.save_pretrained(d, safe_serialization=True)
         (d / "training.json").write_text(json.dumps({"final_loss": float(loss.detach())}))
 
-    return atomic_dir(cache_root() / "reward_models" / f"rm-{key}", write)
+    return atomic_dir(cache_root() / "reward_models" / f"rm-{key}", write, once=True)
 
 
 def heldout_agreement(task: Task, score_many: Callable[[list[tuple[str, str]]], list[float]],
