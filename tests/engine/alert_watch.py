@@ -36,6 +36,7 @@ class AlertWatch:
         self.lock = threading.Lock()
         self.fired: list[tuple[int, Finding]] = []   # (the finding's step, finding)
         self.steps_checked = 0
+        self.events: list[Event] = []                  # what was observed, in order
 
     def emit(self, event: Event) -> None:
         if self.pending is not None:
@@ -44,6 +45,7 @@ class AlertWatch:
         self._observe(event)
 
     def _observe(self, event: Event) -> None:
+        self.events.append(event)
         with self.lock:
             # Just before an event arrives, nothing has happened for longest: what the
             # periodic task would see at its worst moment.
@@ -62,6 +64,14 @@ class AlertWatch:
         pending, self.pending = self.pending or [], None
         for event in pending:
             self._observe(event)
+
+    def replay(self, thresholds: Thresholds) -> AlertWatch:
+        """The same events through the rules again, under other thresholds: a healthy run
+        judged with thresholds too tight shows that it was long enough for a rule to fire."""
+        again = AlertWatch(self.facts, thresholds)
+        for event in self.events:
+            again._observe(event)
+        return again
 
     def poll(self) -> list[Finding]:
         """Evaluate now, on a snapshot of what has arrived (the periodic task's view)."""
