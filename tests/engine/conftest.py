@@ -8,9 +8,16 @@ from engine.config import RunConfig, validate_config
 
 @pytest.fixture(scope="session", autouse=True)
 def model_cache(tmp_path_factory):
-    """Models and warm starts are built into a per-session cache (nothing downloaded)."""
+    """Models and warm starts are built into a cache of this test session's (nothing
+    downloaded), once: under pytest-xdist every worker shares the one under the session's
+    base temp dir, and engine.tinymodel.atomic_dir lets one worker build an entry while
+    the others wait for it."""
     if "RLPLANE_CACHE" not in os.environ:
-        os.environ["RLPLANE_CACHE"] = str(tmp_path_factory.mktemp("rlplane-cache"))
+        root = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            root = root.parent          # the controller's base temp dir, shared by workers
+        (cache := root / "rlplane-cache").mkdir(exist_ok=True)
+        os.environ["RLPLANE_CACHE"] = str(cache)
     return os.environ["RLPLANE_CACHE"]
 
 

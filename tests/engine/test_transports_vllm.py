@@ -61,7 +61,9 @@ def cluster():
         ray.shutdown()
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+# TP = 2 wants a core per rank: serial, where the test process has both (pytest -m serial)
+@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.serial)],
+                ids=["tp1", "tp2"])
 def worker(cluster, tiny_dir, request):
     """A vLLM engine in an actor, on one rank or (TP = 2) on two child processes of it,
     each rank loading its shard of the full tensors sent."""

@@ -20,7 +20,9 @@ from .conftest import small_run
 from .sync_session import sync_in_place
 from .test_vllm_backend import PROMPTS, perturbed
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# A core per rank: serial, where the test process has both (tests/conftest.py gives each
+# pytest-xdist worker one)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.serial]
 
 
 def test_a_grpo_run_from_a_sharded_learner_into_tp2_rollout_completes(tmp_path, ray_gpus):
