@@ -10,32 +10,41 @@ DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences",
 
 
 def pytest_configure(config):
-    """Under pytest-xdist each worker gets its own share of the machine's cores, before
-    torch starts its thread pool: every process it starts (Ray, a stack, vLLM, whose CPU
-    binding reads this affinity) inherits that share. The demo learning test twice at
-    once on 2 cores: 295 s, each torch on 2 threads (their threads wait on each other's
-    time slices), against 105 s on a core each and 132 s for the two one after the other."""
+    """Under pytest-xdist each worker's torch runs one thread, before its pool starts,
+    and so does every process it starts (Ray, a stack, a bench inherit OMP_NUM_THREADS);
+    a vLLM engine binds its OpenMP thread to the worker's own core. The demo learning
+    test twice at once on 2 cores: 295 s with torch on 2 threads each (the threads wait on
+    each other's time slices), 105 s on one thread each, 132 s one after the other. The
+    workers are not pinned to a core: a stack (uvicorn, Celery, Redis, a Ray head, the
+    run's driver, chromium) squeezed onto one missed its e2e tests' deadlines."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(
         "PYTEST_XDIST_WORKER_COUNT")
     if not worker or not count:
         return
-    cores, n = sorted(os.sched_getaffinity(0)), int(count)
-    share = len(cores) // n
-    if share == 0:
-        return
-    i = int(worker.removeprefix("gw")) % n
-    os.sched_setaffinity(0, cores[i * share:(i + 1) * share])
-    os.environ["OMP_NUM_THREADS"] = str(share)
+    cores = sorted(os.sched_getaffinity(0))
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker.removeprefix("gw"))
+                                                        % len(cores)])
     if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(share)
+        sys.modules["torch"].set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items):
     """Mark every test that can reach the database ``db``: scripts/test runs exactly those
-    again on PostgreSQL (``-m db``); a test without it cannot touch a database at all."""
+    again on PostgreSQL (``-m db``); a test without it cannot touch a database at all.
+    Runs before pytest's own -m selection (conftest hooks before the mark plugin's)."""
     for item in items:
         if item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.db)
+    # Files with the most slow tests first, in a stable sort (within a file, and among the
+    # rest, the order stays pytest-django's, whose hook runs before this one): pytest-xdist
+    # hands out files in this order, so the long ones start early and the many quick ones
+    # fill the end on both workers.
+    slow: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        slow[path] = slow.get(path, 0) + bool(item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.nodeid.split("::", 1)[0]])
 
 
 # Where the suite's time goes, printed at its end (beside --durations=30's slowest tests),

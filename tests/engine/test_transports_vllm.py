@@ -61,7 +61,7 @@ def cluster():
         ray.shutdown()
 
 
-# TP = 2 wants a core per rank: serial, where the test process has both (pytest -m serial)
+# TP = 2 wants a core per rank: serial, where vLLM may bind both (pytest -m serial)
 @pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.serial)],
                 ids=["tp1", "tp2"])
 def worker(cluster, tiny_dir, request):

@@ -20,8 +20,8 @@ from .conftest import small_run
 from .sync_session import sync_in_place
 from .test_vllm_backend import PROMPTS, perturbed
 
-# A core per rank: serial, where the test process has both (tests/conftest.py gives each
-# pytest-xdist worker one)
+# A core per rank: serial, where vLLM may bind both (tests/conftest.py binds each
+# pytest-xdist worker's vLLM to one core)
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.serial]
 
 
