@@ -36,10 +36,12 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.db)
-    # Files with the most slow tests first, in a stable sort (within a file, and among the
-    # rest, the order stays pytest-django's, whose hook runs before this one): pytest-xdist
-    # hands out files in this order, so the long ones start early and the many quick ones
-    # fill the end on both workers.
+    # Under pytest-xdist, files with the most slow tests first, in a stable sort (within a
+    # file, and among the rest, the order stays pytest-django's, whose hook runs before
+    # this one): xdist hands out files in this order, so the long ones start early and
+    # the many quick ones fill the end on both workers. One process keeps the plain order.
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     slow: dict[str, int] = {}
     for item in items:
         path = item.nodeid.split("::", 1)[0]
