@@ -117,7 +117,8 @@ def test_a_healthy_async_run_on_a_disaggregated_ray_placement_raises_no_alert(
     so a step whose samples all came out short leaves the rollout device waiting: single
     steps reach 0.36-0.39, and one CI run of 40 steps met two in a row at 0.32, a true
     BubbleHigh at the default 0.3 (at 4 prompts the other side waits: median 0.26, max
-    0.48). So BubbleHigh is judged at bubble_max 0.5 here, above what the recipe's own
+    0.48; at 6 with the packed warm start: median 0.25, max 0.39). So BubbleHigh is
+    judged at bubble_max 0.5 here, above what the recipe's own
     variance reaches and below a bubble the rule would report wrongly (inline evaluation
     once fed it 0.70); every other rule keeps its default. Serial (pytest -m serial): a
     test running beside it would steal the CPU time whose idle share the bubble measures."""
