@@ -44,9 +44,14 @@ def pytest_collection_modifyitems(items):
         return
     slow: dict[str, int] = {}
     for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        slow[path] = slow.get(path, 0) + bool(item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.nodeid.split("::", 1)[0]])
+        slow[file_of(item.nodeid)] = (slow.get(file_of(item.nodeid), 0)
+                                        + bool(item.get_closest_marker("slow")))
+    items.sort(key=lambda item: -slow[file_of(item.nodeid)])
+
+
+def file_of(nodeid: str) -> str:
+    """tests/engine/test_loop.py of tests/engine/test_loop.py::test_x[param]."""
+    return nodeid.split("::", 1)[0]
 
 
 # Where the suite's time goes, printed at its end (beside --durations=30's slowest tests),
@@ -57,7 +62,7 @@ _tests_by_dir: dict[str, int] = {}
 
 
 def pytest_runtest_logreport(report):
-    directory = report.nodeid.split("::", 1)[0].rsplit("/", 1)[0]
+    directory = file_of(report.nodeid).rsplit("/", 1)[0]
     _seconds_by_dir[directory] = _seconds_by_dir.get(directory, 0.0) + report.duration
     if report.when == "call" or (report.when == "setup" and report.skipped):
         _tests_by_dir[directory] = _tests_by_dir.get(directory, 0) + 1
