@@ -369,7 +369,7 @@ def test_a_submitted_run_runs_the_engine_on_ray_and_succeeds(e2e):
 
     unlocked(tasks.submit_run, run.pk)
     unlocked(run.refresh_from_db)
-    assert run.status == RunStatus.SUBMITTING
+    assert run.status == RunStatus.SUBMITTING, run.status_reason
     assert run.ray_submission_id == f"rlplane-run-{run.pk}"
     token_hash = run.ingest_token_hash
 
@@ -397,8 +397,13 @@ def test_a_stopped_run_checkpoints_and_its_fork_continues_from_there(e2e, schedu
                                                                      monkeypatch):
     run = Run.objects.create(name="e2e-stop", config={**TINY, "steps": 1000})
     tasks.submit_run(run.pk)
-    wait_for(lambda: unlocked(MetricPoint.objects.filter(run=run, name="reward/mean").exists),
-             240, every_s=1.0, what="the first step's metrics")
+    try:
+        wait_for(lambda: unlocked(MetricPoint.objects.filter(run=run, name="reward/mean")
+                                  .exists), 240, every_s=1.0, what="the first step's metrics")
+    except AssertionError as exc:
+        run.refresh_from_db()
+        raise AssertionError(f"{exc}; run {run.status}: {run.status_reason}; its job's log:\n"
+                             f"{job_log(e2e, submission_id(run.pk))}") from None
 
     unlocked(tasks.stop_run, run.pk, timeout_s=60)
     assert unlocked(Run.objects.get, pk=run.pk).status == RunStatus.STOPPING
