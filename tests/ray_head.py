@@ -51,12 +51,38 @@ class RayHead:
                 break
             try:
                 with opener.open(request, timeout=2) as response:
-                    if response.status == 200:
+                    if response.status == 200 and self.runs_a_job(deadline):
                         return
             except OSError:
                 time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"the Ray head did not come up:\n{(self.dir / 'head.log').read_text()}")
+
+    def runs_a_job(self, deadline: float) -> bool:
+        """The dashboard answers before its job agent does: a job submitted in between
+        is refused ("No available agent to submit job"), which a test would read as the
+        control plane failing to submit. Ready means a trivial job ran to the end."""
+        from ray.job_submission import JobStatus
+
+        client = self.client()
+        while time.monotonic() < deadline:
+            try:
+                sid = client.submit_job(entrypoint="true",
+                                        submission_id=f"probe-{uuid.uuid4().hex[:8]}")
+                break
+            except RuntimeError:
+                time.sleep(0.5)
+        else:
+            return False
+        while time.monotonic() < deadline:
+            status = client.get_job_status(sid)
+            if status == JobStatus.SUCCEEDED:
+                return True
+            if status in (JobStatus.FAILED, JobStatus.STOPPED):
+                raise RuntimeError(f"a trivial job on the Ray head ended {status}:\n"
+                                   f"{client.get_job_logs(sid)}")
+            time.sleep(0.3)
+        return False
 
     def client(self) -> JobSubmissionClient:
         return JobSubmissionClient(self.dashboard, headers={
