@@ -13,7 +13,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from ray.job_submission import JobSubmissionClient
+from ray.job_submission import JobStatus, JobSubmissionClient
 
 from controlplane.processes import free_port
 
@@ -62,8 +62,6 @@ class RayHead:
         """The dashboard answers before its job agent does: a job submitted in between
         is refused ("No available agent to submit job"), which a test would read as the
         control plane failing to submit. Ready means a trivial job ran to the end."""
-        from ray.job_submission import JobStatus
-
         client = self.client()
         while time.monotonic() < deadline:
             try:
@@ -79,8 +77,10 @@ class RayHead:
             if status == JobStatus.SUCCEEDED:
                 return True
             if status in (JobStatus.FAILED, JobStatus.STOPPED):
+                log = client.get_job_logs(sid)
+                self.stop()   # wait_ready's caller gets no head to stop
                 raise RuntimeError(f"a trivial job on the Ray head ended {status}:\n"
-                                   f"{client.get_job_logs(sid)}")
+                                   f"{log}")
             time.sleep(0.3)
         return False
 
