@@ -12,6 +12,7 @@ the same payloads, the same evaluation. Nothing here touches the database.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,20 @@ class RunHistory:
         self.syncs: list[WeightSyncEvent] = []
         self.spans: list[SpanEvent] = []
         self.last_ts = 0.0
+        # What a rule derives at some cost from the whole history (the planner's what-if),
+        # kept while its inputs are unchanged: evaluate() runs at every event, most of
+        # which (spans, syncs) leave those inputs as they were.
+        self._derived: dict[str, tuple[Any, Any]] = {}
+
+    def derived(self, name: str, inputs: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()``, or what it returned last for ``name`` if that was for equal
+        ``inputs`` (a key that changes whenever what ``compute`` reads does)."""
+        kept = self._derived.get(name)
+        if kept is not None and kept[0] == inputs:
+            return kept[1]
+        value = compute()
+        self._derived[name] = (inputs, value)
+        return value
 
     def add(self, payload: dict[str, Any]) -> None:
         """One event as stored (``Event.to_dict()``, NaN metric values as None)."""

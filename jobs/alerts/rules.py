@@ -366,7 +366,13 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
 
 def _what_if(h: RunHistory, f: RunFacts) -> str:
     """The planner's best alternative and its predicted gain, where it can fit the run."""
-    advice = planner_advice(f.config, h.metrics, h.spans)
+    # The planner reads the timed steps' metrics and those steps' spans: the same advice
+    # until a metric value or a span of a timed step arrives.
+    timed = h.metrics.get("time/step_s", {})
+    inputs = (f.config, sum(map(len, h.metrics.values())),
+              sum(s.step in timed for s in h.spans))
+    advice = h.derived("what_if", inputs,
+                       lambda: planner_advice(f.config, h.metrics, h.spans))
     return f" {advice}" if advice else ""
 
 

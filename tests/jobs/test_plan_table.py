@@ -84,3 +84,37 @@ def test_bubble_high_without_what_the_planner_needs_keeps_its_levers_only():
     facts = RunFacts(config=validate_config(DISAGGREGATED), temperature=0.7)
     [f] = [f for f in evaluate(h, facts, Thresholds(), h.last_ts) if f.kind == "BubbleHigh"]
     assert "What-if" not in f.runbook and "Next levers" in f.runbook
+
+
+def test_bubble_high_fits_the_planner_again_only_when_its_inputs_change(monkeypatch):
+    """evaluate() runs at every event; the what-if (a fit and a simulated table, ~60 ms)
+    is kept while the timed steps' metrics and spans are what they were."""
+    from engine.api import WeightSyncEvent
+    from jobs.alerts import rules
+
+    fits = []
+    real = rules.planner_advice
+    monkeypatch.setattr(rules, "planner_advice", lambda *a: fits.append(1) or real(*a))
+    cfg = validate_config(DISAGGREGATED)
+    facts = RunFacts(config=cfg, temperature=0.7)
+    h = healthy(**{"rollout_share": lambda s: 0.95})
+    for s in h.steps:
+        for name, value in step_metrics(s).items():
+            if name != "rollout_share":
+                h.metrics.setdefault(name, {})[s] = value
+
+    def runbook() -> str:
+        [f] = [f for f in evaluate(h, facts, Thresholds(), h.last_ts) if f.kind == "BubbleHigh"]
+        return f.runbook
+
+    first = runbook()
+    assert runbook() == first and len(fits) == 1
+    h.add(WeightSyncEvent(step=h.steps[-1], version_learner=9, version_rollout=9).to_dict())
+    assert runbook() == first and len(fits) == 1          # a sync: not the planner's input
+    last = h.steps[-1] + 1
+    for name, value in step_metrics(last).items():
+        h.metrics.setdefault(name, {})[last] = value
+    h.metrics["rollout_share"][last] = 0.95
+    h.metrics.setdefault("reward/mean", {})[last] = 0.5
+    runbook()
+    assert len(fits) == 2                                  # a new timed step: fitted again
