@@ -87,3 +87,31 @@ class AlertWatch:
 
     def kinds(self) -> set[str]:
         return {f.kind for _, f in self.fired}
+
+
+# Judging a healthy run (tests/engine/test_no_false_alarms.py and the preset runs it shares
+# with the learning tests). Thresholds no healthy run passes: StuckReward on any 20-step
+# window, BubbleHigh on any two steps whose devices were ever idle.
+TOO_TIGHT = Thresholds(stuck_slope=1.0, stuck_std=10.0, stuck_zero_std_frac=0.0,
+                       bubble_max=1e-6)
+
+
+def assert_quiet(watch: AlertWatch, name: str, steps: int, capsys,
+                 expected: frozenset[str] = frozenset()) -> None:
+    """No alert in ``steps`` healthy steps but the ``expected`` kinds, in a run long enough
+    for the rule with the longest window to have fired (assert_long_enough_to_fire)."""
+    assert watch.steps_checked == steps
+    fired = [(s, f) for s, f in watch.fired if f.kind not in expected]
+    assert fired == [], [f"step {s}: {f.kind}: {f.cause}" for s, f in fired]
+    assert_long_enough_to_fire(watch)
+    seen = sorted({f.kind for _, f in watch.fired})
+    with capsys.disabled():
+        print(f"\n{name}: {watch.steps_checked} healthy steps checked, "
+              + (f"only the expected {', '.join(seen)}" if seen else "no alert"))
+
+
+def assert_long_enough_to_fire(watch: AlertWatch) -> None:
+    """The same run under TOO_TIGHT raises the rule with the longest window: what a
+    no-false-alarm test shows is that the defaults stay quiet where a rule could have fired."""
+    tight = watch.replay(TOO_TIGHT).kinds()
+    assert {"StuckReward", "BubbleHigh"} <= tight, tight

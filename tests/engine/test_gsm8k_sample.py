@@ -4,7 +4,8 @@ the math verifier raises held-out reward (the preset configs/gsm8k_sample_math.t
 shortened to 30 steps). Measured 2026-11-30 on 2 cores shared with four other sessions:
 this test, held-out mean reward 0.330 -> 0.440 (step 20) -> 0.415 (step 30), greedy
 accuracy 0.44 -> 0.51 -> 0.47, in 576 s; a run whose warm start stopped one step short,
-0.375 -> 0.465 -> 0.505. The margin below (0.05) is under the smaller gain (+0.086)."""
+0.375 -> 0.465 -> 0.505. The margin below (0.05) is under the smaller gain (+0.086).
+The same run is the preset's no-false-alarm run (tests/engine/test_no_false_alarms.py)."""
 
 import importlib.util
 import json
@@ -13,16 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from engine.api import MetricsEvent, run_local
 from engine.config import load_config
 from engine.reward.math_answer import verdict_of
 from engine.tasks import task_for
-from engine.telemetry.sinks import MemorySink
 from engine.tinymodel import CHARS, build_tokenizer
+
+from .alert_watch import assert_quiet
+from .preset_runs import preset_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data" / "gsm8k_sample"
 PRESET = ROOT / "configs" / "gsm8k_sample_math.toml"
+STEPS = 30
 
 
 def test_the_script_writes_the_committed_sample(tmp_path):
@@ -56,16 +59,21 @@ def test_the_preset_loads_the_sample_with_its_held_out_file():
 @pytest.mark.slow
 @pytest.mark.timeout(2400)      # 10-20 min on 2 cores shared five ways
 def test_grpo_on_the_sample_with_the_math_verifier_raises_held_out_reward(tmp_path):
-    cfg = load_config(PRESET).model_copy(update={"steps": 30, "max_seconds": None})
-    sink = MemorySink()
-    summary = run_local(cfg, tmp_path, sink=sink)
-    before = summary.eval_before["eval/reward_mean"]
-    after = summary.eval_after["eval/reward_mean"]
+    run = preset_run(PRESET.name, STEPS, tmp_path)
+    before = run.summary.eval_before["eval/reward_mean"]
+    after = run.summary.eval_after["eval/reward_mean"]
     assert 0.05 < before < 0.9, "the warm start should leave room to learn"
     assert after - before >= 0.05, (before, after)
-    steps = [e.values for e in sink.of_type(MetricsEvent) if "reward/mean" in e.values]
-    assert len(steps) == 30
+    steps = run.metrics()
+    assert len(steps) == STEPS
     # every sample went through the math verifier, and some were right
     assert all(sum(v for k, v in m.items() if k.startswith("reward/math/")) == 64
                for m in steps)
     assert statistics.fmean(m.get("reward/math/correct", 0.0) for m in steps) > 10
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_a_healthy_gsm8k_run_raises_no_alert(tmp_path, capsys):
+    """The learning run above (the same one, run once) raises no alert at all."""
+    assert_quiet(preset_run(PRESET.name, STEPS, tmp_path).watch, PRESET.name, STEPS, capsys)

@@ -16,6 +16,10 @@ on the tiny one. The warm start is the preset's own: a short one leaves the poli
 answering almost nothing right, and StuckReward then rightly names the flat learning
 signal (see the top_p test below). The rules are evaluated as ingest does (at every step)
 and as the periodic task would at its worst moment (just before each event).
+
+The presets with a learning test are judged on that test's own run, the whole recipe for
+its 30-40 steps (tests/engine/preset_runs.py; JUDGED_WITH_THEIR_LEARNING below), not on a
+second, shorter one: the same loop, once. The rest run here.
 """
 
 from pathlib import Path
@@ -26,15 +30,11 @@ from engine.api import run_local
 from engine.config import load_config, validate_config
 from jobs.alerts.history import RunFacts, Thresholds
 
-from .alert_watch import AlertWatch
+from .alert_watch import AlertWatch, assert_quiet
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.toml"))
 TEST_STEPS = 24
 CHEAP_PROMPTS = 4
-# Thresholds no healthy run passes: StuckReward on any 20-step window, BubbleHigh on any
-# two steps whose devices were ever idle.
-TOO_TIGHT = Thresholds(stuck_slope=1.0, stuck_std=10.0, stuck_zero_std_frac=0.0,
-                       bubble_max=1e-6)
 
 
 def healthy_run(path: Path, tmp_path, steps: int = TEST_STEPS, warm_start: dict | None = None,
@@ -66,48 +66,45 @@ def healthy_run(path: Path, tmp_path, steps: int = TEST_STEPS, warm_start: dict 
     return watch
 
 
-# The one preset that is not healthy on purpose: GRPO exploits its learned reward model
-# while the verifier alongside falls (tests/engine/test_reward_overopt.py), so its alert
-# is expected there, and every other alert is still forbidden.
-EXPECTED = {"code_reward_model.toml": {"RewardOverOptimization"}}
-
-
-def assert_quiet(watch: AlertWatch, name: str, capsys) -> None:
-    assert watch.steps_checked == TEST_STEPS
-    fired = [(s, f) for s, f in watch.fired if f.kind not in EXPECTED.get(name, set())]
-    assert fired == [], [f"step {s}: {f.kind}: {f.cause}" for s, f in fired]
-    assert_long_enough_to_fire(watch)
-    expected = sorted({f.kind for _, f in watch.fired})
-    with capsys.disabled():
-        print(f"\n{name}: {watch.steps_checked} healthy steps checked, "
-              + (f"only the expected {', '.join(expected)}" if expected else "no alert"))
-
-
-def assert_long_enough_to_fire(watch: AlertWatch) -> None:
-    """The same run under TOO_TIGHT raises the rule with the longest window: what this
-    file shows is that the defaults stay quiet where a rule could have fired."""
-    tight = watch.replay(TOO_TIGHT).kinds()
-    assert {"StuckReward", "BubbleHigh"} <= tight, tight
+# Judged on the run of their learning test (or, for the code reward-model preset, the one
+# that is not healthy on purpose, of its over-optimization test), in that test's module.
+JUDGED_WITH_THEIR_LEARNING = {
+    "demo_arithmetic.toml": "test_learning.py",
+    "demo_arithmetic_vllm.toml": "test_learning.py",
+    "ppo_arithmetic.toml": "test_learning.py",
+    "gsm8k_sample_math.toml": "test_gsm8k_sample.py",
+    "code_sandbox.toml": "test_reward_learning.py",
+    "code_reward_model.toml": "test_reward_overopt.py",
+}
 
 
 def presets(names: set[str], among: bool = True) -> list:
     """configs/*.toml as parameters, those named in ``names`` (or, ``among=False``, the
-    rest). The presets are split over two modules so that pytest-xdist's --dist loadfile
-    can give each half to a worker: together they are the suite's longest module."""
+    rest), less those judged with their learning test. The presets left are split over
+    two modules so that pytest-xdist's --dist loadfile can give each a worker."""
     return [pytest.param(p, marks=[pytest.mark.vllm] if "vllm" in p.name else [], id=p.name)
-            for p in CONFIGS if (p.name in names) == among]
+            for p in CONFIGS
+            if (p.name in names) == among and p.name not in JUDGED_WITH_THEIR_LEARNING]
+
+
+def test_every_preset_is_judged_for_false_alarms_somewhere():
+    """A preset added to configs/ runs here unless a learning test judges it; one named
+    below must be judged in the module named, by name."""
+    for name, module in JUDGED_WITH_THEIR_LEARNING.items():
+        assert (CONFIGS[0].parent / name).exists(), name
+        source = (Path(__file__).parent / module).read_text()
+        assert "assert_quiet(" in source and name in source, (name, module)
 
 
 # The other half: tests/engine/test_no_false_alarms_presets.py
-PRESETS_THERE = {"small_arithmetic.toml", "code_reward_model.toml", "gsm8k_sample_math.toml",
-                 "ppo_arithmetic.toml"}
+PRESETS_THERE = {"small_arithmetic.toml"}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("path", presets(PRESETS_THERE, among=False))
 def test_a_healthy_preset_raises_no_alert_in_24_steps(path, tmp_path, capsys):
-    assert_quiet(healthy_run(path, tmp_path), path.name, capsys)
+    assert_quiet(healthy_run(path, tmp_path), path.name, TEST_STEPS, capsys)
 
 
 @pytest.mark.slow
@@ -146,7 +143,7 @@ def test_a_healthy_async_run_on_a_disaggregated_ray_placement_raises_no_alert(
                         algorithm={"minibatches": 1, "lr": 5e-5})
     staleness = list(watch.history.metrics["staleness/max"].values())
     assert max(staleness) == 1, staleness
-    assert_quiet(watch, "longtail_reverse.toml one_step_off disaggregated", capsys)
+    assert_quiet(watch, "longtail_reverse.toml one_step_off disaggregated", TEST_STEPS, capsys)
     bubble = sorted(watch.history.metrics["bubble"].values())
     with capsys.disabled():
         print(f"bubble median {bubble[len(bubble) // 2]:.2f}, max {bubble[-1]:.2f}")

@@ -10,15 +10,15 @@ at 30 steps was 0.55 -> 0.63 over 128 held-out samples and 0.58 -> 0.67 over 512
 test evaluates 256 samples (64 problems x 4) at a 0.05 margin, under the smallest gain
 measured at 30 steps (+0.078); the evaluation is seeded, so a learner that did not move
 scores the same before and after (gain 0.000) and fails it.
+The same run is the preset's no-false-alarm run (tests/engine/test_no_false_alarms.py).
 """
 
 import pytest
 
-from engine.api import MetricsEvent, run_local
 from engine.config import load_config
-from engine.telemetry.sinks import MemorySink
 
-from .test_config import CONFIGS
+from .alert_watch import assert_quiet
+from .preset_runs import CONFIGS_DIR, PresetRun, preset_run
 
 ray = pytest.importorskip("ray")
 
@@ -27,26 +27,39 @@ EVAL_SAMPLES = 4       # per held-out problem (the preset evaluates 2)
 MARGIN = 0.05
 
 
-@pytest.mark.slow
-def test_grpo_with_the_sandbox_reward_raises_the_held_out_pass_rate(tmp_path, model_cache):
-    [preset] = [p for p in CONFIGS if p.name == "code_sandbox.toml"]
-    cfg = load_config(preset)
-    cfg = cfg.model_copy(update={"steps": STEPS, "max_seconds": None, "telemetry":
-                                 cfg.telemetry.model_copy(update={"eval_samples": EVAL_SAMPLES})})
+PRESET = "code_sandbox.toml"
+
+
+def sandbox_run(tmp_path) -> PresetRun:
+    """The preset for STEPS steps, its reward workers on a local Ray of its own; run once
+    for this module's tests."""
+    telemetry = load_config(CONFIGS_DIR / PRESET).telemetry.model_dump(mode="json")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        sink = MemorySink()
-        summary = run_local(cfg, tmp_path, sink=sink)
+        return preset_run(PRESET, STEPS, tmp_path,
+                          telemetry=telemetry | {"eval_samples": EVAL_SAMPLES})
     finally:
         ray.shutdown()
-    before, after = summary.eval_before["eval/accuracy"], summary.eval_after["eval/accuracy"]
+
+
+@pytest.mark.slow
+def test_grpo_with_the_sandbox_reward_raises_the_held_out_pass_rate(tmp_path, model_cache):
+    run = sandbox_run(tmp_path)
+    before = run.summary.eval_before["eval/accuracy"]
+    after = run.summary.eval_after["eval/accuracy"]
     assert 0.05 < before < 0.9, "the warm start should leave room to learn"
     assert after - before >= MARGIN, (before, after)
 
-    steps = [e.values for e in sink.of_type(MetricsEvent) if "reward/mean" in e.values]
+    steps = run.metrics()
     assert len(steps) == STEPS
     outcomes = {k: sum(m[f"reward/sandbox/{k}"] for m in steps)
                 for k in ("pass", "wrong_answer", "crash", "timeout", "limit")}
     assert outcomes["pass"] > 0 and sum(outcomes.values()) > 0
     assert all(0.0 <= m["reward/share"] <= 1.0 and m["reward/latency_s_p99"] > 0
                for m in steps)
+
+
+@pytest.mark.slow
+def test_a_healthy_sandbox_run_raises_no_alert(tmp_path, model_cache, capsys):
+    """The learning run above (the same one, run once) raises no alert at all."""
+    assert_quiet(sandbox_run(tmp_path).watch, PRESET, STEPS, capsys)

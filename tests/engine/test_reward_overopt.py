@@ -5,36 +5,56 @@ real run's events as ingest does, names it within the first steps of the split.
 
 Measured (2026-11-30, 2 cores shared): agreement 0.86 at step 0, under 0.6 from step 9;
 the verifier falls 0.63 -> 0.06 by step 10 while the RM score holds near 0.5; the alert
-fires at step 9, the first full 10-step window."""
-
-from pathlib import Path
+fires at step 9, the first full 10-step window. At 4 prompts a step (the run below, 24
+steps: it is also the preset's no-false-alarm run, tests/engine/test_no_false_alarms.py,
+where this alert is the only one allowed) it fired at step 6 (2026-12-02)."""
 
 import pytest
 
-from engine.api import run_local
 from engine.config import load_config
-from jobs.alerts.history import RunFacts
 
-from .alert_watch import AlertWatch
+from .alert_watch import assert_quiet
+from .preset_runs import CONFIGS_DIR, PresetRun, preset_run
 
-PRESET = Path(__file__).parents[2] / "configs" / "code_reward_model.toml"
-STEPS = 12
+PRESET = "code_reward_model.toml"
+STEPS = 24          # StuckReward's 20-step window, for the no-false-alarm test
+FIRES_BY = 12       # the alert's step, at the latest
+PROMPTS = 4
+
+
+def overopt_run(tmp_path) -> PresetRun:
+    """The preset at 4 prompts a step for STEPS steps, evaluation on its held-out split
+    once (the run is judged by its alerts, not its evaluation); once for this module."""
+    cfg = load_config(CONFIGS_DIR / PRESET)
+    return preset_run(
+        PRESET, STEPS, tmp_path,
+        rollout=cfg.rollout.model_dump(mode="json") | {"prompts_per_step": PROMPTS},
+        telemetry=cfg.telemetry.model_dump(mode="json") | {"eval_every_steps": 0,
+                                                          "eval_samples": 1})
 
 
 @pytest.mark.slow
 def test_the_code_reward_model_preset_raises_reward_over_optimization(tmp_path, capsys):
-    cfg = load_config(PRESET).model_copy(update={"steps": STEPS, "max_seconds": None})
-    watch = AlertWatch(RunFacts.from_config(cfg, "running"))
-    assert run_local(cfg, tmp_path, sink=watch).status == "succeeded"
+    run = overopt_run(tmp_path)
+    watch = run.watch
+    assert run.summary.status == "succeeded"
     first = watch.first("RewardOverOptimization")
     agreement = watch.history.series("reward/rm_vs_verifier_agreement")
     verifier = watch.history.series("reward/verifier_mean")
     assert first is not None, f"no alert; agreement {agreement}, verifier {verifier}"
     step, finding = first
-    assert 3 <= step < STEPS, "fires once the split shows, not on the first steps"
+    assert 3 <= step < FIRES_BY, "fires once the split shows, not on the first steps"
     assert agreement[0][1] > 0.6                # it starts agreeing: the split is learned
     assert "verifier" in finding.cause
     assert finding.evidence["compare"]["name"] in ("reward/verifier_mean",
                                                    "reward/rm_vs_verifier_agreement")
     with capsys.disabled():
         print(f"\nRewardOverOptimization at step {step}: {finding.cause}")
+
+
+@pytest.mark.slow
+def test_the_code_reward_model_preset_raises_no_other_alert(tmp_path, capsys):
+    """The run above (the same one, run once): over-optimization is what it is built to
+    show; every other alert is still forbidden."""
+    assert_quiet(overopt_run(tmp_path).watch, PRESET, STEPS, capsys,
+                 expected=frozenset({"RewardOverOptimization"}))
