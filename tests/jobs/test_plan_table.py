@@ -65,15 +65,25 @@ def test_a_parent_without_timed_steps_says_why_there_is_no_prediction(client, op
     assert "No prediction: it has no timed step yet." in html
 
 
-def test_bubble_high_names_the_predicted_gain_of_the_best_alternative():
-    cfg = validate_config(DISAGGREGATED)
-    facts = RunFacts(config=cfg, temperature=0.7)
+def generation_bound():
+    """(history, facts) of a disaggregated run whose generation takes 95 % of each step,
+    with the timings the planner fits from."""
+    facts = RunFacts(config=validate_config(DISAGGREGATED), temperature=0.7)
     h = healthy(**{"rollout_share": lambda s: 0.95})
     for s in h.steps:
         for name, value in step_metrics(s).items():
             if name != "rollout_share":
                 h.metrics.setdefault(name, {})[s] = value
+    return h, facts
+
+
+def bubble_high(h, facts):
     [f] = [f for f in evaluate(h, facts, Thresholds(), h.last_ts) if f.kind == "BubbleHigh"]
+    return f
+
+
+def test_bubble_high_names_the_predicted_gain_of_the_best_alternative():
+    f = bubble_high(*generation_bound())
     assert "What-if: the planner (fitted on 5 steps) predicts" in f.runbook
     assert "x this run's" in f.runbook
     assert "with one_step_off" in f.runbook or "with fully_async" in f.runbook
@@ -95,17 +105,10 @@ def test_bubble_high_fits_the_planner_again_only_when_its_inputs_change(monkeypa
     fits = []
     real = rules.planner_advice
     monkeypatch.setattr(rules, "planner_advice", lambda *a: fits.append(1) or real(*a))
-    cfg = validate_config(DISAGGREGATED)
-    facts = RunFacts(config=cfg, temperature=0.7)
-    h = healthy(**{"rollout_share": lambda s: 0.95})
-    for s in h.steps:
-        for name, value in step_metrics(s).items():
-            if name != "rollout_share":
-                h.metrics.setdefault(name, {})[s] = value
+    h, facts = generation_bound()
 
     def runbook() -> str:
-        [f] = [f for f in evaluate(h, facts, Thresholds(), h.last_ts) if f.kind == "BubbleHigh"]
-        return f.runbook
+        return bubble_high(h, facts).runbook
 
     first = runbook()
     assert runbook() == first and len(fits) == 1
