@@ -165,11 +165,11 @@ CELERY_TASK_IGNORE_RESULT = True  # nothing reads task results; no result backen
 CELERY_TASK_ACKS_LATE = False  # a redelivered long task would run twice; ours are short
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
-    "sync-runs": {"task": "jobs.tasks.sync_runs", "schedule": 10.0},
+    "sync-runs": {"task": "jobs.runs.tasks.sync_runs", "schedule": 10.0},
     # "Nothing happened" alert rules (a hang, a lost run) need a clock, not an event.
     "evaluate-alerts": {"task": "jobs.alerts.tasks.evaluate_alerts", "schedule": 10.0},
     # A worker killed after claiming a notification, or a task lost with the broker.
-    "redeliver-notifications": {"task": "jobs.alerts.tasks.redeliver_notifications",
+    "redeliver-notifications": {"task": "jobs.alerts.delivery.redeliver_notifications",
                                 "schedule": 30.0},
 }
 
@@ -195,7 +195,7 @@ RLPLANE_RESUBMIT_AFTER_S = float(os.environ.get("RLPLANE_RESUBMIT_AFTER_S", "120
 # (older ones are deleted at ingest); at least 1.
 RLPLANE_SAMPLE_STEPS = max(1, int(os.environ.get("RLPLANE_SAMPLE_STEPS", "200")))
 
-# --- The queue (jobs/queue.py): how many in-process runs (the default colocated placement,
+# --- The queue (jobs/runs/queue.py): how many in-process runs (the default colocated placement,
 # which reserves nothing on Ray) may run at once on this host.
 RLPLANE_MAX_LOCAL_RUNS = int(os.environ.get("RLPLANE_MAX_LOCAL_RUNS", "2"))
 

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ConfigError, RunConfig, load_config, validate_config
-from engine.controls import CONTROL_KINDS, Control, ControlError, validate_control
+from engine.controls import (
+    CONTROL_KINDS,
+    Control,
+    ControlError,
+    control_label,
+    validate_control,
+)
 from engine.events import (
     EVENT_TYPES,
     LOG_MESSAGE_LIMIT,
@@ -47,7 +53,7 @@ __all__ = [
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
     "PlanError", "RolloutSample", "RunSummary", "SamplesEvent", "SpanEvent",
     "WeightSyncEvent", "event_from_dict", "load_config", "placement_bundles",
-    "placement_demand", "plan_run", "run_local", "validate", "validate_control",
+    "control_label", "placement_demand", "plan_run", "run_local", "validate", "validate_control",
 ]
 
 

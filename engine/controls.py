@@ -63,6 +63,15 @@ Control = Annotated[
 _ADAPTER: TypeAdapter[Control] = TypeAdapter(Control)
 
 
+def control_label(kind: str, value: float | None) -> str:
+    """How the pages, charts and logs name a live control: 'lr 5e-05', 'eval every 10', 'pause'."""
+    if kind == "set_lr" and value is not None:
+        return f"lr {value:g}"
+    if kind == "set_eval_every" and value is not None:
+        return f"eval every {int(value)}"
+    return kind
+
+
 class ControlError(ValueError):
     """A control that does not validate: one (field, message) per problem, each naming the
     field and what it should be."""

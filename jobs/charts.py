@@ -14,13 +14,15 @@ MetricPoint / PhaseSpan rows) and the live updates (from events), so the traces 
                               each figure's "wall" holds the same points' x in wall seconds
 
 Every metric chart can be drawn against wall time instead of steps: the pages map each
-step to when it was reported (jobs/views/run_page.py step_times) and restyle the x arrays.
+step to when it was reported (jobs/queries/run_page.py step_times) and restyle the x arrays.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from engine.api import control_label
 
 Values = dict[str, float | None]
 
@@ -290,15 +292,6 @@ def compare_figures(runs: list[tuple[str, dict[str, list], dict[int, float]]]) -
                         "title": title, "traces": traces, "wall": walls,
                         "layout": {**BASE_LAYOUT, "title": {"text": title}}})
     return figures
-
-
-def control_label(kind: str, value: float | None) -> str:
-    """How the charts and lists name a live control: 'lr 5e-05', 'eval every 10', 'pause'."""
-    if kind == "set_lr" and value is not None:
-        return f"lr {value:g}"
-    if kind == "set_eval_every" and value is not None:
-        return f"eval every {int(value)}"
-    return kind
 
 
 def control_marks(applied: Iterable[tuple[int, str, float | None]]) -> list[dict]:

@@ -27,7 +27,7 @@ from jobs.auth import is_operator
 from jobs.groups import RUNS_GROUP, run_group, session_group
 from jobs.models import Alert, Run, RunEvent
 from jobs.models.controls import display_status
-from jobs.views.run_page import log_lines
+from jobs.queries.run_page import log_lines
 
 BACKFILL_CHUNK = 500  # events per message while catching up
 

@@ -5,7 +5,7 @@ sends ``Authorization: Bearer $RLPLANE_METRICS_TOKEN``. Unset, the endpoint answ
                                                 it reports (name: "reward/mean", "bubble", ...)
     rlplane_run_step{run, run_name}             the step those values come from
     rlplane_runs{status}                        runs by status
-    rlplane_queue_length                        queued runs (jobs/queue.py)
+    rlplane_queue_length                        queued runs (jobs/runs/queue.py)
     rlplane_alerts{kind, state}                 alert rows by rule and state
     rlplane_ingest_events_total{outcome}        stored | duplicate       } counted in this
     rlplane_ingest_batches_total{code}          HTTP status of the batch } process, since

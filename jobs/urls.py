@@ -1,9 +1,10 @@
 from django.urls import path
 
-from jobs import api, prometheus, views
+from jobs import prometheus, views
 from jobs.alerts import views as alerts
 from jobs.alerts.lifecycle import do_acknowledge, do_resolve
 from jobs.alerts.thresholds import preset_thresholds
+from jobs.ingest import endpoints as ingest
 from jobs.rest import runs as rest_runs
 from jobs.views import cluster, compare, inspector, launch, runs_list, tokens
 
@@ -13,9 +14,9 @@ urlpatterns = [
     path("runs/compare", compare.compare_page, name="compare"),
     path("api/runs/compare", rest_runs.compare_for_pages, name="compare-api"),
     path("runs/<int:run_id>/samples", inspector.run_samples, name="run-samples"),
-    path("api/runs/<int:run_id>/events", api.ingest_events, name="ingest-events"),
-    path("api/runs/<int:run_id>/stop", api.stop_request, name="stop-request"),
-    path("api/runs/<int:run_id>/controls", api.control_poll, name="control-poll"),
+    path("api/runs/<int:run_id>/events", ingest.ingest_events, name="ingest-events"),
+    path("api/runs/<int:run_id>/stop", ingest.stop_request, name="stop-request"),
+    path("api/runs/<int:run_id>/controls", ingest.control_poll, name="control-poll"),
     path("runs/<int:run_id>/controls", launch.run_control, name="run-control"),
     path("runs/new", launch.run_new, name="run-new"),
     path("runs/<int:run_id>/stop", launch.run_stop, name="run-stop"),

@@ -130,3 +130,102 @@ def test_the_cli_is_a_client_of_the_rest_api():
     ]
     assert not offenders, "rlplane/ must reach the control plane over HTTP:\n" + "\n".join(
         offenders)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def web_import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of jobs/ and controlplane/ it imports, late imports included
+    (an import inside a function still ties the two modules together)."""
+    files = {module_name(path): path for package in ("jobs", "controlplane")
+             for path in python_files(package) if "migrations" not in path.parts}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        for _, module, names in imported_modules(path):
+            for target in (module, *(f"{module}.{n}" for n in names)):
+                if target in files and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while (member := stack.pop()) != node:
+                component.append(member)
+            component.append(node)
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_web_side_has_no_import_cycle():
+    """A cycle hidden by a late import (queue <-> tasks, lifecycle <-> alert tasks) is
+    still a cycle: cut it by moving what both sides need into a module of its own."""
+    graph = web_import_graph()
+    assert len(graph) > 40, "too few modules: is the graph reading jobs/ and controlplane/?"
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]   # the detector works
+    assert not cycles(graph), f"import cycles: {cycles(graph)}"
+
+
+def test_no_module_named_api_outside_the_rest_package():
+    """Three "api" modules were one too many: the driver's door is jobs/ingest/, the
+    users' is jobs/rest/, and the engine's facade keeps its name (engine.api)."""
+    offenders = [str(path.relative_to(ROOT)) for path in python_files("jobs")
+                 if path.name == "api.py" and path.parent != ROOT / "jobs" / "rest"]
+    assert not offenders, f"rename these (what door are they?): {offenders}"
+
+
+# A lower room never reaches up into a higher one.
+MUST_NOT_IMPORT = {
+    # (of alerts/ the models may read the pure rules of a threshold or a webhook target)
+    "jobs.models": ("jobs.views", "jobs.charts", "jobs.queries", "jobs.rest", "jobs.consumers",
+                    "jobs.runs", "jobs.ingest", "jobs.alerts.lifecycle", "jobs.alerts.tasks",
+                    "jobs.alerts.delivery", "jobs.alerts.views"),
+    "jobs.rest": ("jobs.views",),
+    "jobs.queries": ("jobs.views", "jobs.rest", "jobs.runs", "jobs.ingest"),
+    "jobs.charts": ("jobs.models", "jobs.views", "jobs.queries"),
+}
+
+
+def test_models_import_no_presentation_and_rooms_no_room_above_them():
+    graph = web_import_graph()
+    offenders = [f"{module} imports {target}"
+                 for module, targets in sorted(graph.items())
+                 for room, banned in MUST_NOT_IMPORT.items()
+                 if module == room or module.startswith(room + ".")
+                 for target in sorted(targets) if target.startswith(banned)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_every_module_with_celery_tasks_is_named_for_the_worker():
+    """controlplane/celery.py names the task modules; one left out would leave its tasks
+    unknown to the worker, and their messages dropped."""
+    from controlplane.celery import TASK_MODULES
+
+    defining = sorted(module_name(path) for path in python_files("jobs")
+                      if "@shared_task" in path.read_text())
+    assert defining, "no @shared_task found under jobs/"
+    assert defining == sorted(TASK_MODULES)

@@ -6,8 +6,8 @@ import stat
 
 import pytest
 
-from jobs import tasks
 from jobs.models import Run, RunControl, RunStatus
+from jobs.runs import submit, tasks
 from rlplane import client as c
 from rlplane.cli import main
 
@@ -27,7 +27,7 @@ def config_dir(tmp_path, monkeypatch):
 @pytest.fixture
 def submitted(monkeypatch):
     calls = []
-    monkeypatch.setattr(tasks.submit_run, "delay", calls.append)
+    monkeypatch.setattr(submit.submit_run, "delay", calls.append)
     monkeypatch.setattr(tasks.stop_run, "delay", calls.append)
     return calls
 

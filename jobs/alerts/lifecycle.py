@@ -20,6 +20,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from engine.config import validate_config
+from jobs.alerts.delivery import deliver_notification
 from jobs.alerts.history import HISTORY_EVENTS, Finding, RunFacts, RunHistory, Thresholds
 from jobs.alerts.rules import evaluate
 from jobs.groups import run_group
@@ -98,8 +99,6 @@ def queue_notifications(alert: Alert, event: str) -> list[Notification]:
 
 def announce(run_id: int, alert_ids: list[int], notification_ids: list[int]) -> None:
     """Send the changed alerts to the run page and queue their notifications."""
-    from jobs.alerts.tasks import deliver_notification
-
     for pk in notification_ids:
         deliver_notification.delay(pk)
     broadcast_alerts(run_id, alert_ids)

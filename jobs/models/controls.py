@@ -1,8 +1,7 @@
 from django.conf import settings
 from django.db import models
 
-from engine.api import CONTROL_KINDS
-from jobs.charts import control_label
+from engine.api import CONTROL_KINDS, control_label
 
 
 class RunControl(models.Model):

@@ -15,7 +15,7 @@ class RunEvent(models.Model):
     type = models.CharField(max_length=40)
     ts = models.FloatField()  # unix seconds, the engine's clock
     # event.to_dict(), non-finite numbers as null; a samples event's step and count only
-    # (jobs.actions.stored_payload: its rollouts are InspectedSample rows)
+    # (jobs.ingest.store.stored_payload: its rollouts are InspectedSample rows)
     payload = models.JSONField()
 
     class Meta:

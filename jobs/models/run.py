@@ -54,7 +54,7 @@ class Run(models.Model):
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     # sha256 hex of the ingest token; the raw token exists only in the driver's environment.
     ingest_token_hash = models.CharField(max_length=64, blank=True, editable=False)
-    # The queue (jobs/queue.py) starts queued runs by priority (higher first), then FIFO.
+    # The queue (jobs/runs/queue.py) starts queued runs by priority (higher first), then FIFO.
     priority = models.IntegerField(default=0, validators=[
         MinValueValidator(-PRIORITY_BOUND), MaxValueValidator(PRIORITY_BOUND)])
     # Archived runs leave the runs list and the API's default listing; nothing else changes.

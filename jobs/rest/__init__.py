@@ -8,6 +8,6 @@
     openapi.yaml    the generated schema, checked in (tests/jobs/test_rest_schema.py);
                     GET /api/v1/schema serves it live, /api/v1/docs renders it
 
-Every change goes through jobs/actions.py, as the pages' do. The engine's ingest endpoint
-(jobs/api.py, run-token auth) is a different door and stays where it is.
+Every change goes through jobs/runs/actions.py, as the pages' do. The engine's ingest endpoint
+(jobs/ingest/endpoints.py, run-token auth) is a different door and stays where it is.
 """

@@ -12,8 +12,8 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from engine.api import ControlError
 from engine.config import ConfigError
-from jobs.actions import Refused
 from jobs.models import InvalidTransition
+from jobs.runs.actions import Refused
 
 
 def flatten(detail, path: str = "") -> list[dict]:

@@ -1,4 +1,4 @@
-"""Runs over HTTP: the same actions as the pages (jobs/actions.py), as JSON.
+"""Runs over HTTP: the same actions as the pages (jobs/runs/actions.py), as JSON.
 
     GET  /api/v1/runs                      ?status=running,queued &name= &archived=1 &limit=
     POST /api/v1/runs                      {toml | config, priority} -> 201 the queued run
@@ -30,19 +30,7 @@ from rest_framework.response import Response
 
 from engine.api import validate_control
 from engine.config import RunConfig, validate_config
-from jobs.actions import (
-    do_archive_run,
-    do_delete_run,
-    do_fork_run,
-    do_launch_run,
-    do_request_control,
-    do_restore_run,
-    do_set_priority,
-    do_stop_run,
-)
 from jobs.charts import downsample
-from jobs.compare import CompareError
-from jobs.forms import toml_table
 from jobs.models import (
     LIVE_STATES,
     Checkpoint,
@@ -53,8 +41,19 @@ from jobs.models import (
     latest_values,
 )
 from jobs.models.controls import paused
+from jobs.queries.compare import CompareError, compare_data, selection
 from jobs.rest import serializers as s
-from jobs.views.compare import compare_data, selection
+from jobs.runs.actions import (
+    do_archive_run,
+    do_delete_run,
+    do_fork_run,
+    do_launch_run,
+    do_request_control,
+    do_restore_run,
+    do_set_priority,
+    do_stop_run,
+)
+from jobs.runs.forms import toml_table
 
 MAX_LIMIT = 1000
 MAX_POINTS = 5000

@@ -1,4 +1,4 @@
-"""GET /api/v1/runs/<id>/samples: the rollout inspector's data (jobs.inspector), the JSON
+"""GET /api/v1/runs/<id>/samples: the rollout inspector's data (jobs.queries.inspector), the JSON
 the inspector page (/runs/<id>/samples) draws from.
 
     ?step=K                  a sampled step (default: the latest)
@@ -20,8 +20,8 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from jobs.inspector import ORDERS, SampleFilters, step_view
 from jobs.models import Run
+from jobs.queries.inspector import ORDERS, SampleFilters, step_view
 from jobs.rest.runs import int_param, query_param
 
 BOOLEANS = {"true": True, "1": True, "false": False, "0": False}

@@ -4,7 +4,7 @@
     POST /api/v1/alerts/<id>/acknowledge   open -> acknowledged
     POST /api/v1/alerts/<id>/resolve       open | acknowledged -> resolved
     GET  /api/v1/presets, /api/v1/presets/<id>
-    GET  /api/v1/cluster                   jobs.cluster's view + the queue
+    GET  /api/v1/cluster                   jobs.cluster.status's view + the queue
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from jobs import cluster as cluster_info
 from jobs.alerts.lifecycle import do_acknowledge, do_resolve
 from jobs.alerts.rules import KINDS
+from jobs.cluster import status as cluster_info
 from jobs.models import Alert, AlertState, Preset, Run, RunStatus
 from jobs.rest import serializers as s
 from jobs.rest.runs import MAX_LIMIT, int_param

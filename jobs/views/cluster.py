@@ -5,7 +5,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from jobs import cluster
+from jobs.cluster import status as cluster
 
 POLL_S = 3
 

@@ -17,55 +17,8 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 
-from jobs import charts
-from jobs.compare import (
-    SUMMARY_FIELDS,
-    SUMMARY_METRICS,
-    CompareError,
-    config_differences,
-    parse_ids,
-    parse_level,
-    since_start,
-    summarize,
-)
-from jobs.models import Run
-from jobs.planning import plan_for_run, predicted_vs_measured
-from jobs.views import run_page
-
-
-def selected_runs(ids: list[int]) -> list[Run]:
-    """The runs, in the order asked; CompareError naming any id that is no run."""
-    by_id = Run.objects.in_bulk(ids)
-    missing = [str(pk) for pk in ids if pk not in by_id]
-    if missing:
-        raise CompareError(f"ids: no run {', '.join(missing)}; pick runs from the runs list")
-    return [by_id[pk] for pk in ids]
-
-
-def compare_data(runs: list[Run], level: float | None) -> dict:
-    """What the page draws and the JSON endpoint returns: per run its summary row, the
-    config keys that differ, and the overlaid charts."""
-    names = {name for name, _ in charts.COMPARE_METRICS} | set(SUMMARY_METRICS)
-    loaded = []
-    with run_page.snapshot():
-        for run in runs:
-            loaded.append((run, run_page.metric_series(run, names),
-                           since_start(run_page.step_times(run))))
-    differences = config_differences([run.config for run, _, _ in loaded])
-    return {
-        "level": level,
-        "runs": [{"id": run.pk, "name": run.name, "status": run.status,
-                  "parent_id": run.parent_id, "summary": summarize(series, wall, level)}
-                 for run, series, wall in loaded],
-        "config_diff": [{"key": key, "values": values} for key, values in differences],
-        "charts": charts.compare_figures([(f"#{run.pk} {run.name}", series, wall)
-                                          for run, series, wall in loaded]),
-    }
-
-
-def selection(request) -> tuple[list[Run], float | None]:
-    return selected_runs(parse_ids(request.GET.getlist("ids"))), \
-        parse_level(request.GET.get("level"))
+from jobs.queries.compare import SUMMARY_FIELDS, CompareError, compare_data, selection
+from jobs.queries.planning import plan_for_run, predicted_vs_measured
 
 
 @require_GET

@@ -8,9 +8,9 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from jobs.inspector import SampleFilters, step_view
 from jobs.models import TERMINAL, Run, RunEvent
-from jobs.views.run_page import snapshot
+from jobs.queries.inspector import SampleFilters, step_view
+from jobs.queries.run_page import snapshot
 
 
 @require_GET

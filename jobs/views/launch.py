@@ -20,7 +20,11 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from engine.api import ControlError, placement_bundles, placement_demand, validate_control
 from engine.config import RunConfig, validate_config
-from jobs.actions import (
+from jobs.auth import operator_required
+from jobs.models import Checkpoint, InvalidTransition, Preset, Run
+from jobs.models.validators import parse_pk
+from jobs.queries.planning import plan_for_run
+from jobs.runs.actions import (
     Refused,
     do_fork_run,
     do_launch_run,
@@ -28,12 +32,8 @@ from jobs.actions import (
     do_set_priority,
     do_stop_run,
 )
-from jobs.auth import operator_required
-from jobs.forms import ForkForm, RunConfigForm, initial_for
-from jobs.models import Checkpoint, InvalidTransition, Preset, Run
-from jobs.models.validators import parse_pk
-from jobs.planning import plan_for_run
-from jobs.queue import RUN_SLOT, fits_now
+from jobs.runs.forms import ForkForm, RunConfigForm, initial_for
+from jobs.runs.queue import RUN_SLOT, fits_now
 
 
 def placement_preview(cfg: RunConfig) -> dict:

@@ -10,7 +10,7 @@ from jobs.alerts.views import run_alerts
 from jobs.auth import is_operator
 from jobs.models import Run
 from jobs.models.controls import display_status
-from jobs.views import run_page
+from jobs.queries import run_page
 
 
 @require_GET

@@ -20,10 +20,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from engine.config import RunConfig
-from jobs.actions import Refused, do_archive_run, do_delete_run, do_restore_run
 from jobs.auth import is_operator, operator_required
 from jobs.models import Run, RunStatus
-from jobs.views import run_page
+from jobs.queries import run_page
+from jobs.runs.actions import Refused, do_archive_run, do_delete_run, do_restore_run
 
 CONFIG_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")
 

@@ -33,7 +33,7 @@ import psutil
 import pytest
 
 from controlplane import processes as proc
-from jobs.ray_cluster import submission_id
+from jobs.cluster.ray import submission_id
 
 from ..ray_head import RayHead
 from .local_processes import (
@@ -65,7 +65,7 @@ SHORT_CONFIG = {**CONFIG, "steps": 10}
 
 LAUNCH = """
 import json, os
-from jobs.actions import do_launch_run
+from jobs.runs.actions import do_launch_run
 print(do_launch_run(None, "drill", json.loads(os.environ["RUN_CONFIG"])).pk)
 """
 
@@ -249,14 +249,14 @@ def test_killing_redis_mid_run_loses_no_event_and_the_workers_reconnect(plane):
 @pytest.mark.timeout(900)
 def test_killing_the_worker_mid_submit_still_submits_the_run_once(plane):
     log = plane.logs / "worker.log"
-    received = log.read_text().count("jobs.tasks.submit_run")
+    received = log.read_text().count("jobs.runs.submit.submit_run")
     run_id = plane.launch(SHORT_CONFIG)
     wait_for("the worker taking submit_run",
-             lambda: log.read_text().count("jobs.tasks.submit_run") > received, 120, log)
+             lambda: log.read_text().count("jobs.runs.submit.submit_run") > received, 120, log)
     plane.kill("worker")
     killed = time.monotonic()
     sid = submission_id(run_id)
-    taken = log.read_text().count("jobs.tasks.submit_run")
+    taken = log.read_text().count("jobs.runs.submit.submit_run")
     plane.start("worker")
     wait_status(plane, run_id, "running", 400)
     running_s = time.monotonic() - killed
@@ -269,7 +269,7 @@ def test_killing_the_worker_mid_submit_still_submits_the_run_once(plane):
     n = plane.assert_every_event_stored_once(run_id)
     # Either the dead worker's submit request had reached Ray, or sync_runs queued the
     # submit again (after RESUBMIT_AFTER_S) and the new worker made it.
-    resubmitted = log.read_text().count("jobs.tasks.submit_run") > taken
+    resubmitted = log.read_text().count("jobs.runs.submit.submit_run") > taken
     print(f"\nworker killed mid-submit: running {running_s:.0f}s after the kill, "
           f"{'resubmitted by sync_runs' if resubmitted else 'its submit had reached Ray'} "
           f"(resubmission after {RESUBMIT_AFTER_S}s); one Ray job, {n} events, 0 lost, 0 twice")

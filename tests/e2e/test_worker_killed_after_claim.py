@@ -33,7 +33,7 @@ from .local_processes import (
 )
 
 SETUP = """
-from jobs.alerts.tasks import deliver_notification
+from jobs.alerts.delivery import deliver_notification
 from jobs.models import Alert, AlertChannel, Notification, Run
 run = Run.objects.create(name="alerted", status="running", config={"name": "alerted"})
 alert = Alert.objects.create(run=run, kind="WeightSyncDesync", dedup_key="WeightSyncDesync",
@@ -47,7 +47,7 @@ print(n.pk)
 
 # What the beat does every 30 s, after the dead worker's claim has aged past CLAIM_TTL.
 EXPIRE_AND_SWEEP = """
-from jobs.alerts.tasks import redeliver_notifications
+from jobs.alerts.delivery import redeliver_notifications
 from jobs.models import Notification
 from jobs.models.alerts import CLAIM_TTL
 Notification.objects.filter(status="pending", claimed_at__isnull=False).update(
@@ -55,7 +55,7 @@ Notification.objects.filter(status="pending", claimed_at__isnull=False).update(
 print(redeliver_notifications())
 """
 
-SWEEP = "from jobs.alerts.tasks import redeliver_notifications; print(redeliver_notifications())"
+SWEEP = "from jobs.alerts.delivery import redeliver_notifications; print(redeliver_notifications())"
 
 
 class HoldingReceiver(Receiver):

@@ -218,17 +218,17 @@ def test_an_event_the_server_cannot_store_is_set_aside_not_retried_forever(
         gate, run_and_token, tmp_path, monkeypatch):
     """A server error on one event (before the bounds of issue 19, e.g. a checkpoint ts of
     1e300) once held back every later event of the run, retried forever."""
-    import jobs.api
+    import jobs.ingest.endpoints
 
     run, _ = run_and_token
-    store = jobs.api.do_ingest_events
+    store = jobs.ingest.endpoints.do_ingest_events
 
     def fails_on_seq_3(run, events):
         if any(e.seq == 3 for e in events):
             raise RuntimeError("cannot store seq 3")
         return store(run, events)
 
-    monkeypatch.setattr(jobs.api, "do_ingest_events", fails_on_seq_3)
+    monkeypatch.setattr(jobs.ingest.endpoints, "do_ingest_events", fails_on_seq_3)
     sink = make_sink(gate, run_and_token, tmp_path, batch_size=50, flush_interval_s=0.3)
     for seq in range(1, 7):
         sink.emit(event(seq))

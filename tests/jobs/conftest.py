@@ -4,9 +4,9 @@ import pytest
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import Group
 
-from jobs import tasks
 from jobs.auth import OPERATOR_GROUP
 from jobs.models import Run, RunStatus
+from jobs.runs import submit, tasks
 
 CONFIG = {"name": "t", "steps": 3}
 
@@ -66,6 +66,6 @@ def channel_layer(settings):
 def queued(monkeypatch):
     """The Celery tasks the actions queue on commit: recorded here, never sent."""
     calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(tasks.submit_run, "delay", lambda run_id: calls.append(("submit", run_id)))
+    monkeypatch.setattr(submit.submit_run, "delay", lambda run_id: calls.append(("submit", run_id)))
     monkeypatch.setattr(tasks.stop_run, "delay", lambda run_id: calls.append(("stop", run_id)))
     return calls

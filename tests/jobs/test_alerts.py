@@ -9,9 +9,9 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from engine.api import WeightSyncEvent
-from jobs.actions import do_ingest_events
 from jobs.alerts import lifecycle
 from jobs.alerts.tasks import evaluate_alerts
+from jobs.ingest.store import do_ingest_events
 from jobs.models import (
     Alert,
     AlertChannel,
@@ -41,7 +41,7 @@ def sync(seq, step, rollout_fp=None, version_rollout=None):
 def announced(monkeypatch):
     """The notifications queued for delivery (the Celery seam), in order."""
     queued = []
-    monkeypatch.setattr("jobs.alerts.tasks.deliver_notification.delay", queued.append)
+    monkeypatch.setattr("jobs.alerts.delivery.deliver_notification.delay", queued.append)
     return queued
 
 

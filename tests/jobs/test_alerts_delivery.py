@@ -9,7 +9,7 @@ from django.core import mail
 from django.db import connection
 from django.utils import timezone
 
-from jobs.alerts.tasks import ATTEMPTS, deliver_notification, redeliver_notifications
+from jobs.alerts.delivery import ATTEMPTS, deliver_notification, redeliver_notifications
 from jobs.models import Alert, AlertChannel, Notification, NotificationStatus
 from jobs.models.alerts import CLAIM_TTL
 
@@ -222,7 +222,7 @@ def test_a_notification_whose_task_was_lost_is_queued_again(run, receiver, monke
     fresh = Notification.objects.create(alert=n.alert, channel=n.channel, event="resolved")
     Notification.objects.filter(pk=n.pk).update(created_at=timezone.now() - 2 * CLAIM_TTL)
     queued = []
-    monkeypatch.setattr("jobs.alerts.tasks.deliver_notification.delay", queued.append)
+    monkeypatch.setattr("jobs.alerts.delivery.deliver_notification.delay", queued.append)
 
     assert redeliver_notifications() == 1 and queued == [n.pk]
     assert fresh.pk not in queued

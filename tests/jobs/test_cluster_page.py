@@ -1,5 +1,5 @@
 """The cluster page: nodes, resources, which runs hold what, utilization; page and htmx
-fragment. Ray is faked at jobs.cluster.fetch_json for the shapes, and real (a local head
+fragment. Ray is faked at jobs.cluster.status.fetch_json for the shapes, and real (a local head
 with two logical GPUs) for one test."""
 
 import re
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jobs import cluster
+from jobs.cluster import status as cluster
 
 from .test_tasks import RayHead, free_port
 

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from jobs.actions import do_ingest_events
-from jobs.compare import (
+from jobs.ingest.store import do_ingest_events
+from jobs.models import Run
+from jobs.queries.compare import (
     CompareError,
     config_differences,
     parse_ids,
@@ -14,7 +15,6 @@ from jobs.compare import (
     since_start,
     summarize,
 )
-from jobs.models import Run
 
 from .helpers import metrics
 

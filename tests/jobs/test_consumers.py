@@ -13,9 +13,9 @@ from django.test import Client
 
 from controlplane.asgi import application
 from engine.api import ControlAppliedEvent
-from jobs import actions
-from jobs.actions import do_ingest_events
 from jobs.consumers import run_update
+from jobs.ingest import store
+from jobs.ingest.store import do_ingest_events
 from jobs.models import RunControl
 
 from .helpers import checkpoint, log, metrics, span, status
@@ -235,9 +235,9 @@ def test_live_events_follow_the_backfill_with_no_duplicate_or_gap(
 
 def test_broadcasts_that_cross_are_delivered_in_seq_order_once(
         run, channel_layer, session_cookie, monkeypatch):
-    real_broadcast = database_sync_to_async(actions.broadcast_events)
+    real_broadcast = database_sync_to_async(store.broadcast_events)
     held = []
-    monkeypatch.setattr(actions, "broadcast_events", lambda *args: held.append(args))
+    monkeypatch.setattr(store, "broadcast_events", lambda *args: held.append(args))
 
     async def scenario():
         communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)

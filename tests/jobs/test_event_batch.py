@@ -4,7 +4,7 @@ import math
 import pytest
 
 from engine.api import MetricsEvent, RunStatusEvent
-from jobs.event_batch import BatchTooLarge, MalformedBatch, json_safe, parse_event_batch
+from jobs.ingest.batch import BatchTooLarge, MalformedBatch, json_safe, parse_event_batch
 
 from .helpers import log, metrics, span
 

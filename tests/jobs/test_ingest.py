@@ -6,7 +6,7 @@ from asgiref.sync import async_to_sync
 from django.test import Client
 
 from engine.api import RUN_STATUSES
-from jobs.actions import ENGINE_STATUS
+from jobs.ingest.store import ENGINE_STATUS
 from jobs.models import Checkpoint, MetricPoint, PhaseSpan, Run, RunEvent, RunStatus
 
 from .helpers import checkpoint, log, metrics, post_body, post_events, span, status

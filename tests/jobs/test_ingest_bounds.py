@@ -9,7 +9,7 @@ import pytest
 
 from controlplane.asgi import application
 from engine.api import LOG_MESSAGE_LIMIT, LogEvent, RunStatusEvent
-from jobs.event_batch import MAX_SEQ_AHEAD
+from jobs.ingest.batch import MAX_SEQ_AHEAD
 from jobs.models import Checkpoint, PhaseSpan, RunEvent
 
 from .helpers import checkpoint, log, post_body, post_events, span

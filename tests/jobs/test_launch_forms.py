@@ -8,10 +8,10 @@ from django.contrib.auth.models import Group, User
 from django.contrib.messages import get_messages
 
 from engine.config import RunConfig, dump_config, union_choices, validate_config
-from jobs.actions import Refused, do_fork_run
 from jobs.auth import OPERATOR_GROUP
-from jobs.forms import RunConfigForm
 from jobs.models import Checkpoint, Preset, Run, RunStatus
+from jobs.runs.actions import Refused, do_fork_run
+from jobs.runs.forms import RunConfigForm
 
 from .helpers import checkpoint_on_disk
 
@@ -209,7 +209,7 @@ def test_toml_that_does_not_parse_points_at_the_line_where_it_stops():
 
 def test_validate_previews_the_placement_against_the_clusters_capacity(
         client, operator, monkeypatch):
-    monkeypatch.setattr("jobs.queue.ray_capacity",
+    monkeypatch.setattr("jobs.runs.queue.ray_capacity",
                         lambda: ({"GPU": 4.0, "CPU": 8.0}, {"GPU": 2.0, "CPU": 0.0}))
 
     response = validate(client, "/runs/new",
@@ -220,7 +220,7 @@ def test_validate_previews_the_placement_against_the_clusters_capacity(
     assert "3 bundles (1 + 1 + 1 GPUs, PACK): 3 devices" in html
     assert "waits for 3 GPUs; 2 of 4 free" in html
 
-    monkeypatch.setattr("jobs.queue.ray_capacity",
+    monkeypatch.setattr("jobs.runs.queue.ray_capacity",
                         lambda: ({"GPU": 4.0, "CPU": 8.0}, {"GPU": 0.0, "CPU": 0.0}))
     html = validate(client, "/runs/new",
                     form_data(DISAGG_ASYNC, "disaggregated", "fully_async")).content.decode()
@@ -395,14 +395,14 @@ def test_a_checkpoint_the_run_deleted_is_neither_offered_nor_forked_from(
 
     assert [c.step for c in page.context["form"].fields["checkpoint"].queryset] == [2]
     with pytest.raises(Exception, match="no longer on disk"):
-        from jobs.actions import do_fork_run
+        from jobs.runs.actions import do_fork_run
         do_fork_run(None, parent, gone, parent.config)
 
 
 def test_a_fork_starts_from_the_runs_own_directory_not_the_path_the_driver_sent(
         client, operator, parent, queued):
     """Issue 19 item 4: the path comes from an ingest event, which a run token writes."""
-    from jobs.actions import do_fork_run
+    from jobs.runs.actions import do_fork_run
 
     checkpoint = parent.checkpoints.get(step=4)
     Checkpoint.objects.filter(pk=checkpoint.pk).update(path="/home/victim/evil.pt")
@@ -500,7 +500,7 @@ def test_a_fork_of_a_ppo_run_keeps_its_critic_and_needs_no_path(parent):
 
 
 def test_validate_names_the_algorithm_it_would_launch(client, operator, monkeypatch):
-    monkeypatch.setattr("jobs.queue.ray_capacity",
+    monkeypatch.setattr("jobs.runs.queue.ray_capacity",
                         lambda: ({"GPU": 4.0, "CPU": 8.0}, {"GPU": 4.0, "CPU": 8.0}))
     response = validate(client, "/runs/new", form_data(PPO, algorithm="ppo"))
     assert "Valid: ppo, colocated placement, sync policy." in response.content.decode()

@@ -11,7 +11,7 @@ from engine.api import ControlAppliedEvent
 from jobs.consumers import run_update
 from jobs.models import Run, RunControl, RunStatus
 from jobs.models.controls import display_status
-from jobs.views.run_page import chart_data
+from jobs.queries.run_page import chart_data
 
 from .helpers import api_token, post_events
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from engine.config import validate_config
-from jobs.actions import do_ingest_events
+from jobs.ingest.store import do_ingest_events
 from jobs.models import RunStatus
 
 from .helpers import checkpoint, log, metrics, span

@@ -1,4 +1,4 @@
-"""The capacity-aware queue (jobs/queue.py): a queued run starts when its placement fits,
+"""The capacity-aware queue (jobs/runs/queue.py): a queued run starts when its placement fits,
 priority then FIFO, and says what it waits for. In-process runs share RLPLANE_MAX_LOCAL_RUNS
 slots; Ray placements are weighed against a real Ray head's logical GPUs."""
 
@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from jobs import queue, tasks
-from jobs.actions import do_ingest_events, do_set_priority, do_stop_run
+from jobs.ingest.store import do_ingest_events
 from jobs.models import Run, RunStatus
+from jobs.runs import queue, submit, tasks
+from jobs.runs.actions import do_set_priority, do_stop_run
 
 from .helpers import status
 from .test_tasks import RayHead
@@ -27,7 +28,7 @@ def on_gpus(n: int, name: str = "gpu") -> dict:
 @pytest.fixture
 def submitted(monkeypatch):
     calls: list[int] = []
-    monkeypatch.setattr(tasks.submit_run, "delay", calls.append)
+    monkeypatch.setattr(submit.submit_run, "delay", calls.append)
     monkeypatch.setattr(tasks.stop_run, "delay", lambda run_id: None)
     return calls
 

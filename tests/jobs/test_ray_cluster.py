@@ -1,6 +1,6 @@
 import pytest
 
-from jobs.ray_cluster import job_not_found, ray_auth_headers, run_id_of, submission_id
+from jobs.cluster.ray import job_not_found, ray_auth_headers, run_id_of, submission_id
 
 
 def test_a_runs_submission_id_reads_back_as_its_run_id():

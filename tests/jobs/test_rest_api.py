@@ -7,8 +7,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from engine.config import ConfigError, validate_config
-from jobs import cluster
-from jobs.forms import RunConfigForm
+from jobs.cluster import status as cluster
 from jobs.models import (
     Alert,
     AlertState,
@@ -20,6 +19,7 @@ from jobs.models import (
     RunEvent,
     RunStatus,
 )
+from jobs.runs.forms import RunConfigForm
 
 from .helpers import api_token, checkpoint_on_disk
 

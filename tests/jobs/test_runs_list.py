@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from jobs.actions import do_ingest_events
+from jobs.ingest.store import do_ingest_events
 from jobs.models import (
     Alert,
     AlertChannel,

@@ -21,10 +21,10 @@ from django.utils import timezone
 from ray.job_submission import JobStatus
 
 from controlplane.processes import free_port
-from jobs import tasks
-from jobs.actions import do_fork_run
+from jobs.cluster.ray import submission_id
 from jobs.models import Checkpoint, MetricPoint, Run, RunEvent, RunStatus
-from jobs.ray_cluster import submission_id
+from jobs.runs import submit, tasks
+from jobs.runs.actions import do_fork_run
 
 from ..ray_head import RayHead
 
@@ -139,7 +139,7 @@ def test_submit_run_marks_the_run_failed_when_ray_cannot_be_reached(make_run, se
     settings.RAY_DASHBOARD_ADDRESS = f"http://127.0.0.1:{free_port()}"
     run = make_run(RunStatus.QUEUED)
 
-    tasks.submit_run(run.pk)
+    submit.submit_run(run.pk)
 
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
@@ -150,7 +150,7 @@ def test_submit_run_marks_the_run_failed_when_ray_cannot_be_reached(make_run, se
 def test_submit_run_leaves_a_run_that_is_past_submission_alone(make_run, settings):
     settings.RAY_DASHBOARD_ADDRESS = f"http://127.0.0.1:{free_port()}"  # never reached
     run = make_run(RunStatus.STOPPED)
-    tasks.submit_run(run.pk)
+    submit.submit_run(run.pk)
     run.refresh_from_db()
     assert run.status == RunStatus.STOPPED and run.ray_submission_id == ""
 
@@ -187,8 +187,8 @@ def test_of_two_racing_submitters_only_one_mints_a_token_and_it_is_the_one_ray_h
     twin_a, twin_b = Run.objects.get(pk=run.pk), Run.objects.get(pk=run.pk)  # same state
     ray_jobs = RayJobsSeam(blind_checks=2)      # both look before either has submitted
 
-    tasks.submit_once(twin_a, ray_jobs)
-    tasks.submit_once(twin_b, ray_jobs)   # read the run before A minted: must not revoke
+    submit.submit_once(twin_a, ray_jobs)
+    submit.submit_once(twin_b, ray_jobs)   # read the run before A minted: must not revoke
 
     (env,) = ray_jobs.jobs.values()
     token = next(v for k, v in env.items() if "TOKEN" in k)
@@ -202,10 +202,10 @@ def test_a_twin_that_minted_after_the_winner_but_reached_ray_second_puts_its_tok
         make_run):
     run = make_run(RunStatus.SUBMITTING)
     # B reads the run after A's claim, looks before Ray has A's job, submits after it does
-    late_twin = lambda: tasks.submit_once(Run.objects.get(pk=run.pk), ray_jobs)  # noqa: E731
+    late_twin = lambda: submit.submit_once(Run.objects.get(pk=run.pk), ray_jobs)  # noqa: E731
     ray_jobs = RayJobsSeam(blind_checks=2, on_first_submit=late_twin)
 
-    tasks.submit_once(Run.objects.get(pk=run.pk), ray_jobs)
+    submit.submit_once(Run.objects.get(pk=run.pk), ray_jobs)
 
     (env,) = ray_jobs.jobs.values()
     token = next(v for k, v in env.items() if "TOKEN" in k)
@@ -218,7 +218,7 @@ def test_the_driver_command_uses_this_python_checkout_and_checkpoint(make_run, s
     settings.RLPLANE_URL = "http://cp.example:8000/"
     run = make_run(RunStatus.QUEUED, source_checkpoint="/runs/run-1/checkpoints/step_000004")
 
-    command = tasks.driver_entrypoint(run)
+    command = submit.driver_entrypoint(run)
 
     assert command.startswith(f"cd {settings.BASE_DIR} && exec {sys.executable} -m engine.ray_job")
     assert f"--ingest-url http://cp.example:8000/api/runs/{run.pk}/events" in command
@@ -230,7 +230,7 @@ def test_the_driver_command_uses_this_python_checkout_and_checkpoint(make_run, s
 @pytest.mark.django_db
 def test_admitted_runs_that_no_submission_reached_are_submitted_again(make_run, monkeypatch):
     queued = []
-    monkeypatch.setattr(tasks.submit_run, "delay", queued.append)
+    monkeypatch.setattr(submit.submit_run, "delay", queued.append)
     waiting = make_run(RunStatus.QUEUED)  # the queue's to admit, not a lost submission
     stuck, fresh = make_run(RunStatus.SUBMITTING), make_run(RunStatus.SUBMITTING)
     Run.objects.filter(pk__in=[stuck.pk, waiting.pk]).update(
@@ -245,7 +245,7 @@ def test_admitted_runs_that_no_submission_reached_are_submitted_again(make_run, 
 def test_a_run_is_submitted_again_only_after_rlplane_resubmit_after_s(make_run, monkeypatch,
                                                                       settings):
     queued = []
-    monkeypatch.setattr(tasks.submit_run, "delay", queued.append)
+    monkeypatch.setattr(submit.submit_run, "delay", queued.append)
     run = make_run(RunStatus.SUBMITTING)
     Run.objects.filter(pk=run.pk).update(created_at=timezone.now() - timedelta(seconds=30))
     settings.RLPLANE_RESUBMIT_AFTER_S = 60
@@ -367,13 +367,13 @@ def run_to_end(client, run: Run, timeout_s: float = 300) -> None:
 def test_a_submitted_run_runs_the_engine_on_ray_and_succeeds(e2e):
     run = Run.objects.create(name="e2e", config=TINY)
 
-    unlocked(tasks.submit_run, run.pk)
+    unlocked(submit.submit_run, run.pk)
     unlocked(run.refresh_from_db)
     assert run.status == RunStatus.SUBMITTING, run.status_reason
     assert run.ray_submission_id == f"rlplane-run-{run.pk}"
     token_hash = run.ingest_token_hash
 
-    unlocked(tasks.submit_run, run.pk)  # a retry: the same job and token, no second copy
+    unlocked(submit.submit_run, run.pk)  # a retry: the same job and token, no second copy
     unlocked(run.refresh_from_db)
     assert run.ingest_token_hash == token_hash
     assert [j.submission_id for j in e2e.list_jobs()].count(run.ray_submission_id) == 1
@@ -396,7 +396,7 @@ def test_a_submitted_run_runs_the_engine_on_ray_and_succeeds(e2e):
 def test_a_stopped_run_checkpoints_and_its_fork_continues_from_there(e2e, scheduled,
                                                                      monkeypatch):
     run = Run.objects.create(name="e2e-stop", config={**TINY, "steps": 1000})
-    tasks.submit_run(run.pk)
+    submit.submit_run(run.pk)
     try:
         wait_for(lambda: unlocked(MetricPoint.objects.filter(run=run, name="reward/mean")
                                   .exists), 240, every_s=1.0, what="the first step's metrics")
@@ -421,7 +421,7 @@ def test_a_stopped_run_checkpoints_and_its_fork_continues_from_there(e2e, schedu
     assert Run.objects.get(pk=run.pk).status == RunStatus.STOPPED
 
     # Fork it with another sampling temperature; the Celery task runs eagerly on commit.
-    monkeypatch.setattr(tasks.submit_run, "delay", lambda run_id: tasks.submit_run(run_id))
+    monkeypatch.setattr(submit.submit_run, "delay", lambda run_id: submit.submit_run(run_id))
     operator = User.objects.create_user("olga")
     config = {**TINY, "name": "e2e-fork", "steps": checkpoint.step + 1,
               "rollout": {**TINY["rollout"], "temperature": 0.7}}

@@ -1,6 +1,6 @@
 """A config field's line in the operator's TOML text."""
 
-from jobs.toml_lines import line_of
+from jobs.runs.toml_lines import line_of
 
 TEXT = '''name = "demo"            # 1
 [rollout]                  # 2

@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 
-from jobs.actions import do_launch_run
+from jobs.runs.actions import do_launch_run
 
 
 class Command(BaseCommand):

@@ -11,9 +11,9 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from jobs.actions import do_ingest_events
 from jobs.auth import bearer_token
-from jobs.event_batch import MalformedBatch, parse_event_batch
+from jobs.ingest.batch import MalformedBatch, parse_event_batch
+from jobs.ingest.store import do_ingest_events
 from jobs.models import Run, RunControl, RunEvent
 from jobs.prometheus import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
 

@@ -1,5 +1,5 @@
-"""The control plane's side of the Ray cluster, shared by the Celery tasks (jobs/tasks.py)
-and the cluster page (jobs/cluster.py):
+"""The control plane's side of the Ray cluster, shared by the Celery tasks (jobs/runs/tasks.py)
+and the cluster page (jobs/cluster/status.py):
 
     submission_id(run_id)  "rlplane-run-<id>": a run's Ray job; run_id_of() reads it back
     ray_auth_headers()     the cluster's bearer token, as Ray looks it up

@@ -34,9 +34,9 @@ from django.db import transaction
 
 from engine.api import placement_demand
 from engine.config import validate_config
-from jobs.cluster import ClusterUnreachable, fetch_json
+from jobs.cluster.status import ClusterUnreachable, fetch_json
 from jobs.models import LIVE, Run, RunStatus
-from jobs.tasks import submit_run
+from jobs.runs.submit import submit_run
 
 logger = logging.getLogger(__name__)
 

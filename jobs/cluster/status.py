@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from jobs.ray_cluster import ray_auth_headers, run_id_of
-from jobs.run_processes import RunProcess, cpu_per_core, run_processes
+from jobs.cluster.processes import RunProcess, cpu_per_core, run_processes
+from jobs.cluster.ray import ray_auth_headers, run_id_of
 
 TIMEOUT_S = 2.0
 # Ray's bookkeeping resources ("node:<ip>", "node:__internal_head__") say nothing useful.
@@ -196,7 +196,7 @@ def live_state(runs: list[RunJob]) -> tuple[list[dict], list[dict]]:
 
 
 def add_processes(view: ClusterView, actors: list[dict]) -> None:
-    """Each live run's processes (jobs.run_processes), CPU and memory from where they run."""
+    """Each live run's processes (jobs.cluster.processes), CPU and memory from where they run."""
     hostnames = {node.node_id: node.hostname for node in view.nodes}
     details: dict[str, dict[int, dict]] = {}
 

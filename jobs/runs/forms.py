@@ -13,7 +13,7 @@ select that contradicts the TOML's ``type`` (a browser without scripts) is an er
 naming both.
 
 Every ConfigError (field path, message) becomes a ConfigProblem with the TOML line the
-path maps to (jobs/toml_lines.py); it is listed under the config at that line, and also
+path maps to (jobs/runs/toml_lines.py); it is listed under the config at that line, and also
 shown on the algorithm, placement or async policy select when the path starts there.
 A fork also asks the parent whether its checkpoints can start the new config
 (Run.fork_problem: PPO from a run without a critic needs algorithm.critic.path).
@@ -31,7 +31,7 @@ from django import forms
 
 from engine.config import ConfigError, RunConfig, dump_config, union_choices, validate_config
 from jobs.models import Checkpoint, Run
-from jobs.toml_lines import line_of
+from jobs.runs.toml_lines import line_of
 
 CHOICE_SECTIONS = ("algorithm", "placement", "async_policy")  # the choices at the top
 

@@ -1,5 +1,7 @@
 """Run compare: which runs, and the figures that put them side by side. Pure functions over
-stored series, so the page, its JSON endpoint and the tests compute the same numbers:
+stored series, so the page, its JSON endpoint and the tests compute the same numbers, and
+``compare_data``, which loads the runs' series and applies them (the page and the REST API
+both serve it):
 
     series = {metric name: [(step, value), ...]}   in step order, values may be None
     wall   = {step: seconds since the run's first step was reported}
@@ -12,7 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from jobs import charts
+from jobs.models import Run
 from jobs.models.validators import parse_pk
+from jobs.queries import run_page
 
 Series = Sequence[tuple[int, float | None]]
 MIN_RUNS, MAX_RUNS = 2, 6
@@ -161,3 +166,38 @@ def config_differences(configs: Sequence[Mapping]) -> list[tuple[str, list]]:
     rows = [(key, [f.get(key) for f in flat]) for key in keys]
     return [(key, values) for key, values in rows
             if any(v != values[0] for v in values[1:])]
+
+
+def selected_runs(ids: list[int]) -> list[Run]:
+    """The runs, in the order asked; CompareError naming any id that is no run."""
+    by_id = Run.objects.in_bulk(ids)
+    missing = [str(pk) for pk in ids if pk not in by_id]
+    if missing:
+        raise CompareError(f"ids: no run {', '.join(missing)}; pick runs from the runs list")
+    return [by_id[pk] for pk in ids]
+
+
+def compare_data(runs: list[Run], level: float | None) -> dict:
+    """What the page draws and the JSON endpoint returns: per run its summary row, the
+    config keys that differ, and the overlaid charts."""
+    names = {name for name, _ in charts.COMPARE_METRICS} | set(SUMMARY_METRICS)
+    loaded = []
+    with run_page.snapshot():
+        for run in runs:
+            loaded.append((run, run_page.metric_series(run, names),
+                           since_start(run_page.step_times(run))))
+    differences = config_differences([run.config for run, _, _ in loaded])
+    return {
+        "level": level,
+        "runs": [{"id": run.pk, "name": run.name, "status": run.status,
+                  "parent_id": run.parent_id, "summary": summarize(series, wall, level)}
+                 for run, series, wall in loaded],
+        "config_diff": [{"key": key, "values": values} for key, values in differences],
+        "charts": charts.compare_figures([(f"#{run.pk} {run.name}", series, wall)
+                                          for run, series, wall in loaded]),
+    }
+
+
+def selection(request) -> tuple[list[Run], float | None]:
+    return selected_runs(parse_ids(request.GET.getlist("ids"))), \
+        parse_level(request.GET.get("level"))
