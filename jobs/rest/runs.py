@@ -157,8 +157,7 @@ def compare(request):
     try:
         runs, level = selection(request)
     except CompareError as exc:
-        field, _, message = str(exc).partition(": ")
-        raise ValidationError({field: message}) from None
+        raise ValidationError({exc.field: exc.message}) from None
     return Response(compare_data(runs, level))
 
 
