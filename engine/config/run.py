@@ -36,6 +36,7 @@ from engine.config.weightsync import InPlaceSyncConfig, WeightSyncConfig
 # --------------------------------------------------------------------------- run plumbing
 
 DEFAULT_WARM_START_STEPS = 300   # the built-in model's; see WarmStartConfig.steps
+NAME_LENGTH = 100                # RunConfig.name's bound
 
 class CheckpointConfig(_Section):
     every_steps: int = Field(default=0, ge=0, le=1_000_000)
@@ -59,7 +60,8 @@ class TelemetryConfig(_Section):
 
 
 class RunConfig(_Section):
-    name: str = Field(default="run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")
+    name: str = Field(default="run", min_length=1, max_length=NAME_LENGTH,
+                      pattern=r"^[A-Za-z0-9_.\-]+$")
     """Run name: letters, digits, '_', '.', '-'."""
     steps: int = Field(default=100, ge=1, le=1_000_000)
     """RL steps (learner updates) to run."""
@@ -300,6 +302,12 @@ class RunConfig(_Section):
                              '"disaggregated" separates them; use weight_sync.backend = '
                              '"nccl", or placement.type = "colocated"')
         return self
+
+
+def fork_name(name: str) -> str:
+    """The name a fork takes unless told another: its parent's with "-fork", cut to the
+    bound on a run's name (the pages, the REST API and the CLI name forks alike)."""
+    return f"{name}-fork"[:NAME_LENGTH]
 
 
 def longest_answer(task: ArithmeticTaskConfig | LongTailTaskConfig | CodeTaskConfig
