@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from engine.config import RunConfig, fork_name, validate_config
 from jobs.models.status import (
+    CONTROLLABLE,
     TERMINAL,
     InvalidTransition,
     RunStatus,
@@ -75,6 +76,12 @@ class Run(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def accepts_controls(self) -> bool:
+        """Whether a live control may be asked of the run now (the run page shows its
+        controls, do_request_control accepts one)."""
+        return self.status in CONTROLLABLE
 
     @property
     def run_config(self) -> RunConfig:
