@@ -171,7 +171,7 @@ def cmd_priority(args, console: Console, client: Client) -> int:
 
 def cmd_control(args, console: Console, client: Client) -> int:
     body: dict = {"kind": args.command.replace("-", "_")}
-    if args.command in ("set-lr", "set-eval-every"):
+    if getattr(args, "value", None) is not None:   # the commands that take one declare it
         body["value"] = args.value
     control = client.post(f"/runs/{args.run}/controls", body)
     console.print(f"run #{args.run}: control {control['id']} ({body['kind']}) sent; it is "
