@@ -50,8 +50,9 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     ray_submission_id = models.CharField(max_length=200, blank=True)
-    # Set by a stop request; the driver polls it (GET /api/runs/<id>/stop), checkpoints
-    # and exits. Only a driver that does not answer in time gets its Ray job stopped.
+    # Set by a stop request; the driver polls it (GET /api/runs/<id>/controls answers
+    # "stop"), checkpoints and exits. Only a driver that does not answer in time gets its
+    # Ray job stopped.
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     # sha256 hex of the ingest token; the raw token exists only in the driver's environment.
     ingest_token_hash = models.CharField(max_length=64, blank=True, editable=False)
