@@ -19,6 +19,7 @@ from typing import Any
 from engine.config import ConfigError, RunConfig, load_config, validate_config
 from engine.controls import (
     CONTROL_KINDS,
+    CONTROL_VALUE_TYPES,
     Control,
     ControlError,
     control_label,
@@ -47,7 +48,8 @@ from engine.events import (
 )
 
 __all__ = [
-    "CONTROL_KINDS", "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES", "SAMPLES_PER_EVENT",
+    "CONTROL_KINDS", "CONTROL_VALUE_TYPES", "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES",
+    "SAMPLES_PER_EVENT",
     "SAMPLE_TOKEN_LIMIT", "TOKEN_TEXT_LIMIT", "CheckpointEvent",
     "ConfigError", "Control", "ControlAppliedEvent", "ControlError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",

@@ -16,11 +16,9 @@ Standard library + pydantic only: the web process imports this through engine.ap
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-
-CONTROL_KINDS = ("checkpoint", "pause", "resume", "set_lr", "set_eval_every")
 
 
 class _Control(BaseModel):
@@ -46,13 +44,13 @@ class ResumeControl(_Control):
 
 class SetLrControl(_Control):
     kind: Literal["set_lr"] = "set_lr"
-    value: float = Field(gt=0.0, le=1.0, allow_inf_nan=False)
+    value: float = Field(gt=0.0, le=1.0, allow_inf_nan=False, title="lr")
     """The policy's new AdamW learning rate (every param group), from the next step on."""
 
 
 class SetEvalEveryControl(_Control):
     kind: Literal["set_eval_every"] = "set_eval_every"
-    value: int = Field(ge=0, le=1_000_000)
+    value: int = Field(ge=0, le=1_000_000, title="eval every")
     """Run the held-out eval every this many steps from now on (0: only before and after)."""
 
 
@@ -61,14 +59,22 @@ Control = Annotated[
     Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[Control] = TypeAdapter(Control)
+_MODELS = {m.model_fields["kind"].default: m for m in get_args(get_args(Control)[0])}
+CONTROL_KINDS = tuple(_MODELS)
+# The kinds that take a value, and its type (the control plane stores every value as a
+# float; the driver's poll gets it back as this type). The value field's title names it
+# in control_label.
+CONTROL_VALUE_TYPES: dict[str, type] = {
+    kind: m.model_fields["value"].annotation
+    for kind, m in _MODELS.items() if "value" in m.model_fields}
 
 
 def control_label(kind: str, value: float | None) -> str:
     """How the pages, charts and logs name a live control: 'lr 5e-05', 'eval every 10', 'pause'."""
-    if kind == "set_lr" and value is not None:
-        return f"lr {value:g}"
-    if kind == "set_eval_every" and value is not None:
-        return f"eval every {int(value)}"
+    if kind in CONTROL_VALUE_TYPES and value is not None:
+        typed = CONTROL_VALUE_TYPES[kind](value)
+        shown = f"{typed:g}" if isinstance(typed, float) else str(typed)
+        return f"{_MODELS[kind].model_fields['value'].title} {shown}"
     return kind
 
 
@@ -83,8 +89,8 @@ class ControlError(ValueError):
 
 def validate_control(data: Any) -> Control:
     """A typed control from plain data ({"kind": ..., "value": ...}), or ControlError."""
-    if isinstance(data, dict) and data.get("kind") in ("checkpoint", "pause", "resume") \
-            and data.get("value") is None:
+    if isinstance(data, dict) and data.get("kind") in CONTROL_KINDS \
+            and data.get("kind") not in CONTROL_VALUE_TYPES and data.get("value") is None:
         data = {k: v for k, v in data.items() if k != "value"}  # a form's empty value
     try:
         return _ADAPTER.validate_python(data)

@@ -113,7 +113,3 @@ def ensure_base_model(size: str, seed: int) -> Path:
         build_tokenizer().save_pretrained(d)
 
     return atomic_dir(cache_root() / "models" / f"{size}-{key}", write, once=True)
-
-
-def num_params(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

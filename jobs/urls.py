@@ -15,7 +15,6 @@ urlpatterns = [
     path("api/runs/compare", rest_runs.compare_for_pages, name="compare-api"),
     path("runs/<int:run_id>/samples", inspector.run_samples, name="run-samples"),
     path("api/runs/<int:run_id>/events", ingest.ingest_events, name="ingest-events"),
-    path("api/runs/<int:run_id>/stop", ingest.stop_request, name="stop-request"),
     path("api/runs/<int:run_id>/controls", ingest.control_poll, name="control-poll"),
     path("runs/<int:run_id>/controls", launch.run_control, name="run-control"),
     path("runs/new", launch.run_new, name="run-new"),

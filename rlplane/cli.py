@@ -33,7 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from engine.config import ConfigError, validate_config
+from engine.config import ConfigError, fork_name, validate_config
 from rlplane import watch as watching
 from rlplane.client import (
     EXIT_OK,
@@ -156,7 +156,7 @@ def cmd_fork(args, console: Console, client: Client) -> int:
         base = None
         if args.config is None:  # --set alone: the parent's config with the changes
             base = client.get(f"/runs/{args.run}")["config"]
-            base["name"] = f"{base['name']}-fork"[:100]
+            base["name"] = fork_name(base["name"])
         body["config"] = config_with_overrides(args.config, args.set, base)
     run = client.post(f"/runs/{args.run}/fork", body)
     announce(console, client, run, "forked", args.quiet)
@@ -171,7 +171,7 @@ def cmd_priority(args, console: Console, client: Client) -> int:
 
 def cmd_control(args, console: Console, client: Client) -> int:
     body: dict = {"kind": args.command.replace("-", "_")}
-    if args.command in ("set-lr", "set-eval-every"):
+    if getattr(args, "value", None) is not None:   # the commands that take one declare it
         body["value"] = args.value
     control = client.post(f"/runs/{args.run}/controls", body)
     console.print(f"run #{args.run}: control {control['id']} ({body['kind']}) sent; it is "

@@ -88,6 +88,19 @@ def test_a_bad_config_is_refused_locally_with_each_field_and_exit_2(logged_in, t
     assert Run.objects.count() == 0
 
 
+def test_a_config_the_server_refuses_prints_each_field_path_from_its_answer(
+        logged_in, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("rlplane.cli.validate_config", lambda data: None)  # skip the local check
+    config = tmp_path / "short.toml"
+    config.write_text(GOOD + "[rollout]\nmax_new_tokens = 1\n")
+
+    assert main(["launch", str(config)]) == c.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "rlplane: invalid run config" in err
+    assert "\n  rollout.max_new_tokens: rollout.max_new_tokens=1 cannot hold" in err
+    assert Run.objects.count() == 0
+
+
 def test_a_viewer_cannot_launch_exit_4(live_server, tmp_path, capsys):
     main(["login", live_server.url, "--token", api_token("vic", operator=False)])
     config = tmp_path / "run.toml"

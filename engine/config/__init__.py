@@ -88,7 +88,13 @@ from engine.config.reward import (
 from engine.config.reward import _RewardPool as _RewardPool
 from engine.config.rollout import RolloutConfig, TorchRolloutConfig, VllmRolloutConfig
 from engine.config.rollout import _RolloutCommon as _RolloutCommon
-from engine.config.run import CheckpointConfig, RunConfig, TelemetryConfig, longest_answer
+from engine.config.run import (
+    CheckpointConfig,
+    RunConfig,
+    TelemetryConfig,
+    fork_name,
+    longest_answer,
+)
 from engine.config.weightsync import (
     BroadcastSyncConfig,
     CheckpointFileSyncConfig,
@@ -160,6 +166,7 @@ __all__ = [
     "WarmStartConfig",
     "WeightSyncConfig",
     "dump_config",
+    "fork_name",
     "load_config",
     "loads_config",
     "longest_answer",

@@ -1,11 +1,21 @@
-"""What every config section shares: the strict pydantic base and the discriminated-union
-helper that keys pluggable sections on their ``type`` field."""
+"""What every config section shares: the strict pydantic base, the discriminated-union
+helper that keys pluggable sections on their ``type`` field, and FieldError."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag
+
+
+class FieldError(ValueError):
+    """A check raised inside a section (often one spanning sections) that names the field
+    to fix: ``path`` is where ConfigError reports it ("rollout.max_new_tokens"), whatever
+    section pydantic was validating; ``str()`` is the message with the fix."""
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        super().__init__(message)
 
 
 class _Section(BaseModel):

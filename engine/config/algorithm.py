@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from engine.config._base import _choice, _Section
+from engine.config._base import FieldError, _choice, _Section
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                       "seq-mean-token-sum-norm"]
@@ -132,7 +132,8 @@ class GrpoConfig(_PolicyGradient):
     def _std_is_grpos(self) -> GrpoConfig:
         # Only the non-default is refused: a dumped config spells out normalize_std = true.
         if not self.normalize_std and self.adv_estimator != "grpo":
-            raise ValueError(f'algorithm.normalize_std=false applies to adv_estimator = '
+            raise FieldError("algorithm.normalize_std",
+                             f'algorithm.normalize_std=false applies to adv_estimator = '
                              f'"grpo" only, and adv_estimator is "{self.adv_estimator}"; '
                              f'remove normalize_std')
         return self
@@ -160,11 +161,13 @@ class CriticConfig(_Section):
             return self
         path = Path(self.path).expanduser()
         if not (path / "config.json").is_file():
-            raise ValueError(f"algorithm.critic.path={path} holds no config.json; point it at "
+            raise FieldError("algorithm.critic.path",
+                             f"algorithm.critic.path={path} holds no config.json; point it at "
                              f"a local Hugging Face model directory (a PPO checkpoint's "
                              f"critic/), or unset it to start the critic from the policy")
         if not any(next(path.glob(g), None) for g in ("*.safetensors", "pytorch_model*.bin")):
-            raise ValueError(f"algorithm.critic.path={path} holds no weights (*.safetensors "
+            raise FieldError("algorithm.critic.path",
+                             f"algorithm.critic.path={path} holds no weights (*.safetensors "
                              f"or pytorch_model*.bin); save the critic there with "
                              f"save_pretrained")
         return self

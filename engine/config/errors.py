@@ -11,7 +11,7 @@ from typing import Any
 import tomli_w
 from pydantic import BaseModel, ValidationError
 
-from engine.config._base import _UNION_TAGS
+from engine.config._base import _UNION_TAGS, FieldError
 from engine.config.run import RunConfig
 
 # --------------------------------------------------------------------------- errors
@@ -63,8 +63,9 @@ def _format_error(err: dict[str, Any], data: Any) -> tuple[str, str]:
     path = ".".join(str(x) for x in loc) or "(root)"
     kind = err["type"]
     msg = err["msg"].removeprefix("Value error, ")
-    if kind == "value_error" and " " not in msg.split("=")[0] and "=" in msg:
-        path = msg.split("=")[0]           # a cross-field check names its own field
+    raised = err.get("ctx", {}).get("error")
+    if isinstance(raised, FieldError):
+        return raised.path, str(raised)    # a check that names the field to fix
     if kind == "extra_forbidden":
         owner = _model_at(loc, data)
         allowed = ", ".join(sorted(owner.model_fields)) if owner else "see configs/"

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from engine.config._base import _choice, _Section
+from engine.config._base import FieldError, _choice, _Section
 
 # --------------------------------------------------------------------------- model
 
@@ -49,7 +49,8 @@ class ModelConfig(_Section):
             return data
         size, path = data.get("size"), data.get("path")
         if size is not None and path is not None:
-            raise ValueError(f"model.path=set model.size or model.path, not both (got size "
+            raise FieldError("model.path",
+                             f"model.path=set model.size or model.path, not both (got size "
                              f"{size!r} and path {path!r}); remove model.size to train the "
                              f"directory, or model.path to use the built-in model")
         if size is None and path is None:
@@ -62,7 +63,7 @@ class ModelConfig(_Section):
             return self
         problem = model_dir_problem(Path(self.path).expanduser())
         if problem is not None:
-            raise ValueError(f"model.path={problem}")
+            raise FieldError("model.path", f"model.path={problem}")
         return self
 
 
@@ -278,17 +279,19 @@ class DatasetTaskConfig(_Section):
         from engine.config.datafile import CONFIG_PROBE_ROWS, DataFileError, probe
 
         if self.eval_path is not None and self.eval_fraction is not None:
-            raise ValueError("task.eval_fraction=holds out part of task.path, and task."
+            raise FieldError("task.eval_fraction",
+                             "task.eval_fraction=holds out part of task.path, and task."
                              "eval_path names held-out data of its own; set only one")
         if self.system_prompt is not None and not self.chat_template:
-            raise ValueError("task.system_prompt=is only sent through a chat template; set "
+            raise FieldError("task.system_prompt",
+                             "task.system_prompt=is only sent through a chat template; set "
                              "task.chat_template = true or remove system_prompt")
         try:
             for field, raw in (("task.path", self.path), ("task.eval_path", self.eval_path)):
                 if raw is not None:
                     probe(field, raw, self.columns(), CONFIG_PROBE_ROWS)
         except DataFileError as exc:
-            raise ValueError(str(exc)) from None
+            raise FieldError(exc.field, str(exc)) from None
         return self
 
     def held_out_fraction(self) -> float:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from engine.config._base import _choice, _Section
+from engine.config._base import FieldError, _choice, _Section
 
 # --------------------------------------------------------------------------- reward
 
@@ -41,7 +41,8 @@ class RuleRewardConfig(_RewardPool):
             try:
                 re.compile(self.format_regex)
             except re.error as exc:
-                raise ValueError(f"reward.format_regex={self.format_regex!r} is not a valid "
+                raise FieldError("reward.format_regex",
+                                 f"reward.format_regex={self.format_regex!r} is not a valid "
                                  f"regex ({exc}); fix the pattern") from None
         return self
 
@@ -107,22 +108,26 @@ class PythonRewardConfig(_RewardPool):
     def _function_named(self) -> PythonRewardConfig:
         target, _, name = self.function.rpartition(":")
         if not target or not name.isidentifier():
-            raise ValueError(f"reward.function={self.function!r} must be "
+            raise FieldError("reward.function",
+                             f"reward.function={self.function!r} must be "
                              '"package.module:callable" or "path/to/file.py:callable"')
         if is_file_target(target):
             from engine.config.datafile import resolve
 
             if not resolve(target).is_file():
-                raise ValueError(f"reward.function={self.function!r}: no such file "
+                raise FieldError("reward.function",
+                                 f"reward.function={self.function!r}: no such file "
                                  f"{target!r}; fix the path (relative to the working "
                                  "directory or the rlplane checkout)")
             return self
         if not all(part.isidentifier() for part in target.split(".")):
-            raise ValueError(f"reward.function={self.function!r}: {target!r} is not a module "
+            raise FieldError("reward.function",
+                             f"reward.function={self.function!r}: {target!r} is not a module "
                              "name; use dotted identifiers, or a path ending in .py")
         top = target.split(".")[0]
         if top in sys.stdlib_module_names or top == "engine":
-            raise ValueError(f"reward.function={self.function!r} names a module of "
+            raise FieldError("reward.function",
+                             f"reward.function={self.function!r} names a module of "
                              f"{'the standard library' if top != 'engine' else 'rlplane'}; "
                              "point it at your own module or file")
         return self

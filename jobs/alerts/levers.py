@@ -6,8 +6,10 @@
 A lever is one sentence naming the config field, its value now and the change. Each
 problem lists its levers in the order worth trying; a lever the run already uses is left
 out (a fully-async run is never told to go fully async), and a run whose placement cannot
-overlap anything (the in-process default) is told to go on Ray first. No planner exists
-yet, so no lever carries a predicted gain.
+overlap anything (the in-process default) is told to go on Ray first. A lever carries no
+predicted gain of its own: the planner's prediction (engine/planner/, asked through
+jobs/alerts/whatif.py) follows the levers in BubbleHigh's runbook, and the fork and compare
+pages show its table (jobs/queries/planning.py).
 """
 
 from __future__ import annotations

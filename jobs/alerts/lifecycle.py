@@ -19,7 +19,6 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from engine.config import validate_config
 from jobs.alerts.delivery import deliver_notification
 from jobs.alerts.history import HISTORY_EVENTS, Finding, RunFacts, RunHistory, Thresholds
 from jobs.alerts.rules import evaluate
@@ -59,9 +58,9 @@ def load_history(run: Run) -> RunHistory:
 def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
     """Open, refresh and resolve the run's alerts from its history; returns the alerts
     whose state changed."""
-    cfg = validate_config(run.config, check_files=False)   # its model may have moved since
     # "paused" while the driver holds: a paused run makes no progress on purpose
-    findings = evaluate(load_history(run), RunFacts.from_config(cfg, display_status(run)),
+    findings = evaluate(load_history(run),
+                        RunFacts.from_config(run.run_config, display_status(run)),
                         thresholds_for(run), time.time() if now is None else now)
     return do_apply_findings(run, findings)
 

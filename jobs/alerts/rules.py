@@ -543,15 +543,24 @@ def reward_over_optimization(h: RunHistory, f: RunFacts, t: Thresholds,
         evidence={"values": values, "series": chart(h, "reward/mean"), "compare": other})]
 
 
-RULES: list[Rule] = [
-    weight_sync_desync, stuck_reward, temperature_logprobs, logprob_gap_high,
-    logprob_gap_drift, staleness_over_bound, version_regression, phase_hang, bubble_high,
-    resync_slow, run_lost, reward_errors, reward_over_optimization,
-]
-KINDS = ["WeightSyncDesync", "StuckReward", "TemperatureLogprobs", "LogprobGapHigh",
-         "LogprobGapDrift", "StalenessOverBound", "VersionRegression", "PhaseHang",
-         "BubbleHigh", "ResyncSlow", "RunLost", "RewardErrors", "RewardOverOptimization"]
+# Each alert kind and the rule whose findings carry it, in evaluation order.
+RULES: dict[str, Rule] = {
+    "WeightSyncDesync": weight_sync_desync,
+    "StuckReward": stuck_reward,
+    "TemperatureLogprobs": temperature_logprobs,
+    "LogprobGapHigh": logprob_gap_high,
+    "LogprobGapDrift": logprob_gap_drift,
+    "StalenessOverBound": staleness_over_bound,
+    "VersionRegression": version_regression,
+    "PhaseHang": phase_hang,
+    "BubbleHigh": bubble_high,
+    "ResyncSlow": resync_slow,
+    "RunLost": run_lost,
+    "RewardErrors": reward_errors,
+    "RewardOverOptimization": reward_over_optimization,
+}
+KINDS = list(RULES)
 
 
 def evaluate(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
-    return [finding for rule in RULES for finding in rule(h, f, t, now)]
+    return [finding for rule in RULES.values() for finding in rule(h, f, t, now)]

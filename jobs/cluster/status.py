@@ -97,10 +97,6 @@ class Node:
     gpus: list[Gpu]
     runs: list[RunJob] = field(default_factory=list)
 
-    @property
-    def logical_gpus(self) -> float:
-        return next((r.total for r in self.resources if r.name == "GPU"), 0.0)
-
 
 @dataclass
 class ClusterView:

@@ -1,6 +1,6 @@
 """The driver's door: what a run's engine sends and polls, with its run token.
 
-    endpoints.py    POST /api/runs/<id>/events, GET .../stop, GET .../controls
+    endpoints.py    POST /api/runs/<id>/events, GET .../controls (stop flag + live controls)
     batch.py        an event batch parsed and bounded before anything is stored
     store.py        do_ingest_events: store new events by (run, seq), derive the rows the
                     pages read, follow the engine's status, evaluate alerts, announce

@@ -1,9 +1,10 @@
 """HTTP API for the engine, authenticated by the run's own token:
 
     POST /api/runs/<id>/events   ingest a batch of events
-    GET  /api/runs/<id>/stop     {"stop": bool}: the driver polls it, checkpoints and exits
-    GET  /api/runs/<id>/controls ?after=ID -> {"stop": bool, "controls": [...]}: the same,
-                                 with the live controls not yet applied after that id
+    GET  /api/runs/<id>/controls ?after=ID -> {"stop": bool, "controls": [...]}: the driver
+                                 polls it (engine/ray_job.py ControlPoller); on "stop" it
+                                 checkpoints and exits, and it applies the live controls
+                                 not yet applied after that id
 """
 
 from django.core.exceptions import RequestDataTooBig
@@ -65,15 +66,6 @@ def ingest(request, run_id: int) -> JsonResponse:
     if batch.errors:
         return JsonResponse({**body, "errors": batch.errors}, status=400)
     return JsonResponse(body)
-
-
-@require_GET
-def stop_request(request, run_id: int):
-    """GET -> {"stop": true} once an operator asked the run to stop."""
-    run = run_for_token(request, run_id)
-    if isinstance(run, JsonResponse):
-        return run
-    return JsonResponse({"stop": run.stop_requested_at is not None})
 
 
 @require_GET

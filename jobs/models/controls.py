@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.db import models
 
-from engine.api import CONTROL_KINDS, control_label
+from engine.api import CONTROL_KINDS, CONTROL_VALUE_TYPES, control_label
 
 
 class RunControl(models.Model):
@@ -11,7 +11,7 @@ class RunControl(models.Model):
 
     run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="controls")
     kind = models.CharField(max_length=20, choices=[(k, k) for k in CONTROL_KINDS])
-    value = models.FloatField(null=True, blank=True)  # set_lr, set_eval_every
+    value = models.FloatField(null=True, blank=True)  # the kinds in CONTROL_VALUE_TYPES
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                      on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -31,7 +31,7 @@ class RunControl(models.Model):
         data = {"id": self.pk, "kind": self.kind,
                 "requested_by": self.requested_by.get_username() if self.requested_by else ""}
         if self.value is not None:
-            data["value"] = int(self.value) if self.kind == "set_eval_every" else self.value
+            data["value"] = CONTROL_VALUE_TYPES.get(self.kind, float)(self.value)
         return data
 
     @property

@@ -8,8 +8,9 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from engine.config import validate_config
+from engine.config import RunConfig, fork_name, validate_config
 from jobs.models.status import (
+    CONTROLLABLE,
     TERMINAL,
     InvalidTransition,
     RunStatus,
@@ -49,8 +50,9 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     ray_submission_id = models.CharField(max_length=200, blank=True)
-    # Set by a stop request; the driver polls it (GET /api/runs/<id>/stop), checkpoints
-    # and exits. Only a driver that does not answer in time gets its Ray job stopped.
+    # Set by a stop request; the driver polls it (GET /api/runs/<id>/controls answers
+    # "stop"), checkpoints and exits. Only a driver that does not answer in time gets its
+    # Ray job stopped.
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     # sha256 hex of the ingest token; the raw token exists only in the driver's environment.
     ingest_token_hash = models.CharField(max_length=64, blank=True, editable=False)
@@ -75,6 +77,28 @@ class Run(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def accepts_controls(self) -> bool:
+        """Whether a live control may be asked of the run now (the run page shows its
+        controls, do_request_control accepts one)."""
+        return self.status in CONTROLLABLE
+
+    @property
+    def run_config(self) -> RunConfig:
+        """The stored config as a RunConfig, validated once per instance (again only once
+        ``config`` is replaced, as save and refresh_from_db do). Files are not checked: a
+        run's model or data may have moved since it launched, and its config must stay
+        readable; launching checks them (the run form, the REST API, the CLI)."""
+        cached = getattr(self, "_run_config", None)
+        if cached is None or cached[0] is not self.config:
+            self._run_config = (self.config, validate_config(self.config, check_files=False))
+        return self._run_config[1]
+
+    def fork_config(self) -> RunConfig:
+        """What a fork of this run launches unless given another config: this run's,
+        named by fork_name."""
+        return self.run_config.model_copy(update={"name": fork_name(self.run_config.name)})
 
     def transition_to(self, new: str, reason: str = "") -> None:
         """Move to ``new`` if the stored status allows it, else raise InvalidTransition.
@@ -166,7 +190,7 @@ class Run(models.Model):
         """Why a fork of this run with ``config`` cannot start from this run's checkpoints,
         as (field path, message with the fix); None when it can. PPO continues the
         checkpoint's critic: a run trained without one (GRPO) has none to give."""
-        parent = validate_config(self.config, check_files=False).algorithm
+        parent = self.run_config.algorithm
         child = validate_config(config, check_files=False).algorithm
         if child.type != "ppo" or parent.type == "ppo" or child.critic.path is not None:
             return None

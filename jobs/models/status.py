@@ -31,6 +31,9 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.LOST})
 # Submitted and not final: a Ray job may be working on it and sending events.
 LIVE = frozenset({S.SUBMITTING, S.RUNNING, S.STOPPING})
+# A live control may be asked of these: the driver polls it once it runs; a stopping run
+# is on its way out and would apply none.
+CONTROLLABLE = frozenset({S.SUBMITTING, S.RUNNING})
 
 
 def sources_of(new: RunStatus) -> list[str]:

@@ -48,7 +48,12 @@ SUMMARY_METRICS = ("throughput/samples_per_s", "throughput/tokens_per_s", "bubbl
 
 
 class CompareError(ValueError):
-    """A selection the compare page cannot show; the message names the fix."""
+    """A selection the compare page cannot show: the query parameter at fault (``field``)
+    and the fix (``message``); ``str()`` is "field: message", as the page shows it."""
+
+    def __init__(self, field: str, message: str):
+        self.field, self.message = field, message
+        super().__init__(f"{field}: {message}")
 
 
 def parse_ids(values: Sequence[str]) -> list[int]:
@@ -60,13 +65,13 @@ def parse_ids(values: Sequence[str]) -> list[int]:
             continue
         pk = parse_pk(part)
         if pk is None:
-            raise CompareError(f"ids: {part!r} is not a run id; give run numbers, e.g. "
-                               "?ids=3,7")
+            raise CompareError("ids", f"{part!r} is not a run id; give run numbers, e.g. "
+                                      "?ids=3,7")
         if pk not in ids:
             ids.append(pk)
     if not MIN_RUNS <= len(ids) <= MAX_RUNS:
-        raise CompareError(f"ids: compare {MIN_RUNS} to {MAX_RUNS} runs, got {len(ids)}; "
-                           "select them on the runs list, e.g. ?ids=3,7")
+        raise CompareError("ids", f"compare {MIN_RUNS} to {MAX_RUNS} runs, got {len(ids)}; "
+                                  "select them on the runs list, e.g. ?ids=3,7")
     return ids
 
 
@@ -77,10 +82,11 @@ def parse_level(text: str | None) -> float | None:
     try:
         level = float(text)
     except ValueError:
-        raise CompareError(f"level: {text!r} is not a number; give a reward such as "
-                           "0.5") from None
+        raise CompareError("level", f"{text!r} is not a number; give a reward such as "
+                                    "0.5") from None
     if not math.isfinite(level):
-        raise CompareError(f"level: {text!r} is not a finite number; give a reward such as 0.5")
+        raise CompareError("level",
+                           f"{text!r} is not a finite number; give a reward such as 0.5")
     return level
 
 
@@ -173,7 +179,7 @@ def selected_runs(ids: list[int]) -> list[Run]:
     by_id = Run.objects.in_bulk(ids)
     missing = [str(pk) for pk in ids if pk not in by_id]
     if missing:
-        raise CompareError(f"ids: no run {', '.join(missing)}; pick runs from the runs list")
+        raise CompareError("ids", f"no run {', '.join(missing)}; pick runs from the runs list")
     return [by_id[pk] for pk in ids]
 
 

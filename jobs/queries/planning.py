@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from engine.config import ConfigError, validate_config
+from engine.config import ConfigError
 from jobs.alerts.whatif import plan_history
 from jobs.models import MetricPoint, PhaseSpan, Run
 
@@ -35,7 +35,7 @@ def timed_steps(run: Run) -> list[int]:
 def plan_for_run(run: Run, devices: int | None = None):
     """(engine PlanTable, "") or (None, why it cannot be planned)."""
     try:
-        cfg = validate_config(run.config, check_files=False)
+        cfg = run.run_config
     except ConfigError as exc:
         return None, f"its stored config no longer validates: {exc}"
     steps = timed_steps(run)
@@ -74,13 +74,13 @@ def predicted_vs_measured(table, baseline: Run, runs: list[Run]) -> list[Check]:
     for its placement and async policy type, measured over the steps the planner would
     fit it from: the latest timed ones, the first left out as warm-up. Samples per step
     are the config's prompts_per_step x group_size, as the fit counts them."""
-    base = validate_config(baseline.config, check_files=False)
+    base = baseline.run_config
     return [_check(table, base, run) for run in runs]
 
 
 def _check(table, base, run: Run) -> Check:
     try:
-        cfg = validate_config(run.config, check_files=False)
+        cfg = run.run_config
     except ConfigError as exc:
         return Check(run, why=f"its stored config no longer validates: {exc}")
     for section, key in WORKLOAD:

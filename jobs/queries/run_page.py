@@ -10,7 +10,7 @@ from django.db.models import Count, Max, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from engine.config import dump_config, validate_config
+from engine.config import dump_config
 from jobs import charts
 from jobs.models import (
     LIVE,
@@ -105,7 +105,7 @@ def chart_data(run: Run) -> dict:
     the statuses after which the run has nothing left to stop."""
     with snapshot():
         last_seq = RunEvent.highest_seq(run)
-        algorithm = validate_config(run.config, check_files=False).algorithm.type
+        algorithm = run.run_config.algorithm.type
         figures = charts.metric_figures(metric_steps(run), algorithm)
         figures.append(charts.timeline_figure(recent_spans(run)))
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
@@ -136,12 +136,12 @@ def recent_logs(run: Run) -> list[dict]:
 
 
 def config_toml(run: Run) -> str:
-    return dump_config(validate_config(run.config, check_files=False))
+    return dump_config(run.run_config)
 
 
 def run_facts(run: Run) -> list[tuple[str, str]]:
     """What the run trains, on what, and how: the run header's line."""
-    cfg = validate_config(run.config, check_files=False)
+    cfg = run.run_config
     task = cfg.task.type + (f" {cfg.task.path}" if cfg.task.type == "dataset" else "")
     placement = cfg.placement.type
     if cfg.placement.type == "disaggregated":
@@ -160,7 +160,7 @@ def current_lr(run: Run) -> float:
     latest = latest_point(run, "learner/lr")
     if latest is not None and latest[1] is not None:
         return latest[1]
-    return validate_config(run.config, check_files=False).algorithm.lr
+    return run.run_config.algorithm.lr
 
 
 def latest_point(run: Run, name: str) -> tuple[int, float | None] | None:
@@ -175,7 +175,7 @@ ETA_STEPS = 20  # the ETA extrapolates the mean step time of this many latest st
 def run_progress(run: Run) -> dict:
     """The run header's "how is it going": step k of n, elapsed, ETA (while live), latest
     training and held-out reward, open alerts."""
-    steps = validate_config(run.config, check_files=False).steps
+    steps = run.run_config.steps
     recent = list(MetricPoint.objects.filter(run=run, name="time/step_s").order_by("-step")
                   .values_list("step", "value")[:ETA_STEPS])
     step = recent[0][0] if recent else None

@@ -157,8 +157,7 @@ def compare(request):
     try:
         runs, level = selection(request)
     except CompareError as exc:
-        field, _, message = str(exc).partition(": ")
-        raise ValidationError({field: message}) from None
+        raise ValidationError({exc.field: exc.message}) from None
     return Response(compare_data(runs, level))
 
 
@@ -199,8 +198,7 @@ def fork(request, run_id: int):
     if "toml" in data or "config" in data:
         cfg = config_from(data)
     else:
-        cfg = validate_config(parent.config, check_files=False)
-        cfg = cfg.model_copy(update={"name": f"{cfg.name}-fork"[:100]})
+        cfg = parent.fork_config()
     child = do_fork_run(request.user, parent, checkpoint, cfg.model_dump(mode="json"),
                         priority=data["priority"])
     child.refresh_from_db()

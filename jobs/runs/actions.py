@@ -74,7 +74,7 @@ def do_request_control(user, run: Run, control: Control) -> RunControl:
     being submitted or running."""
     with transaction.atomic():
         run.refresh_from_db(fields=["status"])
-        if run.status not in (RunStatus.SUBMITTING, RunStatus.RUNNING):
+        if not run.accepts_controls:
             raise Refused(f"run {run.pk} is {run.status}; live controls need a running run")
         value = getattr(control, "value", None)
         row = RunControl.objects.create(run=run, kind=control.kind, requested_by=user,

@@ -169,7 +169,7 @@ class ForkForm(RunConfigForm):
 
 def config_diff(parent: Run, cfg: RunConfig) -> str:
     """Unified diff of the parent's TOML against the new config's ('' when equal)."""
-    before = dump_config(validate_config(parent.config, check_files=False)).splitlines()
+    before = dump_config(parent.run_config).splitlines()
     after = dump_config(cfg).splitlines()
     return "\n".join(difflib.unified_diff(before, after, f"run #{parent.pk} ({parent.name})",
                                           "fork", lineterm=""))

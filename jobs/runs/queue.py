@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import transaction
 
 from engine.api import placement_demand
-from engine.config import validate_config
+from engine.config import RunConfig
 from jobs.cluster.status import ClusterUnreachable, fetch_json
 from jobs.models import LIVE, Run, RunStatus
 from jobs.runs.submit import submit_run
@@ -44,8 +44,8 @@ RUN_SLOT = "run slot"  # not a Ray resource: the in-process runs' share of this 
 Resources = dict[str, float]
 
 
-def demand_of(config: dict) -> Resources:
-    return placement_demand(validate_config(config, check_files=False)) or {RUN_SLOT: 1.0}
+def demand_of(cfg: RunConfig) -> Resources:
+    return placement_demand(cfg) or {RUN_SLOT: 1.0}
 
 
 def ray_capacity() -> tuple[Resources, Resources]:
@@ -84,12 +84,12 @@ def capacity(needs_ray: bool) -> tuple[Resources, Resources, str]:
     return {**total, **ray_total}, ray_used, ""
 
 
-def free_of(total: Resources, ray_used: Resources, live_configs: list[dict]) -> Resources:
+def free_of(total: Resources, ray_used: Resources, live: list[Run]) -> Resources:
     """What is free: the total less what live runs' placements ask for or what Ray
     reports in use, whichever is more."""
     taken: Resources = defaultdict(float)
-    for config in live_configs:
-        for name, amount in demand_of(config).items():
+    for run in live:
+        for name, amount in demand_of(run.run_config).items():
             taken[name] += amount
     return {name: amount - max(taken.get(name, 0.0), ray_used.get(name, 0.0))
             for name, amount in total.items()}
@@ -102,8 +102,7 @@ def fits_now(asked: Resources) -> tuple[bool | None, str]:
     total, ray_used, ray_error = capacity(bool(set(asked) - {RUN_SLOT}))
     if ray_error:
         return None, f"the Ray cluster did not answer: {ray_error}"
-    live = list(Run.objects.filter(status__in=LIVE).values_list("config", flat=True))
-    free = free_of(total, ray_used, live)
+    free = free_of(total, ray_used, list(Run.objects.filter(status__in=LIVE).only("config")))
     if all(amount <= free.get(name, 0.0) for name, amount in asked.items()):
         return True, ", ".join(
             f"{max(free.get(name, 0.0), 0.0):g} of {total.get(name, 0.0):g} "
@@ -114,20 +113,20 @@ def fits_now(asked: Resources) -> tuple[bool | None, str]:
 def do_schedule_runs() -> list[int]:
     """Admit the queued runs that fit, in priority then FIFO order; record why the others
     wait. Returns the admitted run ids (their submit_run is queued on commit)."""
-    waiting = list(Run.objects.filter(status=RunStatus.QUEUED).values_list("config", flat=True))
+    waiting = list(Run.objects.filter(status=RunStatus.QUEUED).only("config"))
     if not waiting:
         return []
     total, ray_used, ray_error = capacity(
-        any(set(demand_of(config)) - {RUN_SLOT} for config in waiting))
+        any(set(demand_of(run.run_config)) - {RUN_SLOT} for run in waiting))
     admitted: list[int] = []
     with transaction.atomic():
         rows = list(Run.objects.select_for_update()
                     .filter(status__in=[RunStatus.QUEUED, *LIVE]).order_by("pk"))
-        free = free_of(total, ray_used, [r.config for r in rows if r.status != RunStatus.QUEUED])
+        free = free_of(total, ray_used, [r for r in rows if r.status != RunStatus.QUEUED])
         queued = sorted((r for r in rows if r.status == RunStatus.QUEUED),
                         key=lambda r: (-r.priority, r.created_at, r.pk))
         for run in queued:
-            asked = demand_of(run.config)
+            asked = demand_of(run.run_config)
             if ray_error and set(asked) - {RUN_SLOT}:
                 reason = f"waits for the Ray cluster to answer: {ray_error}"
             elif all(amount <= free.get(name, 0.0) for name, amount in asked.items()):

@@ -18,7 +18,7 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from engine.api import ControlError, placement_bundles, placement_demand, validate_control
+from engine.api import ControlError, placement_bundles, validate_control
 from engine.config import RunConfig, validate_config
 from jobs.auth import operator_required
 from jobs.models import Checkpoint, InvalidTransition, Preset, Run
@@ -33,20 +33,19 @@ from jobs.runs.actions import (
     do_stop_run,
 )
 from jobs.runs.forms import ForkForm, RunConfigForm, initial_for
-from jobs.runs.queue import RUN_SLOT, fits_now
+from jobs.runs.queue import demand_of, fits_now
 
 
 def placement_preview(cfg: RunConfig) -> dict:
     """What the run will ask the cluster for, and whether the cluster can hold it now."""
     bundles = placement_bundles(cfg)
+    asked = demand_of(cfg)
     if bundles:
         devices = sum(b.get("GPU", 0.0) for b in bundles)
-        asked = placement_demand(cfg)
         shape = " + ".join(f"{b.get('GPU', 0.0):g}" for b in bundles)
         what = (f"a Ray placement group of {len(bundles)} bundle{'s' * (len(bundles) != 1)} "
                 f"({shape} GPUs, {cfg.placement.strategy}): {devices:g} devices")
     else:
-        asked = {RUN_SLOT: 1.0}
         what = (f"no Ray placement group: one in-process run slot, "
                 f"{cfg.placement.devices} logical device{'s' * (cfg.placement.devices != 1)}")
     fits, why = fits_now(asked)
@@ -154,8 +153,7 @@ def run_fork(request, run_id: int):
             form = ForkForm(parent, data)
             form.is_valid()
     else:
-        cfg = validate_config(parent.config, check_files=False)
-        cfg = cfg.model_copy(update={"name": f"{cfg.name}-fork"[:100]})
+        cfg = parent.fork_config()
         checkpoints = Checkpoint.forkable(parent)
         wanted = parse_pk(request.GET.get("checkpoint", ""))
         chosen = checkpoints.filter(pk=wanted).first() if wanted is not None else None

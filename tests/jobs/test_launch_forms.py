@@ -94,6 +94,18 @@ devices = 0
     assert Run.objects.count() == 0 and queued == []
 
 
+def test_a_check_across_sections_lands_on_the_field_it_names(db):
+    # RunConfig checks critic_devices against algorithm.type as a whole: pydantic places
+    # the error at the root, and the path the check names takes it to the placement select
+    form = RunConfigForm({"config": '[placement]\ncritic_devices = 1\n',
+                          "algorithm": "grpo", "placement": "colocated", "async_policy": "sync"})
+
+    assert not form.is_valid()
+    assert [(p.path, p.line) for p in form.config_errors] == [("placement.critic_devices", 2)]
+    assert any(e.startswith("placement.critic_devices: ") for e in form.errors["placement"])
+    assert "config" not in form.errors
+
+
 def test_text_that_is_not_toml_is_a_form_error(client, operator, queued,
                                                 django_capture_on_commit_callbacks):
     response = post_new(client, form_data("steps = = 3"), django_capture_on_commit_callbacks)

@@ -5,6 +5,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError
 
 from jobs.models import Preset, Run
+from jobs.models import run as run_module
 
 
 def test_a_run_keeps_only_the_sha256_of_its_ingest_token(make_run):
@@ -91,3 +92,24 @@ def test_a_fork_points_at_its_parent_and_the_checkpoint_it_starts_from(make_run)
                               source_checkpoint="/runs/1/checkpoints/step_000010")
 
     assert list(parent.forks.all()) == [fork]
+
+
+def test_a_runs_config_is_validated_once_and_again_only_when_replaced(db, monkeypatch):
+    run = Run.objects.create(name="r", config={"steps": 7})
+    calls = []
+    real = run_module.validate_config
+    monkeypatch.setattr(run_module, "validate_config",
+                        lambda data, **kw: calls.append(data) or real(data, **kw))
+
+    assert run.run_config.steps == 7 and run.run_config is run.run_config
+    assert len(calls) == 1
+    Run.objects.filter(pk=run.pk).update(config={**run.config, "steps": 9})
+    run.refresh_from_db()
+    assert run.run_config.steps == 9 and len(calls) == 2
+
+
+def test_a_fork_is_named_after_its_parent_within_the_name_bound(db):
+    run = Run.objects.create(name="r", config={"name": "x" * 100})
+
+    assert run.fork_config().name == "x" * 100
+    assert Run.objects.create(name="p", config={"name": "p"}).fork_config().name == "p-fork"

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from engine.config import validate_config
 from jobs.ingest.store import do_ingest_events
 from jobs.models import Run, RunStatus
 from jobs.runs import queue, submit, tasks
@@ -47,12 +48,13 @@ def queued(config: dict, **fields) -> Run:
 
 
 def test_what_a_placement_asks_for():
-    assert queue.demand_of(LOCAL) == {queue.RUN_SLOT: 1.0}
-    assert queue.demand_of(on_gpus(4)) == {"GPU": 4.0}
+    assert queue.demand_of(validate_config(LOCAL)) == {queue.RUN_SLOT: 1.0}
+    assert queue.demand_of(validate_config(on_gpus(4))) == {"GPU": 4.0}
     split = {"weight_sync": {"type": "shm"}, "placement": {
         "type": "disaggregated", "rollout_workers": 3, "devices_per_worker": 2,
         "learner_devices": 2}}
-    assert queue.demand_of(split) == {"GPU": 8.0}  # 3 x 2 for rollout + 2 for the learner
+    # 3 x 2 for rollout + 2 for the learner
+    assert queue.demand_of(validate_config(split)) == {"GPU": 8.0}
     assert queue.wait_reason({"GPU": 2.0}, {"GPU": 0.0}, {"GPU": 4.0}) == \
         "waits for 2 GPUs; 0 of 4 free"
 

@@ -173,6 +173,15 @@ def test_bad_input_names_the_field(api, body, field):
     assert field in [e["field"] for e in response.json()["errors"]]
 
 
+def test_a_check_across_sections_is_400_at_the_path_it_names(api):
+    response = api("post", "/runs", {"config": {"rollout": {"max_new_tokens": 1}}})
+
+    assert response.status_code == 400
+    [error] = response.json()["errors"]
+    assert error["field"] == "rollout.max_new_tokens"
+    assert "set it to >= " in error["message"]
+
+
 def test_the_json_config_errors_are_the_engines(api):
     response = api("post", "/runs", {"config": {"steps": "many"}})
 

@@ -106,30 +106,30 @@ def job_log(client, sid: str) -> str:
         return str(exc)
 
 
-# --- the stop poll endpoint (no Ray needed) ------------------------------------------------
+# --- the stop flag in the driver's poll (no Ray needed) ------------------------------------
 
 @pytest.mark.django_db
-def test_the_stop_poll_answers_the_run_token_with_the_stop_flag(client, make_run):
+def test_the_drivers_poll_answers_the_run_token_with_the_stop_flag(client, make_run):
     run = make_run(RunStatus.RUNNING)
     token = run.issue_ingest_token()
     headers = {"Authorization": f"Bearer {token}"}
 
-    assert client.get(f"/api/runs/{run.pk}/stop", headers=headers).json() == {"stop": False}
+    assert client.get(f"/api/runs/{run.pk}/controls", headers=headers).json()["stop"] is False
     run.request_stop("operator asked")
-    assert client.get(f"/api/runs/{run.pk}/stop", headers=headers).json() == {"stop": True}
+    assert client.get(f"/api/runs/{run.pk}/controls", headers=headers).json()["stop"] is True
 
 
 @pytest.mark.django_db
-def test_the_stop_poll_refuses_other_tokens(client, make_run):
+def test_the_drivers_poll_refuses_other_tokens(client, make_run):
     run, other = make_run(), make_run()
     run.issue_ingest_token()
     other_token = other.issue_ingest_token()
 
-    assert client.get(f"/api/runs/{run.pk}/stop").status_code == 401
-    response = client.get(f"/api/runs/{run.pk}/stop",
+    assert client.get(f"/api/runs/{run.pk}/controls").status_code == 401
+    response = client.get(f"/api/runs/{run.pk}/controls",
                           headers={"Authorization": f"Bearer {other_token}"})
     assert response.status_code == 403
-    assert client.post(f"/api/runs/{run.pk}/stop").status_code == 405
+    assert client.post(f"/api/runs/{run.pk}/controls").status_code == 405
 
 
 # --- submit_run ----------------------------------------------------------------------------
