@@ -50,7 +50,7 @@ class ModelConfig(_Section):
         size, path = data.get("size"), data.get("path")
         if size is not None and path is not None:
             raise FieldError("model.path",
-                             f"model.path=set model.size or model.path, not both (got size "
+                             f"set model.size or model.path, not both (got size "
                              f"{size!r} and path {path!r}); remove model.size to train the "
                              f"directory, or model.path to use the built-in model")
         if size is None and path is None:
@@ -63,7 +63,7 @@ class ModelConfig(_Section):
             return self
         problem = model_dir_problem(Path(self.path).expanduser())
         if problem is not None:
-            raise FieldError("model.path", f"model.path={problem}")
+            raise FieldError("model.path", problem)
         return self
 
 
@@ -280,11 +280,11 @@ class DatasetTaskConfig(_Section):
 
         if self.eval_path is not None and self.eval_fraction is not None:
             raise FieldError("task.eval_fraction",
-                             "task.eval_fraction=holds out part of task.path, and task."
+                             "holds out part of task.path, and task."
                              "eval_path names held-out data of its own; set only one")
         if self.system_prompt is not None and not self.chat_template:
             raise FieldError("task.system_prompt",
-                             "task.system_prompt=is only sent through a chat template; set "
+                             "is only sent through a chat template; set "
                              "task.chat_template = true or remove system_prompt")
         try:
             for field, raw in (("task.path", self.path), ("task.eval_path", self.eval_path)):
