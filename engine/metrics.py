@@ -19,6 +19,7 @@ import it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import NewType
 
@@ -41,6 +42,13 @@ class MetricFamily:
 
     def of(self, **fields: object) -> MetricName:
         return MetricName(self.template.format(**fields))
+
+    def match(self, name: str) -> dict[str, str] | None:
+        """The fields of a member's name ({"device": "gpu:0", ...}), or None for another
+        name. A field holds no "/"."""
+        pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(self.template))
+        found = re.fullmatch(pattern, name)
+        return found.groupdict() if found else None
 
 
 METRICS: dict[str, Metric] = {}       # name -> Metric, in the order defined here

@@ -40,3 +40,10 @@ def test_a_family_spells_its_members_and_the_named_ones_among_them():
 def test_the_names_are_plain_strings_so_events_and_rows_hold_what_they_held():
     assert type(M.REWARD_MEAN) is str and M.REWARD_MEAN == "reward/mean"
     assert M.METRICS[M.BUBBLE].unit == "fraction"
+
+
+def test_a_family_reads_the_fields_back_from_a_members_name_and_only_from_one():
+    assert M.DEVICE_PHASE_UTILIZATION.match("device/utilization/gpu:1/rollout") == {
+        "device": "gpu:1", "phase": "rollout"}
+    assert M.DEVICE_PHASE_UTILIZATION.match("device/utilization/gpu:1") is None
+    assert M.DEVICE_PHASE_UTILIZATION.match("device/utilization/a/b/c") is None
