@@ -6,6 +6,7 @@ its two public modules, and those two stay free of torch/ray so the web process 
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -237,3 +238,48 @@ def test_every_module_with_celery_tasks_is_named_for_the_worker():
     assert defining, "no @shared_task found under jobs/"
     assert defining == sorted(TASK_MODULES)
 
+
+# Where the metric names may be spelled out: the vocabulary itself (tests check the contract
+# with literals of their own and are not scanned).
+VOCABULARY = ROOT / "engine" / "metrics.py"
+NAME_SCANNED = ("engine", "jobs", "controlplane", "rlplane")
+BROWSER_SCANNED = {"static/js": "*.js", "templates": "*.html"}
+
+
+def metric_literals(path: Path, names: set[str], families: list[re.Pattern]) -> Iterator[str]:
+    """Each string literal of a Python file that spells a canonical metric name, and each
+    f-string that spells one (``f"time/{phase}_s"``: a family member or a named metric)."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Constant) and node.value in names:
+            yield f"{where(path, node.lineno)} {node.value!r}"
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(
+                node.values[0], ast.Constant):
+            parts = [v.value if isinstance(v, ast.Constant) else None for v in node.values]
+            sample = "".join("x" if p is None else p for p in parts)     # f"time/{p}_s": time/x_s
+            shape = re.compile("".join(".+" if p is None else re.escape(p) for p in parts))
+            if any(f.fullmatch(sample) for f in families) or any(map(shape.fullmatch, names)):
+                yield f"{where(path, node.lineno)} f-string {ast.unparse(node)}"
+
+
+def test_no_metric_name_is_spelled_outside_the_vocabulary():
+    """A renamed metric must break loudly: every module takes the names from engine/metrics.py
+    (the web side through engine.api), the browser from the page data."""
+    from engine import metrics
+
+    names = set(metrics.METRICS)
+    assert {"reward/mean", "bubble", "weight_sync/latency_s"} <= names
+    families = [re.compile(re.sub(r"\\\{\w+\\\}", ".+", re.escape(f.template)))
+                for f in metrics.FAMILIES]
+    offenders = [hit for package in NAME_SCANNED for path in python_files(package)
+                 if path != VOCABULARY and "migrations" not in path.parts
+                 for hit in metric_literals(path, names, families)]
+    quoted = re.compile(r"""(["'])([^"'\n]+)\1""")
+    offenders += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1} "
+                  f"{m.group(0)}"
+                  for folder, pattern in BROWSER_SCANNED.items()
+                  for path in sorted((ROOT / folder).rglob(pattern))
+                  for text in [path.read_text()]
+                  for m in quoted.finditer(text) if m.group(2) in names]
+    assert not offenders, (f"{len(offenders)} metric names spelled outside engine/metrics.py "
+                           "(import them from it; jobs/ through engine.api):\n"
+                           + "\n".join(offenders))
