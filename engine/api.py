@@ -5,7 +5,8 @@
     table = plan_run(cfg, metrics, spans)         # what-if: placement x policy (planner)
     for line in events.jsonl: event_from_dict(json.loads(line))
 
-The event types live in engine.events; they are re-exported here for the control plane.
+The event types live in engine.events and the metric names in engine.metrics; they are
+re-exported here for the control plane (``from engine.api import metrics as M``).
 No torch or ray import happens at import time (the web process imports this module), so
 ``run_local`` imports the loop when it is called.
 """
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from engine import metrics
 from engine.config import ConfigError, RunConfig, load_config, validate_config
 from engine.controls import (
     CONTROL_KINDS,
@@ -46,6 +48,7 @@ from engine.events import (
     WeightSyncEvent,
     event_from_dict,
 )
+from engine.metrics import TIME_STEP_S
 
 __all__ = [
     "CONTROL_KINDS", "CONTROL_VALUE_TYPES", "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES",
@@ -55,7 +58,8 @@ __all__ = [
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
     "PlanError", "RolloutSample", "RunSummary", "SamplesEvent", "SpanEvent",
     "WeightSyncEvent", "event_from_dict", "load_config", "placement_bundles",
-    "control_label", "placement_demand", "plan_run", "run_local", "validate", "validate_control",
+    "control_label", "metrics", "placement_demand", "plan_run", "run_local", "validate",
+    "validate_control",
 ]
 
 
@@ -91,7 +95,7 @@ def plan_run(cfg: RunConfig, metrics: Mapping[str, Mapping[int, float]], spans: 
     Raises PlanError when it cannot fit."""
     from engine.planner import FitError, fit_run, plan_table  # numpy: only when asked
 
-    steps = sorted(metrics.get("time/step_s", {}))
+    steps = sorted(metrics.get(TIME_STEP_S, {}))
     rows = [{name: series[s] for name, series in metrics.items() if s in series}
             for s in steps]
     try:

@@ -15,15 +15,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from engine import metrics as M
 from engine.config import ConfigError, load_config
 
 KEY_METRICS = [
-    "reward/mean", "reward/accuracy", "response_length/p50", "response_length/p99",
-    "time/step_s", "rollout_share", "bubble", "throughput/tokens_per_s",
-    "logprob_gap/mean", "logprob_gap/max", "moe/routing_agreement", "tis/clip_frac",
-    "staleness/max", "weight_sync/latency_s", "weight_sync/matched", "learner/loss",
-    "learner/entropy",
-    "critic/value_loss", "critic/explained_variance",                  # PPO runs only
+    M.REWARD_MEAN, M.REWARD_ACCURACY, M.RESPONSE_LENGTH_P50, M.RESPONSE_LENGTH_P99,
+    M.TIME_STEP_S, M.ROLLOUT_SHARE, M.BUBBLE, M.THROUGHPUT_TOKENS_PER_S,
+    M.LOGPROB_GAP_MEAN, M.LOGPROB_GAP_MAX, M.MOE_ROUTING_AGREEMENT, M.TIS_CLIP_FRAC,
+    M.STALENESS_MAX, M.WEIGHT_SYNC_LATENCY_S, M.WEIGHT_SYNC_MATCHED, M.LEARNER_LOSS,
+    M.LEARNER_ENTROPY,
+    M.CRITIC_VALUE_LOSS, M.CRITIC_EXPLAINED_VARIANCE,                  # PPO runs only
 ]
 
 
@@ -69,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def progress(step: int, total: int, m: dict[str, float]) -> None:
             bar.update(task, completed=step, info=(
-                f"reward {m['reward/mean']:+.3f}  acc {m['reward/accuracy']:.2f}  "
-                f"step {m['time/step_s']:.2f}s"))
+                f"reward {m[M.REWARD_MEAN]:+.3f}  acc {m[M.REWARD_ACCURACY]:.2f}  "
+                f"step {m[M.TIME_STEP_S]:.2f}s"))
 
         try:
             summary = run_local(cfg, out, steps=args.steps, resume=args.resume,

@@ -53,7 +53,8 @@ class RunStatusEvent(Event):
 
 @dataclass
 class MetricsEvent(Event):
-    """One step's metrics, canonical names (DESIGN.md §4), plus eval/* at eval steps."""
+    """One step's metrics under their canonical names (engine/metrics.py), plus eval/* at eval
+    steps."""
     type: ClassVar[str] = "metrics.append"
     step: int = 0
     values: dict[str, float] = field(default_factory=dict)

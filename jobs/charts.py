@@ -23,12 +23,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from engine.api import control_label
+from engine.api import metrics as M
 
 Values = dict[str, float | None]
 
 TIMELINE_STEPS = 20  # the device timeline keeps roughly this many recent steps
-# New phases go last: a trace's index is its place here, and pages extend traces by index.
-PHASES = ("rollout", "reward", "learner", "weight_sync", "critic")   # critic: PPO's
+# A timeline trace's index is its phase's place in PHASES (new phases go last there), and
+# pages extend traces by index.
+PHASES = M.PHASES
 PHASE_COLORS = {"rollout": "#4c78a8", "reward": "#f58518", "learner": "#54a24b",
                 "weight_sync": "#e45756", "critic": "#b279a2", "idle": "#bab0ac"}
 
@@ -78,53 +80,57 @@ BAND = {"mode": "lines", "line": {"width": 0}, "showlegend": False, "hoverinfo":
 
 METRIC_CHARTS: tuple[Chart, ...] = (
     Chart("reward", "Reward (mean, ±1 std)", (
-        offset("reward/mean", "reward/std", -1, "mean - std", **BAND),
-        offset("reward/mean", "reward/std", +1, "mean + std", **BAND, fill="tonexty",
+        offset(M.REWARD_MEAN, M.REWARD_STD, -1, "mean - std", **BAND),
+        offset(M.REWARD_MEAN, M.REWARD_STD, +1, "mean + std", **BAND, fill="tonexty",
                fillcolor="rgba(76,120,168,0.2)"),
-        metric("reward/mean", "mean", line={"color": "#4c78a8"}),
+        metric(M.REWARD_MEAN, "mean", line={"color": "#4c78a8"}),
         # Reported at eval steps only: markers, so a sparse series still shows.
-        metric("eval/reward_mean", "held-out", mode="lines+markers",
+        metric(M.EVAL_REWARD_MEAN, "held-out", mode="lines+markers",
                line={"color": "#e45756"}),
     )),
     Chart("step_time", "Step time by phase (s)", tuple(
-        metric(f"time/{phase}_s", phase, stackgroup="time", line={"color": PHASE_COLORS[phase]})
-        for phase in (*PHASES, "idle")
+        metric(M.PHASE_TIME.of(phase=phase), phase, stackgroup="time",
+               line={"color": PHASE_COLORS[phase]})
+        for phase in (*PHASES, M.IDLE)
     )),
     Chart("share", "Rollout share and bubble", (
-        metric("rollout_share"), metric("bubble"),
+        metric(M.ROLLOUT_SHARE), metric(M.BUBBLE),
     ), {"yaxis": {"range": [0, 1]}}),
     Chart("staleness", "Staleness (policy versions)", (
-        metric("staleness/mean", "mean"), metric("staleness/max", "max"),
+        metric(M.STALENESS_MEAN, "mean"), metric(M.STALENESS_MAX, "max"),
     )),
     # MoE runs that record routing draw, beside the gap, how often the learner's own
     # router picked the rollout's experts: a gap that rises as agreement falls is routing.
     Chart("logprob_gap", "Logprob gap |behaviour - learner| (and MoE routing agreement)", (
-        metric("logprob_gap/mean", "mean"), metric("logprob_gap/max", "max"),
-        metric("moe/routing_agreement", "routing agreement", yaxis="y2",
+        metric(M.LOGPROB_GAP_MEAN, "mean"), metric(M.LOGPROB_GAP_MAX, "max"),
+        metric(M.MOE_ROUTING_AGREEMENT, "routing agreement", yaxis="y2",
                line={"dash": "dot"}),
     ), {"yaxis2": {"overlaying": "y", "side": "right", "range": [0, 1],
                    "title": {"text": "agreement"}}}),
     Chart("weight_sync", "Weight sync: latency and versions", (
-        metric("weight_sync/latency_s", "latency (s)"),
-        metric("weight_sync/version_learner", "learner version", yaxis="y2",
+        metric(M.WEIGHT_SYNC_LATENCY_S, "latency (s)"),
+        metric(M.WEIGHT_SYNC_VERSION_LEARNER, "learner version", yaxis="y2",
                line={"dash": "dot"}),
-        metric("weight_sync/version_rollout", "rollout version", yaxis="y2",
+        metric(M.WEIGHT_SYNC_VERSION_ROLLOUT, "rollout version", yaxis="y2",
                line={"dash": "dash"}),
     ), {"yaxis2": {"overlaying": "y", "side": "right", "title": {"text": "version"}}}),
     Chart("device_util", "Devices, measured: GPU (NVML) or process CPU (%)", tuple(
-        first_of(f"device {k}", (f"device/gpu_util/gpu:{k}", f"device/cpu_util/gpu:{k}",
-                                 f"device/cpu_util/cpu:{k}")) for k in range(DEVICE_SLOTS))),
+        first_of(f"device {k}", (M.DEVICE_GPU_UTIL.of(device=f"gpu:{k}"),
+                                 M.DEVICE_CPU_UTIL.of(device=f"gpu:{k}"),
+                                 M.DEVICE_CPU_UTIL.of(device=f"cpu:{k}")))
+        for k in range(DEVICE_SLOTS))),
     Chart("device_memory", "Devices, measured: memory used (GB)", tuple(
-        first_of(f"device {k}", (f"device/memory_gb/gpu:{k}", f"device/memory_gb/cpu:{k}"))
+        first_of(f"device {k}", (M.DEVICE_MEMORY_GB.of(device=f"gpu:{k}"),
+                                 M.DEVICE_MEMORY_GB.of(device=f"cpu:{k}")))
         for k in range(DEVICE_SLOTS))),
     Chart("critic", "Critic (PPO): value loss, explained variance, mean value", (
-        metric("critic/value_loss", "value loss"),
-        metric("critic/explained_variance", "explained variance"),
-        metric("critic/value_mean", "mean value", line={"dash": "dot"}),
+        metric(M.CRITIC_VALUE_LOSS, "value loss"),
+        metric(M.CRITIC_EXPLAINED_VARIANCE, "explained variance"),
+        metric(M.CRITIC_VALUE_MEAN, "mean value", line={"dash": "dot"}),
     ), algorithm="ppo"),
-    Chart("throughput", "Throughput (tokens/s)", (metric("throughput/tokens_per_s", "tokens/s"),)),
+    Chart("throughput", "Throughput (tokens/s)", (metric(M.THROUGHPUT_TOKENS_PER_S, "tokens/s"),)),
     Chart("response_length", "Response length (tokens)", (
-        metric("response_length/p50", "p50"), metric("response_length/p99", "p99"),
+        metric(M.RESPONSE_LENGTH_P50, "p50"), metric(M.RESPONSE_LENGTH_P99, "p99"),
     )),
 )
 
@@ -256,18 +262,18 @@ def downsample(points: list, limit: int) -> list:
 
 # Run compare: one chart per canonical metric, a trace per run.
 COMPARE_METRICS: tuple[tuple[str, str], ...] = (
-    ("reward/mean", "Reward (mean)"),
-    ("eval/reward_mean", "Held-out reward (eval/reward_mean)"),
-    ("time/step_s", "Step time (s)"),
-    ("throughput/samples_per_s", "Samples/s"),
-    ("throughput/tokens_per_s", "Tokens/s"),
-    ("rollout_share", "Rollout share"),
-    ("bubble", "Bubble"),
-    ("staleness/mean", "Staleness (mean)"),
-    ("logprob_gap/mean", "Logprob gap (mean)"),
-    ("weight_sync/latency_s", "Resync latency (s)"),
-    ("response_length/p50", "Response length p50 (tokens)"),
-    ("learner/loss", "Learner loss"),
+    (M.REWARD_MEAN, "Reward (mean)"),
+    (M.EVAL_REWARD_MEAN, "Held-out reward (eval/reward_mean)"),
+    (M.TIME_STEP_S, "Step time (s)"),
+    (M.THROUGHPUT_SAMPLES_PER_S, "Samples/s"),
+    (M.THROUGHPUT_TOKENS_PER_S, "Tokens/s"),
+    (M.ROLLOUT_SHARE, "Rollout share"),
+    (M.BUBBLE, "Bubble"),
+    (M.STALENESS_MEAN, "Staleness (mean)"),
+    (M.LOGPROB_GAP_MEAN, "Logprob gap (mean)"),
+    (M.WEIGHT_SYNC_LATENCY_S, "Resync latency (s)"),
+    (M.RESPONSE_LENGTH_P50, "Response length p50 (tokens)"),
+    (M.LEARNER_LOSS, "Learner loss"),
 )
 COMPARE_POINTS = 2000  # per trace: a 10,000-step run is drawn from every 5th step
 RUN_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2")

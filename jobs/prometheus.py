@@ -50,7 +50,7 @@ class DatabaseCollector:
     def collect(self):
         runs = {r.pk: r for r in Run.objects.filter(status__in=LIVE).only("id", "name")}
         values = GaugeMetricFamily("rlplane_run_metric", "A live run's latest value of a "
-                                   "metric (DESIGN.md section 4 names).",
+                                   "metric (names: engine/metrics.py).",
                                    labels=["run", "run_name", "name"])
         steps = GaugeMetricFamily("rlplane_run_step", "The step of a live run's latest "
                                   "metrics.", labels=["run", "run_name"])

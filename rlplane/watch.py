@@ -17,18 +17,19 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from engine import metrics as M
 from rlplane.client import EXIT_OK, EXIT_RUN_FAILED, Client
 
-# (label, metric): the canonical names (DESIGN.md section 4) an operator watches first.
+# (label, metric): the canonical metrics an operator watches first.
 SHOWN = [
-    ("reward", "reward/mean"),
-    ("held-out reward", "eval/reward_mean"),
-    ("bubble", "bubble"),
-    ("rollout share", "rollout_share"),
-    ("staleness", "staleness/mean"),
-    ("staleness max", "staleness/max"),
-    ("sync latency s", "weight_sync/latency_s"),
-    ("step s", "time/step_s"),
+    ("reward", M.REWARD_MEAN),
+    ("held-out reward", M.EVAL_REWARD_MEAN),
+    (M.BUBBLE, M.BUBBLE),                       # shown under its own name
+    ("rollout share", M.ROLLOUT_SHARE),
+    ("staleness", M.STALENESS_MEAN),
+    ("staleness max", M.STALENESS_MAX),
+    ("sync latency s", M.WEIGHT_SYNC_LATENCY_S),
+    ("step s", M.TIME_STEP_S),
 ]
 TERMINAL = {"succeeded", "failed", "stopped", "lost"}
 

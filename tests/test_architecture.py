@@ -6,6 +6,7 @@ its two public modules, and those two stay free of torch/ray so the web process 
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -116,9 +117,14 @@ def test_no_engine_module_imports_the_public_facade():
     assert not offenders, "engine modules must not import engine.api:\n" + "\n".join(offenders)
 
 
+# Of the engine the CLI may import only these: both are standard library and pydantic only.
+CLIENT_ENGINE_MODULES = {"engine.config", "engine.metrics"}
+
+
 def test_the_cli_is_a_client_of_the_rest_api():
     """rlplane/ talks HTTP to /api/v1/: no Django, no control plane, and of the engine only
-    engine.config (a TOML is validated locally before it is sent)."""
+    engine.config (a TOML is validated locally before it is sent) and engine.metrics (the
+    metric names are the contract both ends of the API share)."""
     files = python_files("rlplane")
     assert files, "no .py files under rlplane/"
     offenders = [
@@ -126,7 +132,9 @@ def test_the_cli_is_a_client_of_the_rest_api():
         for path in files
         for line, module, names in imported_modules(path)
         if module.split(".")[0] in WEB_PACKAGES | {"rest_framework", "drf_spectacular"}
-        or (module.split(".")[0] == "engine" and module != "engine.config")
+        or (module.split(".")[0] == "engine" and module not in CLIENT_ENGINE_MODULES
+            and not (module == "engine" and names
+                     and {f"engine.{n}" for n in names} <= CLIENT_ENGINE_MODULES))
     ]
     assert not offenders, "rlplane/ must reach the control plane over HTTP:\n" + "\n".join(
         offenders)
@@ -229,3 +237,49 @@ def test_every_module_with_celery_tasks_is_named_for_the_worker():
                       if "@shared_task" in path.read_text())
     assert defining, "no @shared_task found under jobs/"
     assert defining == sorted(TASK_MODULES)
+
+
+# Where the metric names may be spelled out: the vocabulary itself (tests check the contract
+# with literals of their own and are not scanned).
+VOCABULARY = ROOT / "engine" / "metrics.py"
+NAME_SCANNED = ("engine", "jobs", "controlplane", "rlplane")
+BROWSER_SCANNED = {"static/js": "*.js", "templates": "*.html"}
+
+
+def metric_literals(path: Path, names: set[str], families: list[re.Pattern]) -> Iterator[str]:
+    """Each string literal of a Python file that spells a canonical metric name, and each
+    f-string that spells one (``f"time/{phase}_s"``: a family member or a named metric)."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Constant) and node.value in names:
+            yield f"{where(path, node.lineno)} {node.value!r}"
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(
+                node.values[0], ast.Constant):
+            parts = [v.value if isinstance(v, ast.Constant) else None for v in node.values]
+            sample = "".join("x" if p is None else p for p in parts)     # f"time/{p}_s": time/x_s
+            shape = re.compile("".join(".+" if p is None else re.escape(p) for p in parts))
+            if any(f.fullmatch(sample) for f in families) or any(map(shape.fullmatch, names)):
+                yield f"{where(path, node.lineno)} f-string {ast.unparse(node)}"
+
+
+def test_no_metric_name_is_spelled_outside_the_vocabulary():
+    """A renamed metric must break loudly: every module takes the names from engine/metrics.py
+    (the web side through engine.api), the browser from the page data."""
+    from engine import metrics
+
+    names = set(metrics.METRICS)
+    assert {"reward/mean", "bubble", "weight_sync/latency_s"} <= names
+    families = [re.compile(re.sub(r"\\\{\w+\\\}", ".+", re.escape(f.template)))
+                for f in metrics.FAMILIES]
+    offenders = [hit for package in NAME_SCANNED for path in python_files(package)
+                 if path != VOCABULARY and "migrations" not in path.parts
+                 for hit in metric_literals(path, names, families)]
+    quoted = re.compile(r"""(["'])([^"'\n]+)\1""")
+    offenders += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1} "
+                  f"{m.group(0)}"
+                  for folder, pattern in BROWSER_SCANNED.items()
+                  for path in sorted((ROOT / folder).rglob(pattern))
+                  for text in [path.read_text()]
+                  for m in quoted.finditer(text) if m.group(2) in names]
+    assert not offenders, (f"{len(offenders)} metric names spelled outside engine/metrics.py "
+                           "(import them from it; jobs/ through engine.api):\n"
+                           + "\n".join(offenders))

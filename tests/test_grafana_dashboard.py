@@ -1,5 +1,5 @@
 """deploy/grafana/rlplane.json asks Prometheus only for what /metrics exports
-(jobs/prometheus.py) and draws the canonical metrics (DESIGN.md section 4)."""
+(jobs/prometheus.py) and draws the canonical metrics (engine/metrics.py)."""
 
 import json
 import re
@@ -27,6 +27,14 @@ def test_every_query_names_a_family_that_metrics_exports():
 def test_the_canonical_panels_are_there():
     shown = {name for expr in expressions() for name in re.findall(r'name="([^"]+)"', expr)}
     assert CANONICAL <= shown, CANONICAL - shown
+
+
+def test_every_metric_a_panel_queries_is_in_the_vocabulary():
+    """A renamed metric would leave its panel empty without a word."""
+    from engine.metrics import METRICS
+
+    shown = {name for expr in expressions() for name in re.findall(r'name="([^"]+)"', expr)}
+    assert shown <= set(METRICS), f"not canonical (engine/metrics.py): {shown - set(METRICS)}"
 
 
 def test_panels_do_not_overlap():

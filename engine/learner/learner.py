@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import metrics as M
 from engine.config import AlgorithmConfig, LearnerConfig
 from engine.learner.batch import PackedBatch, micro_batches, response_logprobs
 from engine.learner.device import autocast, resolve_device
@@ -72,6 +73,12 @@ def dropout_active(model: torch.nn.Module) -> bool:
     rates = vars(config).items() if config is not None else ()
     return any(("dropout" in k or "pdrop" in k) and isinstance(v, float) and v > 0
                for k, v in rates)
+
+
+# A minibatch step's figures, averaged over the step's minibatches, and their names.
+REPORTED = {"loss": M.LEARNER_LOSS, "grad_norm": M.LEARNER_GRAD_NORM,
+            "entropy": M.LEARNER_ENTROPY, "kl_ref": M.LEARNER_KL_REF,
+            "clip_frac": M.LEARNER_CLIP_FRAC}
 
 
 class Learner:
@@ -223,23 +230,23 @@ class Learner:
         gap = (batch.behaviour_logp - old_logp).abs() * mask
         tis_clipped = tis_weights(old_logp, batch.behaviour_logp, cfg.tis_cap)[1]
         metrics = {
-            "logprob_gap/mean": float(masked_mean(gap, mask)),
-            "logprob_gap/max": float(gap.max()),
-            "logprob_gap/k3": float(masked_mean(k3(batch.behaviour_logp, old_logp), mask)),
-            "tis/clip_frac": float(masked_mean(tis_clipped.float(), mask)),
+            M.LOGPROB_GAP_MEAN: float(masked_mean(gap, mask)),
+            M.LOGPROB_GAP_MAX: float(gap.max()),
+            M.LOGPROB_GAP_K3: float(masked_mean(k3(batch.behaviour_logp, old_logp), mask)),
+            M.TIS_CLIP_FRAC: float(masked_mean(tis_clipped.float(), mask)),
         }
         if agreed is not None:
-            metrics["moe/routing_agreement"] = float(agreed.float().mean())
+            metrics[M.MOE_ROUTING_AGREEMENT] = float(agreed.float().mean())
         if self.temperature != 1.0:
-            metrics["logprob_gap/untempered_mean"] = untempered
+            metrics[M.LOGPROB_GAP_UNTEMPERED_MEAN] = untempered
         self.step += 1
         self.version += 1
 
         def mean(xs: list[float]) -> float:
             return sum(xs) / len(xs) if xs else 0.0
 
-        metrics.update({f"learner/{k}": mean(v) for k, v in sums.items()})
-        metrics["learner/lr"] = self.lr  # what this step's optimizer steps used
+        metrics.update({REPORTED[k]: mean(v) for k, v in sums.items()})
+        metrics[M.LEARNER_LR] = self.lr  # what this step's optimizer steps used
         return metrics
 
     def fuses_recompute(self) -> bool:

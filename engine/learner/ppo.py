@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from engine import metrics as M
 from engine.config import LearnerConfig, PpoConfig
 from engine.learner.batch import PackedBatch, response_values
 from engine.learner.device import autocast, resolve_device
@@ -117,13 +118,13 @@ class Critic:
                 norms.append(norm)
                 clipped.append(frac)
         return {
-            "critic/value_loss": sum(losses) / len(losses),
-            "critic/grad_norm": sum(norms) / len(norms),
-            "critic/value_clip_frac": sum(clipped) / len(clipped),
-            "critic/explained_variance": explained_variance(old, returns, mask),
-            "critic/value_mean": float(masked_mean(old, mask)),
-            "critic/return_mean": float(masked_mean(returns, mask)),
-            "critic/lr": float(self.optimizer.param_groups[0]["lr"]),
+            M.CRITIC_VALUE_LOSS: sum(losses) / len(losses),
+            M.CRITIC_GRAD_NORM: sum(norms) / len(norms),
+            M.CRITIC_VALUE_CLIP_FRAC: sum(clipped) / len(clipped),
+            M.CRITIC_EXPLAINED_VARIANCE: explained_variance(old, returns, mask),
+            M.CRITIC_VALUE_MEAN: float(masked_mean(old, mask)),
+            M.CRITIC_RETURN_MEAN: float(masked_mean(returns, mask)),
+            M.CRITIC_LR: float(self.optimizer.param_groups[0]["lr"]),
         }
 
     def update(self, batch: PackedBatch, step: int) -> tuple[torch.Tensor, dict[str, float]]:

@@ -7,6 +7,7 @@ fixed held-out split.
 
 from __future__ import annotations
 
+from engine import metrics as M
 from engine.rollout.base import RolloutEngine, SamplingParams
 from engine.tasks import Task
 
@@ -16,7 +17,9 @@ def evaluate(engine: RolloutEngine, task: Task, tokenizer, temperature: float,
              stop_token_ids: tuple[int, ...] = ()) -> dict[str, float]:
     held_out = task.eval_problems()
     out: dict[str, float] = {}
-    for label, temp, n in (("", temperature, samples), ("greedy_", 0.0, 1)):
+    for (reward_mean, accuracy), temp, n in (
+            ((M.EVAL_REWARD_MEAN, M.EVAL_ACCURACY), temperature, samples),
+            ((M.EVAL_GREEDY_REWARD_MEAN, M.EVAL_GREEDY_ACCURACY), 0.0, 1)):
         problems = [p for p in held_out for _ in range(n)]
         prompts = [tokenizer(p.prompt)["input_ids"] for p in problems]
         comps = engine.generate(prompts, SamplingParams(
@@ -24,6 +27,6 @@ def evaluate(engine: RolloutEngine, task: Task, tokenizer, temperature: float,
             seed)
         rewards = [task.score(p, tokenizer.decode(c.token_ids, skip_special_tokens=True),
                               c.finished) for p, c in zip(problems, comps, strict=True)]
-        out[f"eval/{label}reward_mean"] = sum(rewards) / len(rewards)
-        out[f"eval/{label}accuracy"] = sum(r == 1.0 for r in rewards) / len(rewards)
+        out[reward_mean] = sum(rewards) / len(rewards)
+        out[accuracy] = sum(r == 1.0 for r in rewards) / len(rewards)
     return out

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from engine import metrics as M
 from engine.config import GrpoConfig, RunConfig, dump_config
 from engine.controls import (
     CheckpointControl,
@@ -306,8 +307,8 @@ class RunLoop:
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
         m |= group_metrics(groups, self.experience.dropped) | group_length_metrics(groups)
         m |= sync_metrics(self.last_sync) | self._sample_devices()
-        m["buffer/dropped_stale"] = float(self.buffer.dropped_stale)
-        m["buffer/recycled"] = float(self.experience.recycled)
+        m[M.BUFFER_DROPPED_STALE] = float(self.buffer.dropped_stale)
+        m[M.BUFFER_RECYCLED] = float(self.experience.recycled)
         self.tel.emit(MetricsEvent(step=step, values=m))
         self._emit_samples(step, groups, samples, staleness)
         self._drain_logs()

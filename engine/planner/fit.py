@@ -30,16 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
+from engine import metrics as M
 from engine.config import RunConfig, load_config
 from engine.orchestration.placement import layout_for
 from engine.planner.inputs import LengthModel, PlanInputs
 from engine.planner.model import Shape, shape_of
 
-QUANTILE_METRICS = (("response_length/min", 0.0), ("response_length/p10", 0.10),
-                    ("response_length/p25", 0.25), ("response_length/p50", 0.50),
-                    ("response_length/p75", 0.75), ("response_length/p90", 0.90),
-                    ("response_length/p95", 0.95), ("response_length/p99", 0.99),
-                    ("response_length/max", 1.0))
+QUANTILE_METRICS = ((M.RESPONSE_LENGTH_MIN, 0.0),
+                    *((M.RESPONSE_LENGTH_QUANTILE[q], q / 100) for q in M.LENGTH_QUANTILES),
+                    (M.RESPONSE_LENGTH_MAX, 1.0))
 BUSY = ("rollout", "reward", "learner", "weight_sync")
 MAX_FIT_STEPS = 50      # the latest steps: lengths and costs drift as a run learns
 
@@ -95,13 +94,13 @@ def fit_lengths(rows: list[dict[str, float]], group_size: int, budget: int) -> L
     qs = tuple(q for q, _ in points)
     ls = tuple(np.maximum.accumulate([x for _, x in points]).tolist())
     model = LengthModel(qs, ls)
-    means = [m["response_length/mean"] for m in rows if "response_length/mean" in m]
+    means = [m[M.RESPONSE_LENGTH_MEAN] for m in rows if M.RESPONSE_LENGTH_MEAN in m]
     if means:            # the curve within the intervals that gives the measured mean
         curve = _bisect(lambda c: -replace(model, curve=c).mean, 0.05, 20.0,
                         -statistics.fmean(means))
         model = replace(model, curve=round(curve, 3))
-    target = [m["response_length/group_max_mean"] for m in rows
-              if "response_length/group_max_mean" in m]
+    target = [m[M.RESPONSE_LENGTH_GROUP_MAX_MEAN] for m in rows
+              if M.RESPONSE_LENGTH_GROUP_MAX_MEAN in m]
     if target:           # more alike rows -> a smaller group max
         corr = _bisect(lambda c: -_mean_group_max(model, c, group_size, budget), 0.0, 1.0,
                        -statistics.fmean(target), rounds=12)
@@ -126,7 +125,7 @@ def fit_run(cfg: RunConfig, metrics: list[dict[str, float]], spans=(),
     """``metrics``: each step's values in step order (``steps`` their step numbers, for
     the spans; default 0, 1, ...)."""
     numbered = list(zip(steps or range(len(metrics)), metrics, strict=True))
-    timed = [(s, m) for s, m in numbered if "time/step_s" in m and "time/learner_s" in m]
+    timed = [(s, m) for s, m in numbered if M.TIME_STEP_S in m and M.TIME_LEARNER_S in m]
     used = (timed[1:] if len(timed) > 1 else timed)[-MAX_FIT_STEPS:]
     if not used:
         raise FitError("the run has no step with timings yet: let it finish a step, "
@@ -136,15 +135,15 @@ def fit_run(cfg: RunConfig, metrics: list[dict[str, float]], spans=(),
     layout = layout_for(cfg.placement)
     n, g = cfg.rollout.prompts_per_step, cfg.algorithm.group_size
     workers = shape.workers
-    tokens = np.array([m["throughput/tokens_per_s"] * m["time/step_s"] for m in rows])
+    tokens = np.array([m[M.THROUGHPUT_TOKENS_PER_S] * m[M.TIME_STEP_S] for m in rows])
     ones = np.ones(len(rows))
 
-    longest = np.array([m["response_length/max"] for m in rows])
+    longest = np.array([m[M.RESPONSE_LENGTH_MAX] for m in rows])
     prefill, step_s, row_s = nnls(np.column_stack([ones, longest, tokens / workers]),
-                                  np.array([m["time/rollout_s"] for m in rows]))
-    reward = statistics.fmean(m["time/reward_s"] for m in rows) / (n * g / workers)
+                                  np.array([m[M.TIME_ROLLOUT_S] for m in rows]))
+    reward = statistics.fmean(m[M.TIME_REWARD_S] for m in rows) / (n * g / workers)
     l_step, l_tok = nnls(np.column_stack([ones, tokens]),
-                         np.array([m["time/learner_s"] for m in rows]))
+                         np.array([m[M.TIME_LEARNER_S] for m in rows]))
 
     learner_dev = set(layout.learner.devices) - set(layout.rollout)
     worker_dev = {w.devices[0] for w in layout.workers} - set(layout.learner.devices) \
@@ -153,18 +152,18 @@ def fit_run(cfg: RunConfig, metrics: list[dict[str, float]], spans=(),
     spans = [s for s in spans if s.step in wanted]
     send = _phase_by_step(spans, learner_dev or set(layout.devices), "weight_sync")
     recv = _phase_by_step(spans, worker_dev, "weight_sync")
-    whole = [m["time/weight_sync_s"] for m in rows]
+    whole = [m[M.TIME_WEIGHT_SYNC_S] for m in rows]
     if send or recv:
         send_s = statistics.median(send.values()) if send else 0.0
         recv_s = statistics.median(recv.values()) if recv else 0.0
     else:                      # no spans: the sync's time all on the learner's side
         send_s, recv_s = statistics.median(whole), 0.0
     overhead = statistics.median(
-        max(0.0, m["time/step_s"] - sum(m[f"time/{p}_s"] for p in BUSY)) for m in rows) \
+        max(0.0, m[M.TIME_STEP_S] - sum(m[M.PHASE_TIME.of(phase=p)] for p in BUSY)) for m in rows) \
         if cfg.async_policy.type in ("sync", "partial_rollout") else \
-        statistics.median(max(0.0, m["time/step_s"] - max(
-            m["time/rollout_s"] + m["time/reward_s"], m["time/learner_s"]
-            + m["time/weight_sync_s"])) for m in rows)
+        statistics.median(max(0.0, m[M.TIME_STEP_S] - max(
+            m[M.TIME_ROLLOUT_S] + m[M.TIME_REWARD_S], m[M.TIME_LEARNER_S]
+            + m[M.TIME_WEIGHT_SYNC_S])) for m in rows)
     inputs = PlanInputs(
         prompts_per_step=n, group_size=g, max_new_tokens=cfg.rollout.max_new_tokens,
         lengths=fit_lengths(rows, g, cfg.rollout.max_new_tokens),
@@ -172,7 +171,7 @@ def fit_run(cfg: RunConfig, metrics: list[dict[str, float]], spans=(),
         reward_sample_s=reward, learner_step_s=float(l_step),
         learner_token_s=float(l_tok) * shape.learner_devices,
         sync_send_s=send_s, sync_recv_s=recv_s,
-        sync_bytes=statistics.fmean(m.get("weight_sync/bytes", 0.0) for m in rows))
+        sync_bytes=statistics.fmean(m.get(M.WEIGHT_SYNC_BYTES, 0.0) for m in rows))
     return Fit(inputs, shape, overhead, len(rows), cfg.async_policy.type)
 
 
@@ -190,7 +189,7 @@ def fit_run_dir(run_dir: Path) -> Fit:
     events = read_jsonl(events_path)
     by_step: dict[int, dict[str, float]] = {}
     for e in events:
-        if isinstance(e, MetricsEvent) and "time/step_s" in e.values:
+        if isinstance(e, MetricsEvent) and M.TIME_STEP_S in e.values:
             by_step[e.step] = e.values
     order = sorted(by_step)
     spans = [e for e in events if isinstance(e, SpanEvent)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine import metrics as M
 from engine.config import (
     AsyncPolicyConfig,
     FullyAsyncPolicyConfig,
@@ -92,7 +93,7 @@ def plan_table(fit: Fit, cfg: RunConfig, devices: int | None = None) -> PlanTabl
                      devices or fit.shape.devices)
 
 
-HEADER = ("placement", "policy", "samples/s", "x run", "step s", "bubble", "rollout share",
+HEADER = ("placement", "policy", "samples/s", "x run", "step s", M.BUBBLE, "rollout share",
           "staleness mean/max", "dropped/step")
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from engine import metrics as M
 from engine.config import (
     MathRewardConfig,
     PythonRewardConfig,
@@ -117,10 +118,10 @@ def reward_metrics(per_worker: list[dict[str, float]],
     """reward/share (the reward phase's part of the step's wall time) and the services'
     metrics of every rollout worker, merged: outcome counts and busy time add up, p99 and
     maxima take the worst worker, the rest are averaged."""
-    out = {"reward/share": step_metrics["time/reward_s"] / step_metrics["time/step_s"]}
+    out = {M.REWARD_SHARE: step_metrics[M.TIME_REWARD_S] / step_metrics[M.TIME_STEP_S]}
     for key in {k for m in per_worker for k in m}:
         values = [m[key] for m in per_worker if key in m]
-        if key == "reward/busy_s" or key.count("/") == 2:           # reward/<kind>/<reason>
+        if key == M.REWARD_BUSY_S or key.count("/") == 2:           # reward/<kind>/<reason>
             out[key] = float(sum(values))
         elif key.endswith(("_p99", "_max")):
             out[key] = float(max(values))

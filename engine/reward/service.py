@@ -31,6 +31,7 @@ from collections import Counter
 
 import numpy as np
 
+from engine import metrics as M
 from engine.reward.verdict import Judge, Verdict
 from engine.tasks.base import Problem, Task
 
@@ -86,20 +87,20 @@ class RewardService:
         if not self.latencies:
             return {}
         p50, p99 = np.percentile(np.asarray(self.latencies), [50, 99])
-        out = {"reward/latency_s_p50": float(p50), "reward/latency_s_p99": float(p99),
-               "reward/queue_depth": statistics.fmean(self.depths) if self.depths else 0.0,
-               "reward/queue_depth_max": float(max(self.depths, default=0)),
-               "reward/busy_s": self.busy_s,
-               "reward/error_frac": self.reasons["reward_error"] / len(self.latencies)}
+        out = {M.REWARD_LATENCY_S_P50: float(p50), M.REWARD_LATENCY_S_P99: float(p99),
+               M.REWARD_QUEUE_DEPTH: statistics.fmean(self.depths) if self.depths else 0.0,
+               M.REWARD_QUEUE_DEPTH_MAX: float(max(self.depths, default=0)),
+               M.REWARD_BUSY_S: self.busy_s,
+               M.REWARD_ERROR_FRAC: self.reasons["reward_error"] / len(self.latencies)}
         names = set(SANDBOX_REASONS.values()) if self.kind == "sandbox" else set()
         for reason in names | set(self.reasons):
-            out[f"reward/{self.kind}/{reason}"] = float(self.reasons[reason])
+            out[M.REWARD_OUTCOMES.of(kind=self.kind, reason=reason)] = float(self.reasons[reason])
         if self.pairs:
             rm = np.asarray([p[0] for p in self.pairs])
             ok = np.asarray([p[1] for p in self.pairs]) == 1.0
-            out["reward/rm_mean"] = float(rm.mean())
-            out["reward/verifier_mean"] = float(np.mean([p[1] for p in self.pairs]))
-            out["reward/rm_vs_verifier_agreement"] = float(((rm > 0.5) == ok).mean())
+            out[M.REWARD_RM_MEAN] = float(rm.mean())
+            out[M.REWARD_VERIFIER_MEAN] = float(np.mean([p[1] for p in self.pairs]))
+            out[M.REWARD_RM_VS_VERIFIER_AGREEMENT] = float(((rm > 0.5) == ok).mean())
         self._reset()
         return out
 

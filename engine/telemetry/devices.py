@@ -29,6 +29,8 @@ from types import ModuleType
 
 import psutil
 
+from engine import metrics as M
+
 GB = 1e9
 
 
@@ -107,9 +109,9 @@ class DeviceSampler:
         for device, handle in zip(self.gpu_devices, self._gpus, strict=False):
             util = nvml.nvmlDeviceGetUtilizationRates(handle)
             mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-            out[f"device/gpu_util/{device}"] = float(util.gpu)
-            out[f"device/memory_gb/{device}"] = mem.used / GB
-            out[f"device/memory_total_gb/{device}"] = mem.total / GB
+            out[M.DEVICE_GPU_UTIL.of(device=device)] = float(util.gpu)
+            out[M.DEVICE_MEMORY_GB.of(device=device)] = mem.used / GB
+            out[M.DEVICE_MEMORY_TOTAL_GB.of(device=device)] = mem.total / GB
         return out
 
     def _sample_process(self, devices: list[str]) -> dict[str, float]:
@@ -119,6 +121,6 @@ class DeviceSampler:
         rss = self._process.memory_info().rss / GB
         out = {}
         for device in devices:
-            out[f"device/cpu_util/{device}"] = share
-            out[f"device/memory_gb/{device}"] = rss
+            out[M.DEVICE_CPU_UTIL.of(device=device)] = share
+            out[M.DEVICE_MEMORY_GB.of(device=device)] = rss
         return out

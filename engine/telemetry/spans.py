@@ -21,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-PHASES = ("rollout", "reward", "learner", "weight_sync", "critic")   # busy
-WAITING = "waiting"
+from engine import metrics as M
+
+PHASES = M.PHASES   # busy
+WAITING = M.WAITING
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def phase_metrics(spans: list[Span], devices: list[str], t0: float, t1: float) -
     wall = t1 - t0
     if wall <= 0 or not devices:
         raise ValueError("a step window needs t1 > t0 and at least one device")
-    out: dict[str, float] = {"time/step_s": wall}
+    out: dict[str, float] = {M.TIME_STEP_S: wall}
     busy_total, idle = 0.0, 0.0
     busy_spans = [s for s in spans if s.phase != WAITING]
     for d in devices:
@@ -62,14 +64,14 @@ def phase_metrics(spans: list[Span], devices: list[str], t0: float, t1: float) -
         busy = union_length(((s.start, s.end) for s in mine), t0, t1)
         busy_total += busy
         idle += wall - busy
-        out[f"device/utilization/{d}"] = busy / wall
+        out[M.DEVICE_UTILIZATION.of(device=d)] = busy / wall
         for phase in PHASES:
-            out[f"device/utilization/{d}/{phase}"] = union_length(
+            out[M.DEVICE_PHASE_UTILIZATION.of(device=d, phase=phase)] = union_length(
                 ((s.start, s.end) for s in mine if s.phase == phase), t0, t1) / wall
     for phase in (*PHASES, WAITING):
-        out[f"time/{phase}_s"] = union_length(
+        out[M.PHASE_TIME.of(phase=phase)] = union_length(
             ((s.start, s.end) for s in spans if s.phase == phase), t0, t1)
-    out["time/idle_s"] = idle / len(devices)
-    out["bubble"] = 1.0 - busy_total / (len(devices) * wall)
-    out["rollout_share"] = out["time/rollout_s"] / wall
+    out[M.TIME_IDLE_S] = idle / len(devices)
+    out[M.BUBBLE] = 1.0 - busy_total / (len(devices) * wall)
+    out[M.ROLLOUT_SHARE] = out[M.TIME_ROLLOUT_S] / wall
     return out

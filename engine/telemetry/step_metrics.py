@@ -8,7 +8,7 @@
     m |= group_length_metrics(groups)               response_length/group_max_mean
     m |= sync_metrics(last_sync)                    weight_sync/*
 
-Canonical names are in DESIGN.md section 4.
+The names, units and meanings are in engine/metrics.py.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import statistics
 
 import numpy as np
 
+from engine import metrics as M
 from engine.experience import Sample, zero_variance
 from engine.weightsync.base import SyncResult
 
@@ -25,7 +26,7 @@ def percentile(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs, dtype=np.float64), q))
 
 
-LENGTH_QUANTILES = (10, 25, 50, 75, 90, 95, 99)
+LENGTH_QUANTILES = M.LENGTH_QUANTILES
 
 
 def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, float]:
@@ -34,23 +35,23 @@ def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, flo
     timed = [s.gen_s for s in samples if s.gen_s is not None]
     # Generation time per sample (its call's start -> its completion): p99 far above p50
     # is a straggler whatever the policy, where step shares blur under overlap.
-    gen = ({"rollout/gen_s_p50": percentile(timed, 50), "rollout/gen_s_p99": percentile(timed, 99),
-            "rollout/gen_s_max": max(timed)} if timed else {})
+    gen = ({M.ROLLOUT_GEN_S_P50: percentile(timed, 50), M.ROLLOUT_GEN_S_P99: percentile(timed, 99),
+            M.ROLLOUT_GEN_S_MAX: max(timed)} if timed else {})
     return gen | {
-        "reward/mean": statistics.fmean(rewards),
-        "reward/std": statistics.pstdev(rewards),
-        "reward/accuracy": sum(r == 1.0 for r in rewards) / len(rewards),
-        "response_length/mean": statistics.fmean(lengths),
-        "response_length/min": float(min(lengths)),
+        M.REWARD_MEAN: statistics.fmean(rewards),
+        M.REWARD_STD: statistics.pstdev(rewards),
+        M.REWARD_ACCURACY: sum(r == 1.0 for r in rewards) / len(rewards),
+        M.RESPONSE_LENGTH_MEAN: statistics.fmean(lengths),
+        M.RESPONSE_LENGTH_MIN: float(min(lengths)),
         # The distribution's shape, for the planner (engine.planner.fit): the long tail
         # is what decides what overlapping and cutting generation can buy.
-        **{f"response_length/p{q}": percentile(lengths, q) for q in LENGTH_QUANTILES},
-        "response_length/max": float(max(lengths)),
-        "response/finished_frac": sum(s.finished for s in samples) / len(samples),
-        "response/truncated_frac": sum(not s.finished for s in samples) / len(samples),
-        "staleness/mean": statistics.fmean(staleness),
-        "staleness/max": float(max(staleness)),
-        "samples/mixed_versions": float(sum(s.mixes_versions for s in samples)),
+        **{M.RESPONSE_LENGTH_QUANTILE[q]: percentile(lengths, q) for q in LENGTH_QUANTILES},
+        M.RESPONSE_LENGTH_MAX: float(max(lengths)),
+        M.RESPONSE_FINISHED_FRAC: sum(s.finished for s in samples) / len(samples),
+        M.RESPONSE_TRUNCATED_FRAC: sum(not s.finished for s in samples) / len(samples),
+        M.STALENESS_MEAN: statistics.fmean(staleness),
+        M.STALENESS_MAX: float(max(staleness)),
+        M.SAMPLES_MIXED_VERSIONS: float(sum(s.mixes_versions for s in samples)),
     }
 
 
@@ -62,15 +63,15 @@ def group_metrics(groups: list[list[Sample]], dropped: int) -> dict[str, float]:
     flat = sum(zero_variance(g) for g in groups) + dropped
     group_size = len(groups[0])
     return {
-        "samples/zero_std_group_frac": flat / (len(groups) + dropped),
-        "samples/resampled": float(dropped * group_size),
+        M.SAMPLES_ZERO_STD_GROUP_FRAC: flat / (len(groups) + dropped),
+        M.SAMPLES_RESAMPLED: float(dropped * group_size),
     }
 
 
 def group_length_metrics(groups: list[list[Sample]]) -> dict[str, float]:
     """How alike a prompt's rows are in length (a group completes with its longest row):
     the mean over groups of their longest response, next to response_length/mean."""
-    return {"response_length/group_max_mean": statistics.fmean(
+    return {M.RESPONSE_LENGTH_GROUP_MAX_MEAN: statistics.fmean(
         max(len(s.response_ids) for s in g) for g in groups)}
 
 
@@ -78,23 +79,23 @@ def throughput_metrics(samples: list[Sample], phases: dict[str, float]) -> dict[
     """``phases``: the step's time/* metrics (tel.step_metrics)."""
     tokens = sum(len(s.response_ids) for s in samples)
     return {
-        "throughput/tokens_per_s": tokens / phases["time/step_s"],
-        "throughput/samples_per_s": len(samples) / phases["time/step_s"],
-        "rollout/tokens_per_s": tokens / max(phases["time/rollout_s"], 1e-9),
+        M.THROUGHPUT_TOKENS_PER_S: tokens / phases[M.TIME_STEP_S],
+        M.THROUGHPUT_SAMPLES_PER_S: len(samples) / phases[M.TIME_STEP_S],
+        M.ROLLOUT_TOKENS_PER_S: tokens / max(phases[M.TIME_ROLLOUT_S], 1e-9),
     }
 
 
 def sync_metrics(res: SyncResult) -> dict[str, float]:
     """The latest settled sync (under an overlapped policy, possibly the last step's)."""
     return {
-        "weight_sync/latency_s": res.latency_s,
-        "weight_sync/bytes": float(res.bytes),
-        "weight_sync/gb_per_s": res.gb_per_s,
-        "weight_sync/version_learner": float(res.version_learner),
-        "weight_sync/version_rollout": float(res.version_rollout),
-        "weight_sync/matched": float(res.matched),
-        "weight_sync/verified": float(res.verified),
-        "weight_sync/wire_bytes": float(res.wire_bytes or res.bytes),
-        **({"weight_sync/delta_density": res.changed_frac}
+        M.WEIGHT_SYNC_LATENCY_S: res.latency_s,
+        M.WEIGHT_SYNC_BYTES: float(res.bytes),
+        M.WEIGHT_SYNC_GB_PER_S: res.gb_per_s,
+        M.WEIGHT_SYNC_VERSION_LEARNER: float(res.version_learner),
+        M.WEIGHT_SYNC_VERSION_ROLLOUT: float(res.version_rollout),
+        M.WEIGHT_SYNC_MATCHED: float(res.matched),
+        M.WEIGHT_SYNC_VERIFIED: float(res.verified),
+        M.WEIGHT_SYNC_WIRE_BYTES: float(res.wire_bytes or res.bytes),
+        **({M.WEIGHT_SYNC_DELTA_DENSITY: res.changed_frac}
            if res.changed_frac is not None else {}),
     }

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.api import MetricsEvent, SpanEvent, WeightSyncEvent, event_from_dict
+from engine.api import metrics as M
 from engine.config import RunConfig
 
 HISTORY_EVENTS = ("metrics.append", "span", "weight_sync.report")
@@ -67,7 +68,7 @@ class RunHistory:
     @property
     def steps(self) -> list[int]:
         """Training steps reported so far (eval-only metric events carry no reward/mean)."""
-        return sorted(self.metrics.get("reward/mean", {}))
+        return sorted(self.metrics.get(M.REWARD_MEAN, {}))
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,12 @@ pages show its table (jobs/queries/planning.py).
 
 from __future__ import annotations
 
+from engine.api import metrics as M
 from engine.config import RunConfig
 
 # problem -> what it is about, for the runbook's wording
-PROBLEMS = ("generation", "straggler", "bubble", "reward", "resync_wait", "learner")
+PROBLEMS = ("generation", "straggler", M.BUBBLE, "reward", "resync_wait", "learner")
+# (the bubble problem is named for the metric it is about)
 
 
 def _async_levers(cfg: RunConfig, problem: str) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
+from engine.api import metrics as M
 from jobs.alerts import levers
 from jobs.alerts.history import Finding, RunFacts, RunHistory, Thresholds
 from jobs.alerts.whatif import planner_advice
@@ -73,17 +74,17 @@ def weight_sync_desync(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
         evidence={"values": {k: getattr(s, k) for k in (
                       "version_learner", "version_rollout", "fingerprint_learner",
                       "fingerprint_rollout")},
-                  "series": chart(h, "weight_sync/matched")})]
+                  "series": chart(h, M.WEIGHT_SYNC_MATCHED)})]
 
 
 def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
-    pts = h.last("reward/mean", t.stuck_window)
+    pts = h.last(M.REWARD_MEAN, t.stuck_window)
     if len(pts) < t.stuck_window or abs(slope(pts)) >= t.stuck_slope:
         return []
     first = pts[0][0]
     window = [s for s in h.syncs if s.step >= first]
     versions = [s.version_rollout for s in window]
-    gaps = [v for s, v in h.series("logprob_gap/mean") if s >= first]
+    gaps = [v for s, v in h.series(M.LOGPROB_GAP_MEAN) if s >= first]
     if any(s.verified and s.fingerprint_learner != s.fingerprint_rollout for s in window) or \
             (len(versions) > 1 and max(versions) == min(versions)):
         key, why = "weights", "the generator is not receiving new weights"
@@ -105,22 +106,22 @@ def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[
     else:
         return []   # rewards still vary: slow learning, not a stuck run
     values = {"slope": slope(pts), "window": len(pts)}
-    if flat := h.last("samples/zero_std_group_frac", t.stuck_window):
+    if flat := h.last(M.SAMPLES_ZERO_STD_GROUP_FRAC, t.stuck_window):
         values["zero_std_group_frac"] = statistics.fmean(v for _, v in flat)
     return [Finding(
         kind="StuckReward", key=f"StuckReward:{key}", step=pts[-1][0],
         cause=f"Reward has been flat for {len(pts)} steps (slope {slope(pts):+.4f}/step): {why}.",
         runbook=fix[0].upper() + fix[1:] + ".",
-        evidence={"values": values, "series": chart(h, "reward/mean")})]
+        evidence={"values": values, "series": chart(h, M.REWARD_MEAN)})]
 
 
 def flat_signal(h: RunHistory, t: Thresholds) -> bool:
     """Most groups' rewards all agree over the window (samples/zero_std_group_frac), or,
     for a run that does not log it, the reward barely varies (reward/std)."""
-    flat = h.last("samples/zero_std_group_frac", t.stuck_window)
+    flat = h.last(M.SAMPLES_ZERO_STD_GROUP_FRAC, t.stuck_window)
     if flat:
         return statistics.fmean(v for _, v in flat) >= t.stuck_zero_std_frac
-    stds = h.last("reward/std", t.stuck_window) or [(0, 0.0)]
+    stds = h.last(M.REWARD_STD, t.stuck_window) or [(0, 0.0)]
     return statistics.fmean(v for _, v in stds) < t.stuck_std
 
 
@@ -129,9 +130,9 @@ def temperature_logprobs(h: RunHistory, f: RunFacts, t: Thresholds,
     if f.temperature in (0.0, 1.0) or not h.steps:
         return []
     step = h.steps[-1]
-    gap = h.metrics.get("logprob_gap/mean", {}).get(step)
-    raw = h.metrics.get("logprob_gap/untempered_mean", {}).get(step)
-    stale = h.metrics.get("staleness/max", {}).get(step, 0.0)
+    gap = h.metrics.get(M.LOGPROB_GAP_MEAN, {}).get(step)
+    raw = h.metrics.get(M.LOGPROB_GAP_UNTEMPERED_MEAN, {}).get(step)
+    stale = h.metrics.get(M.STALENESS_MAX, {}).get(step, 0.0)
     # The sync this step's rollout followed: the one that ended the previous step.
     synced = [s for s in h.syncs if s.step == step - 1] or h.syncs[:1]
     if gap is None or raw is None or stale != 0 or not synced or not synced[-1].matched:
@@ -146,13 +147,13 @@ def temperature_logprobs(h: RunHistory, f: RunFacts, t: Thresholds,
         runbook=("Check the rollout backend's logprob mode: vLLM must return processed "
                  'logprobs (rollout.logprobs_mode = "processed_logprobs"); keep '
                  'rollout.preflight = "error" so a run with raw logprobs refuses to start.'),
-        evidence={"values": {"logprob_gap/mean": gap, "logprob_gap/untempered_mean": raw,
+        evidence={"values": {M.LOGPROB_GAP_MEAN: gap, M.LOGPROB_GAP_UNTEMPERED_MEAN: raw,
                              "temperature": f.temperature},
-                  "series": chart(h, "logprob_gap/mean")})]
+                  "series": chart(h, M.LOGPROB_GAP_MEAN)})]
 
 
 def logprob_gap_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
-    pts = h.last("logprob_gap/mean", 1)
+    pts = h.last(M.LOGPROB_GAP_MEAN, 1)
     if not pts or pts[0][1] <= t.gap_high or temperature_logprobs(h, f, t, now):
         return []                  # the temperature rule names the more specific cause
     step, gap = pts[0]
@@ -165,13 +166,13 @@ def logprob_gap_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> l
                  f"engine numerics (model.dtype = {f.config.model.dtype!r}, rollout.type = "
                  f"{f.config.rollout.type!r}); algorithm.tis_cap (now "
                  f"{f.config.algorithm.tis_cap:g}) bounds the damage meanwhile."),
-        evidence={"values": {"logprob_gap/mean": gap,
-                             "staleness/max": h.metrics.get("staleness/max", {}).get(step)},
-                  "series": chart(h, "logprob_gap/mean")})]
+        evidence={"values": {M.LOGPROB_GAP_MEAN: gap,
+                             M.STALENESS_MAX: h.metrics.get(M.STALENESS_MAX, {}).get(step)},
+                  "series": chart(h, M.LOGPROB_GAP_MEAN)})]
 
 
 def logprob_gap_drift(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
-    pts = h.last("logprob_gap/mean", t.drift_window)
+    pts = h.last(M.LOGPROB_GAP_MEAN, t.drift_window)
     if len(pts) < t.drift_window:
         return []
     values = [v for _, v in pts]
@@ -187,12 +188,12 @@ def logprob_gap_drift(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> 
                  "persists across steps (prefix cache not reset after a sync, KV cache "
                  "dtype, batch-dependent kernels); try rollout.enable_prefix_caching = false."),
         evidence={"values": {"first": values[0], "last": values[-1]},
-                  "series": chart(h, "logprob_gap/mean")})]
+                  "series": chart(h, M.LOGPROB_GAP_MEAN)})]
 
 
 def staleness_over_bound(h: RunHistory, f: RunFacts, t: Thresholds,
                          now: float) -> list[Finding]:
-    pts = h.last("staleness/max", 1)
+    pts = h.last(M.STALENESS_MAX, 1)
     if not pts or pts[0][1] <= f.staleness_bound:
         return []
     step, stale = pts[0]
@@ -206,13 +207,13 @@ def staleness_over_bound(h: RunHistory, f: RunFacts, t: Thresholds,
                     if f.async_policy in ("partial_rollout", "fully_async") else "")
                  + f"lower rollout.prompts_per_step (now {f.config.rollout.prompts_per_step}) "
                  "so producers do not run ahead."),
-        evidence={"values": {"staleness/max": stale, "bound": f.staleness_bound},
-                  "series": chart(h, "staleness/max")})]
+        evidence={"values": {M.STALENESS_MAX: stale, "bound": f.staleness_bound},
+                  "series": chart(h, M.STALENESS_MAX)})]
 
 
 def version_regression(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
-    versions = h.last("weight_sync/version_learner", 2)
-    stale = h.last("staleness/mean", 1)
+    versions = h.last(M.WEIGHT_SYNC_VERSION_LEARNER, 2)
+    stale = h.last(M.STALENESS_MEAN, 1)
     if len(versions) == 2 and versions[1][1] < versions[0][1]:
         step = versions[1][0]
         cause = (f"The weight version went backwards at step {step}: "
@@ -228,7 +229,7 @@ def version_regression(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
                  "a restarted learner); staleness filters silently stop working while "
                  "versions are negative. Resume from the last good checkpoint."),
         evidence={"values": {"version_learner": versions[-1][1] if versions else None},
-                  "series": chart(h, "weight_sync/version_learner")})]
+                  "series": chart(h, M.WEIGHT_SYNC_VERSION_LEARNER)})]
 
 
 def phase_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
@@ -259,7 +260,7 @@ def phase_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Fi
                  "Stop the run and resume from its last checkpoint."),
         evidence={"values": {"phase": phase, "device": where, "stalled_s": stalled,
                              "median_s": median, "factor": t.hang_factor},
-                  "series": chart(h, "time/step_s")})]
+                  "series": chart(h, M.TIME_STEP_S)})]
 
 
 def straggler_steps(h: RunHistory, steps: list[int], t: Thresholds) -> list[float] | None:
@@ -267,14 +268,14 @@ def straggler_steps(h: RunHistory, steps: list[int], t: Thresholds) -> list[floa
     their p50 and over straggler_min_s (per-sample times, so any async policy), else
     None; runs without per-sample times fall back to the step's generation time against
     the run's own median before the window."""
-    p50, p99 = h.metrics.get("rollout/gen_s_p50", {}), h.metrics.get("rollout/gen_s_p99", {})
+    p50, p99 = h.metrics.get(M.ROLLOUT_GEN_S_P50, {}), h.metrics.get(M.ROLLOUT_GEN_S_P99, {})
     if all(s in p99 and s in p50 for s in steps):
         values = [p99[s] for s in steps]
         slow = all(p99[s] > max(t.straggler_p99_p50 * p50[s], t.straggler_min_s)
                    for s in steps)
         return values if slow else None
-    rollout = h.metrics.get("time/rollout_s", {})
-    before = [v for s, v in h.series("time/rollout_s") if s < steps[0]]
+    rollout = h.metrics.get(M.TIME_ROLLOUT_S, {})
+    before = [v for s, v in h.series(M.TIME_ROLLOUT_S) if s < steps[0]]
     if len(before) < 2:
         return None
     limit = max(t.straggler_factor * statistics.median(before), t.straggler_min_s)
@@ -290,12 +291,12 @@ def side_utilization(h: RunHistory, steps: list[int]) -> tuple[float, float] | N
     ``steps`` (a device is on the side whose phase it ran), or None without both."""
     sides: dict[str, list[float]] = {"rollout": [], "learner": []}
     for name, series in h.metrics.items():
-        parts = name.split("/")
-        if len(parts) != 4 or parts[:2] != ["device", "utilization"] or parts[3] not in sides:
+        member = M.DEVICE_PHASE_UTILIZATION.match(name)
+        if member is None or member["phase"] not in sides:
             continue
         if any(series.get(s, 0.0) > 0 for s in steps):
-            total = h.metrics.get(f"device/utilization/{parts[2]}", {})
-            sides[parts[3]] += [total.get(s, 0.0) for s in steps]
+            total = h.metrics.get(M.DEVICE_UTILIZATION.of(device=member["device"]), {})
+            sides[member["phase"]] += [total.get(s, 0.0) for s in steps]
     if not sides["rollout"] or not sides["learner"]:
         return None
     return (statistics.fmean(sides["rollout"]), statistics.fmean(sides["learner"]))
@@ -310,14 +311,14 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
 
     def share(name: str, step: int) -> float:
         if name == "reward_share":
-            reward = h.metrics.get("time/reward_s", {}).get(step, 0.0)
-            return reward / max(h.metrics.get("time/step_s", {}).get(step, 1.0), 1e-9)
+            reward = h.metrics.get(M.TIME_REWARD_S, {}).get(step, 0.0)
+            return reward / max(h.metrics.get(M.TIME_STEP_S, {}).get(step, 1.0), 1e-9)
         return h.metrics.get(name, {}).get(step, 0.0)
 
     # The most specific cause first: a straggler also makes generation the whole step.
     stragglers = straggler_steps(h, steps, t)
     if stragglers is not None:
-        p50 = h.metrics.get("rollout/gen_s_p50", {}).get(steps[-1])
+        p50 = h.metrics.get(M.ROLLOUT_GEN_S_P50, {}).get(steps[-1])
         what = (f"the slowest generations take {min(stragglers):.1f}+ s"
                 + (f" where the median sample takes {p50:.2f} s" if p50 is not None
                    else f", over {t.straggler_factor:g}x the run's median")
@@ -326,15 +327,15 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
     else:
         checks = [("reward_share", t.reward_share_max,
                    "the reward stage takes {:.0%}+ of each step", "reward"),
-                  ("rollout_share", t.rollout_share_max,
+                  (M.ROLLOUT_SHARE, t.rollout_share_max,
                    "generation takes {:.0%}+ of each step", "generation"),
-                  ("bubble", t.bubble_max,
-                   "devices sit idle for {:.0%}+ of each step", "bubble")]
+                  (M.BUBBLE, t.bubble_max,
+                   "devices sit idle for {:.0%}+ of each step", M.BUBBLE)]
         if (f.config.placement.type == "disaggregated"
                 and f.config.async_policy.type != "sync"):
             # Generation on its own devices, overlapping learning, taking the whole step is
             # what they are for: a learner left waiting for it shows as the bubble.
-            checks = [c for c in checks if c[0] != "rollout_share"]
+            checks = [c for c in checks if c[0] != M.ROLLOUT_SHARE]
         hit = next(((name, limit, what, [share(name, s) for s in steps], problem)
                     for name, limit, what, problem in checks
                     if min(share(name, s) for s in steps) > limit), None)
@@ -345,16 +346,16 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
     lead = {"straggler": "A few generations finish far behind the rest.",
             "reward": "Scoring blocks the generator and the learner.",
             "generation": "Long-tail generations hold every step.",
-            "bubble": "Devices wait for each other."}[problem]
-    if problem == "bubble" and f.config.placement.type == "disaggregated":
+            M.BUBBLE: "Devices wait for each other."}[problem]
+    if problem == M.BUBBLE and f.config.placement.type == "disaggregated":
         sides = side_utilization(h, steps)
         if sides is not None and sides[1] - sides[0] > LEARNER_BOUND_GAP:
             problem = "learner"
             lead = (f"The generator waits for the learner: rollout devices busy "
                     f"{sides[0]:.0%} of each step, learner devices {sides[1]:.0%}.")
-    series = {"reward_share": "time/reward_s",
-              "straggler": ("rollout/gen_s_p99" if "rollout/gen_s_p99" in h.metrics
-                            else "time/rollout_s")}.get(name, name)
+    series = {"reward_share": M.TIME_REWARD_S,
+              "straggler": (M.ROLLOUT_GEN_S_P99 if M.ROLLOUT_GEN_S_P99 in h.metrics
+                            else M.TIME_ROLLOUT_S)}.get(name, name)
     return [Finding(
         kind="BubbleHigh", key=f"BubbleHigh:{name}", step=steps[-1],
         cause=(f"For {len(steps)} steps, {what} (placement {f.config.placement.type}, "
@@ -368,7 +369,7 @@ def _what_if(h: RunHistory, f: RunFacts) -> str:
     """The planner's best alternative and its predicted gain, where it can fit the run."""
     # The planner reads the timed steps' metrics and those steps' spans: the same advice
     # until a metric value or a span of a timed step arrives.
-    timed = h.metrics.get("time/step_s", {})
+    timed = h.metrics.get(M.TIME_STEP_S, {})
     inputs = (f.config, sum(map(len, h.metrics.values())),
               sum(s.step in timed for s in h.spans))
     advice = h.derived("what_if", inputs,
@@ -404,7 +405,7 @@ def generation_wait(h: RunHistory, step: int) -> tuple[float, list[str], bool]:
 
 
 def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
-    pts = h.series("weight_sync/latency_s")
+    pts = h.series(M.WEIGHT_SYNC_LATENCY_S)
     if len(pts) < 3:
         return []
     step, latency = pts[-1]
@@ -446,7 +447,7 @@ def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
         evidence={"values": {"latency_s": latency, "median_s": median,
                              "generation_wait_s": waited, "transport_s": moved,
                              "bytes": sync.bytes if sync else None},
-                  "series": chart(h, "weight_sync/latency_s")})]
+                  "series": chart(h, M.WEIGHT_SYNC_LATENCY_S)})]
 
 
 def run_lost(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
@@ -460,11 +461,11 @@ def run_lost(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Find
                  "killer in the node's kernel log); fork the "
                  "run from its last checkpoint to continue."),
         evidence={"values": {"last_step": h.steps[-1] if h.steps else None},
-                  "series": chart(h, "reward/mean")})]
+                  "series": chart(h, M.REWARD_MEAN)})]
 
 
 def reward_errors(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
-    pts = h.last("reward/error_frac", 1)
+    pts = h.last(M.REWARD_ERROR_FRAC, 1)
     if not pts or pts[0][1] <= t.reward_error_frac:
         return []
     step, frac = pts[0]
@@ -478,8 +479,8 @@ def reward_errors(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list
                  "and fix the function reward.function names: its signature is "
                  "fn(prompt, completion, answer, **row) -> float, and row holds the "
                  "dataset's other columns. reward/python/reward_error counts the failures."),
-        evidence={"values": {"reward/error_frac": frac, "threshold": t.reward_error_frac},
-                  "series": chart(h, "reward/error_frac")})]
+        evidence={"values": {M.REWARD_ERROR_FRAC: frac, "threshold": t.reward_error_frac},
+                  "series": chart(h, M.REWARD_ERROR_FRAC)})]
 
 
 AGREEMENT_STEPS = 3   # RewardOverOptimization averages the RM-verifier agreement over these
@@ -496,10 +497,10 @@ def reward_over_optimization(h: RunHistory, f: RunFacts, t: Thresholds,
     """The training reward keeps rising while what it stands for does not: the verifier
     scoring the same samples alongside (a reward model run), or the held-out reward; or
     the reward model and the verifier disagree on most samples."""
-    train = h.last("reward/mean", t.overopt_window)
-    verifier = h.last("reward/verifier_mean", t.overopt_window)
-    held = h.last("eval/reward_mean", HELDOUT_EVALS)
-    agreement = h.last("reward/rm_vs_verifier_agreement", AGREEMENT_STEPS)
+    train = h.last(M.REWARD_MEAN, t.overopt_window)
+    verifier = h.last(M.REWARD_VERIFIER_MEAN, t.overopt_window)
+    held = h.last(M.EVAL_REWARD_MEAN, HELDOUT_EVALS)
+    agreement = h.last(M.REWARD_RM_VS_VERIFIER_AGREEMENT, AGREEMENT_STEPS)
     causes, values, other = [], {}, None
     if len(train) == len(verifier) == t.overopt_window:
         # the same samples scored twice, so no sampling noise between the two: a
@@ -510,15 +511,15 @@ def reward_over_optimization(h: RunHistory, f: RunFacts, t: Thresholds,
                           f"{up:+.3f} while the verifier scoring the same samples moved "
                           f"{follow:+.3f}")
             values.update({"reward_rise": up, "verifier_rise": follow})
-            other = chart(h, "reward/verifier_mean")
+            other = chart(h, M.REWARD_VERIFIER_MEAN)
     if len(held) == HELDOUT_EVALS:
-        span = [p for p in h.series("reward/mean") if held[0][0] <= p[0] <= held[-1][0]]
+        span = [p for p in h.series(M.REWARD_MEAN) if held[0][0] <= p[0] <= held[-1][0]]
         up, follow = rise(span), rise(held)
         if len(span) >= 3 and up >= t.overopt_min_rise and follow < t.overopt_follow * up:
             causes.append(f"from step {held[0][0]} to {held[-1][0]} the training reward rose "
                           f"by {up:+.3f} while the held-out reward moved {follow:+.3f}")
             values.update({"reward_rise_heldout_span": up, "heldout_rise": follow})
-            other = other or chart(h, "eval/reward_mean")
+            other = other or chart(h, M.EVAL_REWARD_MEAN)
     if len(agreement) == AGREEMENT_STEPS:
         mean = statistics.fmean(v for _, v in agreement)
         if mean < t.overopt_agreement_min:
@@ -526,7 +527,7 @@ def reward_over_optimization(h: RunHistory, f: RunFacts, t: Thresholds,
                           f"the last {AGREEMENT_STEPS} steps' samples (threshold "
                           f"{t.overopt_agreement_min:.0%})")
             values["rm_vs_verifier_agreement"] = mean
-            other = other or chart(h, "reward/rm_vs_verifier_agreement")
+            other = other or chart(h, M.REWARD_RM_VS_VERIFIER_AGREEMENT)
     if not causes:
         return []
     alg, reward = f.config.algorithm, f.config.reward
@@ -540,7 +541,7 @@ def reward_over_optimization(h: RunHistory, f: RunFacts, t: Thresholds,
                  "on the policy's own samples, or score with a verifier instead; keep a "
                  "verifier alongside (reward/verifier_mean) and held-out evaluation "
                  "(telemetry.eval_every_steps) so the split stays visible."),
-        evidence={"values": values, "series": chart(h, "reward/mean"), "compare": other})]
+        evidence={"values": values, "series": chart(h, M.REWARD_MEAN), "compare": other})]
 
 
 # Each alert kind and the rule whose findings carry it, in evaluation order.

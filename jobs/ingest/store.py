@@ -25,6 +25,7 @@ from engine.api import (
     SamplesEvent,
     SpanEvent,
 )
+from engine.api import metrics as M
 from jobs.alerts.lifecycle import do_evaluate_alerts
 from jobs.groups import RUNS_GROUP, run_group
 from jobs.ingest.batch import json_safe
@@ -198,8 +199,8 @@ def run_summary(run: Run, events: Sequence[Event]) -> dict:
             step = event.step
             latest.update(json_safe(event.values))
     return {"type": "runs.summary", "run_id": run.pk, "status": run.status, "step": step,
-            "reward_mean": latest.get("reward/mean"), "step_s": latest.get("time/step_s"),
-            "held_out": latest.get("eval/reward_mean")}
+            "reward_mean": latest.get(M.REWARD_MEAN), "step_s": latest.get(M.TIME_STEP_S),
+            "held_out": latest.get(M.EVAL_REWARD_MEAN)}
 
 
 def broadcast_events(run_id: int, events: list[dict], summary: dict | None = None) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from engine.api import metrics as M
 from jobs import charts
 from jobs.models import Run
 from jobs.models.validators import parse_pk
@@ -21,15 +22,15 @@ from jobs.queries import run_page
 
 Series = Sequence[tuple[int, float | None]]
 MIN_RUNS, MAX_RUNS = 2, 6
-TRAIN_REWARD, HELD_OUT_REWARD = "reward/mean", "eval/reward_mean"
+TRAIN_REWARD, HELD_OUT_REWARD = M.REWARD_MEAN, M.EVAL_REWARD_MEAN
 
 # The summary's columns: key -> what it is, as the page heads them.
 SUMMARY_FIELDS = {
     "steps": "steps reported",
     "samples_per_s": "samples/s (mean)",
     "tokens_per_s": "tokens/s (mean)",
-    "bubble": "bubble (mean)",
-    "rollout_share": "rollout share (mean)",
+    M.BUBBLE: "bubble (mean)",
+    M.ROLLOUT_SHARE: "rollout share (mean)",
     "staleness_mean": "staleness (mean)",
     "staleness_max": "staleness (max)",
     "resync_p50_s": "resync latency p50 (s)",
@@ -42,8 +43,8 @@ SUMMARY_FIELDS = {
     "reach_held_out_s": "time to held-out ≥ level (s)",
 }
 # The series the summary reads (the page loads these besides the charts' own).
-SUMMARY_METRICS = ("throughput/samples_per_s", "throughput/tokens_per_s", "bubble",
-                   "rollout_share", "staleness/mean", "staleness/max", "weight_sync/latency_s",
+SUMMARY_METRICS = (M.THROUGHPUT_SAMPLES_PER_S, M.THROUGHPUT_TOKENS_PER_S, M.BUBBLE,
+                   M.ROLLOUT_SHARE, M.STALENESS_MEAN, M.STALENESS_MAX, M.WEIGHT_SYNC_LATENCY_S,
                    TRAIN_REWARD, HELD_OUT_REWARD)
 
 
@@ -120,17 +121,17 @@ def summarize(series: Mapping[str, Series], wall: Mapping[int, float],
     def of(name: str) -> Series:
         return series.get(name, ())
 
-    latency = [v for _, v in finite(of("weight_sync/latency_s"))]
+    latency = [v for _, v in finite(of(M.WEIGHT_SYNC_LATENCY_S))]
     held_out = finite(of(HELD_OUT_REWARD))
-    stale_max = [v for _, v in finite(of("staleness/max"))]
+    stale_max = [v for _, v in finite(of(M.STALENESS_MAX))]
     steps = {step for s in series.values() for step, _ in s}
     row: dict[str, float | int | None] = {
         "steps": len(steps),
-        "samples_per_s": mean(of("throughput/samples_per_s")),
-        "tokens_per_s": mean(of("throughput/tokens_per_s")),
-        "bubble": mean(of("bubble")),
-        "rollout_share": mean(of("rollout_share")),
-        "staleness_mean": mean(of("staleness/mean")),
+        "samples_per_s": mean(of(M.THROUGHPUT_SAMPLES_PER_S)),
+        "tokens_per_s": mean(of(M.THROUGHPUT_TOKENS_PER_S)),
+        M.BUBBLE: mean(of(M.BUBBLE)),
+        M.ROLLOUT_SHARE: mean(of(M.ROLLOUT_SHARE)),
+        "staleness_mean": mean(of(M.STALENESS_MEAN)),
         "staleness_max": max(stale_max) if stale_max else None,
         "resync_p50_s": percentile(latency, 50),
         "resync_p99_s": percentile(latency, 99),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from engine.api import metrics as M
 from engine.config import ConfigError
 from jobs.alerts.whatif import plan_history
 from jobs.models import MetricPoint, PhaseSpan, Run
@@ -28,7 +29,7 @@ WORKLOAD = (("rollout", "prompts_per_step"), ("algorithm", "group_size"),
 
 def timed_steps(run: Run) -> list[int]:
     """The latest PLAN_STEPS steps that reported time/step_s, oldest first."""
-    return sorted(MetricPoint.objects.filter(run=run, name="time/step_s")
+    return sorted(MetricPoint.objects.filter(run=run, name=M.TIME_STEP_S)
                   .order_by("-step").values_list("step", flat=True)[:PLAN_STEPS])
 
 
@@ -95,16 +96,16 @@ def _check(table, base, run: Run) -> Check:
     steps = steps[1:] if len(steps) > 1 else steps
     if not steps:
         return Check(run, why="it has no timed step yet")
-    series: dict[str, dict[int, float]] = {"time/step_s": {}, "bubble": {}}
+    series: dict[str, dict[int, float]] = {M.TIME_STEP_S: {}, M.BUBBLE: {}}
     for name, step, value in (MetricPoint.objects.filter(
             run=run, name__in=list(series), step__in=steps).values_list("name", "step",
                                                                         "value")):
         if value is not None:
             series[name][step] = value
     samples = cfg.rollout.prompts_per_step * cfg.algorithm.group_size
-    rates = [samples / s for s in series["time/step_s"].values() if s > 0]
+    rates = [samples / s for s in series[M.TIME_STEP_S].values() if s > 0]
     if not rates:
         return Check(run, why="no timed step took any time")
-    bubbles = list(series["bubble"].values())
+    bubbles = list(series[M.BUBBLE].values())
     return Check(run, row, statistics.median(rates),
                  statistics.median(bubbles) if bubbles else None)

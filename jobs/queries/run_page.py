@@ -10,6 +10,7 @@ from django.db.models import Count, Max, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from engine.api import metrics as M
 from engine.config import dump_config
 from jobs import charts
 from jobs.models import (
@@ -48,9 +49,9 @@ def runs_with_latest_metrics(runs=None):
     """``runs`` (default: every run not archived) with what the runs list shows of each."""
     runs = Run.objects.filter(archived_at=None) if runs is None else runs
     return runs.annotate(
-        reward_mean=latest_metric("reward/mean"), step_s=latest_metric("time/step_s"),
-        step=latest_metric("time/step_s", "step"),
-        held_out=latest_metric("eval/reward_mean"),
+        reward_mean=latest_metric(M.REWARD_MEAN), step_s=latest_metric(M.TIME_STEP_S),
+        step=latest_metric(M.TIME_STEP_S, "step"),
+        held_out=latest_metric(M.EVAL_REWARD_MEAN),
         open_alerts=open_alert_count(),
     )
 
@@ -100,9 +101,14 @@ def recent_spans(run: Run) -> list[dict]:
     return list(rows.order_by("start").values("device", "phase", "start", "end"))
 
 
+# The metrics the page's header follows live (static/js/run_charts.js reads the names here).
+PROGRESS_METRICS = {"step": M.TIME_STEP_S, "reward": M.REWARD_MEAN,
+                    "held_out": M.EVAL_REWARD_MEAN}
+
+
 def chart_data(run: Run) -> dict:
     """The json_script the run page draws from, the seq its websocket resumes after, and
-    the statuses after which the run has nothing left to stop."""
+    the statuses after which the run has nothing left to stop, the header's metric names."""
     with snapshot():
         last_seq = RunEvent.highest_seq(run)
         algorithm = run.run_config.algorithm.type
@@ -118,7 +124,7 @@ def chart_data(run: Run) -> dict:
         times = {step: ts for step, ts in step_times(run).items() if step in drawn}
     return {"run_id": run.pk, "last_seq": last_seq, "ws_path": f"/ws/runs/{run.pk}/",
             "terminal_statuses": sorted(TERMINAL), "charts": figures, "marks": marks,
-            "step_times": times}
+            "step_times": times, "metric_names": PROGRESS_METRICS}
 
 
 LOG_TYPES = ("log", "control.applied")  # the log panel's lines; controls name who
@@ -157,7 +163,7 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
 def current_lr(run: Run) -> float:
     """The policy's learning rate as the learner last reported it (learner/lr), else the
     config's: what the live lr control starts from."""
-    latest = latest_point(run, "learner/lr")
+    latest = latest_point(run, M.LEARNER_LR)
     if latest is not None and latest[1] is not None:
         return latest[1]
     return run.run_config.algorithm.lr
@@ -176,7 +182,7 @@ def run_progress(run: Run) -> dict:
     """The run header's "how is it going": step k of n, elapsed, ETA (while live), latest
     training and held-out reward, open alerts."""
     steps = run.run_config.steps
-    recent = list(MetricPoint.objects.filter(run=run, name="time/step_s").order_by("-step")
+    recent = list(MetricPoint.objects.filter(run=run, name=M.TIME_STEP_S).order_by("-step")
                   .values_list("step", "value")[:ETA_STEPS])
     step = recent[0][0] if recent else None
     elapsed = None
@@ -188,6 +194,6 @@ def run_progress(run: Run) -> dict:
         eta = max(0, steps - step) * sum(durations) / len(durations)
 
     return {"step": step, "steps": steps, "elapsed_s": elapsed, "eta_s": eta,
-            "reward": latest_point(run, "reward/mean"),
-            "held_out": latest_point(run, "eval/reward_mean"),
+            "reward": latest_point(run, M.REWARD_MEAN),
+            "held_out": latest_point(run, M.EVAL_REWARD_MEAN),
             "open_alerts": run.alerts.filter(state__in=LIVE_STATES).count()}

@@ -12,6 +12,7 @@
   const maxPoints = {};  // per chart; undefined keeps every point
   const MAX_LOG_LINES = 500;
   const TERMINAL = data.terminal_statuses;  // jobs/models/status.py, via the page
+  const NAMES = data.metric_names;  // engine/metrics.py, via the page (jobs/queries/run_page.py)
   let lastSeq = data.last_seq;
 
   const stepXs = {};  // metric chart id -> per trace, the steps of its points
@@ -69,10 +70,10 @@
     for (const e of events) {
       if (e.type !== "metrics.append") continue;
       stepTime[e.step] = e.ts;
-      if (e.values["time/step_s"] !== undefined) setText("progress-step", e.step);
-      const reward = e.values["reward/mean"];
+      if (e.values[NAMES.step] !== undefined) setText("progress-step", e.step);
+      const reward = e.values[NAMES.reward];
       if (typeof reward === "number") setText("progress-reward", reward.toFixed(3));
-      const heldOut = e.values["eval/reward_mean"];
+      const heldOut = e.values[NAMES.held_out];
       if (typeof heldOut === "number") {
         setText("progress-held-out", heldOut.toFixed(3) + " (step " + e.step + ")");
       }

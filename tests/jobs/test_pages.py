@@ -85,6 +85,9 @@ def test_the_run_page_draws_its_charts_from_the_stored_metrics(viewer, run):
 
     assert data["last_seq"] == 4 and data["ws_path"] == f"/ws/runs/{run.pk}/"
     assert data["terminal_statuses"] == ["failed", "lost", "stopped", "succeeded"]
+    # The header's live figures: the script reads their names here, not from literals.
+    assert data["metric_names"] == {"step": "time/step_s", "reward": "reward/mean",
+                                    "held_out": "eval/reward_mean"}
     lower, upper, mean, held_out = chart(data, "reward")["traces"]
     assert (mean["x"], mean["y"]) == ([1, 2], [0.2, 0.4])
     assert (held_out["name"], held_out["x"], held_out["y"]) == ("held-out", [2], [0.25])
