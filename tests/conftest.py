@@ -38,6 +38,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.db)
+    shared.group_users(items)
     # Under pytest-xdist, files with the most slow tests first, in a stable sort (within a
     # file, and among the rest, the order stays pytest-django's, whose hook runs before
     # this one): xdist hands out files in this order, so the long ones start early and
@@ -89,6 +90,16 @@ def shared_ray_head(monkeypatch):
     yield head
     if not shared.end_jobs(head):
         shared.RAY_HEAD.stop()
+
+
+@pytest.fixture
+def shared_stack():
+    """The session's browser stack (tests/shared.py): its web URL. Built anew for the next
+    test when this one left a run unfinished."""
+    url, state = shared.BROWSER_STACK.get()
+    yield url
+    if shared.unfinished_runs(state):
+        shared.BROWSER_STACK.stop()
 
 
 def file_of(nodeid: str) -> str:
