@@ -3,6 +3,8 @@ import sys
 
 import pytest
 
+from . import shared
+
 # What gives a test the database under pytest-django (which refuses it to any other test):
 # the django_db marker, or one of these fixtures anywhere in its fixture closure.
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences",
@@ -36,6 +38,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.db)
+    shared.group_users(items)
     # Under pytest-xdist, files with the most slow tests first, in a stable sort (within a
     # file, and among the rest, the order stays pytest-django's, whose hook runs before
     # this one): xdist hands out files in this order, so the long ones start early and
@@ -47,6 +50,56 @@ def pytest_collection_modifyitems(items):
         slow[file_of(item.nodeid)] = (slow.get(file_of(item.nodeid), 0)
                                         + bool(item.get_closest_marker("slow")))
     items.sort(key=lambda item: -slow[file_of(item.nodeid)])
+
+
+def pytest_collection_finish(session):
+    """After -m and -k: the last test to use each shared thing (tests/shared.py)."""
+    shared.note_last_users(session.items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A shared thing stops right after the last test that uses it: its cost shows on that
+    test's teardown row, and it does not idle beside the tests after it."""
+    try:
+        return (yield)
+    finally:
+        for thing in shared.REGISTRY:
+            if thing.last_user is item:
+                thing.stop()
+
+
+def pytest_sessionfinish(session):
+    """What is still up (an interrupted session, a last user another xdist worker ran)."""
+    for thing in shared.REGISTRY:
+        try:
+            thing.stop()
+        except Exception as exc:    # no test's teardown left to report it on
+            print(f"\n{thing.fixture} did not stop cleanly: {exc!r}", file=sys.stderr)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def shared_ray_head(monkeypatch):
+    """The session's Ray head (tests/shared.py), its runs' jobs under a name of this
+    test's own; the jobs it left running are stopped after it."""
+    from jobs.cluster import ray as ray_cluster
+
+    head = shared.RAY_HEAD.get()
+    monkeypatch.setattr(ray_cluster, "SUBMISSION_PREFIX", shared.ray_submission_prefix())
+    yield head
+    if not shared.end_jobs(head):
+        shared.RAY_HEAD.stop()
+
+
+@pytest.fixture
+def shared_stack():
+    """The session's browser stack (tests/shared.py): its web URL. Built anew for the next
+    test when this one left a run unfinished."""
+    url, state = shared.BROWSER_STACK.get()
+    yield url
+    if shared.unfinished_runs(state):
+        shared.BROWSER_STACK.stop()
 
 
 def file_of(nodeid: str) -> str:

@@ -1,5 +1,7 @@
 """End to end in a real browser: Playwright drives Debian's chromium against the stack the
-main command starts (controlplane.stack --no-demo, free port, temp state dir).
+main command starts (controlplane.stack --no-demo, free port, temp state dir), one stack
+for this module and the other browser modules (test_alerts_browser, test_compare_browser,
+test_inspector_browser).
 
     log in -> new run form -> run page: the reward chart grows without a reload
     -> Stop -> badge "stopped", a checkpoint listed (screenshot) -> Fork from it with a
@@ -19,14 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from ..stack_helpers import running_stack
+from ..shared import OPERATOR_PASSWORD as PASSWORD
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-PASSWORD = "e2e-operator-password"
 
 # Starts in seconds (no warm start, a tiny model, a few prompts per step) and would run
 # for many minutes: the test stops it.
@@ -68,18 +69,16 @@ def chromium() -> Path:
 
 
 
-@pytest.fixture(scope="module")
-def stack():
-    """The real stack, started once for the module; stopped at the end, leaving nothing."""
-    chromium()
-    # Two logical GPUs on the Ray head: room for a disaggregated placement's two bundles.
-    with running_stack("rle2e", RLPLANE_ADMIN_USER="operator",
-                       RLPLANE_ADMIN_PASSWORD=PASSWORD, RLPLANE_LOGICAL_GPUS="2") as (url, _):
-        yield url
+@pytest.fixture
+def stack(shared_stack):
+    """The real stack, shared by the browser modules (tests/shared.py): started by the
+    first of their tests, stopped after the last, leaving nothing. Each test launches
+    runs of its own and stops them."""
+    return shared_stack
 
 
 @pytest.fixture(scope="module")
-def browser(stack):
+def browser():     # set up before the stack: without chromium, no stack is started
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

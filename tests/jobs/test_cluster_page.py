@@ -1,6 +1,6 @@
 """The cluster page: nodes, resources, which runs hold what, utilization; page and htmx
-fragment. Ray is faked at jobs.cluster.status.fetch_json for the shapes, and real (a local head
-with two logical GPUs) for one test."""
+fragment. Ray is faked at jobs.cluster.status.fetch_json for the shapes, and real (the
+session's local head, with two logical GPUs) for one test."""
 
 import re
 import time
@@ -8,8 +8,9 @@ import time
 import pytest
 
 from jobs.cluster import status as cluster
+from jobs.cluster.ray import submission_id
 
-from .test_tasks import RayHead, free_port
+from .test_tasks import free_port
 
 HTMX = {"HX-Request": "true"}
 NODE_ID = "ab12cd34ef56" + "0" * 44
@@ -131,25 +132,18 @@ def test_an_unreachable_ray_is_said_plainly_instead_of_an_error(viewer, settings
         assert "This host: CPU" in html  # this host's utilization still shows
 
 
-@pytest.fixture(scope="module")
-def gpu_ray_head():
-    head = RayHead(num_gpus=2)   # two logical GPUs declared on this GPU-less host
-    head.wait_ready()
-    yield head
-    head.stop()  # kills the head's session; the job below was stopped before
-
-
 @pytest.mark.slow
 def test_a_real_ray_head_shows_its_logical_gpus_and_a_runs_job(
-        viewer, gpu_ray_head, settings, monkeypatch, make_run):
+        viewer, shared_ray_head, settings, monkeypatch, make_run):
+    # The session's head declares two logical GPUs on this GPU-less host (tests/shared.py).
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
-    settings.RAY_DASHBOARD_ADDRESS = gpu_ray_head.dashboard
-    settings.RAY_AUTH_TOKEN_PATH = str(gpu_ray_head.token_path)
+    settings.RAY_DASHBOARD_ADDRESS = shared_ray_head.dashboard
+    settings.RAY_AUTH_TOKEN_PATH = str(shared_ray_head.token_path)
     run = make_run(name="real-ray")
-    client = gpu_ray_head.client()
+    client = shared_ray_head.client()
     # A busy entrypoint, bounded by its own clock: the page must show its CPU, not 0.
     busy = 'python -c "import time; t = time.time()\nwhile time.time() - t < 120: pass"'
-    sid = client.submit_job(entrypoint=busy, submission_id=f"rlplane-run-{run.pk}")
+    sid = client.submit_job(entrypoint=busy, submission_id=submission_id(run.pk))
     try:
         deadline = time.monotonic() + 60
         while client.get_job_status(sid) != "RUNNING" and time.monotonic() < deadline:

@@ -13,7 +13,6 @@ from jobs.runs import queue, submit, tasks
 from jobs.runs.actions import do_set_priority, do_stop_run
 
 from .helpers import status
-from .test_tasks import RayHead
 
 pytestmark = pytest.mark.django_db
 
@@ -114,28 +113,21 @@ def test_a_ray_placement_waits_while_ray_does_not_answer(settings, submitted, sc
     assert run.status == RunStatus.QUEUED and "connection refused" in run.status_reason
 
 
-# --- against a real Ray head with 2 logical GPUs ---------------------------------------------
-
-@pytest.fixture(scope="module")
-def two_gpu_head():
-    head = RayHead(num_gpus=2)
-    head.wait_ready()
-    yield head
-    head.stop()
-
+# --- against the session's Ray head, with 2 logical GPUs -------------------------------------
 
 @pytest.fixture
-def on_head(two_gpu_head, settings, monkeypatch):
-    """Settings pointed at the head, once it reports its resources (a fresh head's
-    cluster status is empty for its first seconds; the queue then waits, saying so)."""
+def on_head(shared_ray_head, settings, monkeypatch):
+    """Settings pointed at the session's head (2 logical GPUs, tests/shared.py), once it
+    reports its resources (a fresh head's cluster status is empty for its first seconds;
+    the queue then waits, saying so)."""
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
-    settings.RAY_DASHBOARD_ADDRESS = two_gpu_head.dashboard
-    settings.RAY_AUTH_TOKEN_PATH = str(two_gpu_head.token_path)
+    settings.RAY_DASHBOARD_ADDRESS = shared_ray_head.dashboard
+    settings.RAY_AUTH_TOKEN_PATH = str(shared_ray_head.token_path)
     deadline = time.monotonic() + 60
     while True:
         try:
             queue.ray_capacity()
-            return two_gpu_head
+            return shared_ray_head
         except queue.ClusterUnreachable:
             if time.monotonic() > deadline:
                 raise

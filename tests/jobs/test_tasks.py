@@ -1,7 +1,8 @@
 """Celery tasks against a real local Ray head (token auth on), called directly (eagerly).
 
-The head is started once for the module with `ray start --head --block` in a session of
-its own, on free ports and in its own temp dir, and killed by that session at teardown.
+The head is the session's shared one (tests/shared.py: `ray start --head --block` in a
+session of its own, on free ports and in its own temp dir, killed by that session after
+its last user); each test's runs get Ray jobs of a name of its own there.
 The end-to-end tests run the real `python -m engine.ray_job` as a Ray job that posts to the
 ingest endpoint of pytest-django's live_server.
 """
@@ -26,8 +27,6 @@ from jobs.models import Checkpoint, MetricPoint, Run, RunEvent, RunStatus
 from jobs.runs import submit, tasks
 from jobs.runs.actions import do_fork_run
 
-from ..ray_head import RayHead
-
 TERMINAL_JOB = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
 
 # A run that takes seconds, not minutes: random init, tiny eval, 2 prompts x 2 samples.
@@ -42,18 +41,6 @@ TINY = {
 
 
 @pytest.fixture(scope="module")
-def ray_head():
-    head = RayHead()
-    head.wait_ready()
-    yield head
-    client = head.client()
-    for job in client.list_jobs():
-        if job.status not in TERMINAL_JOB:
-            client.stop_job(job.submission_id)
-    head.stop()
-
-
-@pytest.fixture(scope="module")
 def model_cache(tmp_path_factory):
     """The drivers build the tiny model into a per-module cache (nothing downloaded)."""
     previous = os.environ.get("RLPLANE_CACHE")
@@ -65,13 +52,13 @@ def model_cache(tmp_path_factory):
 
 
 @pytest.fixture
-def cluster(ray_head, settings, monkeypatch, tmp_path):
+def cluster(shared_ray_head, settings, monkeypatch, tmp_path):
     """The control plane's settings pointed at the test head."""
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
-    settings.RAY_DASHBOARD_ADDRESS = ray_head.dashboard
-    settings.RAY_AUTH_TOKEN_PATH = str(ray_head.token_path)
+    settings.RAY_DASHBOARD_ADDRESS = shared_ray_head.dashboard
+    settings.RAY_AUTH_TOKEN_PATH = str(shared_ray_head.token_path)
     settings.RLPLANE_RUNS_DIR = tmp_path / "runs"
-    return ray_head.client()
+    return shared_ray_head.client()
 
 
 @pytest.fixture
@@ -370,7 +357,7 @@ def test_a_submitted_run_runs_the_engine_on_ray_and_succeeds(e2e):
     unlocked(submit.submit_run, run.pk)
     unlocked(run.refresh_from_db)
     assert run.status == RunStatus.SUBMITTING, run.status_reason
-    assert run.ray_submission_id == f"rlplane-run-{run.pk}"
+    assert run.ray_submission_id == submission_id(run.pk)   # this test's prefix
     token_hash = run.ingest_token_hash
 
     unlocked(submit.submit_run, run.pk)  # a retry: the same job and token, no second copy
