@@ -5,6 +5,8 @@
         d.critic                    # PPO's critic on its own bundle, or None (in the learner)
         d.sharing                   # rollout workers on the learner's devices (colocated)
         d.sync                      # the connected WeightSyncSession
+        d.each(Telemetered.drain_spans)          # one call on every actor, results in order
+        d.each(RolloutWorker.drain_logs, actors=d.workers)         # ... or on some of them
     # gone: transports closed, actors killed, placement group removed, Ray shut down
     # (only when this run started it)
 
@@ -22,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.config import InPlaceSyncConfig, RunConfig
 from engine.orchestration.actors import LocalActor, RayActor
@@ -37,6 +40,18 @@ class Deployment:
     sharing: list[LocalActor | RayActor]
     sync: WeightSyncSession
     critic: LocalActor | RayActor | None = None
+
+    @property
+    def actors(self) -> list[LocalActor | RayActor]:
+        """Every actor of the run, in one order: the learner, the rollout workers, the
+        critic on its own bundle if there is one."""
+        return [self.learner, *self.workers, *([] if self.critic is None else [self.critic])]
+
+    def each(self, method: Callable, *args: Any, actors: list | None = None) -> list:
+        """``method`` called on every actor (or on ``actors``, such as the rollout workers)
+        at once; their results, in that order."""
+        calls = [a.call(method, *args) for a in (self.actors if actors is None else actors)]
+        return [f.result() for f in calls]
 
 
 @contextmanager
@@ -89,12 +104,13 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
             sharing = [h for h, w in zip(workers, layout.workers, strict=True)
                        if set(w.devices) & set(layout.learner.devices)]
             sync_cfg = cfg.weight_sync
-        for w in workers:                     # what their parts said (a reward model's fit)
-            for level, line in w.call(RolloutWorker.drain_logs).result():
+        d = Deployment(learner, workers, sharing, WeightSyncSession(learner, workers, sync_cfg),
+                       critic)
+        for lines in d.each(RolloutWorker.drain_logs, actors=workers):
+            for level, line in lines:         # what their parts said (a reward model's fit)
                 log(line, level=level)
-        sync = WeightSyncSession(learner, workers, sync_cfg)
-        sync.connect()
-        yield Deployment(learner, workers, sharing, sync, critic)
+        d.sync.connect()
+        yield d
     finally:
         _teardown(started, layout.on_ray, pg, ray_started)
 

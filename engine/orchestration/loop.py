@@ -73,7 +73,12 @@ from engine.model import load_tokenizer
 from engine.orchestration.deployment import Deployment, deploy
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import Experience, buffer_bound, build_policy
-from engine.orchestration.workers import CriticWorker, LearnerWorker, RolloutWorker
+from engine.orchestration.workers import (
+    CriticWorker,
+    LearnerWorker,
+    RolloutWorker,
+    Telemetered,
+)
 from engine.reward import reward_metrics
 from engine.rollout.preflight import preflight_verdict
 from engine.seeds import seed_everything, step_seed
@@ -301,11 +306,11 @@ class RunLoop:
         self._settle(wait=not self.policy.overlaps)
         self._drain_spans()
         m |= self.tel.step_metrics(t0, time.time())
-        m |= reward_metrics([w.call(RolloutWorker.reward_metrics).result()
-                             for w in d.workers], m)
+        m |= reward_metrics(d.each(RolloutWorker.reward_metrics, actors=d.workers), m)
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
         m |= group_metrics(groups, self.experience.dropped) | group_length_metrics(groups)
-        m |= sync_metrics(self.last_sync) | self._sample_devices()
+        m |= sync_metrics(self.last_sync)
+        m |= {k: v for values in d.each(Telemetered.sample_devices) for k, v in values.items()}
         m["buffer/dropped_stale"] = float(self.buffer.dropped_stale)
         m["buffer/recycled"] = float(self.experience.recycled)
         self.tel.emit(MetricsEvent(step=step, values=m))
@@ -355,8 +360,8 @@ class RunLoop:
     def _drain_logs(self) -> None:
         """What the workers said during the step (a reward function's traceback, once per
         distinct error); several workers hitting one error log it once."""
-        for w in self.d.workers:
-            for level, line in w.call(RolloutWorker.drain_logs).result():
+        for lines in self.d.each(RolloutWorker.drain_logs, actors=self.d.workers):
+            for level, line in lines:
                 if line not in self._logged:
                     self._logged.add(line)
                     self.tel.log(line, level=level)
@@ -373,21 +378,8 @@ class RunLoop:
                 self.tel.log(res.mismatch(), level="error")
 
     def _drain_spans(self) -> None:
-        d = self.d
-        futures = [d.learner.call(LearnerWorker.drain_spans),
-                   *(w.call(RolloutWorker.drain_spans) for w in d.workers)]
-        if d.critic is not None:
-            futures.append(d.critic.call(CriticWorker.drain_spans))
-        for f in futures:
-            self.tel.ingest(*f.result())
-
-    def _sample_devices(self) -> dict[str, float]:
-        d = self.d
-        futures = [d.learner.call(LearnerWorker.sample_devices),
-                   *(w.call(RolloutWorker.sample_devices) for w in d.workers)]
-        if d.critic is not None:
-            futures.append(d.critic.call(CriticWorker.sample_devices))
-        return {k: v for f in futures for k, v in f.result().items()}
+        for closed, running in self.d.each(Telemetered.drain_spans):
+            self.tel.ingest(closed, running)
 
     def evaluate(self, step: int) -> dict[str, float]:
         t = self.cfg.telemetry.eval_temperature
