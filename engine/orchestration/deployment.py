@@ -7,6 +7,8 @@
         d.sync                      # the connected WeightSyncSession
         d.each(Telemetered.drain_spans)          # one call on every actor, results in order
         d.each(RolloutWorker.drain_logs, actors=d.workers)         # ... or on some of them
+        d.update(samples, step, version)         # colocated engines asleep meanwhile; a
+        d.save_checkpoint(root, keep, step)      # critic on its own bundle takes part
     # gone: transports closed, actors killed, placement group removed, Ray shut down
     # (only when this run started it)
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import InPlaceSyncConfig, RunConfig
+from engine.experience import Sample
 from engine.orchestration.actors import LocalActor, RayActor
 from engine.orchestration.placement import Layout, reserve
 from engine.orchestration.workers import CriticWorker, LearnerWorker, RolloutWorker
@@ -52,6 +55,32 @@ class Deployment:
         at once; their results, in that order."""
         calls = [a.call(method, *args) for a in (self.actors if actors is None else actors)]
         return [f.result() for f in calls]
+
+    def update(self, samples: list[Sample], step: int, version: int) -> dict[str, float]:
+        """The learner's update of ``step``, colocated rollout engines asleep meanwhile (they
+        yield the device). With a critic on its own bundle, its values give the advantages
+        first, then its value update runs beside the actor's."""
+        for w in self.sharing:
+            w.call(RolloutWorker.sleep)
+        if self.critic is None:
+            metrics = self.learner.call(LearnerWorker.update, samples, step).result()
+        else:
+            adv = self.critic.call(CriticWorker.estimate, samples, step, version)
+            actor = self.learner.call(LearnerWorker.update, samples, step, adv)
+            critic = self.critic.call(CriticWorker.train, step, version)
+            metrics = actor.result() | critic.result()
+        for w in self.sharing:
+            w.call(RolloutWorker.wake_up)
+        return metrics
+
+    def save_checkpoint(self, root: Path, keep_last: int,
+                        step: int) -> tuple[str, int, int, str]:
+        """The learner's checkpoint (path, step, version, fingerprint); a critic on its own
+        bundle saves its state first and the learner moves it in."""
+        critic_state = None if self.critic is None else self.critic.call(
+            CriticWorker.save_state, root, step)
+        return self.learner.call(LearnerWorker.save_checkpoint, root, keep_last,
+                                 critic_state).result()
 
 
 @contextmanager

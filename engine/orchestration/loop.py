@@ -8,8 +8,8 @@
         check staleness <= the policy's bound       (negative: error event, run fails)
         adv     = advantages(algorithm.adv_estimator, rewards + shaping)   (GRPO; PPO's
                                                     critic and GAE run in the learner, or
-                                                    on the critic's bundle: see _update)
-        metrics = learner.update(samples)           version += 1   [spans: critic, learner]
+                                                    on the critic's bundle: Deployment.update)
+        metrics = d.update(samples)                 version += 1   [spans: critic, learner]
         sync.send(step) -> every rollout worker     each reports (version, fp)     [spans]
         emit metrics.append (engine.telemetry.step_metrics; every actor's spans and
                              the device/* its DeviceSampler measured)
@@ -73,12 +73,7 @@ from engine.model import load_tokenizer
 from engine.orchestration.deployment import Deployment, deploy
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import Experience, buffer_bound, build_policy
-from engine.orchestration.workers import (
-    CriticWorker,
-    LearnerWorker,
-    RolloutWorker,
-    Telemetered,
-)
+from engine.orchestration.workers import LearnerWorker, RolloutWorker, Telemetered
 from engine.reward import reward_metrics
 from engine.rollout.preflight import preflight_verdict
 from engine.seeds import seed_everything, step_seed
@@ -295,11 +290,7 @@ class RunLoop:
                              alg.group_size, alg.normalize_std)
             for s, a in zip(samples, adv.tolist(), strict=True):
                 s.advantage = a
-        for w in d.sharing:                   # colocated: the engine yields the device
-            w.call(RolloutWorker.sleep)
-        m = self._update(samples, step, version)
-        for w in d.sharing:
-            w.call(RolloutWorker.wake_up)
+        m = d.update(samples, step, version)
         self.step, self.version = d.learner.call(LearnerWorker.state).result()
         self._drain_spans()           # the phases so far reach the control plane before a
         self._send(step)              # sync that may hang (PhaseHang names what follows)
@@ -317,17 +308,6 @@ class RunLoop:
         self._emit_samples(step, groups, samples, staleness)
         self._drain_logs()
         return m
-
-    def _update(self, samples: list[Sample], step: int, version: int) -> dict[str, float]:
-        """The learner's update; with a critic on its own bundle, the critic's values give
-        the advantages first, then its value update runs beside the actor's."""
-        d = self.d
-        if d.critic is None:
-            return d.learner.call(LearnerWorker.update, samples, step).result()
-        adv = d.critic.call(CriticWorker.estimate, samples, step, version)
-        actor = d.learner.call(LearnerWorker.update, samples, step, adv)
-        critic = d.critic.call(CriticWorker.train, step, version)
-        return actor.result() | critic.result()
 
     def _emit_samples(self, step: int, groups: list[list[Sample]], samples: list[Sample],
                       staleness: list[int]) -> None:
@@ -391,12 +371,8 @@ class RunLoop:
         return values
 
     def checkpoint(self) -> None:
-        d = self.d
-        critic_state = None if d.critic is None else d.critic.call(
-            CriticWorker.save_state, self.ckpt_root, self.step)
-        path, step, version, fp = d.learner.call(
-            LearnerWorker.save_checkpoint, self.ckpt_root, self.cfg.checkpoint.keep_last,
-            critic_state).result()
+        path, step, version, fp = self.d.save_checkpoint(
+            self.ckpt_root, self.cfg.checkpoint.keep_last, self.step)
         self.tel.emit(CheckpointEvent(step=step, version=version, path=path, fingerprint=fp))
 
     def status(self, status: str, message: str = "") -> None:
