@@ -6,9 +6,8 @@
         groups  = policy.next_batch(step, version)  rollout + reward on the workers [spans]
                                                     (dynamic sampling: no flat groups)
         check staleness <= the policy's bound       (negative: error event, run fails)
-        adv     = advantages(algorithm.adv_estimator, rewards + shaping)   (GRPO; PPO's
-                                                    critic and GAE run in the learner, or
-                                                    on the critic's bundle: Deployment.update)
+        adv     = GRPO's advantages                 (engine.learner.advantages; PPO's come
+                                                    from its critic: Deployment.update)
         metrics = d.update(samples)                 version += 1   [spans: critic, learner]
         sync.send(step) -> every rollout worker     each reports (version, fp)     [spans]
         emit metrics.append (engine.telemetry.step_metrics; every actor's spans and
@@ -38,9 +37,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
-from engine.config import GrpoConfig, RunConfig, dump_config
+from engine.config import RunConfig, dump_config
 from engine.controls import (
     CheckpointControl,
     Control,
@@ -66,8 +63,8 @@ from engine.experience import (
     over_bound,
 )
 from engine.faults import wrap_buffer
+from engine.learner.advantages import assign_advantages
 from engine.learner.checkpoint import latest_checkpoint
-from engine.learner.losses import advantages
 from engine.learner.warmstart import ensure_warm_start
 from engine.model import load_tokenizer
 from engine.orchestration.deployment import Deployment, deploy
@@ -272,7 +269,8 @@ class RunLoop:
         waiting = [x for x in self.layout.trainers if x not in self.layout.rollout]
         with self.tel.phase("waiting", waiting, step, version):
             groups = self.policy.next_batch(step, version)
-        self._check_dynamic_sampling(step, groups)
+        if warning := self.experience.short_batch(step, groups):
+            self.tel.log(warning, level="warning")
         samples: list[Sample] = [s for g in groups for s in g]
         try:
             staleness = check_staleness(samples, version)
@@ -282,14 +280,7 @@ class RunLoop:
         if message := over_bound(staleness, self.cfg.async_policy.staleness_bound,
                                  self.cfg.async_policy.type, step):
             self.tel.emit(LogEvent(level="error", message=message))
-        alg = self.cfg.algorithm
-        if isinstance(alg, GrpoConfig):          # PPO's come from its critic, in the learner
-            adv = advantages(alg.adv_estimator,
-                             torch.tensor([s.learning_reward for s in samples]),
-                             torch.tensor([len(s.response_ids) for s in samples]),
-                             alg.group_size, alg.normalize_std)
-            for s, a in zip(samples, adv.tolist(), strict=True):
-                s.advantage = a
+        assign_advantages(samples, self.cfg.algorithm)
         m = d.update(samples, step, version)
         self.step, self.version = d.learner.call(LearnerWorker.state).result()
         self._drain_spans()           # the phases so far reach the control plane before a
@@ -319,23 +310,6 @@ class RunLoop:
         tok = self.tokenizer
         self.tel.emit(samples_event(step, samples, rows, staleness, learner,
                                     lambda t: tok.decode([t])))
-
-    def _check_dynamic_sampling(self, step: int, groups: list[list[Sample]]) -> None:
-        """A batch that dynamic sampling could not fill within its budget: a warning when
-        some groups have signal, an error (the run fails) when none has."""
-        n, dropped = self.cfg.rollout.prompts_per_step, self.experience.dropped
-        if len(groups) == n:
-            return
-        why = (f"dynamic sampling dropped {dropped} groups whose rewards all agreed, its "
-               f"bound (algorithm.max_resample_rounds = "
-               f"{self.cfg.algorithm.max_resample_rounds})")
-        if not groups:
-            raise RuntimeError(f"step {step}: {why}, and found no group whose rewards differ; "
-                               f"raise algorithm.max_resample_rounds, or give the reward room "
-                               f"to vary (rollout.temperature, algorithm.group_size, the "
-                               f"task's difficulty)")
-        self.tel.log(f"step {step}: {why}; trained on {len(groups)} of {n} groups",
-                     level="warning")
 
     def _drain_logs(self) -> None:
         """What the workers said during the step (a reward function's traceback, once per
