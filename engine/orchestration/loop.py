@@ -18,37 +18,21 @@
 
 Every policy runs on every placement; only on Ray do generation and training overlap. A
 SIGTERM, a STOP file in the run directory or a ``stop_requested()`` callback answering
-True makes it checkpoint after the step in progress and end "stopped".
-
-Live controls (engine.controls) come from a ``take_controls()`` callback, asked at every
-step boundary; each one applied is a ``control.applied`` event at the step it takes
-effect from:
-
-    before step s:  take_controls() -> checkpoint now | pause | resume | set_lr | set_eval_every
-                    paused: hold here (asking for controls and stop every HOLD_POLL_S)
-                    until a resume, or a stop (which checkpoints and ends "stopped")
+True makes it checkpoint after the step in progress and end "stopped". Live controls
+(a ``take_controls()`` callback) are applied, or hold a paused run, at every step
+boundary: engine.orchestration.live_controls.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import RunConfig, dump_config
-from engine.controls import (
-    CheckpointControl,
-    Control,
-    PauseControl,
-    ResumeControl,
-    SetEvalEveryControl,
-    SetLrControl,
-)
+from engine.controls import Control
 from engine.events import (
     CheckpointEvent,
-    ControlAppliedEvent,
     EventSink,
     LogEvent,
     MetricsEvent,
@@ -68,6 +52,7 @@ from engine.learner.checkpoint import latest_checkpoint
 from engine.learner.warmstart import ensure_warm_start
 from engine.model import load_tokenizer
 from engine.orchestration.deployment import Deployment, deploy
+from engine.orchestration.live_controls import LiveControls, StopSignal
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import Experience, buffer_bound, build_policy
 from engine.orchestration.workers import LearnerWorker, RolloutWorker, Telemetered
@@ -87,8 +72,6 @@ from engine.telemetry.step_metrics import (
 )
 from engine.weightsync.base import SyncResult
 
-HOLD_POLL_S = 0.25  # while paused: how often the loop asks for controls and stop
-
 
 class RunLoop:
     def __init__(self, cfg: RunConfig, out_dir: Path, sink: EventSink | None = None,
@@ -101,34 +84,22 @@ class RunLoop:
         jsonl = JsonlSink(self.out_dir / "events.jsonl") if cfg.telemetry.jsonl else None
         self.tel = Telemetry(FanoutSink(self.memory, jsonl, sink), self.layout.devices)
         self.ckpt_root = self.out_dir / "checkpoints"
-        self._stop, self._stop_hook = threading.Event(), stop_requested
+        self.stop = StopSignal(self.out_dir / "STOP", stop_requested)
         self.step = self.version = 0
         self.d: Deployment | None = None       # while deployed
         self.buffer = ExperienceBuffer()       # replaced once deployed
         self.policy = self.experience = self.tokenizer = None
         self.last_sync: SyncResult | None = None
         self._logged: set[str] = set()         # worker log lines already logged
-        self._take_controls = take_controls
-        self.paused = False
-        self.eval_every = cfg.telemetry.eval_every_steps  # a live control may change it
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def stop_requested(self) -> bool:
-        if self._stop.is_set() or (self.out_dir / "STOP").exists():
-            return True
-        if self._stop_hook is not None and self._stop_hook():
-            self._stop.set()  # the answer is final: the end-of-run status must agree
-            return True
-        return False
+        self.controls = LiveControls(take_controls, cfg.telemetry.eval_every_steps, self.tel,
+                                     self.stop)
 
     def run(self, steps: int | None = None, resume: bool = False) -> RunSummary:
+        with self.stop.on_sigterm():
+            return self._run(self.cfg.steps if steps is None else steps, resume)
+
+    def _run(self, total: int, resume: bool) -> RunSummary:
         cfg, start = self.cfg, time.time()
-        total = cfg.steps if steps is None else steps
-        prev = signal.getsignal(signal.SIGTERM) if _main_thread() else None
-        if prev is not None:
-            signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
         if resume:
             # A resumed run is the same run to its consumers, which dedup by seq: continue
             # the sequence instead of restarting it (or every new event reads as a replay).
@@ -153,7 +124,7 @@ class RunLoop:
                 self._drain_spans()               # what ran after the last step's metrics
                 eval_after = self.evaluate(self.step)
                 self.checkpoint()
-            status = "stopped" if self.stop_requested() else "succeeded"
+            status = "stopped" if self.stop.requested() else "succeeded"
         except KeyboardInterrupt:
             status = "stopped"
             raise
@@ -164,8 +135,6 @@ class RunLoop:
             self.d = None
             self.status(status)
             self.tel.sink.close()
-            if prev is not None:
-                signal.signal(signal.SIGTERM, prev)
         return RunSummary(status=status, steps_done=self.step, eval_before=eval_before,
                           eval_after=eval_after, last_metrics=last,
                           out_dir=str(self.out_dir), wall_s=time.time() - start)
@@ -198,69 +167,23 @@ class RunLoop:
     def _steps(self, total: int) -> dict[str, float]:
         cfg, rl_start, last = self.cfg, time.time(), {}
         while self.step < total:
-            self.apply_controls()
-            if self.paused:
-                self.hold()
-                if self.stop_requested():
-                    break
+            if not self.controls.at_boundary(self.step, self):
+                break                          # a stop while paused
             step = self.step
             last = self.train_step(step)
             if self.progress:
                 self.progress(step + 1, total, last)
-            every = self.eval_every
+            every = self.controls.eval_every
             if every and (step + 1) % every == 0 and step + 1 < total:
                 self.evaluate(step + 1)
             if cfg.checkpoint.every_steps and (step + 1) % cfg.checkpoint.every_steps == 0:
                 self.checkpoint()
-            if self.stop_requested():
+            if self.stop.requested():
                 break
             if cfg.max_seconds is not None and time.time() - rl_start > cfg.max_seconds:
                 self.tel.log(f"max_seconds={cfg.max_seconds} reached after step {step + 1}")
                 break
         return last
-
-    def apply_controls(self) -> None:
-        """Apply the live controls that arrived since the last boundary, in order."""
-        if self._take_controls is None:
-            return
-        for control in self._take_controls():
-            self.apply(control)
-
-    def apply(self, control: Control) -> None:
-        """One control, at the boundary before step ``self.step``; reported as applied
-        (with who asked) so the control plane marks it and the charts draw it."""
-        step, value = self.step, None
-        match control:
-            case CheckpointControl():
-                self.checkpoint()
-                message = f"checkpoint written at step {step}"
-            case PauseControl():
-                message = ("already paused" if self.paused
-                           else f"paused before step {step}: generation and training wait")
-                self.paused = True
-            case ResumeControl():
-                message = f"resumed at step {step}" if self.paused else "was not paused"
-                self.paused = False
-            case SetLrControl(value=lr):
-                previous = self.d.learner.call(LearnerWorker.set_lr, lr).result()
-                value = lr
-                message = f"learning rate {previous:g} -> {lr:g} from step {step}"
-            case SetEvalEveryControl(value=every):
-                value = float(every)
-                message = (f"eval every {self.eval_every} -> {every} steps from step {step}"
-                           if every else "eval only before and after the run from now on")
-                self.eval_every = every
-        who = control.requested_by or "the engine"
-        self.tel.emit(ControlAppliedEvent(control_id=control.id, kind=control.kind,
-                                          value=value, step=step,
-                                          requested_by=control.requested_by,
-                                          message=f"{message} (by {who})"))
-
-    def hold(self) -> None:
-        """Paused: the step in progress has finished; wait for a resume or a stop."""
-        while self.paused and not self.stop_requested():
-            self._stop.wait(HOLD_POLL_S)
-            self.apply_controls()
 
     def train_step(self, step: int) -> dict[str, float]:
         d, t0, version = self.d, time.time(), self.version
@@ -349,9 +272,8 @@ class RunLoop:
             self.ckpt_root, self.cfg.checkpoint.keep_last, self.step)
         self.tel.emit(CheckpointEvent(step=step, version=version, path=path, fingerprint=fp))
 
+    def set_lr(self, lr: float) -> float:
+        return self.d.learner.call(LearnerWorker.set_lr, lr).result()
+
     def status(self, status: str, message: str = "") -> None:
         self.tel.emit(RunStatusEvent(status=status, message=message))
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
