@@ -3,6 +3,7 @@
     warm start (cached) -> deploy: learner + rollout workers (engine.orchestration.deployment)
     weight sync (version N) -> preflight -> eval (held-out)
     for step:
+        live controls (engine.orchestration.live_controls): apply, or hold while paused
         groups  = policy.next_batch(step, version)  rollout + reward on the workers [spans]
                                                     (dynamic sampling: no flat groups)
         check staleness <= the policy's bound       (negative: error event, run fails)
@@ -16,11 +17,11 @@
                              per-token logprobs: engine.telemetry.samples)
     eval -> final checkpoint -> run.status
 
-Every policy runs on every placement; only on Ray do generation and training overlap. A
-SIGTERM, a STOP file in the run directory or a ``stop_requested()`` callback answering
-True makes it checkpoint after the step in progress and end "stopped". Live controls
-(a ``take_controls()`` callback) are applied, or hold a paused run, at every step
-boundary: engine.orchestration.live_controls.
+RunLoop is the run from its first status to its last; StepLoop, made once the run is
+deployed, the steps on that deployment. Every policy runs on every placement; only on Ray
+do generation and training overlap. A SIGTERM, a STOP file in the run directory or a
+``stop_requested()`` callback answering True makes it checkpoint after the step in
+progress and end "stopped".
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ from engine.weightsync.base import SyncResult
 
 
 class RunLoop:
+    """One run: its telemetry, stop signal and live controls, which exist before it starts
+    (an operator may steer it from its first step); run() takes it to its end status."""
+
     def __init__(self, cfg: RunConfig, out_dir: Path, sink: EventSink | None = None,
                  progress=None, stop_requested: Callable[[], bool] | None = None,
                  take_controls: Callable[[], list[Control]] | None = None):
@@ -85,12 +89,6 @@ class RunLoop:
         self.tel = Telemetry(FanoutSink(self.memory, jsonl, sink), self.layout.devices)
         self.ckpt_root = self.out_dir / "checkpoints"
         self.stop = StopSignal(self.out_dir / "STOP", stop_requested)
-        self.step = self.version = 0
-        self.d: Deployment | None = None       # while deployed
-        self.buffer = ExperienceBuffer()       # replaced once deployed
-        self.policy = self.experience = self.tokenizer = None
-        self.last_sync: SyncResult | None = None
-        self._logged: set[str] = set()         # worker log lines already logged
         self.controls = LiveControls(take_controls, cfg.telemetry.eval_every_steps, self.tel,
                                      self.stop)
 
@@ -114,16 +112,11 @@ class RunLoop:
             ckpt = latest_checkpoint(self.ckpt_root) if resume else None
             policy_dir = ckpt or model_dir
             with deploy(cfg, self.layout, policy_dir, model_dir, ckpt, self.tel.log) as d:
-                self.d = d
-                self._start(policy_dir, ckpt)
+                loop = StepLoop(self, d, policy_dir, ckpt)
                 self.status("running")
-                eval_before = self.evaluate(self.step)
-                last = self._steps(total)
-                self.policy.close()
-                self._settle(wait=True)
-                self._drain_spans()               # what ran after the last step's metrics
-                eval_after = self.evaluate(self.step)
-                self.checkpoint()
+                eval_before = loop.evaluate(loop.step)
+                last = loop.steps(total)
+                eval_after = loop.finish()
             status = "stopped" if self.stop.requested() else "succeeded"
         except KeyboardInterrupt:
             status = "stopped"
@@ -132,17 +125,25 @@ class RunLoop:
             self.tel.emit(LogEvent(level="error", message=f"{type(exc).__name__}: {exc}"))
             raise
         finally:
-            self.d = None
             self.status(status)
             self.tel.sink.close()
-        return RunSummary(status=status, steps_done=self.step, eval_before=eval_before,
+        return RunSummary(status=status, steps_done=loop.step, eval_before=eval_before,
                           eval_after=eval_after, last_metrics=last,
                           out_dir=str(self.out_dir), wall_s=time.time() - start)
 
-    def _start(self, policy_dir: Path, ckpt: Path | None) -> None:
-        """Resume state, the policy, the first sync (every worker serves version N), the
-        logprob preflight."""
-        cfg, d = self.cfg, self.d
+    def status(self, status: str, message: str = "") -> None:
+        self.tel.emit(RunStatusEvent(status=status, message=message))
+
+
+class StepLoop:
+    """The steps on one deployment, from the learner's state (a resumed run's) on: the
+    policy, the first sync (every worker serves version N), the logprob preflight."""
+
+    def __init__(self, run: RunLoop, d: Deployment, policy_dir: Path, ckpt: Path | None):
+        cfg = self.cfg = run.cfg
+        self.tel, self.layout, self.ckpt_root = run.tel, run.layout, run.ckpt_root
+        self.controls, self.stop, self.progress = run.controls, run.stop, run.progress
+        self.d = d
         self.step, self.version = d.learner.call(LearnerWorker.state).result()
         if ckpt is not None:
             self.tel.log(f"resumed from {ckpt.name} (step {self.step}, version "
@@ -157,6 +158,8 @@ class RunLoop:
                                      algorithm=cfg.algorithm,
                                      max_new_tokens=cfg.rollout.max_new_tokens)
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
+        self.last_sync: SyncResult | None = None
+        self._logged: set[str] = set()          # worker log lines already logged
         self._send(self.step, initial=True)
         self._settle(wait=True)
         res = d.workers[0].call(RolloutWorker.preflight, policy_dir, cfg.model.seed).result()
@@ -164,7 +167,7 @@ class RunLoop:
         if message:
             self.tel.log(message, level=level)
 
-    def _steps(self, total: int) -> dict[str, float]:
+    def steps(self, total: int) -> dict[str, float]:
         cfg, rl_start, last = self.cfg, time.time(), {}
         while self.step < total:
             if not self.controls.at_boundary(self.step, self):
@@ -184,6 +187,15 @@ class RunLoop:
                 self.tel.log(f"max_seconds={cfg.max_seconds} reached after step {step + 1}")
                 break
         return last
+
+    def finish(self) -> dict[str, float]:
+        """After the last step: the held-out eval (returned) and the final checkpoint."""
+        self.policy.close()
+        self._settle(wait=True)
+        self._drain_spans()                    # what ran after the last step's metrics
+        values = self.evaluate(self.step)
+        self.checkpoint()
+        return values
 
     def train_step(self, step: int) -> dict[str, float]:
         d, t0, version = self.d, time.time(), self.version
@@ -274,6 +286,3 @@ class RunLoop:
 
     def set_lr(self, lr: float) -> float:
         return self.d.learner.call(LearnerWorker.set_lr, lr).result()
-
-    def status(self, status: str, message: str = "") -> None:
-        self.tel.emit(RunStatusEvent(status=status, message=message))
