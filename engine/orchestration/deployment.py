@@ -5,6 +5,10 @@
         d.critic                    # PPO's critic on its own bundle, or None (in the learner)
         d.sharing                   # rollout workers on the learner's devices (colocated)
         d.sync                      # the connected WeightSyncSession
+        d.each(Telemetered.drain_spans)          # one call on every actor, results in order
+        d.each(RolloutWorker.drain_logs, actors=d.workers)         # ... or on some of them
+        d.update(samples, step, version)         # colocated engines asleep meanwhile; a
+        d.save_checkpoint(root, keep, step)      # critic on its own bundle takes part
     # gone: transports closed, actors killed, placement group removed, Ray shut down
     # (only when this run started it)
 
@@ -22,8 +26,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.config import InPlaceSyncConfig, RunConfig
+from engine.experience import Sample
 from engine.orchestration.actors import LocalActor, RayActor
 from engine.orchestration.placement import Layout, reserve
 from engine.orchestration.workers import CriticWorker, LearnerWorker, RolloutWorker
@@ -37,6 +43,44 @@ class Deployment:
     sharing: list[LocalActor | RayActor]
     sync: WeightSyncSession
     critic: LocalActor | RayActor | None = None
+
+    @property
+    def actors(self) -> list[LocalActor | RayActor]:
+        """Every actor of the run, in one order: the learner, the rollout workers, the
+        critic on its own bundle if there is one."""
+        return [self.learner, *self.workers, *([] if self.critic is None else [self.critic])]
+
+    def each(self, method: Callable, *args: Any, actors: list | None = None) -> list:
+        """``method`` called on every actor (or on ``actors``, such as the rollout workers)
+        at once; their results, in that order."""
+        calls = [a.call(method, *args) for a in (self.actors if actors is None else actors)]
+        return [f.result() for f in calls]
+
+    def update(self, samples: list[Sample], step: int, version: int) -> dict[str, float]:
+        """The learner's update of ``step``, colocated rollout engines asleep meanwhile (they
+        yield the device). With a critic on its own bundle, its values give the advantages
+        first, then its value update runs beside the actor's."""
+        for w in self.sharing:
+            w.call(RolloutWorker.sleep)
+        if self.critic is None:
+            metrics = self.learner.call(LearnerWorker.update, samples, step).result()
+        else:
+            adv = self.critic.call(CriticWorker.estimate, samples, step, version)
+            actor = self.learner.call(LearnerWorker.update, samples, step, adv)
+            critic = self.critic.call(CriticWorker.train, step, version)
+            metrics = actor.result() | critic.result()
+        for w in self.sharing:
+            w.call(RolloutWorker.wake_up)
+        return metrics
+
+    def save_checkpoint(self, root: Path, keep_last: int,
+                        step: int) -> tuple[str, int, int, str]:
+        """The learner's checkpoint (path, step, version, fingerprint); a critic on its own
+        bundle saves its state first and the learner moves it in."""
+        critic_state = None if self.critic is None else self.critic.call(
+            CriticWorker.save_state, root, step)
+        return self.learner.call(LearnerWorker.save_checkpoint, root, keep_last,
+                                 critic_state).result()
 
 
 @contextmanager
@@ -89,12 +133,13 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
             sharing = [h for h, w in zip(workers, layout.workers, strict=True)
                        if set(w.devices) & set(layout.learner.devices)]
             sync_cfg = cfg.weight_sync
-        for w in workers:                     # what their parts said (a reward model's fit)
-            for level, line in w.call(RolloutWorker.drain_logs).result():
+        d = Deployment(learner, workers, sharing, WeightSyncSession(learner, workers, sync_cfg),
+                       critic)
+        for lines in d.each(RolloutWorker.drain_logs, actors=workers):
+            for level, line in lines:         # what their parts said (a reward model's fit)
                 log(line, level=level)
-        sync = WeightSyncSession(learner, workers, sync_cfg)
-        sync.connect()
-        yield Deployment(learner, workers, sharing, sync, critic)
+        d.sync.connect()
+        yield d
     finally:
         _teardown(started, layout.on_ray, pg, ray_started)
 

@@ -3,13 +3,13 @@
     warm start (cached) -> deploy: learner + rollout workers (engine.orchestration.deployment)
     weight sync (version N) -> preflight -> eval (held-out)
     for step:
+        live controls (engine.orchestration.live_controls): apply, or hold while paused
         groups  = policy.next_batch(step, version)  rollout + reward on the workers [spans]
                                                     (dynamic sampling: no flat groups)
         check staleness <= the policy's bound       (negative: error event, run fails)
-        adv     = advantages(algorithm.adv_estimator, rewards + shaping)   (GRPO; PPO's
-                                                    critic and GAE run in the learner, or
-                                                    on the critic's bundle: see _update)
-        metrics = learner.update(samples)           version += 1   [spans: critic, learner]
+        adv     = GRPO's advantages                 (engine.learner.advantages; PPO's come
+                                                    from its critic: Deployment.update)
+        metrics = d.update(samples)                 version += 1   [spans: critic, learner]
         sync.send(step) -> every rollout worker     each reports (version, fp)     [spans]
         emit metrics.append (engine.telemetry.step_metrics; every actor's spans and
                              the device/* its DeviceSampler measured)
@@ -17,42 +17,24 @@
                              per-token logprobs: engine.telemetry.samples)
     eval -> final checkpoint -> run.status
 
-Every policy runs on every placement; only on Ray do generation and training overlap. A
-SIGTERM, a STOP file in the run directory or a ``stop_requested()`` callback answering
-True makes it checkpoint after the step in progress and end "stopped".
-
-Live controls (engine.controls) come from a ``take_controls()`` callback, asked at every
-step boundary; each one applied is a ``control.applied`` event at the step it takes
-effect from:
-
-    before step s:  take_controls() -> checkpoint now | pause | resume | set_lr | set_eval_every
-                    paused: hold here (asking for controls and stop every HOLD_POLL_S)
-                    until a resume, or a stop (which checkpoints and ends "stopped")
+RunLoop is the run from its first status to its last; StepLoop, made once the run is
+deployed, the steps on that deployment. Every policy runs on every placement; only on Ray
+do generation and training overlap. A SIGTERM, a STOP file in the run directory or a
+``stop_requested()`` callback answering True makes it checkpoint after the step in
+progress and end "stopped".
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from engine import metrics as M
-from engine.config import GrpoConfig, RunConfig, dump_config
-from engine.controls import (
-    CheckpointControl,
-    Control,
-    PauseControl,
-    ResumeControl,
-    SetEvalEveryControl,
-    SetLrControl,
-)
+from engine.config import RunConfig, dump_config
+from engine.controls import Control
 from engine.events import (
     CheckpointEvent,
-    ControlAppliedEvent,
     EventSink,
     LogEvent,
     MetricsEvent,
@@ -67,14 +49,15 @@ from engine.experience import (
     over_bound,
 )
 from engine.faults import wrap_buffer
+from engine.learner.advantages import assign_advantages
 from engine.learner.checkpoint import latest_checkpoint
-from engine.learner.losses import advantages
 from engine.learner.warmstart import ensure_warm_start
 from engine.model import load_tokenizer
 from engine.orchestration.deployment import Deployment, deploy
+from engine.orchestration.live_controls import LiveControls, StopSignal
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import Experience, buffer_bound, build_policy
-from engine.orchestration.workers import CriticWorker, LearnerWorker, RolloutWorker
+from engine.orchestration.workers import LearnerWorker, RolloutWorker, Telemetered
 from engine.reward import reward_metrics
 from engine.rollout.preflight import preflight_verdict
 from engine.seeds import seed_everything, step_seed
@@ -91,10 +74,11 @@ from engine.telemetry.step_metrics import (
 )
 from engine.weightsync.base import SyncResult
 
-HOLD_POLL_S = 0.25  # while paused: how often the loop asks for controls and stop
-
 
 class RunLoop:
+    """One run: its telemetry, stop signal and live controls, which exist before it starts
+    (an operator may steer it from its first step); run() takes it to its end status."""
+
     def __init__(self, cfg: RunConfig, out_dir: Path, sink: EventSink | None = None,
                  progress=None, stop_requested: Callable[[], bool] | None = None,
                  take_controls: Callable[[], list[Control]] | None = None):
@@ -105,34 +89,16 @@ class RunLoop:
         jsonl = JsonlSink(self.out_dir / "events.jsonl") if cfg.telemetry.jsonl else None
         self.tel = Telemetry(FanoutSink(self.memory, jsonl, sink), self.layout.devices)
         self.ckpt_root = self.out_dir / "checkpoints"
-        self._stop, self._stop_hook = threading.Event(), stop_requested
-        self.step = self.version = 0
-        self.d: Deployment | None = None       # while deployed
-        self.buffer = ExperienceBuffer()       # replaced once deployed
-        self.policy = self.experience = self.tokenizer = None
-        self.last_sync: SyncResult | None = None
-        self._logged: set[str] = set()         # worker log lines already logged
-        self._take_controls = take_controls
-        self.paused = False
-        self.eval_every = cfg.telemetry.eval_every_steps  # a live control may change it
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def stop_requested(self) -> bool:
-        if self._stop.is_set() or (self.out_dir / "STOP").exists():
-            return True
-        if self._stop_hook is not None and self._stop_hook():
-            self._stop.set()  # the answer is final: the end-of-run status must agree
-            return True
-        return False
+        self.stop = StopSignal(self.out_dir / "STOP", stop_requested)
+        self.controls = LiveControls(take_controls, cfg.telemetry.eval_every_steps, self.tel,
+                                     self.stop)
 
     def run(self, steps: int | None = None, resume: bool = False) -> RunSummary:
+        with self.stop.on_sigterm():
+            return self._run(self.cfg.steps if steps is None else steps, resume)
+
+    def _run(self, total: int, resume: bool) -> RunSummary:
         cfg, start = self.cfg, time.time()
-        total = cfg.steps if steps is None else steps
-        prev = signal.getsignal(signal.SIGTERM) if _main_thread() else None
-        if prev is not None:
-            signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
         if resume:
             # A resumed run is the same run to its consumers, which dedup by seq: continue
             # the sequence instead of restarting it (or every new event reads as a replay).
@@ -147,17 +113,12 @@ class RunLoop:
             ckpt = latest_checkpoint(self.ckpt_root) if resume else None
             policy_dir = ckpt or model_dir
             with deploy(cfg, self.layout, policy_dir, model_dir, ckpt, self.tel.log) as d:
-                self.d = d
-                self._start(policy_dir, ckpt)
+                loop = StepLoop(self, d, policy_dir, ckpt)
                 self.status("running")
-                eval_before = self.evaluate(self.step)
-                last = self._steps(total)
-                self.policy.close()
-                self._settle(wait=True)
-                self._drain_spans()               # what ran after the last step's metrics
-                eval_after = self.evaluate(self.step)
-                self.checkpoint()
-            status = "stopped" if self.stop_requested() else "succeeded"
+                eval_before = loop.evaluate(loop.step)
+                last = loop.steps(total)
+                eval_after = loop.finish()
+            status = "stopped" if self.stop.requested() else "succeeded"
         except KeyboardInterrupt:
             status = "stopped"
             raise
@@ -165,19 +126,25 @@ class RunLoop:
             self.tel.emit(LogEvent(level="error", message=f"{type(exc).__name__}: {exc}"))
             raise
         finally:
-            self.d = None
             self.status(status)
             self.tel.sink.close()
-            if prev is not None:
-                signal.signal(signal.SIGTERM, prev)
-        return RunSummary(status=status, steps_done=self.step, eval_before=eval_before,
+        return RunSummary(status=status, steps_done=loop.step, eval_before=eval_before,
                           eval_after=eval_after, last_metrics=last,
                           out_dir=str(self.out_dir), wall_s=time.time() - start)
 
-    def _start(self, policy_dir: Path, ckpt: Path | None) -> None:
-        """Resume state, the policy, the first sync (every worker serves version N), the
-        logprob preflight."""
-        cfg, d = self.cfg, self.d
+    def status(self, status: str, message: str = "") -> None:
+        self.tel.emit(RunStatusEvent(status=status, message=message))
+
+
+class StepLoop:
+    """The steps on one deployment, from the learner's state (a resumed run's) on: the
+    policy, the first sync (every worker serves version N), the logprob preflight."""
+
+    def __init__(self, run: RunLoop, d: Deployment, policy_dir: Path, ckpt: Path | None):
+        cfg = self.cfg = run.cfg
+        self.tel, self.layout, self.ckpt_root = run.tel, run.layout, run.ckpt_root
+        self.controls, self.stop, self.progress = run.controls, run.stop, run.progress
+        self.d = d
         self.step, self.version = d.learner.call(LearnerWorker.state).result()
         if ckpt is not None:
             self.tel.log(f"resumed from {ckpt.name} (step {self.step}, version "
@@ -192,6 +159,8 @@ class RunLoop:
                                      algorithm=cfg.algorithm,
                                      max_new_tokens=cfg.rollout.max_new_tokens)
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
+        self.last_sync: SyncResult | None = None
+        self._logged: set[str] = set()          # worker log lines already logged
         self._send(self.step, initial=True)
         self._settle(wait=True)
         res = d.workers[0].call(RolloutWorker.preflight, policy_dir, cfg.model.seed).result()
@@ -199,72 +168,35 @@ class RunLoop:
         if message:
             self.tel.log(message, level=level)
 
-    def _steps(self, total: int) -> dict[str, float]:
+    def steps(self, total: int) -> dict[str, float]:
         cfg, rl_start, last = self.cfg, time.time(), {}
         while self.step < total:
-            self.apply_controls()
-            if self.paused:
-                self.hold()
-                if self.stop_requested():
-                    break
+            if not self.controls.at_boundary(self.step, self):
+                break                          # a stop while paused
             step = self.step
             last = self.train_step(step)
             if self.progress:
                 self.progress(step + 1, total, last)
-            every = self.eval_every
+            every = self.controls.eval_every
             if every and (step + 1) % every == 0 and step + 1 < total:
                 self.evaluate(step + 1)
             if cfg.checkpoint.every_steps and (step + 1) % cfg.checkpoint.every_steps == 0:
                 self.checkpoint()
-            if self.stop_requested():
+            if self.stop.requested():
                 break
             if cfg.max_seconds is not None and time.time() - rl_start > cfg.max_seconds:
                 self.tel.log(f"max_seconds={cfg.max_seconds} reached after step {step + 1}")
                 break
         return last
 
-    def apply_controls(self) -> None:
-        """Apply the live controls that arrived since the last boundary, in order."""
-        if self._take_controls is None:
-            return
-        for control in self._take_controls():
-            self.apply(control)
-
-    def apply(self, control: Control) -> None:
-        """One control, at the boundary before step ``self.step``; reported as applied
-        (with who asked) so the control plane marks it and the charts draw it."""
-        step, value = self.step, None
-        match control:
-            case CheckpointControl():
-                self.checkpoint()
-                message = f"checkpoint written at step {step}"
-            case PauseControl():
-                message = ("already paused" if self.paused
-                           else f"paused before step {step}: generation and training wait")
-                self.paused = True
-            case ResumeControl():
-                message = f"resumed at step {step}" if self.paused else "was not paused"
-                self.paused = False
-            case SetLrControl(value=lr):
-                previous = self.d.learner.call(LearnerWorker.set_lr, lr).result()
-                value = lr
-                message = f"learning rate {previous:g} -> {lr:g} from step {step}"
-            case SetEvalEveryControl(value=every):
-                value = float(every)
-                message = (f"eval every {self.eval_every} -> {every} steps from step {step}"
-                           if every else "eval only before and after the run from now on")
-                self.eval_every = every
-        who = control.requested_by or "the engine"
-        self.tel.emit(ControlAppliedEvent(control_id=control.id, kind=control.kind,
-                                          value=value, step=step,
-                                          requested_by=control.requested_by,
-                                          message=f"{message} (by {who})"))
-
-    def hold(self) -> None:
-        """Paused: the step in progress has finished; wait for a resume or a stop."""
-        while self.paused and not self.stop_requested():
-            self._stop.wait(HOLD_POLL_S)
-            self.apply_controls()
+    def finish(self) -> dict[str, float]:
+        """After the last step: the held-out eval (returned) and the final checkpoint."""
+        self.policy.close()
+        self._settle(wait=True)
+        self._drain_spans()                    # what ran after the last step's metrics
+        values = self.evaluate(self.step)
+        self.checkpoint()
+        return values
 
     def train_step(self, step: int) -> dict[str, float]:
         d, t0, version = self.d, time.time(), self.version
@@ -273,7 +205,8 @@ class RunLoop:
         waiting = [x for x in self.layout.trainers if x not in self.layout.rollout]
         with self.tel.phase("waiting", waiting, step, version):
             groups = self.policy.next_batch(step, version)
-        self._check_dynamic_sampling(step, groups)
+        if warning := self.experience.short_batch(step, groups):
+            self.tel.log(warning, level="warning")
         samples: list[Sample] = [s for g in groups for s in g]
         try:
             staleness = check_staleness(samples, version)
@@ -283,47 +216,25 @@ class RunLoop:
         if message := over_bound(staleness, self.cfg.async_policy.staleness_bound,
                                  self.cfg.async_policy.type, step):
             self.tel.emit(LogEvent(level="error", message=message))
-        alg = self.cfg.algorithm
-        if isinstance(alg, GrpoConfig):          # PPO's come from its critic, in the learner
-            adv = advantages(alg.adv_estimator,
-                             torch.tensor([s.learning_reward for s in samples]),
-                             torch.tensor([len(s.response_ids) for s in samples]),
-                             alg.group_size, alg.normalize_std)
-            for s, a in zip(samples, adv.tolist(), strict=True):
-                s.advantage = a
-        for w in d.sharing:                   # colocated: the engine yields the device
-            w.call(RolloutWorker.sleep)
-        m = self._update(samples, step, version)
-        for w in d.sharing:
-            w.call(RolloutWorker.wake_up)
+        assign_advantages(samples, self.cfg.algorithm)
+        m = d.update(samples, step, version)
         self.step, self.version = d.learner.call(LearnerWorker.state).result()
         self._drain_spans()           # the phases so far reach the control plane before a
         self._send(step)              # sync that may hang (PhaseHang names what follows)
         self._settle(wait=not self.policy.overlaps)
         self._drain_spans()
         m |= self.tel.step_metrics(t0, time.time())
-        m |= reward_metrics([w.call(RolloutWorker.reward_metrics).result()
-                             for w in d.workers], m)
+        m |= reward_metrics(d.each(RolloutWorker.reward_metrics, actors=d.workers), m)
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
         m |= group_metrics(groups, self.experience.dropped) | group_length_metrics(groups)
-        m |= sync_metrics(self.last_sync) | self._sample_devices()
+        m |= sync_metrics(self.last_sync)
+        m |= {k: v for values in d.each(Telemetered.sample_devices) for k, v in values.items()}
         m[M.BUFFER_DROPPED_STALE] = float(self.buffer.dropped_stale)
         m[M.BUFFER_RECYCLED] = float(self.experience.recycled)
         self.tel.emit(MetricsEvent(step=step, values=m))
         self._emit_samples(step, groups, samples, staleness)
         self._drain_logs()
         return m
-
-    def _update(self, samples: list[Sample], step: int, version: int) -> dict[str, float]:
-        """The learner's update; with a critic on its own bundle, the critic's values give
-        the advantages first, then its value update runs beside the actor's."""
-        d = self.d
-        if d.critic is None:
-            return d.learner.call(LearnerWorker.update, samples, step).result()
-        adv = d.critic.call(CriticWorker.estimate, samples, step, version)
-        actor = d.learner.call(LearnerWorker.update, samples, step, adv)
-        critic = d.critic.call(CriticWorker.train, step, version)
-        return actor.result() | critic.result()
 
     def _emit_samples(self, step: int, groups: list[list[Sample]], samples: list[Sample],
                       staleness: list[int]) -> None:
@@ -336,28 +247,11 @@ class RunLoop:
         self.tel.emit(samples_event(step, samples, rows, staleness, learner,
                                     lambda t: tok.decode([t])))
 
-    def _check_dynamic_sampling(self, step: int, groups: list[list[Sample]]) -> None:
-        """A batch that dynamic sampling could not fill within its budget: a warning when
-        some groups have signal, an error (the run fails) when none has."""
-        n, dropped = self.cfg.rollout.prompts_per_step, self.experience.dropped
-        if len(groups) == n:
-            return
-        why = (f"dynamic sampling dropped {dropped} groups whose rewards all agreed, its "
-               f"bound (algorithm.max_resample_rounds = "
-               f"{self.cfg.algorithm.max_resample_rounds})")
-        if not groups:
-            raise RuntimeError(f"step {step}: {why}, and found no group whose rewards differ; "
-                               f"raise algorithm.max_resample_rounds, or give the reward room "
-                               f"to vary (rollout.temperature, algorithm.group_size, the "
-                               f"task's difficulty)")
-        self.tel.log(f"step {step}: {why}; trained on {len(groups)} of {n} groups",
-                     level="warning")
-
     def _drain_logs(self) -> None:
         """What the workers said during the step (a reward function's traceback, once per
         distinct error); several workers hitting one error log it once."""
-        for w in self.d.workers:
-            for level, line in w.call(RolloutWorker.drain_logs).result():
+        for lines in self.d.each(RolloutWorker.drain_logs, actors=self.d.workers):
+            for level, line in lines:
                 if line not in self._logged:
                     self._logged.add(line)
                     self.tel.log(line, level=level)
@@ -374,21 +268,8 @@ class RunLoop:
                 self.tel.log(res.mismatch(), level="error")
 
     def _drain_spans(self) -> None:
-        d = self.d
-        futures = [d.learner.call(LearnerWorker.drain_spans),
-                   *(w.call(RolloutWorker.drain_spans) for w in d.workers)]
-        if d.critic is not None:
-            futures.append(d.critic.call(CriticWorker.drain_spans))
-        for f in futures:
-            self.tel.ingest(*f.result())
-
-    def _sample_devices(self) -> dict[str, float]:
-        d = self.d
-        futures = [d.learner.call(LearnerWorker.sample_devices),
-                   *(w.call(RolloutWorker.sample_devices) for w in d.workers)]
-        if d.critic is not None:
-            futures.append(d.critic.call(CriticWorker.sample_devices))
-        return {k: v for f in futures for k, v in f.result().items()}
+        for closed, running in self.d.each(Telemetered.drain_spans):
+            self.tel.ingest(closed, running)
 
     def evaluate(self, step: int) -> dict[str, float]:
         t = self.cfg.telemetry.eval_temperature
@@ -400,17 +281,9 @@ class RunLoop:
         return values
 
     def checkpoint(self) -> None:
-        d = self.d
-        critic_state = None if d.critic is None else d.critic.call(
-            CriticWorker.save_state, self.ckpt_root, self.step)
-        path, step, version, fp = d.learner.call(
-            LearnerWorker.save_checkpoint, self.ckpt_root, self.cfg.checkpoint.keep_last,
-            critic_state).result()
+        path, step, version, fp = self.d.save_checkpoint(
+            self.ckpt_root, self.cfg.checkpoint.keep_last, self.step)
         self.tel.emit(CheckpointEvent(step=step, version=version, path=path, fingerprint=fp))
 
-    def status(self, status: str, message: str = "") -> None:
-        self.tel.emit(RunStatusEvent(status=status, message=message))
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+    def set_lr(self, lr: float) -> float:
+        return self.d.learner.call(LearnerWorker.set_lr, lr).result()

@@ -104,6 +104,23 @@ class Experience:
         """Dynamic sampling has dropped its budget of groups this step: draw no more."""
         return self.filtering and self.dropped >= self.drop_budget
 
+    def short_batch(self, step: int, groups: list[list[Sample]]) -> str:
+        """A batch that dynamic sampling could not fill within its budget: the warning's
+        line when some groups have signal ("" when the batch is full); RuntimeError (the
+        run fails) when none has."""
+        n = self.n_prompts
+        if len(groups) == n:
+            return ""
+        why = (f"dynamic sampling dropped {self.dropped} groups whose rewards all agreed, its "
+               f"bound (algorithm.max_resample_rounds = "
+               f"{self.algorithm.max_resample_rounds})")
+        if not groups:
+            raise RuntimeError(f"step {step}: {why}, and found no group whose rewards differ; "
+                               f"raise algorithm.max_resample_rounds, or give the reward room "
+                               f"to vary (rollout.temperature, algorithm.group_size, the "
+                               f"task's difficulty)")
+        return f"step {step}: {why}; trained on {len(groups)} of {n} groups"
+
     def submit(self, worker: int, index: int, n: int, step: int):
         """Worker ``worker`` generates ``n`` groups: the task's problems for ``index``."""
         problems = self.task.train_problems(index, n)

@@ -76,9 +76,10 @@ def native_backend(cfg: RunConfig) -> str | None:
     return ws.backend if ws.type == "vllm_native" else None
 
 
-class _Telemetered:
+class Telemetered:
     """An actor's own spans (``self.rec``) and device samples (``self.sampler``), read on
-    the telemetry concurrency group so they never wait behind a long call."""
+    the telemetry concurrency group so they never wait behind a long call. Every kind of
+    actor is one, so the driver reads them all alike (Deployment.each)."""
 
     @concurrent("telemetry")
     def drain_spans(self):
@@ -89,7 +90,7 @@ class _Telemetered:
         return self.sampler.sample()
 
 
-class RolloutWorker(_Telemetered, WeightReceiverHost):
+class RolloutWorker(Telemetered, WeightReceiverHost):
     def __init__(self, cfg: RunConfig, policy_dir: Path, model_dir: Path, devices: list[str],
                  threads: int | None = None):
         if threads is not None:
@@ -167,7 +168,7 @@ class RolloutWorker(_Telemetered, WeightReceiverHost):
             close_reward()
 
 
-class LearnerWorker(WeightSenderHost):
+class LearnerWorker(Telemetered, WeightSenderHost):
     """The learner, or with ``world`` > 1 one rank of an FSDP2-sharded learner
     (engine.learner.sharded). Rank 0 is the one the loop calls: it forwards each
     collective call (update, the weight gather of a sync, checkpoints) to the other ranks,
@@ -301,7 +302,7 @@ class LearnerWorker(WeightSenderHost):
         self.close_sender()
 
 
-class CriticWorker(_Telemetered):
+class CriticWorker(Telemetered):
     """PPO's critic on a bundle of its own (placement.critic_devices = 1): the learner's
     update of step s and the critic's training on that step's batch run at once, on two
     bundles, after the critic's values gave the learner its advantages:

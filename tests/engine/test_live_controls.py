@@ -47,16 +47,17 @@ class Operator:
         self.stop = False
 
     def take(self):
-        loop = self.loop
-        if loop.paused:
-            self.held.append((loop.step, len(step_metrics(self.sink.events))))
-            polls_in_this_hold = sum(1 for s, _ in self.held if s == loop.step)
-            if loop.step == 2 and polls_in_this_hold == 3:
+        controls = self.loop.controls
+        step = controls.boundary          # the loop's step, which the controls apply before
+        if controls.paused:
+            self.held.append((step, len(step_metrics(self.sink.events))))
+            polls_in_this_hold = sum(1 for s, _ in self.held if s == step)
+            if step == 2 and polls_in_this_hold == 3:
                 return [ResumeControl(id=5, requested_by="vic")]
-            if loop.step == 3 and polls_in_this_hold == 2:
+            if step == 3 and polls_in_this_hold == 2:
                 self.stop = True
             return []
-        return self.plan.pop(loop.step, [])
+        return self.plan.pop(step, [])
 
 
 @pytest.fixture(scope="module")
