@@ -64,7 +64,7 @@ from engine.seeds import seed_everything, step_seed
 from engine.tasks import task_for
 from engine.telemetry.recorder import Telemetry
 from engine.telemetry.samples import inspected_rows, samples_event
-from engine.telemetry.sinks import FanoutSink, JsonlSink, MemorySink, last_seq
+from engine.telemetry.sinks import FanoutSink, JsonlSink, last_seq
 from engine.telemetry.step_metrics import (
     group_length_metrics,
     group_metrics,
@@ -85,9 +85,8 @@ class RunLoop:
         self.cfg, self.out_dir, self.progress = cfg, Path(out_dir), progress
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.layout = layout_for(cfg.placement)
-        self.memory = MemorySink()
         jsonl = JsonlSink(self.out_dir / "events.jsonl") if cfg.telemetry.jsonl else None
-        self.tel = Telemetry(FanoutSink(self.memory, jsonl, sink), self.layout.devices)
+        self.tel = Telemetry(FanoutSink(jsonl, sink), self.layout.devices)
         self.ckpt_root = self.out_dir / "checkpoints"
         self.stop = StopSignal(self.out_dir / "STOP", stop_requested)
         self.controls = LiveControls(take_controls, cfg.telemetry.eval_every_steps, self.tel,
