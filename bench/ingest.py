@@ -32,19 +32,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine import metrics as M  # noqa: E402
+
 VALUES_PER_EVENT = 40
-METRIC_NAMES = [  # the canonical ones (DESIGN.md section 4), padded to ~40 values
-    "reward/mean", "reward/std", "response_length/mean", "response_length/p50",
-    "response_length/p99", "response_length/max", "time/step_s", "time/rollout_s",
-    "time/reward_s", "time/learner_s", "time/weight_sync_s", "time/idle_s", "rollout_share",
-    "bubble", "throughput/tokens_per_s", "staleness/mean", "staleness/max",
-    "logprob_gap/mean", "logprob_gap/max", "tis/clip_frac", "weight_sync/latency_s",
-    "weight_sync/bytes", "weight_sync/gb_per_s", "weight_sync/version_learner",
-    "weight_sync/version_rollout", "learner/loss", "learner/grad_norm", "learner/kl_ref",
-    "learner/entropy",
-]
-METRIC_NAMES += [f"device/utilization/cpu:{i}" for i in range(VALUES_PER_EVENT
-                                                              - len(METRIC_NAMES))]
+# The canonical names (engine/metrics.py), padded with devices to VALUES_PER_EVENT values.
+METRIC_NAMES = list(M.METRICS)[:VALUES_PER_EVENT // 2]
+METRIC_NAMES += [M.DEVICE_UTILIZATION.of(device=f"cpu:{i}")
+                 for i in range(VALUES_PER_EVENT - len(METRIC_NAMES))]
 
 
 def free_port() -> int:

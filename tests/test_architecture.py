@@ -1,4 +1,4 @@
-"""The layering in DESIGN.md, enforced: jobs -> engine.api/engine.config -> engine internals.
+"""The layering, enforced: jobs -> engine.api/engine.config -> engine internals.
 
 The engine imports nothing of the web side, the web side reaches the engine only through
 its two public modules, and those two stay free of torch/ray so the web process stays light.
