@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 
 from celery import shared_task
@@ -16,7 +15,6 @@ from django.utils import timezone
 from jobs.alerts.lifecycle import do_evaluate_alerts
 from jobs.models import LIVE, Run, RunStatus
 
-logger = logging.getLogger(__name__)
 
 @shared_task
 def evaluate_alerts() -> None:
