@@ -48,6 +48,15 @@ from engine.config.errors import (
     union_choices,
     validate_config,
 )
+from engine.config.external import (
+    FRAMEWORK_LABELS,
+    FRAMEWORKS,
+    NATIVE,
+    ExternalRunConfig,
+    LaunchConfig,
+    is_external,
+    validate_external,
+)
 from engine.config.faults import (
     FaultsConfig,
     SkipWeightSyncFault,
@@ -107,6 +116,13 @@ from engine.config.weightsync import (
 )
 
 __all__ = [
+    "FRAMEWORK_LABELS",
+    "FRAMEWORKS",
+    "NATIVE",
+    "ExternalRunConfig",
+    "LaunchConfig",
+    "is_external",
+    "validate_external",
     "AdvEstimator",
     "AlgorithmConfig",
     "ArithmeticTaskConfig",

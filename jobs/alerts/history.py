@@ -79,6 +79,20 @@ class RunFacts:
     staleness_bound: int = 0             # sync loop: every sample is on-policy
     async_policy: str = "sync"
     config: RunConfig = field(default_factory=RunConfig)   # the runbooks' levers read it
+    framework: str = "rlplane"           # who trains the run: its engine, or an external one
+    params: dict = field(default_factory=dict)   # an external run's own parameters
+
+    @classmethod
+    def of(cls, run, status: str) -> RunFacts:
+        """The facts of a jobs Run (native or external) in ``status``."""
+        if not run.is_external:
+            return cls.from_config(run.run_config, status)
+        params = run.external_config.params
+        temperature = params.get("temperature", 1.0)
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+            temperature = 1.0
+        return cls(status=status, temperature=float(temperature), async_policy="external",
+                   framework=run.framework, params=params)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, status: str) -> RunFacts:

@@ -59,8 +59,7 @@ def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
     """Open, refresh and resolve the run's alerts from its history; returns the alerts
     whose state changed."""
     # "paused" while the driver holds: a paused run makes no progress on purpose
-    findings = evaluate(load_history(run),
-                        RunFacts.from_config(run.run_config, display_status(run)),
+    findings = evaluate(load_history(run), RunFacts.of(run, display_status(run)),
                         thresholds_for(run), time.time() if now is None else now)
     return do_apply_findings(run, findings)
 

@@ -22,7 +22,7 @@ from jobs.models.alerts import (
 from jobs.models.controls import RunControl
 from jobs.models.events import Checkpoint, RunEvent
 from jobs.models.preset import Preset
-from jobs.models.run import Run
+from jobs.models.run import NotNative, Run
 from jobs.models.samples import InspectedSample
 from jobs.models.series import MetricPoint, PhaseSpan, latest_values
 from jobs.models.status import LIVE, TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
@@ -32,5 +32,6 @@ __all__ = [
     "LIVE_STATES", "Alert", "AlertChannel", "AlertState", "ApiToken", "Notification",
     "InspectedSample", "NotificationStatus",
     "LIVE", "TERMINAL", "TRANSITIONS", "Checkpoint", "InvalidTransition", "MetricPoint",
-    "PhaseSpan", "Preset", "Run", "RunControl", "RunEvent", "RunStatus", "latest_values",
+    "NotNative", "PhaseSpan", "Preset", "Run", "RunControl", "RunEvent", "RunStatus",
+    "latest_values",
 ]

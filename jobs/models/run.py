@@ -8,7 +8,15 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from engine.config import RunConfig, fork_name, validate_config
+from engine.config import (
+    NATIVE,
+    ExternalRunConfig,
+    RunConfig,
+    fork_name,
+    is_external,
+    validate_config,
+    validate_external,
+)
 from jobs.models.status import (
     CONTROLLABLE,
     TERMINAL,
@@ -25,6 +33,19 @@ PRIORITY_BOUND = 1000  # priorities run from -1000 to 1000; higher starts first
 def run_directory(run_id: int) -> Path:
     """The run's own directory under the runs dir: its checkpoints, the driver's files."""
     return Path(settings.RLPLANE_RUNS_DIR) / f"run-{run_id}"
+
+
+class NotNative(Exception):
+    """What needs an rlplane RunConfig (fork, planner, placement preview, the engine's
+    knobs) was asked of an external run, which has none; ``str()`` says so, naming the
+    framework, for the page or the API to show."""
+
+    def __init__(self, run: "Run", need: str = "this"):
+        self.run = run
+        super().__init__(
+            f"run #{run.pk} is a {run.framework} run: rlplane watches it but does not train "
+            f"it, so it has no rlplane run config and {need} needs one; launch an rlplane "
+            f"run to use it")
 
 
 def hash_token(token: str) -> str:
@@ -81,15 +102,36 @@ class Run(models.Model):
     @property
     def accepts_controls(self) -> bool:
         """Whether a live control may be asked of the run now (the run page shows its
-        controls, do_request_control accepts one)."""
-        return self.status in CONTROLLABLE
+        controls, do_request_control accepts one). An external run takes none: its
+        framework has no hook for rlplane's live controls (stop still reaches it)."""
+        return self.status in CONTROLLABLE and not self.is_external
+
+    @property
+    def framework(self) -> str:
+        """Who trains the run: "rlplane" (its own engine) or an external framework."""
+        return self.config.get("framework", NATIVE) if isinstance(self.config, dict) else NATIVE
+
+    @property
+    def is_external(self) -> bool:
+        """A run another framework trains (TRL, veRL, ...): rlplane watches it."""
+        return is_external(self.config)
+
+    @property
+    def external_config(self) -> ExternalRunConfig:
+        """An external run's stored config, validated (ValueError on a native run)."""
+        if not self.is_external:
+            raise ValueError(f"run #{self.pk} is a run of rlplane's own engine")
+        return validate_external(self.config)
 
     @property
     def run_config(self) -> RunConfig:
         """The stored config as a RunConfig, validated once per instance (again only once
         ``config`` is replaced, as save and refresh_from_db do). Files are not checked: a
         run's model or data may have moved since it launched, and its config must stay
-        readable; launching checks them (the run form, the REST API, the CLI)."""
+        readable; launching checks them (the run form, the REST API, the CLI).
+        Raises NotNative on an external run, which has no RunConfig."""
+        if self.is_external:
+            raise NotNative(self, "this")
         cached = getattr(self, "_run_config", None)
         if cached is None or cached[0] is not self.config:
             self._run_config = (self.config, validate_config(self.config, check_files=False))
@@ -97,7 +139,9 @@ class Run(models.Model):
 
     def fork_config(self) -> RunConfig:
         """What a fork of this run launches unless given another config: this run's,
-        named by fork_name."""
+        named by fork_name. NotNative for an external run (its framework forks it)."""
+        if self.is_external:
+            raise NotNative(self, "a fork")
         return self.run_config.model_copy(update={"name": fork_name(self.run_config.name)})
 
     def transition_to(self, new: str, reason: str = "") -> None:
@@ -190,6 +234,8 @@ class Run(models.Model):
         """Why a fork of this run with ``config`` cannot start from this run's checkpoints,
         as (field path, message with the fix); None when it can. PPO continues the
         checkpoint's critic: a run trained without one (GRPO) has none to give."""
+        if self.is_external:
+            return ("(run)", str(NotNative(self, "a fork")))
         parent = self.run_config.algorithm
         child = validate_config(config, check_files=False).algorithm
         if child.type != "ppo" or parent.type == "ppo" or child.critic.path is not None:

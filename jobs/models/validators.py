@@ -5,14 +5,17 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
-from engine.config import ConfigError, validate_config
+from engine.config import ConfigError, is_external, validate_config, validate_external
 
 
 def normalized_config(data: Any) -> dict:
-    """The config with every default filled in, or ValidationError naming each bad field."""
+    """The config with every default filled in, or ValidationError naming each bad field:
+    a RunConfig, or an external run's config (one with a ``framework`` key)."""
     if not isinstance(data, dict):
         raise ValidationError("the config must be a JSON object (a TOML table)")
     try:
+        if is_external(data):
+            return validate_external(data).model_dump(mode="json")
         return validate_config(data, check_files=False).model_dump(mode="json")
     except ConfigError as exc:
         raise ValidationError([f"{path}: {message}" for path, message in exc.errors]) from None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from engine.api import metrics as M
 from engine.config import ConfigError
 from jobs.alerts.whatif import plan_history
-from jobs.models import MetricPoint, PhaseSpan, Run
+from jobs.models import MetricPoint, NotNative, PhaseSpan, Run
 
 PLAN_STEPS = 51          # the latest steps fitted (the planner leaves the first one out)
 # What the planner's costs are per: a run that differs here is not the predicted workload.
@@ -39,6 +39,8 @@ def plan_for_run(run: Run, devices: int | None = None):
         cfg = run.run_config
     except ConfigError as exc:
         return None, f"its stored config no longer validates: {exc}"
+    except NotNative as exc:
+        return None, str(exc)
     steps = timed_steps(run)
     if not steps:
         return None, "it has no timed step yet"
@@ -84,6 +86,8 @@ def _check(table, base, run: Run) -> Check:
         cfg = run.run_config
     except ConfigError as exc:
         return Check(run, why=f"its stored config no longer validates: {exc}")
+    except NotNative as exc:
+        return Check(run, why=str(exc))
     for section, key in WORKLOAD:
         theirs, ours = getattr(getattr(cfg, section), key), getattr(getattr(base, section), key)
         if theirs != ours:

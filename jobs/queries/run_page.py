@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import tomli_w
 from django.db import connection, transaction
 from django.db.models import Count, Max, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine.api import metrics as M
-from engine.config import dump_config
+from engine.config import FRAMEWORK_LABELS, dump_config
 from jobs import charts
 from jobs.models import (
     LIVE,
@@ -111,7 +112,7 @@ def chart_data(run: Run) -> dict:
     the statuses after which the run has nothing left to stop, the header's metric names."""
     with snapshot():
         last_seq = RunEvent.highest_seq(run)
-        algorithm = run.run_config.algorithm.type
+        algorithm = "external" if run.is_external else run.run_config.algorithm.type
         figures = charts.metric_figures(metric_steps(run), algorithm)
         figures.append(charts.timeline_figure(recent_spans(run)))
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
@@ -142,11 +143,15 @@ def recent_logs(run: Run) -> list[dict]:
 
 
 def config_toml(run: Run) -> str:
+    if run.is_external:
+        return tomli_w.dumps(run.external_config.model_dump(mode="json", exclude_none=True))
     return dump_config(run.run_config)
 
 
 def run_facts(run: Run) -> list[tuple[str, str]]:
     """What the run trains, on what, and how: the run header's line."""
+    if run.is_external:
+        return external_facts(run)
     cfg = run.run_config
     task = cfg.task.type + (f" {cfg.task.path}" if cfg.task.type == "dataset" else "")
     placement = cfg.placement.type
@@ -160,13 +165,26 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
             ("async policy", cfg.async_policy.type), ("steps", str(cfg.steps))]
 
 
-def current_lr(run: Run) -> float:
+FACT_PARAMS = 6  # an external run's header shows this many of its own parameters
+
+
+def external_facts(run: Run) -> list[tuple[str, str]]:
+    """An external run's header: its framework, how it runs, its first parameters."""
+    cfg = run.external_config
+    how = cfg.launch.entrypoint if cfg.launch else "reports from its own process"
+    facts = [("framework", FRAMEWORK_LABELS.get(cfg.framework, cfg.framework)),
+             ("command", how)]
+    facts += [(str(k), str(v)[:80]) for k, v in list(cfg.params.items())[:FACT_PARAMS]]
+    return facts
+
+
+def current_lr(run: Run) -> float | None:
     """The policy's learning rate as the learner last reported it (learner/lr), else the
     config's: what the live lr control starts from."""
     latest = latest_point(run, M.LEARNER_LR)
     if latest is not None and latest[1] is not None:
         return latest[1]
-    return run.run_config.algorithm.lr
+    return None if run.is_external else run.run_config.algorithm.lr
 
 
 def latest_point(run: Run, name: str) -> tuple[int, float | None] | None:
@@ -178,19 +196,32 @@ def latest_point(run: Run, name: str) -> tuple[int, float | None] | None:
 ETA_STEPS = 20  # the ETA extrapolates the mean step time of this many latest steps
 
 
+def external_steps(run: Run) -> int | None:
+    """An external run's planned steps when its parameters say (TRL's max_steps, veRL's
+    total_training_steps, or steps), else None: the header then shows no total or ETA."""
+    params = run.external_config.params
+    for key in ("steps", "max_steps", "total_training_steps"):
+        value = params.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def run_progress(run: Run) -> dict:
     """The run header's "how is it going": step k of n, elapsed, ETA (while live), latest
     training and held-out reward, open alerts."""
-    steps = run.run_config.steps
+    steps = external_steps(run) if run.is_external else run.run_config.steps
     recent = list(MetricPoint.objects.filter(run=run, name=M.TIME_STEP_S).order_by("-step")
                   .values_list("step", "value")[:ETA_STEPS])
     step = recent[0][0] if recent else None
+    if step is None and run.is_external:  # a framework that reports no step time
+        step = MetricPoint.objects.filter(run=run).aggregate(m=Max("step"))["m"]
     elapsed = None
     if run.started_at is not None:
         elapsed = ((run.finished_at or timezone.now()) - run.started_at).total_seconds()
     eta = None
     durations = [v for _, v in recent if v is not None]
-    if run.status in LIVE and durations and step is not None:
+    if run.status in LIVE and durations and step is not None and steps is not None:
         eta = max(0, steps - step) * sum(durations) / len(durations)
 
     return {"step": step, "steps": steps, "elapsed_s": elapsed, "eta_s": eta,

@@ -12,7 +12,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from engine.api import ControlError
 from engine.config import ConfigError
-from jobs.models import InvalidTransition
+from jobs.models import InvalidTransition, NotNative
 from jobs.runs.actions import Refused
 
 
@@ -41,6 +41,6 @@ def exception_handler(exc, context):
     if isinstance(exc, ValidationError):
         return Response({"detail": "invalid request", "errors": flatten(exc.detail)},
                         status=status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, InvalidTransition | Refused):
+    if isinstance(exc, InvalidTransition | Refused | NotNative):
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
     return drf_exception_handler(exc, context)

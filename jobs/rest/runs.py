@@ -2,6 +2,8 @@
 
     GET  /api/v1/runs                      ?status=running,queued &name= &archived=1 &limit=
     POST /api/v1/runs                      {toml | config, priority} -> 201 the queued run
+    POST /api/v1/runs/external             {config: {framework, name, params, launch?}}
+                                           -> 201 {run, token, ingest_url}
     GET  /api/v1/runs/<id>                 + config, latest metrics, open alerts
     DELETE /api/v1/runs/<id>               a finished run's rows and files -> 204
     GET  /api/v1/runs/compare              ?ids=3,7 &level=0.5: what the compare page draws
@@ -29,12 +31,13 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from engine.api import validate_control
-from engine.config import RunConfig, validate_config
+from engine.config import RunConfig, is_external, validate_config, validate_external
 from jobs.charts import downsample
 from jobs.models import (
     LIVE_STATES,
     Checkpoint,
     MetricPoint,
+    NotNative,
     Run,
     RunEvent,
     RunStatus,
@@ -45,6 +48,7 @@ from jobs.queries.compare import CompareError, compare_data, selection
 from jobs.rest import serializers as s
 from jobs.runs.actions import (
     do_archive_run,
+    do_create_external_run,
     do_delete_run,
     do_fork_run,
     do_launch_run,
@@ -61,7 +65,11 @@ MAX_POINTS = 5000
 
 def config_from(data: dict) -> RunConfig:
     """The request's run config, validated; ConfigError (-> 400 with field paths) if not."""
-    return validate_config(toml_table(data["toml"]) if "toml" in data else data["config"])
+    config = toml_table(data["toml"]) if "toml" in data else data["config"]
+    if is_external(config):
+        raise ValidationError({"config.framework": "a run another framework trains is "
+                               "created with POST /api/v1/runs/external"})
+    return validate_config(config)
 
 
 def valid(serializer_class, request):
@@ -98,6 +106,28 @@ def run_detail(run: Run) -> dict:
     run.open_alerts = list(run.alerts.filter(state__in=LIVE_STATES))
     run.paused = paused(run)
     return s.RunDetailSerializer(run).data
+
+
+@extend_schema(request=s.ExternalLaunchSerializer,
+               responses={201: s.ExternalRunSerializer, 400: s.ErrorSerializer})
+@api_view(["POST"])
+def external_runs(request):
+    """A run another framework trains (TRL, veRL, OpenRLHF, prime-rl, a script): its
+    process reports with the returned token (rlplane.track, an adapter, the MLflow
+    endpoint); with ``launch`` it is queued and started as a Ray Job instead."""
+    data = valid(s.ExternalLaunchSerializer, request)
+    config = data["config"]
+    if not is_external(config):
+        raise ValidationError({"config.framework": "an external run names its framework "
+                               '("trl", "verl", "openrlhf", "prime-rl", "script"); launch '
+                               "a run of rlplane's own engine with POST /api/v1/runs"})
+    cfg = validate_external(config)
+    run, token = do_create_external_run(request.user, cfg.model_dump(mode="json"),
+                                        priority=data["priority"])
+    run.refresh_from_db()
+    body = {"run": run_detail(run), "token": token,
+            "ingest_url": request.build_absolute_uri("/").rstrip("/")}
+    return Response(body, status=status.HTTP_201_CREATED)
 
 
 @extend_schema(
@@ -184,6 +214,8 @@ def stop(request, run_id: int):
 def fork(request, run_id: int):
     parent = get_object_or_404(Run, pk=run_id)
     data = valid(s.ForkSerializer, request)
+    if parent.is_external:
+        raise NotNative(parent, "a fork")
     checkpoints = Checkpoint.forkable(parent)
     if "checkpoint" in data:
         checkpoint = checkpoints.filter(pk=data["checkpoint"]).first()

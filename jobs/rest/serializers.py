@@ -11,10 +11,13 @@ from jobs.models.run import PRIORITY_BOUND
 class RunSerializer(serializers.ModelSerializer):
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
     archived = serializers.SerializerMethodField()
+    framework = serializers.CharField(
+        read_only=True, help_text='who trains the run: "rlplane" (its own engine) or the '
+                                  'external framework ("trl", "verl", ...)')
 
     class Meta:
         model = Run
-        fields = ["id", "name", "status", "status_reason", "priority", "parent",
+        fields = ["id", "name", "framework", "status", "status_reason", "priority", "parent",
                   "source_checkpoint", "created_by", "created_at", "started_at",
                   "finished_at", "archived"]
 
@@ -63,6 +66,26 @@ class ConfigInput(serializers.Serializer):
 class LaunchSerializer(ConfigInput):
     priority = serializers.IntegerField(default=0, min_value=-PRIORITY_BOUND,
                                         max_value=PRIORITY_BOUND)
+
+
+class ExternalLaunchSerializer(serializers.Serializer):
+    """An external run: {"framework", "name", "params"?, "launch"?} (engine.config's
+    ExternalRunConfig; its field errors come back with their paths)."""
+
+    config = serializers.DictField(help_text='{"name": ..., "framework": "trl" | "verl" | '
+                                   '"openrlhf" | "prime-rl" | "script", "params": {...}, '
+                                   '"launch": null | {"entrypoint": ..., ...}}')
+    priority = serializers.IntegerField(default=0, min_value=-PRIORITY_BOUND,
+                                        max_value=PRIORITY_BOUND)
+
+
+class ExternalRunSerializer(serializers.Serializer):
+    run = RunDetailSerializer()
+    token = serializers.CharField(
+        allow_null=True, help_text="the run's ingest token, shown only here (null for a "
+                                   "launched run: its command gets one in RLPLANE_TOKEN)")
+    ingest_url = serializers.CharField(help_text="where the run's process reports "
+                                       "(rlplane.track's url)")
 
 
 class ForkSerializer(ConfigInput):

@@ -5,6 +5,7 @@ from jobs.rest import runs, samples, views
 
 urlpatterns = [
     path("runs", runs.runs, name="api-runs"),
+    path("runs/external", runs.external_runs, name="api-runs-external"),
     path("runs/compare", runs.compare, name="api-runs-compare"),
     path("runs/<int:run_id>", runs.run, name="api-run"),
     path("runs/<int:run_id>/stop", runs.stop, name="api-run-stop"),

@@ -34,6 +34,30 @@ def do_launch_run(user, name: str, config: dict, priority: int = 0) -> Run:
     return run
 
 
+def do_create_external_run(user, config: dict, priority: int = 0) -> tuple[Run, str | None]:
+    """Save a run another framework trains (``config`` is an external run's: a
+    ``framework`` key; ValidationError names each bad field) and return it with its ingest
+    token, the only time the raw token exists on this side. Without ``launch`` the user's
+    process is already running elsewhere: the run is running from now and ends when the
+    process reports a final status. With ``launch`` it waits in the queue like any run and
+    is submitted as a Ray Job with the token in its environment."""
+    launch = config.get("launch") if isinstance(config, dict) else None
+    with transaction.atomic():
+        run = Run(name=str(config.get("name") or "run"), config=config, created_by=user,
+                  priority=priority)
+        run.full_clean(exclude=["name", "ingest_token_hash"])
+        token = None
+        if launch:
+            run.save()
+            schedule_on_commit()
+        else:
+            token = run.issue_ingest_token()
+            run.status, run.started_at = RunStatus.RUNNING, timezone.now()
+            run.status_reason = f"reported by its own {run.framework} process"
+            run.save()
+    return run, token
+
+
 def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict,
                 priority: int = 0) -> Run:
     """A new run that starts from one of ``parent``'s checkpoints with ``config``."""

@@ -6,8 +6,10 @@
             fits  -> queued -> submitting, its demand taken from free; submit_run on commit
             else  -> stays queued; status_reason "waits for 2 GPUs; 0 of 4 free"
 
-What a run asks for (``demand_of``):
+What a run asks for (``run_demand``):
     a Ray placement  its placement bundles, summed (engine.api.placement_demand): {GPU: 4}
+    a launched external run  its command's CPUs and GPUs (the Ray job's entrypoint)
+    an external run reporting from elsewhere  nothing
     in process       one run slot; RLPLANE_MAX_LOCAL_RUNS of them (the default colocated
                      placement runs inside its Ray job's driver and reserves nothing on Ray,
                      but every such run shares the control plane host's CPUs)
@@ -46,6 +48,19 @@ Resources = dict[str, float]
 
 def demand_of(cfg: RunConfig) -> Resources:
     return placement_demand(cfg) or {RUN_SLOT: 1.0}
+
+
+def run_demand(run: Run) -> Resources:
+    """What ``run`` asks for: its placement's, or for an external run its launch
+    command's CPUs and GPUs (reserved for the Ray job's entrypoint); an external run
+    that reports from its own process takes nothing here."""
+    if not run.is_external:
+        return demand_of(run.run_config)
+    launch = run.external_config.launch
+    if launch is None:
+        return {}
+    return {name: float(amount) for name, amount in (("CPU", launch.cpus),
+                                                     ("GPU", launch.gpus)) if amount}
 
 
 def ray_capacity() -> tuple[Resources, Resources]:
@@ -89,7 +104,7 @@ def free_of(total: Resources, ray_used: Resources, live: list[Run]) -> Resources
     reports in use, whichever is more."""
     taken: Resources = defaultdict(float)
     for run in live:
-        for name, amount in demand_of(run.run_config).items():
+        for name, amount in run_demand(run).items():
             taken[name] += amount
     return {name: amount - max(taken.get(name, 0.0), ray_used.get(name, 0.0))
             for name, amount in total.items()}
@@ -117,7 +132,7 @@ def do_schedule_runs() -> list[int]:
     if not waiting:
         return []
     total, ray_used, ray_error = capacity(
-        any(set(demand_of(run.run_config)) - {RUN_SLOT} for run in waiting))
+        any(set(run_demand(run)) - {RUN_SLOT} for run in waiting))
     admitted: list[int] = []
     with transaction.atomic():
         rows = list(Run.objects.select_for_update()
@@ -126,7 +141,7 @@ def do_schedule_runs() -> list[int]:
         queued = sorted((r for r in rows if r.status == RunStatus.QUEUED),
                         key=lambda r: (-r.priority, r.created_at, r.pk))
         for run in queued:
-            asked = demand_of(run.run_config)
+            asked = run_demand(run)
             if ray_error and set(asked) - {RUN_SLOT}:
                 reason = f"waits for the Ray cluster to answer: {ray_error}"
             elif all(amount <= free.get(name, 0.0) for name, amount in asked.items()):

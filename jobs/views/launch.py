@@ -21,7 +21,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from engine.api import ControlError, placement_bundles, validate_control
 from engine.config import RunConfig, validate_config
 from jobs.auth import operator_required
-from jobs.models import Checkpoint, InvalidTransition, Preset, Run
+from jobs.models import Checkpoint, InvalidTransition, NotNative, Preset, Run
 from jobs.models.validators import parse_pk
 from jobs.queries.planning import plan_for_run
 from jobs.runs.actions import (
@@ -134,6 +134,10 @@ def run_control(request, run_id: int):
 @require_http_methods(["GET", "POST"])
 def run_fork(request, run_id: int):
     parent = get_object_or_404(Run, pk=run_id)
+    if parent.is_external:
+        return render(request, "jobs/launch/fork.html",
+                      {"parent": parent, "form": None,
+                       "not_native": str(NotNative(parent, "a fork"))}, status=409)
     if not Checkpoint.forkable(parent).exists():
         return render(request, "jobs/launch/fork.html", {"parent": parent, "form": None},
                       status=409)
