@@ -4,9 +4,11 @@ TYPE_CHECKING: pydantic resolves RunConfig's annotations in this module's namesp
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from engine.config._base import FieldError, _Section
 from engine.config.algorithm import AlgorithmConfig, GrpoConfig, OverlongPenaltyConfig
@@ -57,6 +59,29 @@ class TelemetryConfig(_Section):
     sample_groups: int = Field(default=2, ge=0, le=32)
     """Prompt groups per step sent to the control plane's rollout inspector as a
     ``samples`` event (prompt, completion, reward, advantage, per-token logprobs); 0 = off."""
+    export: list[Literal["mlflow", "tensorboard", "wandb"]] = Field(default_factory=list,
+                                                                    max_length=3)
+    """Also write the run's canonical metrics to these trackers, for teams whose history
+    lives there: "tensorboard" (event files in the run directory's tensorboard/),
+    "mlflow" (MLFLOW_TRACKING_URI, else a file store in the run directory's mlruns/),
+    "wandb" (WANDB_MODE/WANDB_PROJECT as wandb reads them; offline files in the run
+    directory). Each needs its package on the machine the run's driver runs on."""
+
+    @field_validator("export")
+    @classmethod
+    def _export_once(cls, export: list[str], info: ValidationInfo) -> list[str]:
+        if len(set(export)) != len(export):
+            raise ValueError("name each tracker once")
+        if (info.context or {}).get("check_files", True):
+            for name in export:
+                package = {"mlflow": "mlflow", "tensorboard": "tensorboard",
+                           "wandb": "wandb"}[name]
+                if importlib.util.find_spec(package) is None:
+                    raise ValueError(
+                        f"{name!r} needs the {package} package, which this Python does not "
+                        f"have: pip install {'mlflow-skinny' if name == 'mlflow' else package}"
+                        f" (or drop {name!r} from telemetry.export)")
+        return export
 
 
 class RunConfig(_Section):

@@ -62,6 +62,7 @@ from engine.reward import reward_metrics
 from engine.rollout.preflight import preflight_verdict
 from engine.seeds import seed_everything, step_seed
 from engine.tasks import task_for
+from engine.telemetry.export import ExportSink
 from engine.telemetry.recorder import Telemetry
 from engine.telemetry.samples import inspected_rows, samples_event
 from engine.telemetry.sinks import FanoutSink, JsonlSink, last_seq
@@ -86,7 +87,9 @@ class RunLoop:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.layout = layout_for(cfg.placement)
         jsonl = JsonlSink(self.out_dir / "events.jsonl") if cfg.telemetry.jsonl else None
-        self.tel = Telemetry(FanoutSink(jsonl, sink), self.layout.devices)
+        export = (ExportSink(cfg.telemetry.export, self.out_dir, cfg.name)
+                  if cfg.telemetry.export else None)
+        self.tel = Telemetry(FanoutSink(jsonl, export, sink), self.layout.devices)
         self.ckpt_root = self.out_dir / "checkpoints"
         self.stop = StopSignal(self.out_dir / "STOP", stop_requested)
         self.controls = LiveControls(take_controls, cfg.telemetry.eval_every_steps, self.tel,
