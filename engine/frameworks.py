@@ -27,7 +27,9 @@ FRAMEWORK_LABELS = {NATIVE: "rlplane", "trl": "TRL", "verl": "veRL", "openrlhf":
 TRL = {
     "reward": M.REWARD_MEAN,                  # nanmean of the weighted sum of reward funcs
     "reward_std": M.REWARD_STD,               # nanstd over all the step's rewards
-    "frac_reward_zero_std": M.SAMPLES_ZERO_STD_GROUP_FRAC,   # groups are equal-sized
+    # per-group std with scale_rewards "group" (the default) or "none"; with "batch" TRL
+    # tests the whole batch's std, so it reads 1 only when every group is flat
+    "frac_reward_zero_std": M.SAMPLES_ZERO_STD_GROUP_FRAC,
     "completions/mean_length": M.RESPONSE_LENGTH_MEAN,
     "completions/min_length": M.RESPONSE_LENGTH_MIN,
     "completions/max_length": M.RESPONSE_LENGTH_MAX,
