@@ -8,7 +8,8 @@ rlplane's vocabulary. A client sends the framework's own names; ingest maps them
 A name no table maps is kept as it is (and charted under it). A mapping is here only where
 the framework's number means what rlplane's does, in the same unit: each table cites the
 file and version it was read from, so a renamed metric upstream is found by reading one
-place again. Standard library only: the web process and ingest import it.
+place again. The framework ids and labels are ExternalRunConfig's (engine.config), so the
+list is written once; otherwise standard library only.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from engine import metrics as M
+from engine.config import FRAMEWORK_LABELS, FRAMEWORKS, NATIVE
 
-NATIVE = "rlplane"          # Run.framework of a run of rlplane's own engine
-FRAMEWORKS = ("trl", "verl", "openrlhf", "prime-rl", "script")
-FRAMEWORK_LABELS = {NATIVE: "rlplane", "trl": "TRL", "verl": "veRL", "openrlhf": "OpenRLHF",
-                    "prime-rl": "prime-rl", "script": "script"}
+__all__ = ["FRAMEWORKS", "FRAMEWORK_LABELS", "MAPPINGS", "NATIVE", "canonical_metrics",
+           "canonical_name", "their_names"]
 
 # TRL 1.16.0 (trl/trainer/grpo_trainer.py, GRPOTrainer._metrics and .log) and
 # transformers 5.19.0 (Trainer.log: loss, grad_norm, learning_rate). All per logging step.
