@@ -36,7 +36,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from engine.config import ConfigError, fork_name, validate_config
+from engine.config import FRAMEWORKS, ConfigError, fork_name, validate_config
 from rlplane import watch as watching
 from rlplane.client import (
     EXIT_OK,
@@ -293,8 +293,8 @@ def parser() -> argparse.ArgumentParser:
     files.add_argument("--run", type=int, help="default: RLPLANE_RUN_ID")
     files.add_argument("--token", help="the run's ingest token; default: RLPLANE_TOKEN")
     files.add_argument("--url", help="the control plane; default: RLPLANE_URL")
-    files.add_argument("--framework", help="verl, prime-rl, ...: the JSONL line format "
-                                           "(default: told from each line)")
+    files.add_argument("--framework", choices=FRAMEWORKS,
+                       help="the JSONL metrics line format (default: told from each line)")
     files.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
     return p
 
