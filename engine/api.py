@@ -6,7 +6,8 @@
     for line in events.jsonl: event_from_dict(json.loads(line))
 
 The event types live in engine.events and the metric names in engine.metrics; they are
-re-exported here for the control plane (``from engine.api import metrics as M``).
+re-exported here for the control plane (``from engine.api import metrics as M``), and
+engine.frameworks' name mapping for external runs (``canonical_metrics``, ``their_names``).
 No torch or ray import happens at import time (the web process imports this module), so
 ``run_local`` imports the loop when it is called.
 """
@@ -48,18 +49,24 @@ from engine.events import (
     WeightSyncEvent,
     event_from_dict,
 )
+from engine.frameworks import (
+    FRAMEWORK_LABELS,
+    FRAMEWORKS,
+    canonical_metrics,
+    their_names,
+)
 from engine.metrics import TIME_STEP_S
 
 __all__ = [
     "CONTROL_KINDS", "CONTROL_VALUE_TYPES", "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES",
-    "SAMPLES_PER_EVENT",
+    "FRAMEWORKS", "FRAMEWORK_LABELS", "SAMPLES_PER_EVENT",
     "SAMPLE_TOKEN_LIMIT", "TOKEN_TEXT_LIMIT", "CheckpointEvent",
     "ConfigError", "Control", "ControlAppliedEvent", "ControlError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
     "PlanError", "RolloutSample", "RunSummary", "SamplesEvent", "SpanEvent",
     "WeightSyncEvent", "event_from_dict", "load_config", "placement_bundles",
-    "control_label", "metrics", "placement_demand", "plan_run", "run_local", "validate",
-    "validate_control",
+    "canonical_metrics", "control_label", "metrics", "placement_demand", "plan_run",
+    "run_local", "their_names", "validate", "validate_control",
 ]
 
 

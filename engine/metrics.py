@@ -165,6 +165,10 @@ LOGPROB_GAP_K3 = _metric("logprob_gap/k3", "nats/token",
 LOGPROB_GAP_UNTEMPERED_MEAN = _metric(
     "logprob_gap/untempered_mean", "nats/token",
     "the gap against the learner's T=1 logprobs (temperature != 1 only)")
+PROB_GAP_MEAN = _metric("prob_gap/mean", "probability",
+                        "mean absolute behaviour - learner token probability (not log) difference")
+PROB_GAP_MAX = _metric("prob_gap/max", "probability",
+                       "largest token probability difference, behaviour vs learner")
 TIS_CLIP_FRAC = _metric("tis/clip_frac", "fraction",
                         "share of tokens whose importance weight hit algorithm.tis_cap")
 MOE_ROUTING_AGREEMENT = _metric("moe/routing_agreement", "fraction",

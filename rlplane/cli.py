@@ -12,6 +12,9 @@
                                            held-out eval cadence, 0 = none mid-run)
     rlplane logs RUN [--follow]
     rlplane alerts [--run RUN] [--state open|acknowledged|resolved] [--ack ID] [--resolve ID]
+    rlplane watch-files --run ID --token T [--url U] [--framework F] PATH...
+                                           tail a framework's metric logs, rollout dumps
+                                           and TensorBoard files into an external run
 
 Exit codes (rlplane.client): 0 ok; 1 server error; 2 bad arguments or input (each bad field
 printed as "path: message"); 3 not logged in or token refused; 4 not allowed for your role;
@@ -33,7 +36,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from engine.config import ConfigError, fork_name, validate_config
+from engine.config import FRAMEWORKS, ConfigError, fork_name, validate_config
 from rlplane import watch as watching
 from rlplane.client import (
     EXIT_OK,
@@ -213,6 +216,23 @@ def cmd_alerts(args, console: Console, client: Client) -> int:
     return EXIT_OK
 
 
+def cmd_watch_files(args, console: Console) -> int:
+    """Until the run is asked to stop (or Ctrl-C): then the run ends stopped (succeeded)."""
+    from rlplane import track  # the run's own ingest door, with the run's token
+    from rlplane.tail import watch_files
+
+    run = track.init(url=args.url, token=args.token, run_id=args.run)
+    console.print(f"watching {len(args.paths)} path(s) into run #{args.run}", highlight=False)
+    try:
+        watch_files(run, args.paths, args.framework, args.interval,
+                    stop=lambda: run.stop_requested)
+    except KeyboardInterrupt:
+        run.finish(status="succeeded")
+        return EXIT_OK
+    run.finish(status="stopped", reason="stop asked from rlplane")
+    return EXIT_OK
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlplane", description=__doc__.split("\n")[0],
                                 epilog="exit codes: see `pydoc rlplane.cli`",
@@ -267,6 +287,15 @@ def parser() -> argparse.ArgumentParser:
     alerts.add_argument("--state", choices=["open", "acknowledged", "resolved"])
     alerts.add_argument("--ack", type=int, metavar="ALERT_ID")
     alerts.add_argument("--resolve", type=int, metavar="ALERT_ID")
+    files = sub.add_parser("watch-files", help="tail a framework's files into an external run")
+    files.add_argument("paths", nargs="+", metavar="PATH",
+                       help="a JSONL metrics log, a rollout-dump folder, TensorBoard files")
+    files.add_argument("--run", type=int, help="default: RLPLANE_RUN_ID")
+    files.add_argument("--token", help="the run's ingest token; default: RLPLANE_TOKEN")
+    files.add_argument("--url", help="the control plane; default: RLPLANE_URL")
+    files.add_argument("--framework", choices=FRAMEWORKS,
+                       help="the JSONL metrics line format (default: told from each line)")
+    files.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
     return p
 
 
@@ -283,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "login":
             return cmd_login(args, console)
+        if args.command == "watch-files":      # the run's token, not the user's login
+            return cmd_watch_files(args, console)
         return COMMANDS[args.command](args, console, Client.from_credentials())
     except ApiError as exc:
         errors.print(f"rlplane: {exc}", markup=False)
