@@ -6,6 +6,7 @@ commit)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from engine.api import (
     RunStatusEvent,
     SamplesEvent,
     SpanEvent,
+    canonical_metrics,
 )
 from engine.api import metrics as M
 from jobs.alerts.lifecycle import do_evaluate_alerts
@@ -65,7 +67,12 @@ class IngestResult:
 
 def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
     """Store the events that are new by (run, seq), derive metric points, spans,
-    checkpoints and status from them, and group_send them to ``run.<id>`` on commit."""
+    checkpoints and status from them, and group_send them to ``run.<id>`` on commit.
+    An external run's metric names are its framework's: they are stored as rlplane's
+    (engine.frameworks), the ones no table maps as they came."""
+    if run.is_external:
+        events = [dataclasses.replace(e, values=canonical_metrics(run.framework, e.values))
+                  if isinstance(e, MetricsEvent) else e for e in events]
     with transaction.atomic():
         # Serialize concurrent ingests of one run (a retry racing its original request),
         # so "which seqs are new" stays true until we insert them. On SQLite the

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from engine.api import MetricsEvent, RunStatusEvent
-from jobs.models import Run, RunStatus
+from engine.api import metrics as M
+from jobs.models import MetricPoint, Run, RunStatus
 from jobs.runs.queue import do_schedule_runs
 
 from .helpers import api_token
@@ -47,7 +48,7 @@ def ingest(client, run, token, events):
 
 def test_an_external_run_reports_with_its_own_token_and_ends_on_its_status(client, created):
     run, token = created
-    events = [MetricsEvent(seq=i, ts=1e9 + i, step=i, values={"reward": 0.5})
+    events = [MetricsEvent(seq=i, ts=1e9 + i, step=i, values={"reward": 0.5, "my/own": 1.0})
               for i in range(1, 4)]
     events.append(RunStatusEvent(seq=4, ts=1e9 + 4, status="succeeded", message="done"))
 
@@ -56,6 +57,9 @@ def test_an_external_run_reports_with_its_own_token_and_ends_on_its_status(clien
 
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED and run.is_external
+    # TRL's "reward" is stored as rlplane's reward/mean; a name no table maps is kept
+    names = set(MetricPoint.objects.filter(run=run).values_list("name", flat=True))
+    assert names == {M.REWARD_MEAN, "my/own"}
 
 
 def test_the_run_page_shows_the_framework_and_its_params(operator, created):
