@@ -92,9 +92,10 @@ def config_with_overrides(path: Path | None, sets: list[str], base: dict | None 
 
 
 def print_runs(console: Console, runs: list[dict]) -> None:
-    grid = Table("id", "name", "status", "priority", "by", "created", "reason")
+    grid = Table("id", "name", "framework", "status", "priority", "by", "created", "reason")
     for r in runs:
-        grid.add_row(str(r["id"]), r["name"], r["status"], str(r["priority"]),
+        grid.add_row(str(r["id"]), r["name"], r.get("framework", "rlplane"), r["status"],
+                     str(r["priority"]),
                      r["created_by"] or "", r["created_at"][:19].replace("T", " "),
                      r["status_reason"][:60])
     console.print(grid)
