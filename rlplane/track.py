@@ -4,6 +4,7 @@
     for step in range(steps):
         with run.span("rollout", device="gpu0", step=step):
             ...
+        run.span("learner", device="gpu0", step=step, start=t0, end=t1)  # timed elsewhere
         run.log(step, {"reward": r, "loss": loss})      # the framework's own names
         run.samples(step, [{"prompt": p, "completion": c, "reward": r}, ...])
         if run.stop_requested:                           # Stop was pressed on the run page
@@ -57,7 +58,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from http.client import HTTPException
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,7 @@ def _never_raises(method):
             return method(self, *args, **kwargs)
         except Exception as exc:
             self._problem(f"{method.__name__}:{type(exc).__name__}",
-                          f"{method.__name__}() failed ({exc!r}); not reported", exc)
+                          f"{method.__name__.strip('_')}() failed ({exc!r}); not reported", exc)
             return None
     return guarded
 
@@ -202,22 +203,28 @@ class Run:
                   for part in _chunks(list(values.items()), METRICS_PER_EVENT)]
         return events[0] if events else None
 
+    def span(self, phase: str, device: str = "cpu0", step: int = 0, version: int = 0, *,
+             start: float | None = None, end: float | None = None):
+        """``phase`` busy on ``device``. As a context manager it times the block (an
+        exception inside still records the span, and goes on to the caller); given
+        ``start`` and ``end`` (unix seconds), it records that span at once."""
+        if start is not None and end is not None:
+            self._record_span(phase, start, end, device, step, version)
+            return nullcontext()
+        return self._timed_span(phase, device, step, version, start)
+
     @contextmanager
-    def span(self, phase: str, device: str = "cpu0", step: int = 0,
-             version: int = 0) -> Iterator[None]:
-        """Time the block as ``phase`` busy on ``device`` (an exception inside still
-        records it, and goes on to the caller)."""
-        start = time.time()
+    def _timed_span(self, phase: str, device: str, step: int, version: int,
+                    start: float | None) -> Iterator[None]:
+        start = time.time() if start is None else start
         try:
             yield
         finally:
-            self.record_span(phase, start, time.time(), device=device, step=step,
-                             version=version)
+            self._record_span(phase, start, time.time(), device, step, version)
 
     @_never_raises
-    def record_span(self, phase: str, start: float, end: float, *, device: str = "cpu0",
-                    step: int = 0, version: int = 0) -> SpanEvent | None:
-        """A span timed elsewhere: ``start`` and ``end`` in unix seconds."""
+    def _record_span(self, phase: str, start: float, end: float, device: str, step: int,
+                     version: int) -> SpanEvent | None:
         start, end = float(start), float(end)
         if not 0 <= start <= end <= MAX_UNIX_S:
             raise ValueError(f"a span needs 0 <= start <= end in unix seconds, got "

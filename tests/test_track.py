@@ -69,7 +69,7 @@ def test_metrics_spans_samples_logs_and_finish_land_in_the_control_plane(
         with client.span("rollout", device="gpu0", step=step):
             pass
         client.log(step, {REWARD: step / 10, "loss": 1.0 - step})
-    client.record_span("learner", 1_700_000_000.0, 1_700_000_002.5, device="gpu0", step=2)
+    client.span("learner", device="gpu0", step=2, start=1_700_000_000.0, end=1_700_000_002.5)
     client.samples(2, [{"prompt": "2+2=", "completion": "4", "reward": 1,
                         "tokens": ["4"], "judge": "not a RolloutSample field"}])
     client.log_text("epoch 1 done", level="warning")
@@ -216,6 +216,26 @@ def test_an_exception_in_its_with_block_reports_the_run_failed_and_reaches_the_c
     assert "ZeroDivisionError" in status.payload["message"]
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
+
+
+def test_a_script_that_ends_on_an_exception_without_finish_still_delivers_and_fails_its_run(
+        live_server, run_and_token, tmp_path):
+    run, token = run_and_token
+    script = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            from rlplane import track
+            client = track.init({live_server.url!r}, {token!r}, {run.pk},
+                                spool_dir={str(tmp_path)!r}, flush_interval=60)
+            for step in (0, 1):
+                client.log(step, {{{REWARD!r}: 0.5}})
+            raise MemoryError("the learner ran out of memory")
+        """)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert script.returncode == 1 and "MemoryError" in script.stderr
+
+    assert stored_steps(run) == [0, 1]       # flush_interval=60: only exit delivered them
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "the learner ran out of memory" in run.status_reason
 
 
 def test_init_names_the_environment_variable_it_lacks(monkeypatch):
