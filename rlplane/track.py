@@ -33,8 +33,13 @@ restarts a run must number on past what the run already has. init() asks the ser
 (an empty batch answers with the run's ``last_seq``) and takes the highest of that and
 the seqs still in the spool. When the server does not answer, it goes on from
 ``run-<id>.seq``, where each process reserves its seqs SEQ_BLOCK at a time before using
-them (a gap of at most SEQ_BLOCK seqs, which ingest accepts). One process reports a run
-(rank 0 of a distributed job).
+them (a gap of at most SEQ_BLOCK seqs, which ingest accepts). Not covered: a process on a
+machine that never reported the run, started while the server is away, numbers from 1, and
+ingest takes its events for replays of those the run has. One process reports a run (rank
+0 of a distributed job).
+
+A script that ends without finish() is finished at exit (atexit): "failed", with the
+traceback, when an uncaught exception ended it, else "succeeded".
 
 Standard library and engine.events / engine.telemetry.http_sink / engine.metrics only:
 no torch, Django or Ray.
