@@ -243,6 +243,11 @@ REWARD_OUTCOMES = _family("reward/{kind}/{reason}", "count",
                           "samples of a reward kind scored with that reason (sandbox: "
                           "timeout, memory, ...)")
 
+# --- runs reported by rlplane.track -----------------------------------------------------------
+TRACK_DROPPED_NONFINITE = _metric(
+    "track/dropped_nonfinite", "count",
+    "metric values a script's rlplane.track dropped as NaN or infinite, so far in the run")
+
 
 def markdown_table() -> str:
     """The README's metric table (between its ``metrics:begin`` / ``metrics:end`` marks)."""

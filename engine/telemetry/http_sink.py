@@ -22,14 +22,26 @@
         500                   retried with backoff; after POISON_AFTER 500s in a row for the
                               same batch it is split in halves the same way, and a single
                               event that still gets them is set aside: one event the
-                              server cannot store must not hold the run's telemetry forever
+                              server cannot store must not hold the run's telemetry forever.
+                              Unless the server answers 500 to an empty batch too: then
+                              the trouble is the server's (its database away), not the
+                              batch's, and the batch is retried as when unreachable
+        refused_statuses      (a client's choice, e.g. 401/403/404: a wrong token or run id)
+                              with the ingest's own JSON "error": the batch is set aside at
+                              once; such a refusal is for good, retrying cannot help
         anything else         (no connection, timeout, 502/503/504, 401/403/404, a 400 that
                               is not the ingest's own JSON, e.g. a host check) retried with
                               backoff, without limit: those say the server is away, not
                               that the batch is bad
 
+An outage is logged when it starts and when delivery resumes, not at every retry.
+
 Set aside = appended to ``<spool>.rejected`` (JSON lines, the server's reason beside each
-event), counted in ``set_aside`` and logged as an error: nothing is silently dropped.
+event), counted in ``set_aside`` and logged as an error, once per reason (a wrong token
+refuses every batch alike): nothing is silently dropped.
+
+flush(timeout_s) has the sender try now what is queued: it returns once those events are
+delivered or, when that attempt failed, in the spool.
 
 Delivery guarantee: at least once, in emit order. A batch whose answer was lost is sent
 again, and the server drops what it already has by (run, seq). While the control plane is
@@ -66,7 +78,8 @@ POISON_AFTER = 5  # 500s in a row for one batch before it is split (module docst
 class HttpSink:
     def __init__(self, url: str, token: str, spool_path: str | Path, *, batch_size: int = 200,
                  flush_interval_s: float = 0.5, max_backoff_s: float = 30.0,
-                 min_backoff_s: float = 0.1, request_timeout_s: float = 10.0):
+                 min_backoff_s: float = 0.1, request_timeout_s: float = 10.0,
+                 refused_statuses: frozenset[int] = frozenset()):
         self.url = url
         self.spool_path = Path(spool_path)
         self._token = token
@@ -86,6 +99,10 @@ class HttpSink:
         self.set_aside = 0   # events the server refused or could not store (module doc)
         self.rejected_path = self.spool_path.with_name(self.spool_path.name + ".rejected")
         self._server_errors: dict[int | None, int] = {}   # first seq -> 500s in a row
+        self._refused_statuses = refused_statuses
+        self._reasons_logged: set[str] = set()
+        self._failing = False      # in an outage: its first failure was logged
+        self._flushes: list[threading.Event] = []   # flush() callers waiting on an attempt
         self._repair_spool()
         self._thread = threading.Thread(target=self._run, name="http-sink", daemon=True)
         self._thread.start()
@@ -98,6 +115,16 @@ class HttpSink:
         if not self._thread.is_alive():
             raise RuntimeError("HttpSink's sender thread died; its error is in the log")
         self._queue.put(event.to_dict())  # a snapshot: later changes to the event don't leak
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Have the sender try what is queued now, and wait (at most ``timeout_s``) until
+        it is delivered or spooled. True when nothing is left undelivered."""
+        if self._closed or not self._thread.is_alive():
+            return self.delivered_all
+        attempted = threading.Event()
+        self._queue.put(attempted)
+        attempted.wait(timeout_s)
+        return attempted.is_set() and self._queue.empty() and not self.spool_path.exists()
 
     def close(self, timeout_s: float = 30.0) -> bool:
         """Deliver what can be delivered within ``timeout_s``; the rest stays in the spool.
@@ -122,6 +149,7 @@ class HttpSink:
             else:
                 batch = self._take_batch()
                 if not batch:
+                    self._flushed()
                     if self._closed:
                         break
                     continue
@@ -129,6 +157,7 @@ class HttpSink:
                 ok = done == len(batch)
                 if not ok:
                     self._append_to_spool(batch[done:])
+            self._flushed()
             if ok:
                 backoff = 0.0
             else:
@@ -136,6 +165,7 @@ class HttpSink:
                 self._wait_spooling(backoff)
         self._spool_queued()
         self.delivered_all = not self.spool_path.exists()
+        self._flushed()
 
     def _past_deadline(self) -> bool:
         return self._deadline is not None and time.monotonic() >= self._deadline
@@ -150,13 +180,22 @@ class HttpSink:
                 item = self._queue.get(timeout=timeout)
             except queue.Empty:
                 break
+            if isinstance(item, threading.Event):
+                self._flushes.append(item)
+                break                      # flush(): send what came before it now
             if item is not _WAKE:
                 batch.append(item)
         return batch
 
+    def _flushed(self) -> None:
+        """The flush() callers whose events were just delivered or spooled."""
+        for attempted in self._flushes:
+            attempted.set()
+        self._flushes.clear()
+
     def _wait_spooling(self, seconds: float) -> None:
         """Back off, moving whatever is emitted meanwhile into the spool (so it survives
-        the process dying). close() cuts the wait short to try once more."""
+        the process dying). close() and flush() cut the wait short to try once more."""
         end = time.monotonic() + seconds
         if self._deadline is not None:
             end = min(end, self._deadline)
@@ -165,6 +204,9 @@ class HttpSink:
                 item = self._queue.get(timeout=remaining)
             except queue.Empty:
                 return
+            if isinstance(item, threading.Event):
+                self._flushes.append(item)
+                item = _WAKE
             if item is _WAKE:
                 return
             self._append_to_spool([item, *self._drain_queue()])
@@ -176,7 +218,9 @@ class HttpSink:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return items
-            if item is not _WAKE:
+            if isinstance(item, threading.Event):
+                self._flushes.append(item)
+            elif item is not _WAKE:
                 items.append(item)
 
     # --- delivery -------------------------------------------------------------------------
@@ -189,11 +233,19 @@ class HttpSink:
         try:
             status, body = self._post(events)
         except (OSError, HTTPException) as exc:  # URLError, timeouts, resets are OSErrors
-            logger.warning("HttpSink: %s unreachable (%s); will retry", self.url, exc)
+            self._failed(f"{self.url} unreachable ({exc})")
             return 0
         key = events[0].get("seq")
         if status != 500:
             self._server_errors.pop(key, None)
+        answered = status == 200 or "error" in body or "errors" in body  # the ingest itself
+        if self._failing and answered and status != 500:
+            self._failing = False
+            logger.info("HttpSink: %s answers again", self.url)
+        if status in self._refused_statuses and "error" in body:
+            for event in events:
+                self._set_aside(event, f"{status}: {body['error']}")
+            return len(events)
         if status == 200:
             return len(events)
         if status == 400 and isinstance(body.get("errors"), list):
@@ -203,6 +255,8 @@ class HttpSink:
                                 f"400: {error.get('error')}")
             return len(events)
         poisoned = status == 500 and (isolating or self._count_server_error(key))
+        if poisoned and not self._server_works():
+            poisoned = False
         if status == 413 or status == 400 and "error" in body or poisoned:
             if len(events) == 1:
                 self._set_aside(events[0], f"{status}: {body.get('error')}")
@@ -210,9 +264,24 @@ class HttpSink:
             half = len(events) // 2
             done = self._deliver(events[:half], poisoned)
             return done if done < half else half + self._deliver(events[half:], poisoned)
-        logger.warning("HttpSink: %s answered %s (%s); will retry",
-                       self.url, status, body.get("error"))
+        self._failed(f"{self.url} answered {status} ({body.get('error')})")
         return 0
+
+    def _failed(self, what: str) -> None:
+        """A delivery attempt failed: the first of an outage is logged, the rest retried
+        quietly until the server takes events again."""
+        if not self._failing:
+            self._failing = True
+            logger.warning("HttpSink: %s; will retry until it takes events again", what)
+        else:
+            logger.debug("HttpSink: %s; will retry", what)
+
+    def _server_works(self) -> bool:
+        """Whether the server stores an empty batch (module docstring, 500)."""
+        try:
+            return self._post([])[0] == 200
+        except (OSError, HTTPException):
+            return False
 
     def _count_server_error(self, key: int | None) -> bool:
         """One more 500 for the batch starting at seq ``key``; True once it has had
@@ -225,8 +294,11 @@ class HttpSink:
 
     def _set_aside(self, event: dict, reason: str) -> None:
         self.set_aside += 1
-        logger.error("HttpSink: the server refused event %s (%s); set aside in %s",
-                     event.get("seq"), reason, self.rejected_path)
+        if reason not in self._reasons_logged:
+            self._reasons_logged.add(reason)
+            logger.error("HttpSink: the server refused event %s (%s); set aside in %s, with "
+                         "any other refused for this reason", event.get("seq"), reason,
+                         self.rejected_path)
         self.rejected_path.parent.mkdir(parents=True, exist_ok=True)
         with self.rejected_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"reason": reason, "event": event}) + "\n")

@@ -1,77 +1,20 @@
 """HttpSink against the real ingest endpoint (pytest-django's live_server), reached through
-a small stdlib proxy that the tests take down and bring back on the same port."""
+a small stdlib proxy that the tests take down and bring back on the same port
+(tests/ingest_gate.py)."""
 
 import json
-import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
 
 from engine.api import Event, LogEvent, MetricsEvent
-from engine.telemetry.http_sink import HttpSink
+from engine.telemetry.http_sink import POISON_AFTER, HttpSink
 from jobs.models import MetricPoint, Run, RunEvent
+from tests.ingest_gate import Gate
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-class Gate:
-    """Forwards POSTs to the control plane and records the seqs of every batch it passed
-    on. down() closes the port (connection refused); up() opens it again."""
-
-    def __init__(self, upstream: str):
-        self.upstream = upstream
-        self.batches: list[list[int]] = []
-        self.port = 0
-        self._server: ThreadingHTTPServer | None = None
-
-    def up(self) -> "Gate":
-        gate = self
-
-        class Forward(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = urllib.request.Request(
-                    gate.upstream + self.path, data=body, method="POST",
-                    headers={k: self.headers[k] for k in ("Authorization", "Content-Type")},
-                )
-                try:
-                    with DIRECT.open(request, timeout=30) as response:
-                        status, answer = response.status, response.read()
-                except urllib.error.HTTPError as exc:
-                    status, answer = exc.code, exc.read()
-                gate.batches.append([e["seq"] for e in json.loads(body)["events"]])
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args):
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Forward)
-        self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
-                         daemon=True).start()
-        return self
-
-    def down(self) -> "Gate":
-        self._server.shutdown()
-        self._server.server_close()
-        return self
-
-    def url(self, run: Run) -> str:
-        return f"http://127.0.0.1:{self.port}/api/runs/{run.pk}/events"
-
-    def seqs_in_arrival_order(self) -> list[int]:
-        return [seq for batch in self.batches for seq in batch]
 
 
 @dataclass
@@ -325,3 +268,21 @@ def test_a_400_that_is_not_from_the_ingest_endpoint_is_retried_not_dropped(
 
     assert sink.close(timeout_s=30)
     assert stored_seqs(run) == [1, 2, 3]
+
+
+def test_a_server_that_answers_500_even_to_an_empty_batch_keeps_the_batch_for_later(
+        gate, run_and_token, tmp_path):
+    """Its database away, say: the batch is not at fault, so it is not split and set aside
+    after POISON_AFTER 500s (as an event the server cannot store would be)."""
+    run, _ = run_and_token
+    sink = make_sink(gate, run_and_token, tmp_path)
+    gate.failing = True
+    for seq in range(1, 4):
+        sink.emit(event(seq))
+    for _ in range(2 * POISON_AFTER):       # each flush is one more attempt at least
+        assert not sink.flush(timeout_s=30)
+    gate.failing = False
+
+    assert sink.close(timeout_s=30)
+    assert stored_seqs(run) == [1, 2, 3]
+    assert sink.set_aside == 0
