@@ -3,9 +3,7 @@ what a veRL/TRL/NeMo-RL user sets is MLFLOW_TRACKING_URI and MLFLOW_TRACKING_TOK
 
 import math
 
-import mlflow
 import pytest
-from mlflow.exceptions import MlflowException
 
 from jobs.mlflow.actions import merged_config
 from jobs.models import MetricPoint, Run, RunEvent, RunStatus
@@ -15,19 +13,27 @@ from .helpers import api_token
 
 
 @pytest.fixture
-def client_env(live_server, monkeypatch):
-    """The real client pointed at the live server, failing at once instead of retrying
-    for minutes; returns a function that sets the token it sends."""
+def mlflow(live_server, monkeypatch):
+    """The real client (imported here: its import takes seconds, paid only where used)
+    pointed at the live server, failing at once instead of retrying for minutes."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
         monkeypatch.delenv(name, raising=False)
+    import mlflow
+
     mlflow.set_tracking_uri(live_server.url + "/mlflow")
-    yield lambda token: monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", token)
+    yield mlflow
     while mlflow.active_run():
         mlflow.end_run()
     mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture
+def use_token(monkeypatch):
+    """Sets the token the client sends, as a user sets MLFLOW_TRACKING_TOKEN."""
+    return lambda token: monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", token)
 
 
 def external_run(framework="verl"):
@@ -39,9 +45,9 @@ def points(run):
     return {(p.name, p.step): p.value for p in MetricPoint.objects.filter(run=run)}
 
 
-def test_a_run_token_logs_params_metric_batches_and_the_end_status_into_its_run(client_env):
+def test_a_run_token_logs_params_metric_batches_and_the_end_status_into_its_run(mlflow, use_token):
     run, token = external_run()
-    client_env(token)
+    use_token(token)
 
     mlflow.set_experiment("verl-gsm8k")
     with mlflow.start_run(run_name="qwen-0.5b") as active:
@@ -71,34 +77,34 @@ def test_a_run_token_logs_params_metric_batches_and_the_end_status_into_its_run(
     assert fetched.info.status == "FINISHED" and fetched.data.params["model"] == "Qwen/Qwen2.5-0.5B"
 
 
-def test_a_wrong_token_is_refused(client_env):
-    client_env("not-a-token")
-    with pytest.raises(MlflowException) as refused:
+def test_a_wrong_token_is_refused(mlflow, use_token):
+    use_token("not-a-token")
+    with pytest.raises(mlflow.exceptions.MlflowException) as refused:
         mlflow.MlflowClient().create_run("0")
     assert refused.value.error_code == "UNAUTHENTICATED"
     assert refused.value.get_http_status_code() == 401
 
 
-def test_a_run_token_cannot_touch_another_run(client_env):
+def test_a_run_token_cannot_touch_another_run(mlflow, use_token):
     mine, token = external_run()
     theirs, _ = external_run()
-    client_env(token)
+    use_token(token)
     client = mlflow.MlflowClient()
     for touch in (lambda: client.log_metric(str(theirs.pk), "reward", 1.0, step=1),
                   lambda: client.get_run(str(theirs.pk)),
                   lambda: client.set_terminated(str(theirs.pk), "FAILED")):
-        with pytest.raises(MlflowException) as refused:
+        with pytest.raises(mlflow.exceptions.MlflowException) as refused:
             touch()
         assert refused.value.error_code == "PERMISSION_DENIED"
     theirs.refresh_from_db()
     assert theirs.status == RunStatus.RUNNING and not points(theirs)
 
 
-def test_an_operator_token_creates_an_external_run_and_a_viewer_token_only_reads(client_env):
+def test_an_operator_token_creates_an_external_run_and_a_viewer_token_only_reads(mlflow, use_token):
     someone_elses, _ = external_run()
-    client_env(api_token("olga", operator=True))
+    use_token(api_token("olga", operator=True))
     client = mlflow.MlflowClient()
-    with pytest.raises(MlflowException) as refused:
+    with pytest.raises(mlflow.exceptions.MlflowException) as refused:
         client.log_param(str(someone_elses.pk), "lr", "1")
     assert refused.value.error_code == "PERMISSION_DENIED"
     created = client.create_run("0", run_name="trl grpo", tags={"rlplane.framework": "trl"})
@@ -113,9 +119,9 @@ def test_an_operator_token_creates_an_external_run_and_a_viewer_token_only_reads
     assert points(run) == {("reward", 1): 0.5}
     assert run.status == RunStatus.STOPPED
 
-    client_env(api_token("vic", operator=False))
+    use_token(api_token("vic", operator=False))
     assert client.get_run(str(run.pk)).info.status == "KILLED"
-    with pytest.raises(MlflowException) as refused:
+    with pytest.raises(mlflow.exceptions.MlflowException) as refused:
         client.create_run("0")
     assert refused.value.error_code == "PERMISSION_DENIED"
 
