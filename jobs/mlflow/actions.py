@@ -59,11 +59,10 @@ def param_value(value: str):
     """A logged param as the run page reads params: MLflow sends every value as text,
     but the page takes a run's planned steps from an integer max_steps and compare
     lines numbers up, so numeric text becomes a number; anything else stays text."""
-    if NUMBER.match(value):
-        number = float(value)
-        if re.fullmatch(r"-?\d+", value) and abs(int(value)) <= MAX_SAFE_INT:
-            return int(value)
-        if math.isfinite(number):
+    if len(value) <= 32 and NUMBER.match(value):  # int() of thousands of digits raises
+        if re.fullmatch(r"-?\d+", value):  # past 2**53 a browser would round it: text
+            return int(value) if abs(int(value)) <= MAX_SAFE_INT else value
+        if math.isfinite(number := float(value)):
             return number
     return value
 

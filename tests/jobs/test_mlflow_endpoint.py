@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from jobs.mlflow.actions import merged_config
+from jobs.mlflow.actions import merged_config, param_value
 from jobs.models import MetricPoint, Run, RunEvent, RunStatus
 from jobs.runs.actions import do_create_external_run
 
@@ -137,3 +137,11 @@ def test_params_past_the_bound_are_dropped_and_counted_rather_than_failing_the_s
     assert 0 < len(kept) < 400
     assert merged["params"]["mlflow"]["dropped"] == 400 - len(kept)
     assert merged["params"]["mlflow"]["tags"] == {"mlflow.user": "ann"}
+
+
+def test_numeric_params_become_numbers_and_everything_else_stays_text():
+    """MLflow sends every param as text; the run page reads an integer max_steps."""
+    assert [param_value(v) for v in ("40", "1e-06", "True", "[1, 2]", "nan")] == [
+        40, 1e-06, "True", "[1, 2]", "nan"]
+    assert param_value("9007199254740993") == "9007199254740993"  # past 2**53: kept exact
+    assert param_value("1" * 5000) == "1" * 5000  # no int() of thousands of digits
