@@ -10,5 +10,6 @@ urlpatterns = [
     path("login", auth_views.LoginView.as_view(), name="login"),
     path("logout", auth_views.LogoutView.as_view(), name="logout"),  # POST only
     path("api/v1/", include("jobs.rest.urls")),
+    path("mlflow/", include("jobs.mlflow.urls")),
     path("", include("jobs.urls")),
 ]
