@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from engine.api import metrics as M
 from jobs.mlflow.actions import merged_config, param_value
 from jobs.models import MetricPoint, Run, RunEvent, RunStatus
 from jobs.runs.actions import do_create_external_run
@@ -65,7 +66,9 @@ def test_a_run_token_logs_params_metric_batches_and_the_end_status_into_its_run(
     assert run.status == RunStatus.SUCCEEDED
     stored = points(run)
     assert {step for _, step in stored} == {1, 2, 3}
-    assert stored["actor/pg_loss", 3] is None  # NaN: stored as null, as ingest does
+    # veRL's names are stored as rlplane's; NaN as null, as ingest does
+    assert stored[M.REWARD_MEAN, 2] == 0.2 and stored[M.TIME_ROLLOUT_S, 3] == 1.5
+    assert stored[M.LEARNER_LOSS, 3] is None
     notes = RunEvent.objects.filter(run=run, type="log").values_list("payload", flat=True)
     assert ["val_step3.json" in note["message"] for note in notes] == [True]
     params = run.external_config.params
@@ -116,7 +119,7 @@ def test_an_operator_token_creates_an_external_run_and_a_viewer_token_only_reads
     run = Run.objects.get(pk=created.info.run_id)
     assert (run.name, run.framework, run.created_by.username) == ("trl-grpo", "trl", "olga")
     assert run.external_config.params["max_steps"] == 40
-    assert points(run) == {("reward", 1): 0.5}
+    assert points(run) == {(M.REWARD_MEAN, 1): 0.5}  # TRL's "reward", as rlplane names it
     assert run.status == RunStatus.STOPPED
 
     use_token(api_token("vic", operator=False))
