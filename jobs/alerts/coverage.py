@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.config import FRAMEWORK_LABELS
 from jobs.alerts.history import RunFacts, RunHistory
 from jobs.alerts.inputs import EVENTS, FACTS, missing
 from jobs.alerts.rules import RULES
@@ -37,35 +36,15 @@ ENGINE_ONLY = "weight_sync.report"
 @dataclass(frozen=True)
 class NotEvaluated:
     """A rule the run's history cannot feed: the canonical metrics it lacks (all of
-    ``metrics``, any one of ``any_of``), the framework's own names for each (empty: the
-    framework has none, so log it under the canonical name), and the other inputs it
-    lacks, in words (an event type, a fact about the run)."""
+    ``metrics``, any one of ``any_of``), the framework's own names for each (where it has
+    none: the canonical name itself, or nothing, and it is logged under the canonical
+    name), and the other inputs it lacks, in words (an event type, a fact about the run)."""
     kind: str
     metrics: tuple[str, ...] = ()
     any_of: tuple[str, ...] = ()
     to_log: dict[str, list[str]] = field(default_factory=dict)
     other: tuple[str, ...] = ()
     engine_only: bool = False    # reads what only rlplane's engine reports today
-
-    @property
-    def needs(self) -> tuple[str, ...]:
-        """Every canonical name it lacks (of ``any_of``, one would do)."""
-        return self.metrics + self.any_of
-
-    def text(self, framework: str) -> str:
-        """One sentence for the page and the API: what it needs, how to log it."""
-        label = FRAMEWORK_LABELS.get(framework, framework)
-        parts = [" and ".join(self.metrics)] if self.metrics else []
-        if self.any_of:
-            parts.append("one of " + ", ".join(self.any_of))
-        parts += list(self.other)
-        logs = []
-        for name in self.needs:
-            theirs = [n for n in self.to_log.get(name, []) if n != name]
-            logs.append(f"{label} logs {name} as {' or '.join(theirs)}" if theirs else
-                        f"{label} has no name for {name}: log it as {name}")
-        return f"{self.kind} needs {'; '.join(parts)}" + (
-            f" ({'; '.join(logs)})" if logs else "") + "."
 
 
 def coverage(h: RunHistory, f: RunFacts) -> tuple[list[str], list[NotEvaluated]]:

@@ -269,3 +269,18 @@ def test_the_panel_names_what_the_framework_logs_for_a_missing_metric(
 
     assert "TRL logs it as <code>sampling/sampling_logp_difference/mean</code>" in page
     assert "TRL logs it as <code>reward/error_frac" not in page
+
+
+def test_an_external_run_lacking_a_rules_input_is_skipped_where_a_native_run_is_judged():
+    """A flat reward with no spread logged at all: the engine always logs reward/std, so
+    on a native run its absence reads as no spread; on an external run it is unknown."""
+    h = history([1000.0 + i for i in range(STEPS)])
+    for step in range(STEPS):
+        h.metrics[M.REWARD_MEAN][step] = 0.5
+    external = RunFacts(framework="openrlhf", temperature=None, staleness_bound=None)
+
+    assert "StuckReward" in {f.kind for f in evaluate(h, RunFacts(), Thresholds(), 1020.0)}
+    assert not evaluate(h, external, Thresholds(), 1020.0)
+    _, gaps = coverage(h, external)
+    assert next(g for g in gaps if g.kind == "StuckReward").any_of == (
+        M.SAMPLES_ZERO_STD_GROUP_FRAC, M.REWARD_STD)
