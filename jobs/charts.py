@@ -7,6 +7,10 @@ MetricPoint / PhaseSpan rows) and the live updates (from events), so the traces 
                                         load; the charts of that algorithm.type (PPO: critic),
                                         each thinned to its min/max envelope past RUN_POINTS
     metric_updates(steps)  -> {chart id: {indices, x: [[...]], y: [[...]]}}        websocket
+    other_names(names)     -> the names no chart reads: an external run's page draws one
+                              small chart each (its framework's unmapped names, kept as
+                              they are), passed as metric_figures(..., others=...) and
+                              metric_updates(..., others=True)
     timeline_figure(spans) / timeline_update(spans)  the device Gantt, bars per phase
     control_marks(applied) -> [{step, label}]   a vertical line per live control applied,
                                                 drawn on every metric chart (page + socket)
@@ -178,11 +182,30 @@ def envelope(chart: Chart, steps: list[tuple[int, Values]], limit: int = RUN_POI
     return kept
 
 
-def metric_figures(steps: list[tuple[int, Values]], algorithm: str = "grpo") -> list[dict]:
-    """One figure per chart of ``algorithm``; a long run's charts are thinned to their
-    envelope (at most RUN_POINTS steps each) and say so in their title."""
+OTHER_CHARTS = 60   # an external run's page charts at most this many names no chart reads
+OTHER_LAYOUT = {"height": 200, "showlegend": False}
+
+
+def other_chart(name: str) -> Chart:
+    """The chart of one metric no built-in chart reads: its name as the title."""
+    return Chart("other-" + "".join(c if c.isalnum() or c in "_-" else "-" for c in name),
+                 name, (metric(name, name),), OTHER_LAYOUT)
+
+
+def other_names(names: Iterable[str]) -> list[str]:
+    """Of ``names``, the ones no built-in chart reads, sorted (so a prefix's metrics sit
+    together), at most OTHER_CHARTS of them."""
+    charted = metric_names()
+    return sorted(set(names) - charted)[:OTHER_CHARTS]
+
+
+def metric_figures(steps: list[tuple[int, Values]], algorithm: str = "grpo",
+                   others: Iterable[str] = ()) -> list[dict]:
+    """One figure per chart of ``algorithm``, then one per name of ``others``; a long
+    run's charts are thinned to their envelope (at most RUN_POINTS steps each) and say so
+    in their title."""
     figures = []
-    for chart in METRIC_CHARTS:
+    for chart in (*METRIC_CHARTS, *map(other_chart, others)):
         if chart.algorithm not in (None, algorithm):
             continue
         kept = envelope(chart, steps)
@@ -196,10 +219,12 @@ def metric_figures(steps: list[tuple[int, Values]], algorithm: str = "grpo") -> 
     return figures
 
 
-def metric_updates(steps: list[tuple[int, Values]]) -> dict[str, dict]:
-    """Only the charts and traces that gained points, in extendTraces' shape."""
+def metric_updates(steps: list[tuple[int, Values]], others: bool = False) -> dict[str, dict]:
+    """Only the charts and traces that gained points, in extendTraces' shape; with
+    ``others``, also each name no built-in chart reads (the page skips a chart it lacks)."""
     updates = {}
-    for chart in METRIC_CHARTS:
+    extra = other_names({n for _, values in steps for n in values}) if others else []
+    for chart in (*METRIC_CHARTS, *map(other_chart, extra)):
         xs, ys = points(chart, steps)
         indices = [i for i, x in enumerate(xs) if x]
         if indices:

@@ -32,12 +32,14 @@ from jobs.queries.run_page import log_lines
 BACKFILL_CHUNK = 500  # events per message while catching up
 
 
-def run_update(events: list[dict], status: tuple[str, str] | None) -> dict:
+def run_update(events: list[dict], status: tuple[str, str] | None,
+               others: bool = False) -> dict:
     """One message for the run page: raw events, extendTraces data, HTML fragments, and
-    a chart mark per live control applied."""
+    a chart mark per live control applied; ``others`` for an external run's page, which
+    charts the names no built-in chart reads too."""
     steps = [(e["step"], e["values"]) for e in events if e["type"] == "metrics.append"]
     spans = [e for e in events if e["type"] == "span"]
-    updates = charts.metric_updates(steps)
+    updates = charts.metric_updates(steps, others)
     timeline = charts.timeline_update(spans)
     if timeline:
         updates["timeline"] = timeline
@@ -89,9 +91,11 @@ class RunConsumer(SessionBoundConsumer):
         if not await self.join_session():
             return
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
-        if not await database_sync_to_async(Run.objects.filter(pk=self.run_id).exists)():
+        run = await database_sync_to_async(Run.objects.filter(pk=self.run_id).first)()
+        if run is None:
             await self.close(code=4404)
             return
+        self.external = run.is_external
         self.group = run_group(self.run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -156,7 +160,7 @@ class RunConsumer(SessionBoundConsumer):
         status = None
         if any(e["type"] in ("run.status", "control.applied") for e in events):
             status = await database_sync_to_async(self.current_status)()
-        await self.send_json(run_update(events, status))
+        await self.send_json(run_update(events, status, self.external))
         self.last_sent = events[-1]["seq"]
 
     def current_status(self) -> tuple[str, str]:

@@ -1,9 +1,11 @@
 """GET /metrics: the Prometheus exposition format (prometheus-client), for a scrape that
 sends ``Authorization: Bearer $RLPLANE_METRICS_TOKEN``. Unset, the endpoint answers 403.
 
-    rlplane_run_metric{run, run_name, name}     each live run's latest value of every metric
-                                                it reports (name: "reward/mean", "bubble", ...)
-    rlplane_run_step{run, run_name}             the step those values come from
+    rlplane_run_metric{run, run_name, framework, name}
+                                                each live run's latest value of every metric
+                                                it reports (name: "reward/mean", "bubble", ...;
+                                                framework: "rlplane", "trl", "verl", ...)
+    rlplane_run_step{run, run_name, framework}  the step those values come from
     rlplane_runs{status}                        runs by status
     rlplane_queue_length                        queued runs (jobs/runs/queue.py)
     rlplane_alerts{kind, state}                 alert rows by rule and state
@@ -48,18 +50,20 @@ class DatabaseCollector:
         return []  # no query at registration (the database may not exist yet)
 
     def collect(self):
-        runs = {r.pk: r for r in Run.objects.filter(status__in=LIVE).only("id", "name")}
+        runs = {r.pk: r for r in Run.objects.filter(status__in=LIVE)
+                .only("id", "name", "config")}
         values = GaugeMetricFamily("rlplane_run_metric", "A live run's latest value of a "
                                    "metric (names: engine/metrics.py).",
-                                   labels=["run", "run_name", "name"])
+                                   labels=["run", "run_name", "framework", "name"])
         steps = GaugeMetricFamily("rlplane_run_step", "The step of a live run's latest "
-                                  "metrics.", labels=["run", "run_name"])
+                                  "metrics.", labels=["run", "run_name", "framework"])
         for run_id, latest in latest_values(runs).items():
             run = runs[run_id]
             for name, (_, value) in sorted(latest.items()):
                 if value is not None:  # NaN/inf are stored as NULL
-                    values.add_metric([str(run_id), run.name, name], value)
-            steps.add_metric([str(run_id), run.name], max(step for step, _ in latest.values()))
+                    values.add_metric([str(run_id), run.name, run.framework, name], value)
+            steps.add_metric([str(run_id), run.name, run.framework],
+                             max(step for step, _ in latest.values()))
         yield values
         yield steps
         by_status = GaugeMetricFamily("rlplane_runs", "Runs by status.", labels=["status"])

@@ -6,7 +6,7 @@ from jobs.alerts.lifecycle import do_acknowledge, do_resolve
 from jobs.alerts.thresholds import preset_thresholds
 from jobs.ingest import endpoints as ingest
 from jobs.rest import runs as rest_runs
-from jobs.views import cluster, compare, inspector, launch, runs_list, tokens
+from jobs.views import cluster, compare, external, inspector, launch, runs_list, tokens
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -18,6 +18,7 @@ urlpatterns = [
     path("api/runs/<int:run_id>/controls", ingest.control_poll, name="control-poll"),
     path("runs/<int:run_id>/controls", launch.run_control, name="run-control"),
     path("runs/new", launch.run_new, name="run-new"),
+    path("runs/new/external", external.run_new_external, name="run-new-external"),
     path("runs/<int:run_id>/stop", launch.run_stop, name="run-stop"),
     path("runs/<int:run_id>/fork", launch.run_fork, name="run-fork"),
     path("runs/<int:run_id>/archive", runs_list.run_archive, name="run-archive"),

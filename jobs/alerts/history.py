@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.api import MetricsEvent, SpanEvent, WeightSyncEvent, event_from_dict
 from engine.api import metrics as M
-from engine.config import RunConfig
+from engine.config import NATIVE, RunConfig
 
 HISTORY_EVENTS = ("metrics.append", "span", "weight_sync.report")
 
@@ -31,6 +31,7 @@ class RunHistory:
         self.syncs: list[WeightSyncEvent] = []
         self.spans: list[SpanEvent] = []
         self.last_ts = 0.0
+        self.step_ts: dict[int, float] = {}   # when each step's first metrics arrived
         # What a rule derives at some cost from the whole history (the planner's what-if),
         # kept while its inputs are unchanged: evaluate() runs at every event, most of
         # which (spans, syncs) leave those inputs as they were.
@@ -51,6 +52,7 @@ class RunHistory:
         event = event_from_dict(payload)
         self.last_ts = max(self.last_ts, event.ts)
         if isinstance(event, MetricsEvent):
+            self.step_ts[event.step] = min(event.ts, self.step_ts.get(event.step, event.ts))
             for name, value in event.values.items():
                 if value is not None:
                     self.metrics.setdefault(name, {})[event.step] = value
@@ -71,16 +73,37 @@ class RunHistory:
         return sorted(self.metrics.get(M.REWARD_MEAN, {}))
 
 
+# An external run's parameters that give its staleness bound (prime-rl's
+# max_async_level; a script's own name for it), looked up at the top level of params.
+STALENESS_PARAMS = ("staleness_bound", "max_staleness", "max_async_level", "async_level")
+
+
+def _number(params: dict, keys: tuple[str, ...]) -> float | None:
+    for key in keys:
+        value = params.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value
+    return None
+
+
 @dataclass(frozen=True)
 class RunFacts:
-    """What the rules need to know about the run besides its series."""
+    """What the rules need to know about the run besides its series. On an external run a
+    fact its parameters do not give is None, and the rules that need it are not evaluated
+    (jobs/alerts/inputs.py) rather than run against a guess."""
     status: str = "running"              # the control plane's RunStatus value, or "paused"
-    temperature: float = 1.0
-    staleness_bound: int = 0             # sync loop: every sample is on-policy
+    temperature: float | None = 1.0
+    staleness_bound: int | None = 0      # sync loop: every sample is on-policy
     async_policy: str = "sync"
     config: RunConfig = field(default_factory=RunConfig)   # the runbooks' levers read it
     framework: str = "rlplane"           # who trains the run: its engine, or an external one
     params: dict = field(default_factory=dict)   # an external run's own parameters
+
+    @property
+    def is_external(self) -> bool:
+        """Another framework trains the run: ``config`` is a placeholder, so runbooks
+        name that framework's knobs (jobs/alerts/knobs.py), never a RunConfig field."""
+        return self.framework != NATIVE
 
     @classmethod
     def of(cls, run, status: str) -> RunFacts:
@@ -88,11 +111,11 @@ class RunFacts:
         if not run.is_external:
             return cls.from_config(run.run_config, status)
         params = run.external_config.params
-        temperature = params.get("temperature", 1.0)
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            temperature = 1.0
-        return cls(status=status, temperature=float(temperature), async_policy="external",
-                   framework=run.framework, params=params)
+        temperature = _number(params, ("temperature",))
+        bound = _number(params, STALENESS_PARAMS)
+        return cls(status=status, async_policy="external", framework=run.framework,
+                   params=params, temperature=None if temperature is None else float(temperature),
+                   staleness_bound=None if bound is None else int(bound))
 
     @classmethod
     def from_config(cls, cfg: RunConfig, status: str) -> RunFacts:

@@ -4,9 +4,14 @@
 
 A rule returns the findings that hold now (usually zero or one); a condition that no
 longer holds simply is not returned, and the lifecycle resolves its alert. Rules that
-depend on time passing (PhaseHang) read ``now``; the periodic task evaluates them even
-when no event arrives. Every finding carries its evidence: the values and the series
-that triggered it, small enough for a chart.
+depend on time passing (PhaseHang, StoppedReporting) read ``now``; the periodic task
+evaluates them even when no event arrives. Every finding carries its evidence: the values
+and the series that triggered it, small enough for a chart.
+
+Each rule declares what it reads (``@reads``, jobs/alerts/inputs.py). On an external run
+(TRL, veRL, ...) a rule whose inputs the run lacks is skipped, and the pages say so
+(jobs/alerts/coverage.py); one that has them runs as on a native run, with a runbook
+that names the framework's knobs (jobs/alerts/knobs.py) instead of RunConfig fields.
 """
 
 from __future__ import annotations
@@ -15,8 +20,11 @@ import statistics
 from collections.abc import Callable
 
 from engine.api import metrics as M
+from engine.config import FRAMEWORK_LABELS
 from jobs.alerts import levers
 from jobs.alerts.history import Finding, RunFacts, RunHistory, Thresholds
+from jobs.alerts.inputs import missing, reads
+from jobs.alerts.knobs import lever
 from jobs.alerts.whatif import planner_advice
 
 Rule = Callable[[RunHistory, RunFacts, Thresholds, float], list[Finding]]
@@ -36,6 +44,7 @@ def slope(points: list[tuple[int, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
 
 
+@reads(events=("weight_sync.report",))
 def weight_sync_desync(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     if not h.syncs:
         return []
@@ -68,15 +77,17 @@ def weight_sync_desync(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
         kind="WeightSyncDesync", key="WeightSyncDesync", step=since, cause=cause,
         runbook=("Check that the weight sync really loads tensors into the engine (sleep/wake "
                  "mode, a transport that returns before applying, a swallowed error in the "
-                 "receiver); compare weight_sync.report fingerprints per worker. Change "
-                 f"weight_sync.type (now {f.config.weight_sync.type!r}) to another transport "
-                 "to isolate it."),
+                 "receiver); compare weight_sync.report fingerprints per worker."
+                 + ("" if f.is_external else
+                    f" Change weight_sync.type (now {f.config.weight_sync.type!r}) to "
+                    "another transport to isolate it.")),
         evidence={"values": {k: getattr(s, k) for k in (
                       "version_learner", "version_rollout", "fingerprint_learner",
                       "fingerprint_rollout")},
                   "series": chart(h, M.WEIGHT_SYNC_MATCHED)})]
 
 
+@reads(metrics=(M.REWARD_MEAN,), any_of=(M.SAMPLES_ZERO_STD_GROUP_FRAC, M.REWARD_STD))
 def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     pts = h.last(M.REWARD_MEAN, t.stuck_window)
     if len(pts) < t.stuck_window or abs(slope(pts)) >= t.stuck_slope:
@@ -92,7 +103,19 @@ def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[
     elif gaps and statistics.fmean(gaps) > t.gap_high:
         key, why = "behaviour", "the behaviour policy differs from the learner"
         fix = ("check logprob_gap and tis/clip_frac: temperature scaling of the engine's "
-               "logprobs, staleness (async_policy), engine numerics (model.dtype)")
+               "logprobs, staleness " + ("(how far generation runs ahead)" if f.is_external
+                                         else "(async_policy)")
+               + ", engine numerics " + ("(the inference engine's dtype)" if f.is_external
+                                         else "(model.dtype)"))
+    elif flat_signal(h, t) and f.is_external:
+        key, why = "signal", "learning signal is flat (check reward variance / advantages)"
+        fw = f.framework
+        fix = ("check the share of groups whose rewards all agree and the reward's std: such "
+               "a group has zero advantages; raise "
+               + lever(fw, "group_size", "the completions per prompt") + ", "
+               + lever(fw, "temperature", "the sampling temperature")
+               + " or task difficulty, or "
+               + lever(fw, "filter_groups", "train only on groups whose rewards differ"))
     elif flat_signal(h, t):
         key, why = "signal", "learning signal is flat (check reward variance / advantages)"
         alg = f.config.algorithm
@@ -125,9 +148,11 @@ def flat_signal(h: RunHistory, t: Thresholds) -> bool:
     return statistics.fmean(v for _, v in stds) < t.stuck_std
 
 
+@reads(metrics=(M.REWARD_MEAN, M.LOGPROB_GAP_MEAN, M.LOGPROB_GAP_UNTEMPERED_MEAN),
+       events=("weight_sync.report",), facts=("temperature",))
 def temperature_logprobs(h: RunHistory, f: RunFacts, t: Thresholds,
                          now: float) -> list[Finding]:
-    if f.temperature in (0.0, 1.0) or not h.steps:
+    if f.temperature in (None, 0.0, 1.0) or not h.steps:
         return []
     step = h.steps[-1]
     gap = h.metrics.get(M.LOGPROB_GAP_MEAN, {}).get(step)
@@ -152,25 +177,35 @@ def temperature_logprobs(h: RunHistory, f: RunFacts, t: Thresholds,
                   "series": chart(h, M.LOGPROB_GAP_MEAN)})]
 
 
+@reads(metrics=(M.LOGPROB_GAP_MEAN,))
 def logprob_gap_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     pts = h.last(M.LOGPROB_GAP_MEAN, 1)
     if not pts or pts[0][1] <= t.gap_high or temperature_logprobs(h, f, t, now):
         return []                  # the temperature rule names the more specific cause
     step, gap = pts[0]
+    if f.is_external:
+        runbook = ("Check staleness (how far generation runs ahead of training), that each "
+                   "weight update reached the inference engine, and its numerics (dtype, "
+                   "logprobs before or after temperature scaling); "
+                   + lever(f.framework, "is_cap", "truncated importance sampling")
+                   + " bounds the damage meanwhile.")
+    else:
+        runbook = (f"Check staleness/max (the {f.async_policy} policy's bound is "
+                   f"{f.staleness_bound}), weight_sync/matched (did the sync apply?), and "
+                   f"engine numerics (model.dtype = {f.config.model.dtype!r}, rollout.type = "
+                   f"{f.config.rollout.type!r}); algorithm.tis_cap (now "
+                   f"{f.config.algorithm.tis_cap:g}) bounds the damage meanwhile.")
     return [Finding(
         kind="LogprobGapHigh", key="LogprobGapHigh", step=step,
         cause=(f"The behaviour policy differs from the learner: logprob gap {gap:.3f} "
                f"nats/token at step {step} (threshold {t.gap_high:g})."),
-        runbook=(f"Check staleness/max (the {f.async_policy} policy's bound is "
-                 f"{f.staleness_bound}), weight_sync/matched (did the sync apply?), and "
-                 f"engine numerics (model.dtype = {f.config.model.dtype!r}, rollout.type = "
-                 f"{f.config.rollout.type!r}); algorithm.tis_cap (now "
-                 f"{f.config.algorithm.tis_cap:g}) bounds the damage meanwhile."),
+        runbook=runbook,
         evidence={"values": {M.LOGPROB_GAP_MEAN: gap,
                              M.STALENESS_MAX: h.metrics.get(M.STALENESS_MAX, {}).get(step)},
                   "series": chart(h, M.LOGPROB_GAP_MEAN)})]
 
 
+@reads(metrics=(M.LOGPROB_GAP_MEAN,), events=("weight_sync.report",))
 def logprob_gap_drift(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     pts = h.last(M.LOGPROB_GAP_MEAN, t.drift_window)
     if len(pts) < t.drift_window:
@@ -191,26 +226,36 @@ def logprob_gap_drift(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> 
                   "series": chart(h, M.LOGPROB_GAP_MEAN)})]
 
 
+@reads(metrics=(M.STALENESS_MAX,), facts=("staleness_bound",))
 def staleness_over_bound(h: RunHistory, f: RunFacts, t: Thresholds,
                          now: float) -> list[Finding]:
     pts = h.last(M.STALENESS_MAX, 1)
     if not pts or pts[0][1] <= f.staleness_bound:
         return []
     step, stale = pts[0]
+    if f.is_external:
+        bound = f"the run's staleness bound is {f.staleness_bound}"
+        runbook = ("Check where the framework drops samples older than its bound after a "
+                   "resume or restart (are weight versions restored?); lower "
+                   + lever(f.framework, "staleness", "how far generation may run ahead")
+                   + " so producers do not run ahead.")
+    else:
+        bound = f"the {f.async_policy} policy's bound is {f.staleness_bound}"
+        runbook = ("Check the buffer's staleness filter after a resume or restart "
+                   "(versions restored?), and buffer/dropped_stale; "
+                   + (f"lower async_policy.max_staleness (now {f.staleness_bound}) or "
+                      if f.async_policy in ("partial_rollout", "fully_async") else "")
+                   + "lower rollout.prompts_per_step (now "
+                   f"{f.config.rollout.prompts_per_step}) so producers do not run ahead.")
     return [Finding(
         kind="StalenessOverBound", key="StalenessOverBound", step=step,
-        cause=(f"Samples {stale:g} versions old were trained on at step {step}; the "
-               f"{f.async_policy} policy's bound is {f.staleness_bound}."),
-        runbook=("Check the buffer's staleness filter after a resume or restart (versions "
-                 "restored?), and buffer/dropped_stale; "
-                 + (f"lower async_policy.max_staleness (now {f.staleness_bound}) or "
-                    if f.async_policy in ("partial_rollout", "fully_async") else "")
-                 + f"lower rollout.prompts_per_step (now {f.config.rollout.prompts_per_step}) "
-                 "so producers do not run ahead."),
+        cause=f"Samples {stale:g} versions old were trained on at step {step}; {bound}.",
+        runbook=runbook,
         evidence={"values": {M.STALENESS_MAX: stale, "bound": f.staleness_bound},
                   "series": chart(h, M.STALENESS_MAX)})]
 
 
+@reads(any_of=(M.WEIGHT_SYNC_VERSION_LEARNER, M.STALENESS_MEAN))
 def version_regression(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     versions = h.last(M.WEIGHT_SYNC_VERSION_LEARNER, 2)
     stale = h.last(M.STALENESS_MEAN, 1)
@@ -232,6 +277,7 @@ def version_regression(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
                   "series": chart(h, M.WEIGHT_SYNC_VERSION_LEARNER)})]
 
 
+@reads(metrics=(M.REWARD_MEAN,), events=("span",))
 def phase_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     if f.status != "running" or len(h.steps) < 2 or not h.spans:
         return []
@@ -261,6 +307,43 @@ def phase_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Fi
         evidence={"values": {"phase": phase, "device": where, "stalled_s": stalled,
                              "median_s": median, "factor": t.hang_factor},
                   "series": chart(h, M.TIME_STEP_S)})]
+
+
+REPORT_INTERVALS = 2   # StoppedReporting judges a run's cadence from this many intervals
+
+
+@reads()
+def stopped_reporting(h: RunHistory, f: RunFacts, t: Thresholds,
+                      now: float) -> list[Finding]:
+    """An external run's process went quiet: no event for hang_factor x its usual time
+    between reported steps (and at least hang_min_s). Such a run may have no Ray job for
+    sync_runs to follow and no spans for PhaseHang to name a phase by, and a framework run
+    that hangs (a stuck collective, a wedged generation server) reports no error either."""
+    if f.status != "running" or not f.is_external or h.spans:
+        return []       # rlplane's engine reports spans: PhaseHang names the phase there
+    arrivals = sorted(h.step_ts.items())
+    if len(arrivals) <= REPORT_INTERVALS:
+        return []
+    intervals = [max(b[1] - a[1], 0.0) for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    median = statistics.median(intervals)
+    silent = now - h.last_ts
+    if silent <= max(t.hang_factor * median, t.hang_min_s):
+        return []
+    step = arrivals[-1][0]
+    return [Finding(
+        kind="StoppedReporting", key="StoppedReporting", step=step,
+        cause=(f"The {FRAMEWORK_LABELS.get(f.framework, f.framework)} process stopped "
+               f"reporting: nothing for {silent:.0f} s since step {step}, "
+               f"{silent / max(median, 1e-9):.0f}x its usual "
+               f"{median:.1f} s between reported steps. The run still counts as running."),
+        runbook=("Look at the training process: if it is alive it hangs (take a stack dump "
+                 "with py-spy dump --pid <pid>; a collective waiting for a peer, a stuck "
+                 "generation server or dataloader are the usual places); if it is gone, its "
+                 "own log says why, and it never sent a final status. Stop the run here "
+                 "once you know, and resume from its last checkpoint."),
+        evidence={"values": {"silent_s": silent, "median_interval_s": median,
+                             "last_step": step, "factor": t.hang_factor},
+                  "series": chart(h, M.REWARD_MEAN)})]
 
 
 def straggler_steps(h: RunHistory, steps: list[int], t: Thresholds) -> list[float] | None:
@@ -302,6 +385,9 @@ def side_utilization(h: RunHistory, steps: list[int]) -> tuple[float, float] | N
     return (statistics.fmean(sides["rollout"]), statistics.fmean(sides["learner"]))
 
 
+@reads(metrics=(M.REWARD_MEAN, M.TIME_STEP_S),
+       any_of=(M.TIME_ROLLOUT_S, M.TIME_REWARD_S, M.ROLLOUT_SHARE, M.BUBBLE,
+               M.ROLLOUT_GEN_S_P99))
 def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     # The run's first step is left out, as the planner and the benches do: an async
     # policy's pipeline fills there (nothing to train before the first batch exists).
@@ -313,6 +399,10 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
         if name == "reward_share":
             reward = h.metrics.get(M.TIME_REWARD_S, {}).get(step, 0.0)
             return reward / max(h.metrics.get(M.TIME_STEP_S, {}).get(step, 1.0), 1e-9)
+        if name == M.ROLLOUT_SHARE and step not in h.metrics.get(name, {}):
+            # a framework logs its phase times, not the share: derive it as the engine does
+            rollout = h.metrics.get(M.TIME_ROLLOUT_S, {}).get(step, 0.0)
+            return rollout / max(h.metrics.get(M.TIME_STEP_S, {}).get(step, 1.0), 1e-9)
         return h.metrics.get(name, {}).get(step, 0.0)
 
     # The most specific cause first: a straggler also makes generation the whole step.
@@ -331,7 +421,7 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
                    "generation takes {:.0%}+ of each step", "generation"),
                   (M.BUBBLE, t.bubble_max,
                    "devices sit idle for {:.0%}+ of each step", M.BUBBLE)]
-        if (f.config.placement.type == "disaggregated"
+        if (not f.is_external and f.config.placement.type == "disaggregated"
                 and f.config.async_policy.type != "sync"):
             # Generation on its own devices, overlapping learning, taking the whole step is
             # what they are for: a learner left waiting for it shows as the bubble.
@@ -347,7 +437,8 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
             "reward": "Scoring blocks the generator and the learner.",
             "generation": "Long-tail generations hold every step.",
             M.BUBBLE: "Devices wait for each other."}[problem]
-    if problem == M.BUBBLE and f.config.placement.type == "disaggregated":
+    if problem == M.BUBBLE and not f.is_external and \
+            f.config.placement.type == "disaggregated":
         sides = side_utilization(h, steps)
         if sides is not None and sides[1] - sides[0] > LEARNER_BOUND_GAP:
             problem = "learner"
@@ -356,13 +447,36 @@ def bubble_high(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
     series = {"reward_share": M.TIME_REWARD_S,
               "straggler": (M.ROLLOUT_GEN_S_P99 if M.ROLLOUT_GEN_S_P99 in h.metrics
                             else M.TIME_ROLLOUT_S)}.get(name, name)
+    if f.is_external:
+        where, runbook = "", f"{lead} {external_levers(f.framework, problem)}"
+    else:
+        where = (f" (placement {f.config.placement.type}, {f.config.async_policy.type} "
+                 "policy)")
+        runbook = levers.runbook(f.config, problem, lead) + _what_if(h, f)
     return [Finding(
         kind="BubbleHigh", key=f"BubbleHigh:{name}", step=steps[-1],
-        cause=(f"For {len(steps)} steps, {what} (placement {f.config.placement.type}, "
-               f"{f.config.async_policy.type} policy)."),
-        runbook=levers.runbook(f.config, problem, lead) + _what_if(h, f),
+        cause=f"For {len(steps)} steps, {what}{where}.",
+        runbook=runbook,
         evidence={"values": {name: values[-1], "threshold": limit},
                   "series": chart(h, series)})]
+
+
+def external_levers(framework: str, problem: str) -> str:
+    """BubbleHigh's levers for a run another framework trains: what to change, in its own
+    knob names where we know them (the planner's what-if needs a RunConfig)."""
+    tail = "cap the long tail: " + lever(framework, "max_new_tokens", "a shorter completion limit")
+    overlap = ("overlap generation with training (a one-step-off or fully async mode), if "
+               f"{FRAMEWORK_LABELS.get(framework, framework)} offers one")
+    levers_of = {
+        "straggler": [tail, "let a step end once most of its groups are complete (partial "
+                      "rollouts) or " + overlap, "check the inference workers for a slow one"],
+        "generation": [overlap, tail, "give generation more inference devices"],
+        "reward": ["score completions as they finish (a pool of reward workers, async "
+                   "reward) instead of after the whole batch", "speed up the verifier itself"],
+        M.BUBBLE: [overlap, "rebalance devices between generation and training"],
+    }
+    listed = "; ".join(f"({i}) {x}" for i, x in enumerate(levers_of[problem], start=1))
+    return f"Next levers: {listed}."
 
 
 def _what_if(h: RunHistory, f: RunFacts) -> str:
@@ -404,6 +518,7 @@ def generation_wait(h: RunHistory, step: int) -> tuple[float, list[str], bool]:
     return longest, sorted(d for d, w in waits.items() if w >= 0.9 * longest), complete
 
 
+@reads(metrics=(M.WEIGHT_SYNC_LATENCY_S,))
 def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     pts = h.series(M.WEIGHT_SYNC_LATENCY_S)
     if len(pts) < 3:
@@ -442,6 +557,14 @@ def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
                    "and the rollout workers it waits for: a slow or stuck receiver, a "
                    "network or object-store stall; weight_sync/gb_per_s (GB/s) shows "
                    "whether bandwidth dropped; try another weight_sync.type to isolate it.")
+    if f.is_external and key == "ResyncSlow:generation":
+        runbook = ("The transport is not the cause: an inference worker takes new weights "
+                   "only between generate calls, so a long call delays the resync; cap the "
+                   "long tail (" + lever(f.framework, "max_new_tokens", "shorter completions")
+                   + ") or let generation continue across the update if the framework can.")
+    elif f.is_external:
+        runbook = ("Check the weight transport and the inference workers it waits for: a "
+                   "slow or stuck receiver, a network or storage stall.")
     return [Finding(
         kind="ResyncSlow", key=key, step=step, cause=cause, runbook=runbook,
         evidence={"values": {"latency_s": latency, "median_s": median,
@@ -450,20 +573,25 @@ def resync_slow(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[F
                   "series": chart(h, M.WEIGHT_SYNC_LATENCY_S)})]
 
 
+@reads()
 def run_lost(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     if f.status != "lost":
         return []
+    what = f"{f.framework} command" if f.is_external else "driver"
     return [Finding(
         kind="RunLost", key="RunLost", step=h.steps[-1] if h.steps else None,
-        cause=("The run's driver is gone: the cluster no longer knows its Ray job, or the "
-               "driver was killed before it could report (the run's status says which)."),
+        cause=(f"The run's {what} is gone: the cluster no longer knows its Ray job, or the "
+               f"{what} was killed before it could report (the run's status says which)."),
         runbook=("Check the Ray cluster (restarted head, deleted job, node lost, the OOM "
-                 "killer in the node's kernel log); fork the "
-                 "run from its last checkpoint to continue."),
+                 "killer in the node's kernel log); "
+                 + ("resume the training from its last checkpoint with the framework's own "
+                    "resume option, as a new run." if f.is_external else
+                    "fork the run from its last checkpoint to continue.")),
         evidence={"values": {"last_step": h.steps[-1] if h.steps else None},
                   "series": chart(h, M.REWARD_MEAN)})]
 
 
+@reads(metrics=(M.REWARD_ERROR_FRAC,))
 def reward_errors(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     pts = h.last(M.REWARD_ERROR_FRAC, 1)
     if not pts or pts[0][1] <= t.reward_error_frac:
@@ -475,10 +603,12 @@ def reward_errors(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list
                f"or returned a non-number; each scored 0 with reason reward_error), over "
                f"the {t.reward_error_frac:.0%} threshold: the policy is learning from "
                f"zeros, not from your reward."),
-        runbook=("Read the traceback in the run's log (each distinct error is logged once) "
-                 "and fix the function reward.function names: its signature is "
-                 "fn(prompt, completion, answer, **row) -> float, and row holds the "
-                 "dataset's other columns. reward/python/reward_error counts the failures."),
+        runbook=(("Read the reward function's errors in the run's log and fix the function: "
+                  "a sample it fails on teaches the policy nothing.") if f.is_external else
+                 ("Read the traceback in the run's log (each distinct error is logged once) "
+                  "and fix the function reward.function names: its signature is "
+                  "fn(prompt, completion, answer, **row) -> float, and row holds the "
+                  "dataset's other columns. reward/python/reward_error counts the failures.")),
         evidence={"values": {M.REWARD_ERROR_FRAC: frac, "threshold": t.reward_error_frac},
                   "series": chart(h, M.REWARD_ERROR_FRAC)})]
 
@@ -492,6 +622,8 @@ def rise(points: list[tuple[int, float]]) -> float:
     return slope(points) * (points[-1][0] - points[0][0]) if len(points) > 1 else 0.0
 
 
+@reads(metrics=(M.REWARD_MEAN,), any_of=(M.REWARD_VERIFIER_MEAN, M.EVAL_REWARD_MEAN,
+                                        M.REWARD_RM_VS_VERIFIER_AGREEMENT))
 def reward_over_optimization(h: RunHistory, f: RunFacts, t: Thresholds,
                              now: float) -> list[Finding]:
     """The training reward keeps rising while what it stands for does not: the verifier
@@ -530,17 +662,25 @@ def reward_over_optimization(h: RunHistory, f: RunFacts, t: Thresholds,
             other = other or chart(h, M.REWARD_RM_VS_VERIFIER_AGREEMENT)
     if not causes:
         return []
-    alg, reward = f.config.algorithm, f.config.reward
+    if f.is_external:
+        runbook = ("Raise " + lever(f.framework, "kl_coef", "the KL penalty to the reference")
+                   + " to hold the policy near the reference, or stop at the last checkpoint "
+                   "before the split; with a learned reward retrain or enlarge the reward "
+                   "model on the policy's own samples, or score with a verifier instead; keep "
+                   "a verifier alongside and held-out evaluation so the split stays visible.")
+    else:
+        alg, reward = f.config.algorithm, f.config.reward
+        runbook = (f"Raise algorithm.kl_coef (now {alg.kl_coef:g}) to hold the policy near "
+                   f"the reference, or stop at the last checkpoint before the split; with a "
+                   f"learned reward (reward.type = {reward.type!r}) retrain or enlarge the "
+                   "reward model on the policy's own samples, or score with a verifier "
+                   "instead; keep a verifier alongside (reward/verifier_mean) and held-out "
+                   "evaluation (telemetry.eval_every_steps) so the split stays visible.")
     return [Finding(
         kind="RewardOverOptimization", key="RewardOverOptimization", step=train[-1][0],
         cause=("The policy is optimizing the reward, not the task: " + "; ".join(causes)
                + "."),
-        runbook=(f"Raise algorithm.kl_coef (now {alg.kl_coef:g}) to hold the policy near the "
-                 f"reference, or stop at the last checkpoint before the split; with a learned "
-                 f"reward (reward.type = {reward.type!r}) retrain or enlarge the reward model "
-                 "on the policy's own samples, or score with a verifier instead; keep a "
-                 "verifier alongside (reward/verifier_mean) and held-out evaluation "
-                 "(telemetry.eval_every_steps) so the split stays visible."),
+        runbook=runbook,
         evidence={"values": values, "series": chart(h, M.REWARD_MEAN), "compare": other})]
 
 
@@ -554,6 +694,7 @@ RULES: dict[str, Rule] = {
     "StalenessOverBound": staleness_over_bound,
     "VersionRegression": version_regression,
     "PhaseHang": phase_hang,
+    "StoppedReporting": stopped_reporting,
     "BubbleHigh": bubble_high,
     "ResyncSlow": resync_slow,
     "RunLost": run_lost,
@@ -564,4 +705,7 @@ KINDS = list(RULES)
 
 
 def evaluate(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
-    return [finding for rule in RULES.values() for finding in rule(h, f, t, now)]
+    """Every rule's findings; on an external run only the rules whose inputs it has."""
+    return [finding for rule in RULES.values()
+            if not f.is_external or not missing(rule.needs, h, f)
+            for finding in rule(h, f, t, now)]

@@ -8,13 +8,19 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from engine.config import FRAMEWORK_LABELS
+from jobs.alerts.coverage import coverage
+from jobs.alerts.history import RunFacts
+from jobs.alerts.lifecycle import load_history
 from jobs.alerts.rules import KINDS
 from jobs.auth import is_operator, operator_required
-from jobs.models import Alert, AlertState, Preset
+from jobs.models import LIVE, Alert, AlertState, Preset, Run
+from jobs.models.controls import display_status
 from jobs.models.validators import parse_pk
 
 PAGE_SIZE = 200
 RUN_PAGE_RESOLVED = 20  # resolved alerts the run page keeps under the unresolved ones
+COVERAGE_RUNS = 10      # live external runs whose unevaluated rules the alerts page lists
 
 
 def run_alerts(run) -> list[Alert]:
@@ -22,6 +28,25 @@ def run_alerts(run) -> list[Alert]:
     alerts = Alert.objects.filter(run=run)
     return [*alerts.exclude(state=AlertState.RESOLVED),
             *alerts.filter(state=AlertState.RESOLVED)[:RUN_PAGE_RESOLVED]]
+
+
+def run_coverage(run: Run) -> dict | None:
+    """The "not evaluated" panel of an external run: each rule its history cannot feed,
+    the canonical names it needs and the framework's own names for them. None on a native
+    run: rlplane's engine reports every input the rules read."""
+    if not run.is_external:
+        return None
+    _, gaps = coverage(load_history(run), RunFacts.of(run, display_status(run)))
+
+    def names(canonical: tuple[str, ...], to_log: dict) -> list[dict]:
+        return [{"name": n, "theirs": [x for x in to_log.get(n, []) if x != n]}
+                for n in canonical]
+    return {"run": run, "label": FRAMEWORK_LABELS.get(run.framework, run.framework),
+            "total": len(KINDS), "count": len(gaps),
+            "gaps": [{"kind": g.kind, "metrics": names(g.metrics, g.to_log),
+                      "any_of": names(g.any_of, g.to_log), "other": g.other}
+                     for g in gaps if not g.engine_only],
+            "engine_only": [g.kind for g in gaps if g.engine_only]}
 
 
 @require_GET
@@ -40,6 +65,11 @@ def alerts_page(request):
                "run_id": run_id, "presets": Preset.objects.all()}
     if request.htmx:
         return render(request, "jobs/alerts/_alerts_list.html", context)
+    # The filtered run, else the live runs another framework trains: what no rule watches
+    runs = (Run.objects.filter(pk=pk) if pk is not None else
+            Run.objects.filter(status__in=LIVE, config__has_key="framework")
+            .order_by("-pk")[:COVERAGE_RUNS])
+    context["coverages"] = [c for c in map(run_coverage, runs) if c and c["count"]]
     return render(request, "jobs/alerts/alerts.html", context)
 
 

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from engine.api import metrics as M
+from engine.config import FRAMEWORK_LABELS
 from jobs import charts
 from jobs.models import Run
 from jobs.models.validators import parse_pk
@@ -184,9 +185,18 @@ def selected_runs(ids: list[int]) -> list[Run]:
     return [by_id[pk] for pk in ids]
 
 
+def run_label(run: Run) -> str:
+    """A run as compare's legends name it; a run another framework trains says which."""
+    label = f"#{run.pk} {run.name}"
+    return f"{label} ({FRAMEWORK_LABELS.get(run.framework, run.framework)})" \
+        if run.is_external else label
+
+
 def compare_data(runs: list[Run], level: float | None) -> dict:
     """What the page draws and the JSON endpoint returns: per run its summary row, the
-    config keys that differ, and the overlaid charts."""
+    config keys that differ, and the overlaid charts. An external run's series are under
+    the canonical names its framework's are mapped to, so they overlay a native run's;
+    its config (framework, params) is diffed key by key like a RunConfig."""
     names = {name for name, _ in charts.COMPARE_METRICS} | set(SUMMARY_METRICS)
     loaded = []
     with run_page.snapshot():
@@ -197,10 +207,11 @@ def compare_data(runs: list[Run], level: float | None) -> dict:
     return {
         "level": level,
         "runs": [{"id": run.pk, "name": run.name, "status": run.status,
+                  "framework": run.framework,
                   "parent_id": run.parent_id, "summary": summarize(series, wall, level)}
                  for run, series, wall in loaded],
         "config_diff": [{"key": key, "values": values} for key, values in differences],
-        "charts": charts.compare_figures([(f"#{run.pk} {run.name}", series, wall)
+        "charts": charts.compare_figures([(run_label(run), series, wall)
                                           for run, series, wall in loaded]),
     }
 

@@ -65,10 +65,11 @@ def open_alert_count() -> Coalesce:
     return Coalesce(Subquery(rows), 0)
 
 
-def metric_steps(run: Run) -> list[tuple[int, dict]]:
-    """[(step, {metric: value})] in step order, for the metrics some chart reads."""
+def metric_steps(run: Run, extra: list[str] = ()) -> list[tuple[int, dict]]:
+    """[(step, {metric: value})] in step order, for the metrics some chart reads (and
+    ``extra``)."""
     # By (name, step): the unique index's order, so the database reads it without a sort.
-    rows = (MetricPoint.objects.filter(run=run, name__in=charts.metric_names())
+    rows = (MetricPoint.objects.filter(run=run, name__in=charts.metric_names() | set(extra))
             .order_by("name", "step").values_list("step", "name", "value"))
     steps: dict[int, dict] = {}
     for step, name, value in rows:
@@ -113,7 +114,12 @@ def chart_data(run: Run) -> dict:
     with snapshot():
         last_seq = RunEvent.highest_seq(run)
         algorithm = "external" if run.is_external else run.run_config.algorithm.type
-        figures = charts.metric_figures(metric_steps(run), algorithm)
+        # An external run's names that no chart reads (its framework's own, kept as they
+        # are, and canonical ones no built-in chart draws) get a chart each.
+        others = charts.other_names(
+            MetricPoint.objects.filter(run=run).values_list("name", flat=True).distinct()
+        ) if run.is_external else []
+        figures = charts.metric_figures(metric_steps(run, others), algorithm, others)
         figures.append(charts.timeline_figure(recent_spans(run)))
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
                    .order_by("id").values_list("applied_step", "kind", "value"))

@@ -1,6 +1,9 @@
-"""Run figures in templates: ``{{ seconds|duration }}`` -> "1h 02m", "4m 05s", "12s"."""
+"""Run figures in templates: ``{{ seconds|duration }}`` -> "1h 02m", "4m 05s", "12s";
+``{{ run.framework|framework_label }}`` -> "TRL", "veRL", "rlplane"."""
 
 from django import template
+
+from engine.config import FRAMEWORK_LABELS
 
 register = template.Library()
 
@@ -17,3 +20,8 @@ def duration(seconds) -> str:
     if minutes:
         return f"{minutes}m {secs:02d}s"
     return f"{secs}s"
+
+
+@register.filter
+def framework_label(framework: str) -> str:
+    return FRAMEWORK_LABELS.get(framework, framework)

@@ -41,9 +41,11 @@ def config_value_filter(runs, text: str):
     if not sep or not CONFIG_KEY.match(key) or not raw:
         raise FilterError("config: write key=value with a dotted config key, e.g. "
                           "placement.type=colocated or async_policy.max_staleness=2")
-    if key.split(".")[0] not in RunConfig.model_fields:
+    # an external run's keys too: framework=verl, params.learning_rate=1e-6
+    roots = [*RunConfig.model_fields, "framework", "params"]
+    if key.split(".")[0] not in roots:
         raise FilterError(f"config: {key.split('.')[0]!r} is no config section; one of "
-                          f"{', '.join(RunConfig.model_fields)}")
+                          f"{', '.join(roots)}")
     try:
         value = json.loads(raw)
     except ValueError:
