@@ -16,17 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.api import their_names
 from jobs.alerts.history import RunFacts, RunHistory
 from jobs.alerts.inputs import EVENTS, FACTS, missing
 from jobs.alerts.rules import RULES
-
-try:
-    from engine.api import their_names
-except ImportError:  # TEMP(issue 29): engine.frameworks lands from the "frameworks" branch;
-    # the coordinator removes this fallback at merge (their_names is in engine.api there).
-    def their_names(framework: str, canonical: str) -> list[str]:
-        return []
-
 
 # What no framework's adapter reports (a script could send it through the same door):
 # the pages list the rules that read it apart, in one line.
