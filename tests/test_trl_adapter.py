@@ -10,8 +10,11 @@ Two trainings are shared by the module's tests (TRL's import is most of the time
 """
 
 import contextlib
+import importlib.util
+import signal
 import sys
 import types
+from pathlib import Path
 
 import pytest
 from datasets import Dataset
@@ -175,3 +178,25 @@ def test_without_a_run_it_starts_one_from_the_environment(monkeypatch):
     callback.on_log(args, state, control, logs={"reward": 0.5, "epoch": 0.0})
     assert callback.run is run
     assert run.metrics == {0: {"reward": 0.5, "epoch": 0.0}}
+
+
+def test_the_example_script_reports_a_run_and_finishes_it(tmp_path, monkeypatch):
+    """examples/trl_grpo.py, the command rlplane launches as a Ray job, run in-process for
+    one step with its run standing in for the one RLPLANE_* would name."""
+    run = Recorder()
+    track = types.SimpleNamespace(init=lambda: run)
+    monkeypatch.setitem(sys.modules, "rlplane.track", track)
+    monkeypatch.setattr(rlplane, "track", track, raising=False)
+    path = Path(__file__).parents[1] / "examples" / "trl_grpo.py"
+    spec = importlib.util.spec_from_file_location("trl_grpo_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.setattr(example, "track", track)
+    sigterm = signal.getsignal(signal.SIGTERM)     # main() installs its own
+    try:
+        example.main(["--steps", "1", "--constant-reward", "--output-dir", str(tmp_path)])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert run.metrics[1]["frac_reward_zero_std"] == 1.0
+    assert len(run.rows[1]) == 4
+    assert run.finished == ("succeeded", "")
