@@ -6,9 +6,10 @@
 
 It reports to the run that RLPLANE_URL, RLPLANE_RUN_ID and RLPLANE_TOKEN name (rlplane
 sets them when it launches this as a command run): TRL's metrics at every step, each
-step's completions, its timing, and how it ended; a stop from rlplane ends it after the
-current step. Nothing is downloaded: the tokenizer is trained on a few lines below and
-the model has random weights, so the completions are noise and only the reward moves.
+step's completions, its timing, and how it ended. A stop from rlplane ends it after the
+current step; SIGTERM (how Ray stops a job) or Ctrl-C ends it at once, also reported as
+stopped. Nothing is downloaded: the tokenizer is trained on a few lines below and the
+model has random weights, so the completions are noise and only the reward moves.
 Tested with TRL 1.16.0.
 """
 
@@ -102,10 +103,9 @@ def main(argv: list[str] | None = None) -> None:
         trainer.add_callback(RlplaneCallback(trainer, run=run))
         trainer.train()      # the callback finishes the run: succeeded, or stopped
     except (Terminated, KeyboardInterrupt) as e:
+        # told to end from outside: stopped, not the "failed" that rlplane.track's exit
+        # hook reports for any other uncaught exception
         run.finish("stopped", f"{type(e).__name__}: the process was told to end")
-        raise
-    except Exception as e:
-        run.finish("failed", f"{type(e).__name__}: {e}")
         raise
 
 

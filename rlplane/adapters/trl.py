@@ -7,8 +7,8 @@
 What each transformers hook does, on the world's process zero only:
 
     on_train_begin   rlplane.track.init(), unless a run was given
-    on_step_begin    opens the step's span
-    on_step_end      closes it; a stop asked from rlplane -> control.should_training_stop,
+    on_step_begin    notes the time
+    on_step_end      the step's span; a stop asked from rlplane -> control.should_training_stop,
                      so the loop ends after this step, logged and saved as usual
     on_log           the ``logs`` dict as TRL names it (reward, reward_std,
                      frac_reward_zero_std, kl, entropy, completions/mean_length,
@@ -39,6 +39,7 @@ import functools
 import logging
 import math
 import numbers
+import time
 from typing import Any, Protocol
 
 from transformers import TrainerCallback
@@ -54,7 +55,7 @@ class Run(Protocol):
     stop_requested: bool
 
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
-    def span(self, phase: str, device: str, step: int) -> Any: ...
+    def span(self, phase: str, device: str, step: int, *, start: float, end: float) -> Any: ...
     def samples(self, step: int, rows: list[dict]) -> None: ...
     def finish(self, status: str = "succeeded", reason: str = "") -> None: ...
 
@@ -85,7 +86,7 @@ class RlplaneCallback(TrainerCallback):
         self.trainer = trainer
         self.run = run
         self.errors = 0
-        self._span = None
+        self._step_start: float | None = None
         self._stopped = False
         self._last_rows: list[dict] = []
 
@@ -97,17 +98,16 @@ class RlplaneCallback(TrainerCallback):
 
     @_never_raises
     def on_step_begin(self, args, state, control, **kwargs):
-        if self.run is None:
-            return
-        self._span = self.run.span(STEP_PHASE, device=device_name(args),
-                                   step=state.global_step + 1)
-        self._span.__enter__()
+        self._step_start = time.time()
 
     @_never_raises
     def on_step_end(self, args, state, control, **kwargs):
+        start, self._step_start = self._step_start, None
         if self.run is None:
             return
-        self._close_span()
+        if start is not None:
+            self.run.span(STEP_PHASE, device=device_name(args), step=state.global_step,
+                          start=start, end=time.time())
         if self.run.stop_requested and not self._stopped:
             logger.info("rlplane: stop requested; training ends after step %d",
                         state.global_step)
@@ -135,16 +135,10 @@ class RlplaneCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.run is None:
             return
-        self._close_span()
         if self._stopped:
             self.run.finish("stopped", "stop requested from rlplane")
         else:
             self.run.finish("succeeded")
-
-    def _close_span(self) -> None:
-        span, self._span = self._span, None
-        if span is not None:
-            span.__exit__(None, None, None)
 
 
 def device_name(args) -> str:
