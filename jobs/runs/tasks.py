@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 @shared_task
 def sync_runs() -> None:
     """Follow each live run's Ray job. The engine's own status events are the main path;
-    this catches what they cannot say: a driver that died, a job stopped or lost."""
+    this catches what they cannot say: a driver that died, a job stopped or lost. A
+    launched command may report nothing at all: its job's status is its run's."""
     resubmit_stuck_runs()
     follow_ray_jobs()
     do_schedule_runs()
@@ -52,9 +53,14 @@ def follow_ray_jobs() -> None:
             follow(run, RunStatus.LOST, f"Ray has no job {run.ray_submission_id} any more "
                                         "(the cluster restarted, or the job was deleted)")
             continue
-        if info.status == JobStatus.SUCCEEDED:
+        if info.status == JobStatus.RUNNING and run.is_external:
+            # The engine says "running" itself; a command may never say anything.
+            if run.status == RunStatus.SUBMITTING:
+                follow(run, RunStatus.RUNNING, f"its Ray job {run.ray_submission_id} runs")
+        elif info.status == JobStatus.SUCCEEDED:
             # The driver exited 0 after its final status; if that event never arrived
-            # (spooled while the control plane was down), say what the job says.
+            # (spooled while the control plane was down, or a command that reports no
+            # status), say what the job says.
             stopped = run.stop_requested_at is not None
             follow(run, RunStatus.STOPPED if stopped else RunStatus.SUCCEEDED,
                    f"the Ray job {run.ray_submission_id} exited 0")

@@ -1,0 +1,117 @@
+"""A launched external run (issue 29 item 6) without Ray: what submit_run hands Ray's Jobs
+client for the command, and how its job's status moves the run."""
+
+from types import SimpleNamespace
+
+import pytest
+from django.contrib.auth.models import User
+from ray.job_submission import JobStatus
+
+from jobs.models import Run, RunStatus
+from jobs.runs import submit, tasks
+from jobs.runs.actions import do_create_external_run
+from jobs.runs.queue import run_demand
+
+pytestmark = pytest.mark.django_db
+
+LAUNCHED = {"name": "trl-cmd", "framework": "trl", "params": {"max_steps": 3},
+            "launch": {"entrypoint": "python train.py --lr 1e-6", "working_dir": "/srv/trl",
+                       "env": {"HF_HOME": "/cache/hf"}, "pip": ["trl==0.19.1"],
+                       "gpus": 2, "cpus": 4}}
+
+
+class RecordingJobs:
+    """Ray's Jobs client at its seam: no job exists yet; submissions are recorded."""
+
+    def __init__(self):
+        self.submitted: list[dict] = []
+
+    def get_job_info(self, sid):
+        raise RuntimeError(f"Job {sid} does not exist")
+
+    def submit_job(self, **kwargs):
+        self.submitted.append(kwargs)
+
+
+@pytest.fixture
+def launched(queued) -> Run:
+    run, token = do_create_external_run(User.objects.create_user("olga"), LAUNCHED)
+    assert token is None and run.status == RunStatus.QUEUED
+    return run
+
+
+def test_a_launched_command_is_submitted_with_its_token_mlflow_and_resources(launched,
+                                                                            settings):
+    settings.RLPLANE_URL = "http://cp.example:8000/"
+    jobs = RecordingJobs()
+    launched.transition_to(RunStatus.SUBMITTING)
+
+    submit.submit_once(launched, jobs)
+
+    (job,) = jobs.submitted
+    env = job["runtime_env"]["env_vars"]
+    launched.refresh_from_db()
+    assert job["entrypoint"] == "python train.py --lr 1e-6"
+    assert (job["entrypoint_num_cpus"], job["entrypoint_num_gpus"]) == (4, 2)
+    assert run_demand(launched) == {"CPU": 4.0, "GPU": 2.0}   # what the queue counted
+    assert job["runtime_env"]["working_dir"] == "/srv/trl"
+    assert job["runtime_env"]["pip"] == ["trl==0.19.1"]
+    assert job["submission_id"] == launched.ray_submission_id
+    assert env["HF_HOME"] == "/cache/hf"
+    assert env["RLPLANE_URL"] == "http://cp.example:8000"
+    assert env["RLPLANE_RUN_ID"] == str(launched.pk)
+    assert env["MLFLOW_TRACKING_URI"] == "http://cp.example:8000/mlflow"
+    assert env["MLFLOW_TRACKING_TOKEN"] == env["RLPLANE_TOKEN"]
+    assert launched.has_ingest_token(env["RLPLANE_TOKEN"])
+    assert job["metadata"]["rlplane_framework"] == "trl"
+
+
+def test_a_command_without_gpus_reserves_none_and_leaves_the_runtime_env_bare(queued):
+    config = {"name": "script", "framework": "script",
+              "launch": {"entrypoint": "python -c 'print(1)'", "cpus": 0.5}}
+    run, _ = do_create_external_run(User.objects.create_user("olga"), config)
+    jobs = RecordingJobs()
+
+    submit.submit_once(run, jobs)
+
+    (job,) = jobs.submitted
+    assert job["entrypoint_num_cpus"] == 0.5 and "entrypoint_num_gpus" not in job
+    assert set(job["runtime_env"]) == {"env_vars"}
+
+
+class JobStatuses:
+    """get_job_info answering a fixed status per submission id."""
+
+    def __init__(self, **statuses):
+        self.statuses = statuses
+
+    def get_job_info(self, sid):
+        return SimpleNamespace(status=self.statuses[sid], message="", driver_exit_code=None)
+
+
+@pytest.mark.parametrize("job, stop_requested, expected", [
+    (JobStatus.RUNNING, False, RunStatus.RUNNING),
+    (JobStatus.SUCCEEDED, False, RunStatus.SUCCEEDED),   # exited 0, never said a status
+    (JobStatus.SUCCEEDED, True, RunStatus.STOPPED),      # polled the stop flag and left
+])
+def test_a_commands_job_status_is_its_runs(launched, monkeypatch, job, stop_requested,
+                                           expected):
+    Run.objects.filter(pk=launched.pk).update(status=RunStatus.SUBMITTING,
+                                              ray_submission_id="rlplane-run-x")
+    if stop_requested:
+        launched.refresh_from_db()
+        launched.request_stop("asked")
+    monkeypatch.setattr(tasks, "ray_jobs", lambda: JobStatuses(**{"rlplane-run-x": job}))
+
+    tasks.follow_ray_jobs()
+
+    launched.refresh_from_db()
+    assert launched.status == expected
+
+
+def test_a_native_run_waits_for_the_engines_own_running(make_run, monkeypatch):
+    run = make_run(RunStatus.SUBMITTING, ray_submission_id="rlplane-run-n")
+    monkeypatch.setattr(tasks, "ray_jobs",
+                        lambda: JobStatuses(**{"rlplane-run-n": JobStatus.RUNNING}))
+    tasks.follow_ray_jobs()
+    assert Run.objects.get(pk=run.pk).status == RunStatus.SUBMITTING
