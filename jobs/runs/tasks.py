@@ -3,7 +3,8 @@ outlives any worker; submitting it is jobs/runs/submit.py.
 
     sync_runs()       beat, every 10 s: each live run vs its Ray job's status;
                       a job Ray no longer knows, or whose driver was killed by a
-                      signal -> lost; a run never submitted -> again;
+                      signal -> lost; a run never submitted -> again; a launched
+                      command's new output -> its log panel (jobs/runs/job_logs.py);
                       then the queue (jobs/runs/queue.py) admits what now fits
     stop_run(id)      running -> stopping + the flag the driver polls; enforce_stop later
     enforce_stop(id)  still not exited after the timeout: stop the Ray job
@@ -21,6 +22,7 @@ from django.utils import timezone
 
 from jobs.cluster.ray import job_not_found, ray_jobs
 from jobs.models import LIVE, InvalidTransition, Run, RunStatus
+from jobs.runs.job_logs import follow_job_logs
 from jobs.runs.queue import do_schedule_runs
 from jobs.runs.submit import submit_run
 
@@ -34,6 +36,7 @@ def sync_runs() -> None:
     launched command may report nothing at all: its job's status is its run's."""
     resubmit_stuck_runs()
     follow_ray_jobs()
+    follow_job_logs()  # after: a job that just ended gives its last lines too
     do_schedule_runs()
 
 

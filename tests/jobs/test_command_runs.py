@@ -1,5 +1,7 @@
 """A launched external run (issue 29 item 6) without Ray: what submit_run hands Ray's Jobs
-client for the command, and how its job's status moves the run."""
+client for the command, how its job's status moves the run, and how the job's output is
+stored beside what the process reports (seqs below 0). Against a real Ray head:
+test_command_runs_ray.py."""
 
 from types import SimpleNamespace
 
@@ -7,8 +9,10 @@ import pytest
 from django.contrib.auth.models import User
 from ray.job_submission import JobStatus
 
-from jobs.models import Run, RunStatus
-from jobs.runs import submit, tasks
+from engine.api import LogEvent
+from jobs.models import Run, RunEvent, RunStatus
+from jobs.queries.run_page import recent_logs
+from jobs.runs import job_logs, submit, tasks
 from jobs.runs.actions import do_create_external_run
 from jobs.runs.queue import run_demand
 
@@ -115,3 +119,48 @@ def test_a_native_run_waits_for_the_engines_own_running(make_run, monkeypatch):
                         lambda: JobStatuses(**{"rlplane-run-n": JobStatus.RUNNING}))
     tasks.follow_ray_jobs()
     assert Run.objects.get(pk=run.pk).status == RunStatus.SUBMITTING
+
+
+def job_seqs(run):
+    return list(RunEvent.objects.filter(run=run, seq__lt=0).order_by("-seq")
+                .values_list("seq", flat=True))
+
+
+def test_job_output_is_stored_line_by_line_below_seq_0_once(launched):
+    first = job_logs.do_store_job_log(launched, "loading\nstep 1\nstep 2 par", False)
+    again = job_logs.do_store_job_log(launched, "loading\nstep 1\nstep 2 par", False)
+    last = job_logs.do_store_job_log(launched, "loading\nstep 1\nstep 2 partly\n\nbar 1%\rbar 100%",
+                                     True)
+
+    assert [p["message"] for p in first] == ["loading", "step 1"] and again == []
+    assert [p["message"] for p in last] == ["step 2 partly", "bar 100%"]
+    assert job_seqs(launched) == [-1, -2, -3, -5]  # the blank line 4 is not stored
+    assert {p["level"] for p in first + last} == {job_logs.JOB_LOG_LEVEL}
+    assert RunEvent.highest_seq(launched) == 0     # the process's stream has nothing yet
+
+
+def test_a_burst_keeps_the_newest_lines_and_says_how_many_were_not_shown(launched,
+                                                                        monkeypatch):
+    monkeypatch.setattr(job_logs, "JOB_LOG_LINES_PER_SYNC", 3)
+    monkeypatch.setattr(job_logs, "JOB_LOG_KEEP", 4)
+    text = "".join(f"line {k}\n" for k in range(1, 11))
+
+    stored = job_logs.do_store_job_log(launched, text, False)
+    job_logs.do_store_job_log(launched, text + "line 11\n", False)
+
+    assert [p["message"] for p in stored] == [
+        f"... 7 lines not shown (all of them: ray job logs {launched.ray_submission_id})",
+        "line 8", "line 9", "line 10"]
+    assert job_seqs(launched) == [-8, -9, -10, -11]   # the newest JOB_LOG_KEEP lines
+    assert job_logs.lines_read(launched) == 11
+
+
+def test_the_log_panel_merges_the_processs_lines_and_the_jobs_by_time(launched):
+    RunEvent.objects.create(run=launched, seq=1, type="log", ts=2.0,
+                            payload=LogEvent(seq=1, ts=2.0, message="reported").to_dict())
+    rows = [job_logs.log_row(launched, 1, 1.0, "printed first"),
+            job_logs.log_row(launched, 2, 3.0, "printed last")]
+    RunEvent.objects.bulk_create(rows)
+
+    assert [line["message"] for line in recent_logs(launched)] == [
+        "printed first", "reported", "printed last"]
