@@ -21,15 +21,14 @@ knows nothing of, so it must not take seqs from that range. Line k of the job's 
 
 Bounds: at most JOB_LOG_LINES_PER_SYNC new lines per sync (a burst beyond them is one
 "... N lines not shown" line at the first skipped line's seq; `ray job logs <sid>` has
-them all), each cut to the engine's log message limit, and the newest JOB_LOG_KEEP lines
-of a run kept. A line still being written (no newline yet) waits for its newline, or for
+them all), each cut to JOB_LOG_LINE_CHARS, and the newest JOB_LOG_KEEP lines of a run
+kept. A line still being written (no newline yet) waits for its newline, or for
 the job's end. Cost: Ray's API returns a job's whole log each time, so each sync reads
 O(log size) per live command.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from datetime import timedelta
 from functools import partial
@@ -42,14 +41,12 @@ from django.utils import timezone
 from engine.api import LogEvent
 from jobs.cluster.ray import job_not_found, ray_jobs
 from jobs.groups import run_group
-from jobs.ingest.batch import json_safe
 from jobs.models import LIVE, Run, RunEvent
-
-logger = logging.getLogger(__name__)
 
 JOB_LOG_LEVEL = "job"          # the panel's label for the command's own output
 JOB_LOG_LINES_PER_SYNC = 500   # new lines stored per run per sync; more: the newest
 JOB_LOG_KEEP = 5000            # a run's newest job log lines kept
+JOB_LOG_LINE_CHARS = 4000      # a longer line keeps its start, and says how much was cut
 JOB_LOG_GRACE_S = 120          # a run that ended is followed this long for its last lines
 
 
@@ -79,12 +76,18 @@ def new_log_rows(run: Run, lines: list[str], read: int, now: float) -> list[RunE
         fresh = fresh[skipped:]
         rows.append(log_row(run, first, now, f"... {skipped} lines not shown (all of them: "
                                              f"ray job logs {run.ray_submission_id})"))
-    rows += [log_row(run, k, now, line) for k, line in fresh if line.strip()]
+    rows += [log_row(run, k, now, shortened(line)) for k, line in fresh if line.strip()]
     return rows
 
 
+def shortened(line: str) -> str:
+    if len(line) <= JOB_LOG_LINE_CHARS:
+        return line
+    return f"{line[:JOB_LOG_LINE_CHARS]} [{len(line) - JOB_LOG_LINE_CHARS} characters cut]"
+
+
 def log_row(run: Run, k: int, now: float, message: str) -> RunEvent:
-    payload = json_safe(LogEvent(seq=-k, ts=now, level=JOB_LOG_LEVEL, message=message).to_dict())
+    payload = LogEvent(seq=-k, ts=now, level=JOB_LOG_LEVEL, message=message).to_dict()
     return RunEvent(run=run, seq=-k, type=LogEvent.type, ts=now, payload=payload)
 
 

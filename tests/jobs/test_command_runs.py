@@ -83,20 +83,28 @@ def test_a_command_without_gpus_reserves_none_and_leaves_the_runtime_env_bare(qu
     assert set(job["runtime_env"]) == {"env_vars"}
 
 
+FAILED_MESSAGE = ("Job entrypoint command failed with exit code 1, last available logs "
+                  "(truncated to 20,000 chars):\nValueError: no dataset at ./data")
+
+
 class JobStatuses:
-    """get_job_info answering a fixed status per submission id."""
+    """get_job_info answering a fixed status per submission id, as Ray words it."""
 
     def __init__(self, **statuses):
         self.statuses = statuses
 
     def get_job_info(self, sid):
-        return SimpleNamespace(status=self.statuses[sid], message="", driver_exit_code=None)
+        status = self.statuses[sid]
+        failed = status == JobStatus.FAILED
+        return SimpleNamespace(status=status, message=FAILED_MESSAGE if failed else "",
+                               driver_exit_code=1 if failed else None)
 
 
 @pytest.mark.parametrize("job, stop_requested, expected", [
     (JobStatus.RUNNING, False, RunStatus.RUNNING),
     (JobStatus.SUCCEEDED, False, RunStatus.SUCCEEDED),   # exited 0, never said a status
     (JobStatus.SUCCEEDED, True, RunStatus.STOPPED),      # polled the stop flag and left
+    (JobStatus.FAILED, False, RunStatus.FAILED),
 ])
 def test_a_commands_job_status_is_its_runs(launched, monkeypatch, job, stop_requested,
                                            expected):
@@ -111,6 +119,9 @@ def test_a_commands_job_status_is_its_runs(launched, monkeypatch, job, stop_requ
 
     launched.refresh_from_db()
     assert launched.status == expected
+    if expected == RunStatus.FAILED:  # why, in the command's own last lines
+        assert "exit code 1" in launched.status_reason
+        assert "no dataset at ./data" in launched.status_reason
 
 
 def test_a_native_run_waits_for_the_engines_own_running(make_run, monkeypatch):
@@ -143,14 +154,15 @@ def test_a_burst_keeps_the_newest_lines_and_says_how_many_were_not_shown(launche
                                                                         monkeypatch):
     monkeypatch.setattr(job_logs, "JOB_LOG_LINES_PER_SYNC", 3)
     monkeypatch.setattr(job_logs, "JOB_LOG_KEEP", 4)
-    text = "".join(f"line {k}\n" for k in range(1, 11))
+    monkeypatch.setattr(job_logs, "JOB_LOG_LINE_CHARS", 7)
+    text = "".join(f"line {k}\n" for k in range(1, 10)) + "line 10 is long\n"
 
     stored = job_logs.do_store_job_log(launched, text, False)
     job_logs.do_store_job_log(launched, text + "line 11\n", False)
 
     assert [p["message"] for p in stored] == [
         f"... 7 lines not shown (all of them: ray job logs {launched.ray_submission_id})",
-        "line 8", "line 9", "line 10"]
+        "line 8", "line 9", "line 10 [8 characters cut]"]
     assert job_seqs(launched) == [-8, -9, -10, -11]   # the newest JOB_LOG_KEEP lines
     assert job_logs.lines_read(launched) == 11
 
