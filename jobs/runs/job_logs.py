@@ -29,6 +29,7 @@ O(log size) per live command.
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 from functools import partial
@@ -42,6 +43,8 @@ from engine.api import LogEvent
 from jobs.cluster.ray import job_not_found, ray_jobs
 from jobs.groups import run_group
 from jobs.models import LIVE, Run, RunEvent
+
+logger = logging.getLogger(__name__)
 
 JOB_LOG_LEVEL = "job"          # the panel's label for the command's own output
 JOB_LOG_LINES_PER_SYNC = 500   # new lines stored per run per sync; more: the newest
@@ -127,7 +130,9 @@ def followed_runs() -> list[Run]:
 
 def follow_job_logs() -> None:
     """Store the new lines of each followed run's Ray job log. A job Ray no longer knows
-    is left to follow_ray_jobs."""
+    is left to follow_ray_jobs; a log Ray cannot give now (its node away, the dashboard
+    busy) is logged and read at the next sync: the lines wait in Ray, and one run's log
+    must not hold up the others'."""
     runs = followed_runs()
     client = ray_jobs() if runs else None
     for run in runs:
@@ -137,8 +142,8 @@ def follow_job_logs() -> None:
             # its lines in it, the last one too.
             ended = run.is_terminal and client.get_job_status(sid).is_terminal()
             text = client.get_job_logs(sid)
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:  # requests' errors are OSErrors
             if not job_not_found(exc):
-                raise
+                logger.warning("run %s: Ray did not give job %s's log: %s", run.pk, sid, exc)
             continue
         do_store_job_log(run, text, ended)

@@ -3,9 +3,9 @@ outlives any worker; submitting it is jobs/runs/submit.py.
 
     sync_runs()       beat, every 10 s: each live run vs its Ray job's status;
                       a job Ray no longer knows, or whose driver was killed by a
-                      signal -> lost; a run never submitted -> again; a launched
-                      command's new output -> its log panel (jobs/runs/job_logs.py);
-                      then the queue (jobs/runs/queue.py) admits what now fits
+                      signal -> lost; a run never submitted -> again; the queue
+                      (jobs/runs/queue.py) admits what now fits; then a launched
+                      command's new output -> its log panel (jobs/runs/job_logs.py)
     stop_run(id)      running -> stopping + the flag the driver polls; enforce_stop later
     enforce_stop(id)  still not exited after the timeout: stop the Ray job
 """
@@ -36,8 +36,8 @@ def sync_runs() -> None:
     launched command may report nothing at all: its job's status is its run's."""
     resubmit_stuck_runs()
     follow_ray_jobs()
-    follow_job_logs()  # after: a job that just ended gives its last lines too
     do_schedule_runs()
+    follow_job_logs()  # after follow_ray_jobs: a job that just ended gives its last lines
 
 
 def follow_ray_jobs() -> None:

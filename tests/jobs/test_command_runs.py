@@ -176,3 +176,31 @@ def test_the_log_panel_merges_the_processs_lines_and_the_jobs_by_time(launched):
 
     assert [line["message"] for line in recent_logs(launched)] == [
         "printed first", "reported", "printed last"]
+
+
+class LogsOf:
+    """get_job_status/get_job_logs at the seam: a log per submission id, or the error
+    Ray's client raises for it."""
+
+    def __init__(self, **logs):
+        self.logs = logs
+
+    def get_job_status(self, sid):
+        return JobStatus.RUNNING
+
+    def get_job_logs(self, sid):
+        if isinstance(self.logs[sid], Exception):
+            raise self.logs[sid]
+        return self.logs[sid]
+
+
+def test_a_log_ray_cannot_give_now_does_not_hold_up_the_others(launched, monkeypatch):
+    other, _ = do_create_external_run(User.objects.get(username="olga"), LAUNCHED)
+    Run.objects.filter(pk=launched.pk).update(status=RunStatus.RUNNING, ray_submission_id="a")
+    Run.objects.filter(pk=other.pk).update(status=RunStatus.RUNNING, ray_submission_id="b")
+    monkeypatch.setattr(job_logs, "ray_jobs", lambda: LogsOf(
+        a=RuntimeError("Request failed with status code 500: node away"), b="epoch 1\n"))
+
+    job_logs.follow_job_logs()
+
+    assert job_seqs(launched) == [] and job_seqs(other) == [-1]
