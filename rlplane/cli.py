@@ -10,7 +10,7 @@
     rlplane checkpoint|pause|resume RUN    live controls of a running run, applied after
     rlplane set-lr RUN LR                  the step in progress (`set-eval-every RUN N`:
                                            held-out eval cadence, 0 = none mid-run)
-    rlplane logs RUN [--follow]
+    rlplane logs RUN [--follow]            what the run reported; a command's output ("job")
     rlplane alerts [--run RUN] [--state open|acknowledged|resolved] [--ack ID] [--resolve ID]
     rlplane watch-files --run ID --token T [--url U] [--framework F] PATH...
                                            tail a framework's metric logs, rollout dumps
@@ -199,7 +199,9 @@ def cmd_control(args, console: Console, client: Client) -> int:
 
 
 def cmd_logs(args, console: Console, client: Client) -> int:
-    after = 0
+    """The run's reported log lines (by seq), then a launched command's own output (its
+    Ray job's log, marked "job"), each poll."""
+    after = after_line = 0
     while True:
         page = client.get(f"/runs/{args.run}/events", type=["log", "run.status", "control.applied"],
                           after_seq=after)
@@ -209,9 +211,13 @@ def cmd_logs(args, console: Console, client: Client) -> int:
                 text = f"[status] {event.get('status')} {event.get('message', '')}".rstrip()
             print(f"{event['seq']:>6} {text}")
         after = page["last_seq"]
+        output = client.get(f"/runs/{args.run}/job-log", after_line=after_line)
+        for line in output["lines"]:
+            print(f"{'job':>6} {line['message']}")
+        after_line = output["last_line"]
         if not args.follow:
             return EXIT_OK
-        if not page["events"]:
+        if not page["events"] and not output["lines"]:
             if client.get(f"/runs/{args.run}")["status"] in watching.TERMINAL:
                 return EXIT_OK
             time.sleep(args.interval)

@@ -59,3 +59,26 @@ def test_a_bad_external_run_is_refused_locally_naming_the_field(logged_in, capsy
 def test_a_viewer_cannot_track_a_run(live_server, capsys):
     main(["login", live_server.url, "--token", api_token("vic", operator=False)])
     assert main(["track-run", "--framework", "trl", "--name", "x"]) == c.EXIT_FORBIDDEN
+
+
+def test_logs_prints_what_the_run_reported_then_its_commands_output(logged_in, capsys,  # noqa: F811
+                                                                     client):
+    from engine.api import LogEvent
+    from jobs.models import RunEvent
+    from jobs.runs.job_logs import do_store_job_log
+
+    run = Run.objects.create(name="cmd", config={"name": "cmd", "framework": "script",
+                                                  "launch": {"entrypoint": "python t.py"}})
+    RunEvent.objects.create(run=run, seq=1, type="log", ts=1.0,
+                            payload=LogEvent(seq=1, ts=1.0, message="reported").to_dict())
+    do_store_job_log(run, "loading\nepoch 1\n", job_ended=False)
+
+    assert main(["logs", str(run.pk)]) == c.EXIT_OK
+
+    assert capsys.readouterr().out.splitlines() == ["     1 reported", "   job loading",
+                                                    "   job epoch 1"]
+    token = api_token("vic", operator=False)
+    page = client.get(f"/api/v1/runs/{run.pk}/job-log?after_line=1",
+                      headers={"Authorization": f"Bearer {token}"}).json()
+    assert [(x["line"], x["message"]) for x in page["lines"]] == [(2, "epoch 1")]
+    assert page["last_line"] == 2

@@ -115,6 +115,13 @@ def do_store_job_log(run: Run, text: str, job_ended: bool) -> list[dict]:
     return payloads
 
 
+def job_log_lines(run: Run, after_line: int = 0) -> models.QuerySet:
+    """The run's stored job log lines after line ``after_line``, oldest first (a query of
+    RunEvents; a line's number is -seq)."""
+    return RunEvent.objects.filter(run=run, seq__lt=-after_line, type=LogEvent.type) \
+        .order_by("-seq")
+
+
 def broadcast_job_log(run_id: int, payloads: list[dict]) -> None:
     async_to_sync(get_channel_layer().group_send)(
         run_group(run_id), {"type": "run.job_logs", "run_id": run_id, "events": payloads})
