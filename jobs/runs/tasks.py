@@ -128,7 +128,15 @@ def stop_run(run_id: int, timeout_s: float | None = None) -> None:
 @shared_task
 def enforce_stop(run_id: int) -> None:
     run = Run.objects.get(pk=run_id)
-    if run.is_terminal or not run.ray_submission_id:
+    if run.is_terminal:
+        return
+    if not run.ray_submission_id:
+        if run.is_external and run.status == RunStatus.STOPPING:
+            # its process runs elsewhere and has not said it stopped: nothing here can end
+            # it, so the run stops being watched instead of staying "stopping" for good
+            follow(run, RunStatus.STOPPED, "its process did not report stopping within "
+                   f"{settings.RLPLANE_STOP_TIMEOUT_S:g} s of the stop request; rlplane "
+                   "stopped watching it (end it where it runs)")
         return
     try:
         ray_jobs().stop_job(run.ray_submission_id)
