@@ -30,21 +30,23 @@ MARGIN = 0.05
 PRESET = "code_sandbox.toml"
 
 
-def sandbox_run(tmp_path) -> PresetRun:
+@pytest.fixture(scope="module")
+def sandbox_run(tmp_path_factory, model_cache) -> PresetRun:
     """The preset for STEPS steps, its reward workers on a local Ray of its own; run once
-    for this module's tests."""
+    for this module's tests (Ray too: a second test that started one only to read the
+    first one's run paid 10-15 s for it)."""
     telemetry = load_config(CONFIGS_DIR / PRESET).telemetry.model_dump(mode="json")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        return preset_run(PRESET, STEPS, tmp_path,
+        return preset_run(PRESET, STEPS, tmp_path_factory.mktemp("code_sandbox"),
                           telemetry=telemetry | {"eval_samples": EVAL_SAMPLES})
     finally:
         ray.shutdown()
 
 
 @pytest.mark.slow
-def test_grpo_with_the_sandbox_reward_raises_the_held_out_pass_rate(tmp_path, model_cache):
-    run = sandbox_run(tmp_path)
+def test_grpo_with_the_sandbox_reward_raises_the_held_out_pass_rate(sandbox_run):
+    run = sandbox_run
     before = run.summary.eval_before["eval/accuracy"]
     after = run.summary.eval_after["eval/accuracy"]
     assert 0.05 < before < 0.9, "the warm start should leave room to learn"
@@ -60,6 +62,6 @@ def test_grpo_with_the_sandbox_reward_raises_the_held_out_pass_rate(tmp_path, mo
 
 
 @pytest.mark.slow
-def test_a_healthy_sandbox_run_raises_no_alert(tmp_path, model_cache, capsys):
+def test_a_healthy_sandbox_run_raises_no_alert(sandbox_run, capsys):
     """The learning run above (the same one, run once) raises no alert at all."""
-    assert_quiet(sandbox_run(tmp_path).watch, PRESET, STEPS, capsys)
+    assert_quiet(sandbox_run.watch, PRESET, STEPS, capsys)
