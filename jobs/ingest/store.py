@@ -189,8 +189,13 @@ def apply_engine_status(run: Run, event: RunStatusEvent) -> None:
     after a stop) leaves the run as it is: its status_reason explains the state it is in,
     and the event itself is kept in RunEvent.
     """
+    target, reason = ENGINE_STATUS[event.status], event.message
+    run.refresh_from_db(fields=["status", "status_reason"])
+    if target == RunStatus.STOPPED and run.status == RunStatus.STOPPING and run.status_reason:
+        # Who asked (the control plane's reason) and where the engine stopped (its own).
+        reason = f"{run.status_reason}; {reason}" if reason else run.status_reason
     try:
-        run.advance_to(ENGINE_STATUS[event.status], event.message)
+        run.advance_to(target, reason)
     except InvalidTransition as exc:
         logger.warning("run %s: ignored engine status %r (seq %s): %s",
                        run.pk, event.status, event.seq, exc)
