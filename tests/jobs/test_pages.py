@@ -86,8 +86,7 @@ def test_the_run_page_draws_its_charts_from_the_stored_metrics(viewer, run):
     assert data["last_seq"] == 4 and data["ws_path"] == f"/ws/runs/{run.pk}/"
     assert data["terminal_statuses"] == ["failed", "lost", "stopped", "succeeded"]
     # The header's live figures: the script reads their names here, not from literals.
-    assert data["metric_names"] == {"step": "time/step_s", "reward": "reward/mean",
-                                    "held_out": "eval/reward_mean"}
+    assert data["metric_names"] == {"reward": "reward/mean", "held_out": "eval/reward_mean"}
     lower, upper, mean, held_out = chart(data, "reward")["traces"]
     assert (mean["x"], mean["y"]) == ([1, 2], [0.2, 0.4])
     assert (held_out["name"], held_out["x"], held_out["y"]) == ("held-out", [2], [0.25])
@@ -162,6 +161,15 @@ def test_a_finished_run_offers_fork_but_not_stop(operator, make_run):
     html = operator.get(f"/runs/{run.pk}").content.decode()
 
     assert f"/runs/{run.pk}/stop" not in html and f'href="/runs/{run.pk}/fork"' in html
+
+
+def test_a_submitting_run_offers_no_pause_or_checkpoint_until_its_driver_runs(
+        operator, make_run):
+    html = operator.get(f"/runs/{make_run(status=RunStatus.SUBMITTING).pk}").content.decode()
+
+    assert '<div class="live-controls" id="live-controls" hidden>' in html
+    running = operator.get(f"/runs/{make_run().pk}").content.decode()
+    assert '<div class="live-controls" id="live-controls">' in running
 
 
 def test_an_unknown_run_is_404(viewer, db):
