@@ -158,6 +158,20 @@ def test_fork_with_a_changed_field_alerts_and_logs(logged_in, capsys, submitted,
     assert "hello from p" in capsys.readouterr().out
 
 
+def test_a_fork_that_would_train_nothing_is_refused_with_the_fix(logged_in, capsys,
+                                                                 submitted, settings, tmp_path):
+    settings.RLPLANE_RUNS_DIR = tmp_path / "runs"
+    from tests.jobs.helpers import checkpoint_on_disk
+
+    parent = Run.objects.create(name="p", config={"name": "p", "steps": 3},
+                                status=RunStatus.STOPPED)
+    checkpoint_on_disk(parent, 3)
+
+    assert main(["fork", str(parent.pk), "--set", "steps=2"]) != c.EXIT_OK
+    assert "would train nothing" in capsys.readouterr().err
+    assert Run.objects.count() == 1 and submitted == []
+
+
 def test_watch_on_a_terminal_draws_the_table_with_the_open_alerts(logged_in):
     import io
 

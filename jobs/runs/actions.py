@@ -60,7 +60,8 @@ def do_create_external_run(user, config: dict, priority: int = 0) -> tuple[Run, 
 
 def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict,
                 priority: int = 0) -> Run:
-    """A new run that starts from one of ``parent``'s checkpoints with ``config``."""
+    """A new run that starts from one of ``parent``'s checkpoints with ``config``. Raises
+    Refused for a fork that cannot start or would train nothing (Run.fork_problem)."""
     if checkpoint.run_id != parent.pk:
         raise ValueError(f"checkpoint {checkpoint.pk} belongs to run {checkpoint.run_id}, "
                          f"not to run {parent.pk}")
@@ -68,7 +69,7 @@ def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict,
         raise Refused(f"run {parent.pk}'s checkpoint at step {checkpoint.step} is no longer "
                       f"on disk (a run keeps its last checkpoint.keep_last); fork from one "
                       "that is")
-    if problem := parent.fork_problem(config):
+    if problem := parent.fork_problem(config, checkpoint.step):
         raise Refused(f"{problem[0]}: {problem[1]}")
     with transaction.atomic():
         run = Run.objects.create(name=config.get("name") or parent.name, config=config,

@@ -254,6 +254,18 @@ def test_fork_starts_from_the_latest_checkpoint_or_the_one_named(api, make_run, 
     assert elsewhere.status_code == 400 and elsewhere.json()["errors"][0]["field"] == "checkpoint"
 
 
+def test_a_fork_that_would_train_nothing_is_refused(api, make_run, queued):
+    parent = make_run(RunStatus.STOPPED, name="parent")   # steps = 3
+    checkpoint_on_disk(parent, 3)
+
+    refused = api("post", f"/runs/{parent.pk}/fork", {"config": {"name": "f", "steps": 3}})
+
+    assert refused.status_code == 409 and "would train nothing" in refused.json()["detail"]
+    assert Run.objects.count() == 1 and queued == []
+    default = api("post", f"/runs/{parent.pk}/fork").json()   # as many steps again
+    assert default["config"]["steps"] == 6
+
+
 def test_only_a_finished_run_can_be_archived(api, make_run):
     running = make_run()
 
