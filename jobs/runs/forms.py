@@ -127,6 +127,13 @@ class RunConfigForm(forms.Form):
         section = path.split(".")[0]
         self.add_error(section if section in CHOICE_SECTIONS else "config", f"{path}: {message}")
 
+    def refuse(self, refused) -> None:
+        """A launch the actions refused (jobs.runs.actions.Refused): its sentence at the
+        field it names, as a validation error would be."""
+        message = str(refused).removeprefix(f"{refused.field}: ") if refused.field else str(refused)
+        self._config_error(refused.field or "config", message)
+        self.run_config = None
+
     def config_data(self) -> dict:
         return self.run_config.model_dump(mode="json")
 

@@ -70,8 +70,12 @@ def run_new(request):
         if request.htmx and request.POST.get("validate"):
             return validation(request, form)
         if form.is_valid():
-            run = do_launch_run(request.user, form.run_config.name, form.config_data())
-            return redirect("run-detail", run_id=run.pk)
+            try:
+                run = do_launch_run(request.user, form.run_config.name, form.config_data())
+            except Refused as exc:
+                form.refuse(exc)
+            else:
+                return redirect("run-detail", run_id=run.pk)
     else:
         preset_id = parse_pk(request.GET.get("preset", ""))
         if preset_id is not None:
@@ -148,9 +152,14 @@ def run_fork(request, run_id: int):
             return validation(request, form)
         if form.is_valid():
             if form.is_reviewed():
-                run = do_fork_run(request.user, parent, form.cleaned_data["checkpoint"],
-                                  form.config_data())
-                return redirect("run-detail", run_id=run.pk)
+                try:
+                    run = do_fork_run(request.user, parent, form.cleaned_data["checkpoint"],
+                                      form.config_data())
+                except Refused as exc:
+                    form.refuse(exc)
+                else:
+                    return redirect("run-detail", run_id=run.pk)
+        if form.is_valid():
             diff, fork_plan = form.diff(), form.plan()
             data = request.POST.copy()
             data["reviewed"] = form.digest()  # the next submit launches this config

@@ -239,6 +239,23 @@ def test_validate_previews_the_placement_against_the_clusters_capacity(
     assert 'data-fits="yes"' in html and "4 of 4 GPUs free" in html
 
 
+def test_a_placement_the_cluster_could_never_hold_is_refused_at_launch(
+        client, operator, monkeypatch, queued, django_capture_on_commit_callbacks):
+    monkeypatch.setattr("jobs.runs.queue.ray_capacity",   # a CPU-only stack: no GPU at all
+                        lambda: ({"CPU": 4.0}, {"CPU": 0.0}))
+    data = form_data(DISAGG_ASYNC, "disaggregated", "fully_async")
+    html = validate(client, "/runs/new", data).content.decode()
+    assert 'data-fits="no"' in html and "could ever hold" in html
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/runs/new", data)
+
+    assert response.status_code == 200 and Run.objects.count() == 0 and queued == []
+    [problem] = response.context["form"].config_errors
+    assert problem.path == "placement"
+    assert "asks for 3 GPUs and the Ray cluster has 0 in all" in problem.message
+
+
 def test_validate_previews_the_in_process_default_as_a_run_slot(client, operator):
     html = validate(client, "/runs/new", form_data(GOOD)).content.decode()
 

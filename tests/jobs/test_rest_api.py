@@ -140,6 +140,20 @@ def test_launch_from_toml_queues_the_run_and_the_queue_submits_it(api, queued):
     assert run.status == RunStatus.SUBMITTING and queued == [("submit", run.pk)]
 
 
+def test_a_placement_the_cluster_could_never_hold_is_refused_naming_what_is_missing(
+        api, queued, monkeypatch):
+    monkeypatch.setattr("jobs.runs.queue.ray_capacity", lambda: ({"CPU": 4.0}, {"CPU": 0.0}))
+    config = {"name": "big", "placement": {"type": "disaggregated", "rollout_workers": 1,
+                                           "learner_devices": 1},
+              "weight_sync": {"type": "shm"}}
+
+    refused = api("post", "/runs", {"config": config})
+
+    assert refused.status_code == 409, refused.json()
+    assert "asks for 2 GPUs and the Ray cluster has 0 in all" in refused.json()["detail"]
+    assert Run.objects.count() == 0 and queued == []
+
+
 def test_launch_from_json_takes_the_same_config(api):
     response = api("post", "/runs", {"config": {"name": "json-run", "steps": 7}})
 
