@@ -69,7 +69,8 @@ def set_path(data: dict, dotted: str, raw: str) -> None:
 
 
 def config_with_overrides(path: Path | None, sets: list[str], base: dict | None = None) -> dict:
-    """The TOML file (or ``base``) with each --set applied, validated here first."""
+    """The TOML file (or ``base``) with each --set applied, validated here first (but
+    not its files: they may exist only on the cluster)."""
     data = dict(base or {})
     if path is not None:
         try:
@@ -84,7 +85,9 @@ def config_with_overrides(path: Path | None, sets: list[str], base: dict | None 
             raise UsageError(f"--set {item!r}: write key=value, e.g. rollout.temperature=0.7")
         set_path(data, key.strip(), raw.strip())
     try:
-        validate_config(data)
+        # Syntax and bounds only: the files a config names must exist where the run's
+        # workers run, which is the server's to say (it answers each as a field error).
+        validate_config(data, check_files=False)
     except ConfigError as exc:
         raise UsageError("invalid run config", [{"field": p, "message": m}
                                                 for p, m in exc.errors]) from None

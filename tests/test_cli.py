@@ -172,6 +172,23 @@ def test_a_fork_that_would_train_nothing_is_refused_with_the_fix(logged_in, caps
     assert Run.objects.count() == 1 and submitted == []
 
 
+DATASET = GOOD + '[task]\ntype = "dataset"\npath = "/on/the/cluster/train.jsonl"\n'
+
+
+def test_launch_leaves_the_configs_files_to_the_server(logged_in, tmp_path, capsys,
+                                                       submitted):
+    from rlplane.cli import config_with_overrides
+
+    config = tmp_path / "run.toml"
+    config.write_text(DATASET)
+    # A laptop checks syntax and bounds; the data may live only where the run runs...
+    assert config_with_overrides(config, [])["task"]["path"] == "/on/the/cluster/train.jsonl"
+    # ...and the server, which can look, names the field when it is not there either.
+    assert main(["launch", str(config)]) == c.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "task.path" in err and Run.objects.count() == 0
+
+
 def test_watch_on_a_terminal_draws_the_table_with_the_open_alerts(logged_in):
     import io
 
