@@ -111,6 +111,15 @@ class Run(models.Model):
         """Who trains the run: "rlplane" (its own engine) or an external framework."""
         return self.config.get("framework", NATIVE) if isinstance(self.config, dict) else NATIVE
 
+    def steps_done(self, last_step: int | None) -> int | None:
+        """How many steps the run has trained, from the last step its metrics name: the
+        engine numbers steps from 0 (step k's metrics close the (k+1)th step, and its
+        checkpoint is step_{k+1}); an external framework reports its own count (TRL's
+        global_step). The run page's "step N of M" and the runs list count this way."""
+        if last_step is None or self.is_external:
+            return last_step
+        return last_step + 1
+
     @property
     def is_external(self) -> bool:
         """A run another framework trains (TRL, veRL, ...): rlplane watches it."""

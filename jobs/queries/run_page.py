@@ -213,15 +213,6 @@ def external_steps(run: Run) -> int | None:
     return None
 
 
-def steps_done(run: Run, last_step: int | None) -> int | None:
-    """How many steps a run has trained, from the last step its metrics name: the engine
-    numbers steps from 0 (step k's metrics close the (k+1)th step, and its checkpoint is
-    step_{k+1}), an external framework reports its own count (TRL's global_step)."""
-    if last_step is None or run.is_external:
-        return last_step
-    return last_step + 1
-
-
 def run_progress(run: Run) -> dict:
     """The run header's "how is it going": step k of n (steps trained, as the checkpoints
     count them), elapsed, ETA (while live), latest training and held-out reward, open
@@ -232,7 +223,7 @@ def run_progress(run: Run) -> dict:
     step = recent[0][0] if recent else None
     if step is None and run.is_external:  # a framework that reports no step time
         step = MetricPoint.objects.filter(run=run).aggregate(m=Max("step"))["m"]
-    done = steps_done(run, step)
+    done = run.steps_done(step)
     now = timezone.now()
     elapsed = None
     if run.started_at is not None:

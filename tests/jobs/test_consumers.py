@@ -271,7 +271,7 @@ def test_the_runs_list_socket_gets_each_runs_status_and_latest_metrics(
     message = run_async(scenario)
 
     assert message["run_id"] == run.pk
-    assert (message["status"], message["step"]) == ("running", 7)
+    assert (message["status"], message["step"]) == ("running", 8)   # steps 0..7 trained
     assert (message["reward_mean"], message["step_s"]) == (0.5, 1.25)
     assert message["held_out"] == 0.75
     assert f'id="run-{run.pk}-status"' in message["swap"][f"run-{run.pk}-status"]

@@ -60,6 +60,7 @@ def test_the_runs_list_shows_each_runs_status_latest_reward_and_step_time(viewer
     assert f'href="/runs/{run.pk}"' in html and "grpo-demo" in html
     assert f'id="run-{run.pk}-status" class="badge badge-running"' in html
     assert "0.500" in html and "1.50 s" in html
+    assert '<td class="step">3</td>' in html   # steps 0, 1 and 2 trained, as in the header
     assert "badge-queued" in html
     assert "js/runs_list.js" in html and "vendor/htmx-2.0.4.min.js" in html
     assert html.index("js/live_socket.js") < html.index("js/runs_list.js")
