@@ -35,6 +35,7 @@ TIMELINE_STEPS = 20  # the device timeline keeps roughly this many recent steps
 # A timeline trace's index is its phase's place in PHASES (new phases go last there), and
 # pages extend traces by index.
 PHASES = M.PHASES
+CRITIC = "critic"   # PPO's phase: its value model's update
 PHASE_COLORS = {"rollout": "#4c78a8", "reward": "#f58518", "learner": "#54a24b",
                 "weight_sync": "#e45756", "critic": "#b279a2", "idle": "#bab0ac"}
 
@@ -210,13 +211,20 @@ def metric_figures(steps: list[tuple[int, Values]], algorithm: str = "grpo",
             continue
         kept = envelope(chart, steps)
         xs, ys = points(chart, kept)
-        traces = [{"name": t.name, "type": "scatter", "mode": "lines", **t.style, "x": x, "y": y}
+        traces = [{"name": t.name, "type": "scatter", "mode": "lines", **t.style, "x": x, "y": y,
+                   **legend_of(t.name, algorithm)}
                   for t, x, y in zip(chart.traces, xs, ys, strict=True)]
         title = chart.title if kept is steps else (
             f"{chart.title} · {len(steps):,} steps, each bucket's min and max drawn")
         figures.append({"id": chart.id, "title": chart.title, "traces": traces,
                         "layout": {**BASE_LAYOUT, **chart.layout, "title": {"text": title}}})
     return figures
+
+
+def legend_of(phase: str, algorithm: str) -> dict:
+    """The critic's phase has a trace (indices stay fixed for extendTraces) but no legend
+    entry on a run without one (GRPO's legends listed a critic that never ran)."""
+    return {"showlegend": False} if phase == CRITIC and algorithm != "ppo" else {}
 
 
 def metric_updates(steps: list[tuple[int, Values]], others: bool = False) -> dict[str, dict]:
@@ -251,17 +259,20 @@ def timeline_bars(spans: Iterable[dict]) -> dict[str, dict[str, list]]:
     return bars
 
 
-def timeline_figure(spans: list[dict]) -> dict:
+def timeline_figure(spans: list[dict], algorithm: str = "grpo") -> dict:
     devices = {span["device"] for span in spans}
     traces = [{"name": phase, "type": "bar", "orientation": "h",
-               "marker": {"color": PHASE_COLORS[phase]}, **bar}
+               "marker": {"color": PHASE_COLORS[phase]}, **bar, **legend_of(phase, algorithm)}
               for phase, bar in timeline_bars(spans).items()]
     return {"id": "timeline", "title": "Device timeline", "traces": traces,
             # extendTraces drops the oldest bars beyond this many per phase.
             "max_points": TIMELINE_STEPS * max(1, len(devices)),
             "layout": {**BASE_LAYOUT, "barmode": "overlay",
                        "title": {"text": f"Device timeline (last {TIMELINE_STEPS} steps)"},
-                       "xaxis": {"type": "date", "title": {"text": "time"}},
+                       # Empty, a date axis reads "Jan 2000": no labels until a span
+                       # comes (run_charts.js turns them on).
+                       "xaxis": {"type": "date", "title": {"text": "time"},
+                                 **({} if spans else {"showticklabels": False})},
                        "yaxis": {"type": "category"}}}
 
 

@@ -120,7 +120,7 @@ def chart_data(run: Run) -> dict:
             MetricPoint.objects.filter(run=run).values_list("name", flat=True).distinct()
         ) if run.is_external else []
         figures = charts.metric_figures(metric_steps(run, others), algorithm, others)
-        figures.append(charts.timeline_figure(recent_spans(run)))
+        figures.append(charts.timeline_figure(recent_spans(run), algorithm))
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
                    .order_by("id").values_list("applied_step", "kind", "value"))
         marks = charts.control_marks(applied)

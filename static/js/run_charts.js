@@ -149,6 +149,10 @@
       const update = {x: stepXs[id] ? u.x.map(toX) : u.x, y: u.y};
       if (u.base) update.base = u.base;
       Plotly.extendTraces("chart-" + id, update, u.indices, maxPoints[id]);
+      const div = document.getElementById("chart-" + id);
+      if (div.layout.xaxis && div.layout.xaxis.showticklabels === false) {  // drawn empty
+        Plotly.relayout(div, {"xaxis.showticklabels": true, "xaxis.autorange": true});
+      }
     }
     addMarks(msg.marks);
     for (const [id, html] of Object.entries(msg.swap)) {

@@ -267,4 +267,10 @@ def test_a_ppo_run_page_charts_its_critic_and_a_grpo_run_page_does_not(viewer, m
     assert explained["y"] == [-0.1, 0.3] and mean["y"] == [0.0, 0.2]
     timeline = {t["name"]: t for t in chart(data, "timeline")["traces"]}
     assert timeline["critic"]["x"] == [500.0] and timeline["critic"]["y"] == ["cpu:0"]
-    assert "critic" not in {c["id"] for c in run_data(viewer.get(f"/runs/{run.pk}"))["charts"]}
+    assert "showlegend" not in timeline["critic"]
+    grpo = run_data(viewer.get(f"/runs/{run.pk}"))
+    assert "critic" not in {c["id"] for c in grpo["charts"]}
+    # No critic in a GRPO run's legends (the trace stays: live updates index by place).
+    for chart_id in ("step_time", "timeline"):
+        [critic] = [t for t in chart(grpo, chart_id)["traces"] if t["name"] == "critic"]
+        assert critic["showlegend"] is False
