@@ -89,7 +89,10 @@
     const etaItem = document.getElementById("progress-eta-item");
     const live = clock.eta_s !== null && !clock.terminal;
     if (etaItem) etaItem.hidden = !live;
-    if (live) setText("progress-eta", duration(Math.max(0, clock.eta_s - (now - clock.now))));
+    const badge = document.getElementById("run-status");
+    const held = badge && badge.textContent.trim() === "paused";  // no step comes: it waits
+    const left = held ? clock.eta_s : clock.eta_s - (now - clock.now);
+    if (live) setText("progress-eta", duration(Math.max(0, left)));
   }
   function setClock(progress) {
     clock = progress;
@@ -104,16 +107,18 @@
     const el = document.getElementById(id);
     if (el) el.hidden = !visible;
   }
+  function removeAll(ids) {
+    for (const id of ids) {
+      const el = document.getElementById(id);
+      if (el) el.remove();
+    }
+  }
   function fitActions(shown) {  // the buttons that fit the badge's status
     const ended = TERMINAL.includes(shown);
     if (ended) {  // a run that ended live has nothing left to stop or steer
-      for (const id of ["stop-form", "live-controls", "priority-form"]) {
-        const el = document.getElementById(id);
-        if (el) el.remove();
-      }
-    } else if (shown !== "queued") {
-      const priority = document.getElementById("priority-form");
-      if (priority) priority.remove();
+      removeAll(["stop-form", "live-controls", "priority-form", "queue-reason"]);
+    } else if (shown !== "queued") {  // admitted: no place in the queue to set or show
+      removeAll(["priority-form", "queue-reason"]);
       const stop = document.querySelector("#stop-form button");
       if (stop) stop.textContent = "Stop";
     }
