@@ -61,12 +61,20 @@ def metric(name: str, label: str | None = None, **style) -> Trace:
     return Trace(label or name, (name,), lambda values: values.get(name), style)
 
 
-def offset(name: str, by: str, sign: int, label: str, **style) -> Trace:
-    """name +- by, for a band; None unless both were reported."""
+def offset(name: str, by: str, sign: int, label: str, within: tuple[str, str] = (),
+           **style) -> Trace:
+    """name +- by, for a band; None unless both were reported. ``within`` (low, high):
+    the band stops at those where reported (a 0/1 reward's mean + std passes 1, which no
+    sample scored)."""
     def value(values: Values) -> float | None:
         center, spread = values.get(name), values.get(by)
-        return None if center is None or spread is None else center + sign * spread
-    return Trace(label, (name, by), value, style)
+        if center is None or spread is None:
+            return None
+        edge = center + sign * spread
+        low, high = (values.get(n) for n in within) if within else (None, None)
+        edge = edge if low is None else max(low, edge)
+        return edge if high is None else min(high, edge)
+    return Trace(label, (name, by, *within), value, style)
 
 
 def first_of(label: str, names: tuple[str, ...], **style) -> Trace:
@@ -81,12 +89,14 @@ def first_of(label: str, names: tuple[str, ...], **style) -> Trace:
 # first render and every live update agree on trace indices.
 DEVICE_SLOTS = 8
 
+REWARD_RANGE = (M.REWARD_MIN, M.REWARD_MAX)
 BAND = {"mode": "lines", "line": {"width": 0}, "showlegend": False, "hoverinfo": "skip"}
 
 METRIC_CHARTS: tuple[Chart, ...] = (
     Chart("reward", "Reward (mean, ±1 std)", (
-        offset(M.REWARD_MEAN, M.REWARD_STD, -1, "mean - std", **BAND),
-        offset(M.REWARD_MEAN, M.REWARD_STD, +1, "mean + std", **BAND, fill="tonexty",
+        offset(M.REWARD_MEAN, M.REWARD_STD, -1, "mean - std", REWARD_RANGE, **BAND),
+        offset(M.REWARD_MEAN, M.REWARD_STD, +1, "mean + std", REWARD_RANGE, **BAND,
+               fill="tonexty",
                fillcolor="rgba(76,120,168,0.2)"),
         metric(M.REWARD_MEAN, "mean", line={"color": "#4c78a8"}),
         # Reported at eval steps only: markers, so a sparse series still shows.
