@@ -90,7 +90,8 @@ def test_a_bad_config_is_refused_locally_with_each_field_and_exit_2(logged_in, t
 
 def test_a_config_the_server_refuses_prints_each_field_path_from_its_answer(
         logged_in, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("rlplane.cli.validate_config", lambda data: None)  # skip the local check
+    # skip the local check
+    monkeypatch.setattr("rlplane.cli.validate_config", lambda data, check_files: None)
     config = tmp_path / "short.toml"
     config.write_text(GOOD + "[rollout]\nmax_new_tokens = 1\n")
 
