@@ -44,6 +44,10 @@ TRL = {
     "grad_norm": M.LEARNER_GRAD_NORM,
     "learning_rate": M.LEARNER_LR,
     "eval_reward": M.EVAL_REWARD_MEAN,        # GRPOTrainer.log prefixes eval metrics eval_
+    # GRPOTrainer.training_step's wall time summed over the accumulation steps: generation
+    # (in _prepare_inputs), scoring, forward and backward; the optimizer step is not in it
+    # (a few ms on the sizes it is worth watching at)
+    "step_time": M.TIME_STEP_S,
 }
 # Not mapped: sampling/importance_sampling_ratio/{min,mean,max} (the truncated IS weight
 # itself; rlplane reports only the share clipped, tis/clip_frac), clip_ratio/low_*,

@@ -7,6 +7,8 @@
                               status; else null)
                               {"alerts": {"alert-<id>": html}}  (after the backfill, the
                               run's alerts; then each alert whose state changed)
+                              {"logs": {"run-logs": html}}  a launched command's new output
+                              lines (jobs/runs/job_logs.py: seqs below 0, not in the stream)
     ws/runs/        server -> {"run_id", "status", "step", "reward_mean", "step_s", "held_out",
                               "swap"}
 
@@ -133,6 +135,16 @@ class RunConsumer(SessionBoundConsumer):
             await self.send_backfill()  # an earlier broadcast may still be on its way
             return
         await self.send_events(events)
+
+    async def run_job_logs(self, message):
+        """A launched command's output lines: appended to the log panel as they come. They
+        are not in the seq stream (their seqs are below 0), so a socket that missed some
+        gets them with the next page load, not with a backfill."""
+        if self.last_sent is None:
+            return
+        logs = log_lines(message["events"])
+        await self.send_json({"logs": {"run-logs": render_to_string(
+            "jobs/_log_lines.html", {"logs": logs})}})
 
     async def run_alerts(self, message):
         """Alert rows rendered for this socket's user (operators get the buttons)."""

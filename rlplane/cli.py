@@ -10,11 +10,17 @@
     rlplane checkpoint|pause|resume RUN    live controls of a running run, applied after
     rlplane set-lr RUN LR                  the step in progress (`set-eval-every RUN N`:
                                            held-out eval cadence, 0 = none mid-run)
-    rlplane logs RUN [--follow]
+    rlplane logs RUN [--follow]            what the run reported; a command's output ("job")
     rlplane alerts [--run RUN] [--state open|acknowledged|resolved] [--ack ID] [--resolve ID]
     rlplane watch-files --run ID --token T [--url U] [--framework F] PATH...
                                            tail a framework's metric logs, rollout dumps
                                            and TensorBoard files into an external run
+    rlplane launch-command --framework F --name N [--cpus C] [--gpus G] [--working-dir D]
+                           [--env K=V ...] [--pip PKG ...] [--param K=V ...] -- COMMAND...
+                           another framework's training command, queued and run as a Ray job
+    rlplane track-run --framework F --name N [--param K=V ...]
+                           a run your own process reports to: prints the `export` lines
+                           (RLPLANE_URL/RUN_ID/TOKEN, MLFLOW_TRACKING_URI/TOKEN) to eval
 
 Exit codes (rlplane.client): 0 ok; 1 server error; 2 bad arguments or input (each bad field
 printed as "path: message"); 3 not logged in or token refused; 4 not allowed for your role;
@@ -28,15 +34,17 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import shlex
 import sys
 import time
 import tomllib
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from engine.config import FRAMEWORKS, ConfigError, fork_name, validate_config
+from engine.config import FRAMEWORKS, ConfigError, fork_name, validate_config, validate_external
 from rlplane import watch as watching
 from rlplane.client import (
     EXIT_OK,
@@ -79,18 +87,26 @@ def config_with_overrides(path: Path | None, sets: list[str], base: dict | None 
             raise UsageError(f"{path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"{path} is not valid TOML: {exc}") from None
-    for item in sets:
+    apply_sets(data, sets, "--set", "rollout.temperature=0.7")
+    # Syntax and bounds only: the files a config names must exist where the run's
+    # workers run, which is the server's to say (it answers each as a field error).
+    return validated(partial(validate_config, check_files=False), data, "invalid run config")
+
+
+def apply_sets(data: dict, items: list[str], flag: str, example: str) -> None:
+    for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise UsageError(f"--set {item!r}: write key=value, e.g. rollout.temperature=0.7")
+            raise UsageError(f"{flag} {item!r}: write key=value, e.g. {example}")
         set_path(data, key.strip(), raw.strip())
+
+
+def validated(validate, data: dict, what: str) -> dict:
+    """``data`` once ``validate`` passes it; else UsageError with each field's path."""
     try:
-        # Syntax and bounds only: the files a config names must exist where the run's
-        # workers run, which is the server's to say (it answers each as a field error).
-        validate_config(data, check_files=False)
+        validate(data)
     except ConfigError as exc:
-        raise UsageError("invalid run config", [{"field": p, "message": m}
-                                                for p, m in exc.errors]) from None
+        raise UsageError(what, [{"field": p, "message": m} for p, m in exc.errors]) from None
     return data
 
 
@@ -187,7 +203,9 @@ def cmd_control(args, console: Console, client: Client) -> int:
 
 
 def cmd_logs(args, console: Console, client: Client) -> int:
-    after = 0
+    """The run's reported log lines (by seq), then a launched command's own output (its
+    Ray job's log, marked "job"), each poll."""
+    after = after_line = 0
     while True:
         page = client.get(f"/runs/{args.run}/events", type=["log", "run.status", "control.applied"],
                           after_seq=after)
@@ -197,9 +215,13 @@ def cmd_logs(args, console: Console, client: Client) -> int:
                 text = f"[status] {event.get('status')} {event.get('message', '')}".rstrip()
             print(f"{event['seq']:>6} {text}")
         after = page["last_seq"]
+        output = client.get(f"/runs/{args.run}/job-log", after_line=after_line)
+        for line in output["lines"]:
+            print(f"{'job':>6} {line['message']}")
+        after_line = output["last_line"]
         if not args.follow:
             return EXIT_OK
-        if not page["events"]:
+        if not page["events"] and not output["lines"]:
             if client.get(f"/runs/{args.run}")["status"] in watching.TERMINAL:
                 return EXIT_OK
             time.sleep(args.interval)
@@ -235,6 +257,77 @@ def cmd_watch_files(args, console: Console) -> int:
         return EXIT_OK
     run.finish(status="stopped", reason="stop asked from rlplane")
     return EXIT_OK
+
+
+def external_config(args, launch: dict | None = None) -> dict:
+    """An external run's config from the arguments, validated here first (each bad field
+    printed with its path, exit 2)."""
+    params: dict = {}
+    apply_sets(params, args.param, "--param", "max_steps=200")
+    config = {"name": args.name, "framework": args.framework, "params": params,
+              "launch": launch}
+    return validated(validate_external, config, "invalid external run")
+
+
+def command_launch(args) -> dict:
+    """The launch section: the command after ``--`` (one argument: a shell command as
+    written; several: joined with shell quoting), resources and runtime_env."""
+    command = args.entrypoint[1:] if args.entrypoint[:1] == ["--"] else args.entrypoint
+    if not command:
+        raise UsageError("no command: put it after --, e.g. -- python train.py --lr 1e-6")
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env {item!r}: write NAME=value")
+        env[key] = value
+    return {"entrypoint": command[0] if len(command) == 1 else shlex.join(command),
+            "working_dir": args.working_dir, "env": env, "pip": args.pip,
+            "cpus": args.cpus, "gpus": args.gpus}
+
+
+def cmd_launch_command(args, console: Console, client: Client) -> int:
+    config = external_config(args, command_launch(args))
+    created = client.post("/runs/external", {"config": config, "priority": args.priority})
+    announce(console, client, created["run"], "launched", args.quiet)
+    return EXIT_OK
+
+
+def cmd_track_run(args, console: Console, client: Client) -> int:
+    """stdout: only the export lines, so that `eval "$(rlplane track-run ...)"` works; the
+    run's page goes to stderr."""
+    created = client.post("/runs/external", {"config": external_config(args)})
+    url, run_id, token = created["ingest_url"], created["run"]["id"], created["token"]
+    for name, value in (("RLPLANE_URL", url), ("RLPLANE_RUN_ID", str(run_id)),
+                        ("RLPLANE_TOKEN", token), ("MLFLOW_TRACKING_URI", f"{url}/mlflow"),
+                        ("MLFLOW_TRACKING_TOKEN", token)):
+        print(f"export {name}={shlex.quote(value)}")
+    Console(stderr=True).print(f"tracking run #{run_id}: {client.page_url(f'/runs/{run_id}')}"
+                               " (the token is shown only now)", highlight=False)
+    return EXIT_OK
+
+
+def add_external_parsers(sub) -> None:
+    """launch-command and track-run: runs another framework trains (issue 29)."""
+    launch = sub.add_parser("launch-command",
+                            help="queue another framework's training command as a Ray job")
+    track = sub.add_parser("track-run", help="a run your own process reports to; prints "
+                                             "the export lines for its environment")
+    for cmd in (launch, track):
+        cmd.add_argument("--framework", required=True, choices=FRAMEWORKS)
+        cmd.add_argument("--name", required=True)
+        cmd.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                         help="the run's own parameters, shown and compared (max_steps=200)")
+    launch.add_argument("--cpus", type=float, default=1.0)
+    launch.add_argument("--gpus", type=int, default=0)
+    launch.add_argument("--working-dir", help="uploaded by Ray as the job's working_dir")
+    launch.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    launch.add_argument("--pip", action="append", default=[], metavar="PACKAGE",
+                        help="installed by Ray for the job (runtime_env pip)")
+    launch.add_argument("--priority", type=int, default=0, help="higher starts first")
+    launch.add_argument("-q", "--quiet", action="store_true", help="print only the run id")
+    launch.add_argument("entrypoint", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                        help="the training command, after --")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -300,13 +393,15 @@ def parser() -> argparse.ArgumentParser:
     files.add_argument("--framework", choices=FRAMEWORKS,
                        help="the JSONL metrics line format (default: told from each line)")
     files.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
+    add_external_parsers(sub)
     return p
 
 
 COMMANDS = {"runs": cmd_runs, "launch": cmd_launch, "watch": cmd_watch, "stop": cmd_stop,
             "fork": cmd_fork, "priority": cmd_priority, "logs": cmd_logs,
             "alerts": cmd_alerts, "checkpoint": cmd_control, "pause": cmd_control,
-            "resume": cmd_control, "set-lr": cmd_control, "set-eval-every": cmd_control}
+            "resume": cmd_control, "set-lr": cmd_control, "set-eval-every": cmd_control,
+            "launch-command": cmd_launch_command, "track-run": cmd_track_run}
 
 
 def main(argv: list[str] | None = None) -> int:

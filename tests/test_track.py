@@ -257,3 +257,30 @@ def test_importing_the_client_pulls_no_torch_django_ray_or_transformers():
          f"print([m for m in {heavy!r} if m in sys.modules])"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_verl_files_tailed_by_watch_files_land_under_rlplane_names(gate, transactional_db,
+                                                                    tmp_path):
+    """veRL's file logger and rollout dump (written by tests/test_tail.py's copies of
+    veRL's writers) -> watch_files -> rlplane.track -> ingest of an external veRL run:
+    stored under rlplane's names, the rollouts in the inspector."""
+    from rlplane.tail import watch_files
+    from tests.test_tail import VerlFileLogger, verl_dump_generations
+
+    run = Run.objects.create(name="verl", config={"framework": "verl", "name": "verl"},
+                             status=RunStatus.RUNNING)
+    client = track.init(gate.base_url, run.issue_ingest_token(), run.pk,
+                        spool_dir=tmp_path / "spool", flush_interval=0.05,
+                        controls_interval=60, timeout=5)
+    logger = VerlFileLogger(tmp_path / "metrics.jsonl")
+    for step in (1, 2):
+        logger.log({"timing_s/gen": 40.0 + step, "critic/score/mean": step / 10}, step=step)
+    verl_dump_generations(2, ["1+1="], ["2"], ["2"], [1.0], {}, tmp_path / "rollouts")
+    watch_files(client, [tmp_path / "metrics.jsonl", tmp_path / "rollouts"], "verl",
+                stop=lambda: True)
+    client.finish(timeout=5)
+
+    assert stored_steps(run, M.TIME_ROLLOUT_S) == [1, 2]
+    assert stored_steps(run, M.REWARD_MEAN) == [1, 2]
+    assert list(InspectedSample.objects.filter(run=run).values_list("completion", "reward")) \
+        == [("2", 1.0)]

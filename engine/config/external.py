@@ -27,6 +27,9 @@ FRAMEWORK_LABELS = {"trl": "TRL", "verl": "veRL", "openrlhf": "OpenRLHF",
 """How pages and the CLI write each framework's name."""
 NATIVE = "rlplane"
 """The framework of a run of rlplane's own engine (its config is a RunConfig)."""
+INJECTED_ENV = ("RLPLANE_URL", "RLPLANE_RUN_ID", "RLPLANE_TOKEN", "MLFLOW_TRACKING_URI",
+                "MLFLOW_TRACKING_TOKEN")
+"""What rlplane sets in a launched command's environment (a launch may not set them)."""
 PARAMS_BYTES = 64 * 1024
 """Bound on the JSON size of an external run's free-form parameters."""
 
@@ -59,7 +62,7 @@ class LaunchConfig(_Section):
             if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
                 raise ValueError(f"{name!r} is not an environment variable name; use "
                                  "letters, digits and '_', not starting with a digit")
-            if name.startswith("RLPLANE_") or name.startswith("MLFLOW_TRACKING_"):
+            if name in INJECTED_ENV:
                 raise ValueError(f"{name} is set by rlplane for the run; remove it")
         return env
 

@@ -8,7 +8,9 @@ from jobs.models.run import run_directory
 
 class RunEvent(models.Model):
     """One engine event as it arrived. (run, seq) is the idempotency key of ingest and the
-    order in which a reconnecting page is backfilled."""
+    order in which a reconnecting page is backfilled. Seqs below 0 are a launched
+    command's Ray job log lines (line k at -k, jobs/runs/job_logs.py), outside the
+    stream the run's process reports: backfill and highest_seq count seqs above 0."""
 
     run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="events")
     seq = models.BigIntegerField()
@@ -32,8 +34,8 @@ class RunEvent(models.Model):
 
     @classmethod
     def highest_seq(cls, run) -> int:
-        """The highest seq stored for ``run``, 0 when none."""
-        return cls.objects.filter(run=run).aggregate(m=models.Max("seq"))["m"] or 0
+        """The highest seq ``run``'s process reported, 0 when none."""
+        return cls.objects.filter(run=run, seq__gt=0).aggregate(m=models.Max("seq"))["m"] or 0
 
 
 class Checkpoint(models.Model):

@@ -144,8 +144,15 @@ def log_lines(events: list[dict]) -> list[dict]:
 
 
 def recent_logs(run: Run) -> list[dict]:
-    rows = RunEvent.objects.filter(run=run, type__in=LOG_TYPES).order_by("-seq")[:LOG_LINES]
-    return log_lines([row.payload for row in reversed(rows)])
+    """The newest LOG_LINES lines: what the run's process reported (seq order) and, for a
+    launched command, its Ray job's output (seqs below 0, newest lowest:
+    jobs/runs/job_logs.py), merged by time."""
+    logs = RunEvent.objects.filter(run=run, type__in=LOG_TYPES)
+    rows = list(logs.filter(seq__gt=0).order_by("-seq")[:LOG_LINES])
+    if run.is_external:
+        rows += logs.filter(seq__lt=0).order_by("seq")[:LOG_LINES]
+        rows.sort(key=lambda row: (row.ts, abs(row.seq)), reverse=True)
+    return log_lines([row.payload for row in reversed(rows[:LOG_LINES])])
 
 
 def config_toml(run: Run) -> str:

@@ -15,6 +15,7 @@
     GET  /api/v1/runs/<id>/metrics         ?name=reward/mean&name=bubble &start= &end= &points=
     GET  /api/v1/runs/<id>/metric-names
     GET  /api/v1/runs/<id>/events          ?after_seq= &type=log &limit=
+    GET  /api/v1/runs/<id>/job-log         ?after_line= &limit=: a launched command's output
     GET  /api/v1/runs/<id>/checkpoints
     GET  /api/v1/runs/<id>/controls        the live controls asked of the run, and when
     POST /api/v1/runs/<id>/controls        {kind, value?} -> 201: applied at the next step
@@ -58,6 +59,7 @@ from jobs.runs.actions import (
     do_stop_run,
 )
 from jobs.runs.forms import toml_table
+from jobs.runs.job_logs import job_log_lines
 
 MAX_LIMIT = 1000
 MAX_POINTS = 5000
@@ -319,6 +321,22 @@ def events(request, run_id: int):
     payloads = list(rows.values_list("seq", "payload")[:limit])
     last_seq = payloads[-1][0] if payloads else after
     return Response({"events": [p for _, p in payloads], "last_seq": last_seq})
+
+
+@extend_schema(
+    responses=s.JobLogSerializer,
+    parameters=[OpenApiParameter("after_line", int), OpenApiParameter("limit", int)])
+@api_view(["GET"])
+def job_log(request, run_id: int):
+    """A launched command's output, as its run's log panel shows it: its Ray job's log
+    lines, numbered from the log's start (lines a burst skipped or retention dropped are
+    absent). Empty for a run with no command."""
+    target = get_object_or_404(Run, pk=run_id)
+    after = int_param(request, "after_line", 0)
+    limit = int_param(request, "limit", 500, 1, MAX_LIMIT)
+    rows = job_log_lines(target, after).values_list("seq", "ts", "payload")[:limit]
+    lines = [{"line": -seq, "ts": ts, "message": payload["message"]} for seq, ts, payload in rows]
+    return Response({"lines": lines, "last_line": lines[-1]["line"] if lines else after})
 
 
 @extend_schema(responses=s.CheckpointSerializer(many=True))

@@ -149,6 +149,17 @@ class EventsSerializer(serializers.Serializer):
     last_seq = serializers.IntegerField(help_text="pass as after_seq to read on")
 
 
+class JobLogLineSerializer(serializers.Serializer):
+    line = serializers.IntegerField(help_text="its number in the job's log, from 1")
+    ts = serializers.FloatField(help_text="when the control plane read it (unix seconds)")
+    message = serializers.CharField()
+
+
+class JobLogSerializer(serializers.Serializer):
+    lines = JobLogLineSerializer(many=True)
+    last_line = serializers.IntegerField(help_text="pass as after_line to read on")
+
+
 class ErrorSerializer(serializers.Serializer):
     detail = serializers.CharField()
     errors = serializers.ListField(child=serializers.DictField(), required=False)

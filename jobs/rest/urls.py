@@ -16,6 +16,7 @@ urlpatterns = [
     path("runs/<int:run_id>/metrics", runs.metrics, name="api-run-metrics"),
     path("runs/<int:run_id>/metric-names", runs.metric_names, name="api-run-metric-names"),
     path("runs/<int:run_id>/events", runs.events, name="api-run-events"),
+    path("runs/<int:run_id>/job-log", runs.job_log, name="api-run-job-log"),
     path("runs/<int:run_id>/checkpoints", runs.checkpoints, name="api-run-checkpoints"),
     path("runs/<int:run_id>/controls", runs.controls, name="api-run-controls"),
     path("runs/<int:run_id>/samples", samples.samples, name="api-run-samples"),

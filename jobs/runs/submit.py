@@ -2,7 +2,8 @@
 
     submit_run(id)    queued -> submitting; mint the ingest token; submit
                       `python -m engine.ray_job ...` as Ray job "rlplane-run-<id>"
-                      (the engine's own "running" event moves the run on, through ingest)
+                      (the engine's own "running" event moves the run on, through ingest);
+                      a launched external run's command instead (jobs/runs/commands.py)
 
 The submission id is derived from the run id (jobs/cluster/ray.py), so a retried
 submit_run finds the job it already started instead of starting a second copy. The queue
@@ -23,6 +24,7 @@ from django.conf import settings
 from jobs.cluster.ray import job_not_found, ray_jobs, submission_id
 from jobs.models import Run, RunStatus
 from jobs.models.run import run_directory
+from jobs.runs.commands import command_submission
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,15 @@ def driver_entrypoint(run: Run) -> str:
     if run.source_checkpoint:
         args += ["--from-checkpoint", run.source_checkpoint]
     return f"cd {shlex.quote(str(settings.BASE_DIR))} && exec {shlex.join(args)}"
+
+
+def ray_submission(run: Run, token: str) -> dict:
+    """submit_job's arguments for the run, less its submission id and metadata: the
+    engine's driver, or a launched external run's command."""
+    if run.is_external:
+        return command_submission(run, token)
+    return {"entrypoint": driver_entrypoint(run),
+            "runtime_env": {"env_vars": driver_env(token)}}
 
 
 def driver_env(token: str) -> dict[str, str]:
@@ -91,9 +102,9 @@ def submit_once(run: Run, client) -> None:
         return
     try:
         client.submit_job(
-            entrypoint=driver_entrypoint(run), submission_id=sid,
-            runtime_env={"env_vars": driver_env(token)},
-            metadata={"rlplane_run_id": str(run.pk), "rlplane_run_name": run.name},
+            **ray_submission(run, token), submission_id=sid,
+            metadata={"rlplane_run_id": str(run.pk), "rlplane_run_name": run.name,
+                      "rlplane_framework": run.framework},
         )
     except RuntimeError as exc:
         if "already exists" not in str(exc):

@@ -3,8 +3,9 @@ outlives any worker; submitting it is jobs/runs/submit.py.
 
     sync_runs()       beat, every 10 s: each live run vs its Ray job's status;
                       a job Ray no longer knows, or whose driver was killed by a
-                      signal -> lost; a run never submitted -> again;
-                      then the queue (jobs/runs/queue.py) admits what now fits
+                      signal -> lost; a run never submitted -> again; the queue
+                      (jobs/runs/queue.py) admits what now fits; then a launched
+                      command's new output -> its log panel (jobs/runs/job_logs.py)
     stop_run(id)      running -> stopping + the flag the driver polls; enforce_stop later
     enforce_stop(id)  still not exited after the timeout: stop the Ray job
 """
@@ -21,6 +22,7 @@ from django.utils import timezone
 
 from jobs.cluster.ray import job_not_found, ray_jobs
 from jobs.models import LIVE, InvalidTransition, Run, RunStatus
+from jobs.runs.job_logs import follow_job_logs
 from jobs.runs.queue import do_schedule_runs
 from jobs.runs.submit import submit_run
 
@@ -30,10 +32,12 @@ logger = logging.getLogger(__name__)
 @shared_task
 def sync_runs() -> None:
     """Follow each live run's Ray job. The engine's own status events are the main path;
-    this catches what they cannot say: a driver that died, a job stopped or lost."""
+    this catches what they cannot say: a driver that died, a job stopped or lost. A
+    launched command may report nothing at all: its job's status is its run's."""
     resubmit_stuck_runs()
     follow_ray_jobs()
     do_schedule_runs()
+    follow_job_logs()  # after follow_ray_jobs: a job that just ended gives its last lines
 
 
 def follow_ray_jobs() -> None:
@@ -52,9 +56,14 @@ def follow_ray_jobs() -> None:
             follow(run, RunStatus.LOST, f"Ray has no job {run.ray_submission_id} any more "
                                         "(the cluster restarted, or the job was deleted)")
             continue
-        if info.status == JobStatus.SUCCEEDED:
+        if info.status == JobStatus.RUNNING and run.is_external:
+            # The engine says "running" itself; a command may never say anything.
+            if run.status == RunStatus.SUBMITTING:
+                follow(run, RunStatus.RUNNING, f"its Ray job {run.ray_submission_id} runs")
+        elif info.status == JobStatus.SUCCEEDED:
             # The driver exited 0 after its final status; if that event never arrived
-            # (spooled while the control plane was down), say what the job says.
+            # (spooled while the control plane was down, or a command that reports no
+            # status), say what the job says.
             stopped = run.stop_requested_at is not None
             follow(run, RunStatus.STOPPED if stopped else RunStatus.SUCCEEDED,
                    f"the Ray job {run.ray_submission_id} exited 0")
@@ -119,7 +128,15 @@ def stop_run(run_id: int, timeout_s: float | None = None) -> None:
 @shared_task
 def enforce_stop(run_id: int) -> None:
     run = Run.objects.get(pk=run_id)
-    if run.is_terminal or not run.ray_submission_id:
+    if run.is_terminal:
+        return
+    if not run.ray_submission_id:
+        if run.is_external and run.status == RunStatus.STOPPING:
+            # its process runs elsewhere and has not said it stopped: nothing here can end
+            # it, so the run stops being watched instead of staying "stopping" for good
+            follow(run, RunStatus.STOPPED, "its process did not report stopping within "
+                   f"{settings.RLPLANE_STOP_TIMEOUT_S:g} s of the stop request; rlplane "
+                   "stopped watching it (end it where it runs)")
         return
     try:
         ray_jobs().stop_job(run.ray_submission_id)

@@ -3,7 +3,6 @@ its json_script, then asks /api/v1/runs/<id>/samples (jobs.rest.samples) for eac
 filter the operator picks; the run's socket announces each new sampled step."""
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Max
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
@@ -18,7 +17,7 @@ from jobs.queries.run_page import snapshot
 def run_samples(request, run_id: int):
     run = get_object_or_404(Run, pk=run_id)
     with snapshot():
-        last_seq = RunEvent.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
+        last_seq = RunEvent.highest_seq(run)
         view = step_view(run, None, SampleFilters())
     data = {**view, "last_seq": last_seq, "ws_path": f"/ws/runs/{run.pk}/",
             "api_url": reverse("api-run-samples", args=[run.pk]),

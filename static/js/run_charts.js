@@ -146,6 +146,7 @@
   function apply(msg) {
     if (msg.error) { console.error("run socket:", msg.error); return; }
     if (msg.alerts) { window.rlplaneAlerts.upsert(msg.alerts); return; }  // run_alerts.js
+    if (msg.logs) { appendLines(msg.logs); return; }  // a launched command's output
     if (msg.last_seq <= lastSeq) return;  // the server never resends; belt and braces
     followProgress(msg.events);
     for (const [id, u] of Object.entries(msg.charts)) {
@@ -167,13 +168,17 @@
     const badge = document.getElementById("run-status");
     if (badge) fitActions(badge.textContent.trim());
     if (msg.progress) setClock(msg.progress);
-    for (const [id, html] of Object.entries(msg.append)) {
+    appendLines(msg.append);
+    lastSeq = msg.last_seq;
+  }
+
+  function appendLines(fragments) {
+    for (const [id, html] of Object.entries(fragments)) {
       const el = document.getElementById(id);
       if (!el) continue;
       el.insertAdjacentHTML("beforeend", html);
       while (el.children.length > MAX_LOG_LINES) el.firstElementChild.remove();
     }
-    lastSeq = msg.last_seq;
   }
 
   window.rlplaneLiveSocket(data.ws_path, {  // live_socket.js

@@ -340,3 +340,23 @@ def test_a_run_that_ends_stops_the_header_clock_and_says_why(
     assert ended["progress"]["terminal"] and ended["progress"]["eta_s"] is None
     assert ended["progress"]["finished_at"] >= ended["progress"]["started_at"]
     assert "max_seconds=300 reached" in ended["swap"]["run-status-reason"]
+
+
+def test_a_launched_commands_output_is_appended_to_the_log_panel_outside_the_stream(
+        run, channel_layer, session_cookie):
+    from jobs.runs.job_logs import do_store_job_log
+
+    async def scenario():
+        communicator, connected, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        assert connected
+        await communicator.send_json_to({"last_seq": 0})
+        await database_sync_to_async(do_store_job_log)(run, "epoch 1 loss 0.3\n", False)
+        message = await communicator.receive_json_from(timeout=20)
+        await communicator.disconnect()
+        return message
+
+    message = run_async(scenario)
+
+    assert set(message) == {"logs"}   # no seq: the page's stream position stays
+    assert "epoch 1 loss 0.3" in message["logs"]["run-logs"]
+    assert 'data-seq="-1"' in message["logs"]["run-logs"]

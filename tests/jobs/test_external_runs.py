@@ -116,3 +116,25 @@ def test_a_viewer_cannot_create_an_external_run(client):
     response = post(client, "/runs/external", {"config": TRL_RUN}, api_token("vic", operator=False))
 
     assert response.status_code == 403 and not Run.objects.exists()
+
+
+def test_a_tracked_run_whose_process_never_answers_a_stop_stops_being_watched(created):
+    """No Ray job to stop: after the stop timeout the run is stopped, saying why, instead
+    of staying "stopping" for good."""
+    from jobs.runs import tasks
+
+    run, _ = created
+    run.request_stop("stop requested by olga")
+    tasks.enforce_stop(run.pk)
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.STOPPED and "did not report stopping" in run.status_reason
+
+
+def test_a_launch_may_set_rlplane_variables_other_than_the_injected_ones():
+    from engine.config import validate_external
+
+    cfg = validate_external({"framework": "script", "launch": {
+        "entrypoint": "python t.py", "env": {"RLPLANE_SPOOL_DIR": "/tmp/spool"}}})
+
+    assert cfg.launch.env == {"RLPLANE_SPOOL_DIR": "/tmp/spool"}
