@@ -39,7 +39,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether the web server could bind ``port`` now. With SO_REUSEADDR, as uvicorn binds:
+    a server stopped a moment ago leaves its closed connections in TIME_WAIT, which only
+    a bind without it counts as "in use" (a restart right after a stop was refused)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

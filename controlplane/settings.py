@@ -224,7 +224,9 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "rlplane API",
     "DESCRIPTION": "Runs, metrics, events, checkpoints, alerts, presets and the cluster. "
-                   "Send a token from /settings/tokens as 'Authorization: Bearer <token>'.",
+                   # A code span: the docs render Markdown, where a bare <token> is an
+                   # HTML tag and vanishes ("Bearer '.").
+                   "Send a token from /settings/tokens as `Authorization: Bearer <token>`.",
     "VERSION": "1",
     # Tags and operation ids from what follows /api/v1 (the pages' /api/runs/compare,
     # left out of the schema, would otherwise shorten the common prefix to /api).

@@ -84,6 +84,8 @@ IDLE = "idle"         # not a span's phase: the part of a device's wall time wit
 # --- reward ---------------------------------------------------------------------------------
 REWARD_MEAN = _metric("reward/mean", "", "mean reward of the step's samples")
 REWARD_STD = _metric("reward/std", "", "standard deviation of the step's rewards")
+REWARD_MIN = _metric("reward/min", "", "lowest reward of the step's samples")
+REWARD_MAX = _metric("reward/max", "", "highest reward of the step's samples")
 REWARD_ACCURACY = _metric("reward/accuracy", "fraction", "share of samples rewarded 1.0")
 EVAL_REWARD_MEAN = _metric("eval/reward_mean", "",
                            "mean reward on the held-out problems (eval steps only)")

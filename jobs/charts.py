@@ -35,6 +35,7 @@ TIMELINE_STEPS = 20  # the device timeline keeps roughly this many recent steps
 # A timeline trace's index is its phase's place in PHASES (new phases go last there), and
 # pages extend traces by index.
 PHASES = M.PHASES
+CRITIC = "critic"   # PPO's phase: its value model's update
 PHASE_COLORS = {"rollout": "#4c78a8", "reward": "#f58518", "learner": "#54a24b",
                 "weight_sync": "#e45756", "critic": "#b279a2", "idle": "#bab0ac"}
 
@@ -60,12 +61,20 @@ def metric(name: str, label: str | None = None, **style) -> Trace:
     return Trace(label or name, (name,), lambda values: values.get(name), style)
 
 
-def offset(name: str, by: str, sign: int, label: str, **style) -> Trace:
-    """name +- by, for a band; None unless both were reported."""
+def offset(name: str, by: str, sign: int, label: str, within: tuple[str, str] = (),
+           **style) -> Trace:
+    """name +- by, for a band; None unless both were reported. ``within`` (low, high):
+    the band stops at those where reported (a 0/1 reward's mean + std passes 1, which no
+    sample scored)."""
     def value(values: Values) -> float | None:
         center, spread = values.get(name), values.get(by)
-        return None if center is None or spread is None else center + sign * spread
-    return Trace(label, (name, by), value, style)
+        if center is None or spread is None:
+            return None
+        edge = center + sign * spread
+        low, high = (values.get(n) for n in within) if within else (None, None)
+        edge = edge if low is None else max(low, edge)
+        return edge if high is None else min(high, edge)
+    return Trace(label, (name, by, *within), value, style)
 
 
 def first_of(label: str, names: tuple[str, ...], **style) -> Trace:
@@ -80,12 +89,14 @@ def first_of(label: str, names: tuple[str, ...], **style) -> Trace:
 # first render and every live update agree on trace indices.
 DEVICE_SLOTS = 8
 
+REWARD_RANGE = (M.REWARD_MIN, M.REWARD_MAX)
 BAND = {"mode": "lines", "line": {"width": 0}, "showlegend": False, "hoverinfo": "skip"}
 
 METRIC_CHARTS: tuple[Chart, ...] = (
     Chart("reward", "Reward (mean, ±1 std)", (
-        offset(M.REWARD_MEAN, M.REWARD_STD, -1, "mean - std", **BAND),
-        offset(M.REWARD_MEAN, M.REWARD_STD, +1, "mean + std", **BAND, fill="tonexty",
+        offset(M.REWARD_MEAN, M.REWARD_STD, -1, "mean - std", REWARD_RANGE, **BAND),
+        offset(M.REWARD_MEAN, M.REWARD_STD, +1, "mean + std", REWARD_RANGE, **BAND,
+               fill="tonexty",
                fillcolor="rgba(76,120,168,0.2)"),
         metric(M.REWARD_MEAN, "mean", line={"color": "#4c78a8"}),
         # Reported at eval steps only: markers, so a sparse series still shows.
@@ -210,13 +221,20 @@ def metric_figures(steps: list[tuple[int, Values]], algorithm: str = "grpo",
             continue
         kept = envelope(chart, steps)
         xs, ys = points(chart, kept)
-        traces = [{"name": t.name, "type": "scatter", "mode": "lines", **t.style, "x": x, "y": y}
+        traces = [{"name": t.name, "type": "scatter", "mode": "lines", **t.style, "x": x, "y": y,
+                   **legend_of(t.name, algorithm)}
                   for t, x, y in zip(chart.traces, xs, ys, strict=True)]
         title = chart.title if kept is steps else (
             f"{chart.title} · {len(steps):,} steps, each bucket's min and max drawn")
         figures.append({"id": chart.id, "title": chart.title, "traces": traces,
                         "layout": {**BASE_LAYOUT, **chart.layout, "title": {"text": title}}})
     return figures
+
+
+def legend_of(phase: str, algorithm: str) -> dict:
+    """The critic's phase has a trace (indices stay fixed for extendTraces) but no legend
+    entry on a run without one (GRPO's legends listed a critic that never ran)."""
+    return {"showlegend": False} if phase == CRITIC and algorithm != "ppo" else {}
 
 
 def metric_updates(steps: list[tuple[int, Values]], others: bool = False) -> dict[str, dict]:
@@ -251,17 +269,20 @@ def timeline_bars(spans: Iterable[dict]) -> dict[str, dict[str, list]]:
     return bars
 
 
-def timeline_figure(spans: list[dict]) -> dict:
+def timeline_figure(spans: list[dict], algorithm: str = "grpo") -> dict:
     devices = {span["device"] for span in spans}
     traces = [{"name": phase, "type": "bar", "orientation": "h",
-               "marker": {"color": PHASE_COLORS[phase]}, **bar}
+               "marker": {"color": PHASE_COLORS[phase]}, **bar, **legend_of(phase, algorithm)}
               for phase, bar in timeline_bars(spans).items()]
     return {"id": "timeline", "title": "Device timeline", "traces": traces,
             # extendTraces drops the oldest bars beyond this many per phase.
             "max_points": TIMELINE_STEPS * max(1, len(devices)),
             "layout": {**BASE_LAYOUT, "barmode": "overlay",
                        "title": {"text": f"Device timeline (last {TIMELINE_STEPS} steps)"},
-                       "xaxis": {"type": "date", "title": {"text": "time"}},
+                       # Empty, a date axis reads "Jan 2000": no labels until a span
+                       # comes (run_charts.js turns them on).
+                       "xaxis": {"type": "date", "title": {"text": "time"},
+                                 **({} if spans else {"showticklabels": False})},
                        "yaxis": {"type": "category"}}}
 
 

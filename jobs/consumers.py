@@ -1,7 +1,10 @@
 """Websockets for the live pages. Login required: an anonymous socket is closed (4401).
 
     ws/runs/<id>/   client -> {"last_seq": N}
-                    server -> {"last_seq", "events", "charts", "swap", "append"}, ...
+                    server -> {"last_seq", "events", "charts", "swap", "append", "marks",
+                               "progress"}, ...  (progress: the header's step and the
+                              clock its elapsed and ETA tick from, after metrics or a
+                              status; else null)
                               {"alerts": {"alert-<id>": html}}  (after the backfill, the
                               run's alerts; then each alert whose state changed)
                               {"logs": {"run-logs": html}}  a launched command's new output
@@ -29,16 +32,17 @@ from jobs.auth import is_operator
 from jobs.groups import RUNS_GROUP, run_group, session_group
 from jobs.models import Alert, Run, RunEvent
 from jobs.models.controls import display_status
-from jobs.queries.run_page import log_lines
+from jobs.queries.run_page import log_lines, run_progress
 
 BACKFILL_CHUNK = 500  # events per message while catching up
 
 
 def run_update(events: list[dict], status: tuple[str, str] | None,
-               others: bool = False) -> dict:
-    """One message for the run page: raw events, extendTraces data, HTML fragments, and
-    a chart mark per live control applied; ``others`` for an external run's page, which
-    charts the names no built-in chart reads too."""
+               others: bool = False, progress: dict | None = None) -> dict:
+    """One message for the run page: raw events, extendTraces data, HTML fragments, a
+    chart mark per live control applied, and the header's progress clock
+    (run_page.progress_clock); ``others`` for an external run's page, which charts the
+    names no built-in chart reads too."""
     steps = [(e["step"], e["values"]) for e in events if e["type"] == "metrics.append"]
     spans = [e for e in events if e["type"] == "span"]
     updates = charts.metric_updates(steps, others)
@@ -58,10 +62,12 @@ def run_update(events: list[dict], status: tuple[str, str] | None,
         swap["run-status"] = render_to_string(
             "jobs/_status_badge.html", {"status": status[0], "reason": status[1],
                                         "badge_id": "run-status"})
+        swap["run-status-reason"] = render_to_string(
+            "jobs/_status_reason.html", {"status": status[0], "reason": status[1]})
     marks = charts.control_marks((e["step"], e["kind"], e["value"]) for e in events
                                  if e["type"] == "control.applied")
     return {"last_seq": events[-1]["seq"], "events": events, "charts": updates,
-            "append": append, "swap": swap, "marks": marks}
+            "append": append, "swap": swap, "marks": marks, "progress": progress}
 
 
 class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
@@ -169,11 +175,17 @@ class RunConsumer(SessionBoundConsumer):
         return list(rows[:BACKFILL_CHUNK])
 
     async def send_events(self, events: list[dict]):
-        status = None
+        status = progress = None
         if any(e["type"] in ("run.status", "control.applied") for e in events):
             status = await database_sync_to_async(self.current_status)()
-        await self.send_json(run_update(events, status, self.external))
+        if any(e["type"] in ("run.status", "metrics.append") for e in events):
+            progress = await database_sync_to_async(self.progress_clock)()
+        await self.send_json(run_update(events, status, self.external, progress))
         self.last_sent = events[-1]["seq"]
+
+    def progress_clock(self) -> dict:
+        """Read after the events committed, so a final status stops the page's clock."""
+        return run_progress(Run.objects.get(pk=self.run_id))["clock"]
 
     def current_status(self) -> tuple[str, str]:
         """The control plane's status (what the badge shows: "paused" while the driver

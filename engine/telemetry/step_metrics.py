@@ -40,6 +40,8 @@ def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, flo
     return gen | {
         M.REWARD_MEAN: statistics.fmean(rewards),
         M.REWARD_STD: statistics.pstdev(rewards),
+        M.REWARD_MIN: min(rewards),
+        M.REWARD_MAX: max(rewards),
         M.REWARD_ACCURACY: sum(r == 1.0 for r in rewards) / len(rewards),
         M.RESPONSE_LENGTH_MEAN: statistics.fmean(lengths),
         M.RESPONSE_LENGTH_MIN: float(min(lengths)),

@@ -4,6 +4,9 @@
         new key                   -> Alert(open) + a Notification per channel ("open")
         key already unresolved    -> evidence, cause and last_step refreshed (one row)
         unresolved key not found  -> resolved "the condition cleared" + "resolved" notices
+        the run ended (succeeded, stopped, failed) -> every unresolved one resolved "the run
+                                    ended": its condition can no longer clear (a lost
+                                    run's RunLost stays open: someone must look)
     on commit: the changed alerts go to the run page's group; notifications to the worker
 
 The caller holds the run's row lock (ingest does; the periodic task takes it), so two
@@ -32,9 +35,12 @@ from jobs.models import (
     Preset,
     Run,
     RunEvent,
+    RunStatus,
 )
 from jobs.models.controls import display_status
 
+# A run over for good: its alerts are closed with it. Not LOST (RunLost is about it).
+ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.STOPPED, RunStatus.FAILED})
 HISTORY_LIMIT = 4000  # recent events the rules look at (hundreds of steps)
 
 
@@ -84,6 +90,12 @@ def do_apply_findings(run: Run, findings: list[Finding]) -> list[Alert]:
             if alert.resolve(None, "the condition cleared"):
                 changed.append(alert)
                 notices += queue_notifications(alert, AlertState.RESOLVED)
+        if run.status in ENDED:
+            reason = f"the run ended ({run.status}); its condition can no longer clear"
+            for alert in Alert.objects.filter(run=run, state__in=LIVE_STATES):
+                if alert.resolve(None, reason):
+                    changed.append(alert)
+                    notices += queue_notifications(alert, AlertState.RESOLVED)
         if changed:
             transaction.on_commit(partial(announce, run.pk, [a.pk for a in changed],
                                           [n.pk for n in notices]), robust=True)

@@ -16,6 +16,7 @@ one short window (all of them together), so no figure reads a meaningless 0.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ SAMPLE_S = 0.1
 SUPERVISOR = "_ray_internal_job_actor_{}"   # Ray Jobs' JOB_ACTOR_NAME_TEMPLATE
 
 _seen: dict[tuple[int, float], psutil.Process] = {}   # (pid, create time) -> process
-_cores_primed = False
+_cores_primed: set[int] = set()   # threads whose previous per-core sample psutil holds
 
 
 @dataclass
@@ -38,10 +39,13 @@ class RunProcess:
 
 
 def cpu_per_core() -> list[float]:
-    """This host's CPU per core; the first call in a process samples a short window."""
-    global _cores_primed
-    interval = None if _cores_primed else SAMPLE_S
-    _cores_primed = True
+    """This host's CPU per core, since this thread's previous call; a thread's first call
+    samples a short window. psutil keeps the previous sample per thread, and the web
+    server renders pages on a pool of threads: a process-wide "primed" flag let a fresh
+    thread's first call measure a zero-length window, read as 0 % on a saturated box."""
+    thread = threading.get_ident()
+    interval = None if thread in _cores_primed else SAMPLE_S
+    _cores_primed.add(thread)
     return psutil.cpu_percent(interval=interval, percpu=True)
 
 

@@ -189,8 +189,13 @@ def apply_engine_status(run: Run, event: RunStatusEvent) -> None:
     after a stop) leaves the run as it is: its status_reason explains the state it is in,
     and the event itself is kept in RunEvent.
     """
+    target, reason = ENGINE_STATUS[event.status], event.message
+    run.refresh_from_db(fields=["status", "status_reason"])
+    if target == RunStatus.STOPPED and run.status == RunStatus.STOPPING and run.status_reason:
+        # Who asked (the control plane's reason) and where the engine stopped (its own).
+        reason = f"{run.status_reason}; {reason}" if reason else run.status_reason
     try:
-        run.advance_to(ENGINE_STATUS[event.status], event.message)
+        run.advance_to(target, reason)
     except InvalidTransition as exc:
         logger.warning("run %s: ignored engine status %r (seq %s): %s",
                        run.pk, event.status, event.seq, exc)
@@ -198,14 +203,18 @@ def apply_engine_status(run: Run, event: RunStatusEvent) -> None:
 
 def run_summary(run: Run, events: Sequence[Event]) -> dict:
     """What the runs list shows of a run after these events: status and latest metrics
-    (None where this batch reported none, so the list keeps what it shows)."""
+    (None where this batch reported none, so the list keeps what it shows). The step is
+    the steps trained (Run.steps_done), from a training step's metrics: an eval's are
+    named by the count of steps before it, and an external framework's by its own."""
     latest: dict[str, float | None] = {}
     step = None
     for event in events:
         if isinstance(event, MetricsEvent):
-            step = event.step
+            if run.is_external or M.TIME_STEP_S in event.values:
+                step = event.step
             latest.update(json_safe(event.values))
-    return {"type": "runs.summary", "run_id": run.pk, "status": run.status, "step": step,
+    return {"type": "runs.summary", "run_id": run.pk, "status": run.status,
+            "step": run.steps_done(step),
             "reward_mean": latest.get(M.REWARD_MEAN), "step_s": latest.get(M.TIME_STEP_S),
             "held_out": latest.get(M.EVAL_REWARD_MEAN)}
 

@@ -111,6 +111,15 @@ class Run(models.Model):
         """Who trains the run: "rlplane" (its own engine) or an external framework."""
         return self.config.get("framework", NATIVE) if isinstance(self.config, dict) else NATIVE
 
+    def steps_done(self, last_step: int | None) -> int | None:
+        """How many steps the run has trained, from the last step its metrics name: the
+        engine numbers steps from 0 (step k's metrics close the (k+1)th step, and its
+        checkpoint is step_{k+1}); an external framework reports its own count (TRL's
+        global_step). The run page's "step N of M" and the runs list count this way."""
+        if last_step is None or self.is_external:
+            return last_step
+        return last_step + 1
+
     @property
     def is_external(self) -> bool:
         """A run another framework trains (TRL, veRL, ...): rlplane watches it."""
@@ -137,12 +146,19 @@ class Run(models.Model):
             self._run_config = (self.config, validate_config(self.config, check_files=False))
         return self._run_config[1]
 
-    def fork_config(self) -> RunConfig:
-        """What a fork of this run launches unless given another config: this run's,
-        named by fork_name. NotNative for an external run (its framework forks it)."""
+    def fork_config(self, from_step: int | None = None) -> RunConfig:
+        """What a fork of this run from its checkpoint at ``from_step`` launches unless
+        given another config: this run's, named by fork_name; from a checkpoint at or past
+        its ``steps`` (a finished run's last), as many steps again, so that the default
+        trains something (fork_problem). NotNative for an external run (its framework
+        forks it)."""
         if self.is_external:
             raise NotNative(self, "a fork")
-        return self.run_config.model_copy(update={"name": fork_name(self.run_config.name)})
+        cfg = self.run_config
+        update = {"name": fork_name(cfg.name)}
+        if from_step is not None and from_step >= cfg.steps:
+            update["steps"] = from_step + cfg.steps
+        return cfg.model_copy(update=update)
 
     def transition_to(self, new: str, reason: str = "") -> None:
         """Move to ``new`` if the stored status allows it, else raise InvalidTransition.
@@ -230,15 +246,27 @@ class Run(models.Model):
             return False
         return hmac.compare_digest(hash_token(token), self.ingest_token_hash)
 
-    def fork_problem(self, config: dict) -> tuple[str, str] | None:
-        """Why a fork of this run with ``config`` cannot start from this run's checkpoints,
-        as (field path, message with the fix); None when it can. PPO continues the
-        checkpoint's critic: a run trained without one (GRPO) has none to give."""
+    def fork_problem(self, config: dict, from_step: int | None = None) -> tuple[str, str] | None:
+        """Why a fork of this run with ``config`` from its checkpoint at ``from_step``
+        cannot start, as (field path, message with the fix); None when it can. The form,
+        the REST API and so the CLI all ask here (do_fork_run).
+
+        A fork's ``steps`` is where it trains to, counted from the start of this run (the
+        engine resumes at the checkpoint's step): at or below ``from_step`` it would end
+        "succeeded" having trained nothing. PPO continues the checkpoint's critic: a run
+        trained without one (GRPO) has none to give."""
         if self.is_external:
             return ("(run)", str(NotNative(self, "a fork")))
+        child = validate_config(config, check_files=False)
+        if from_step is not None and child.steps <= from_step:
+            return ("steps",
+                    f"steps = {child.steps} is the step the fork trains to, counted from the "
+                    f"start of run #{self.pk}, and its checkpoint is at step {from_step}: the "
+                    f"fork would train nothing. Set steps above {from_step} "
+                    f"(steps = {from_step + child.steps} trains {child.steps} more)")
         parent = self.run_config.algorithm
-        child = validate_config(config, check_files=False).algorithm
-        if child.type != "ppo" or parent.type == "ppo" or child.critic.path is not None:
+        if (child.algorithm.type != "ppo" or parent.type == "ppo"
+                or child.algorithm.critic.path is not None):
             return None
         return ("algorithm.critic.path",
                 f'run #{self.pk} trained with algorithm.type = "{parent.type}", without a '

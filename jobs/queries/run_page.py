@@ -104,7 +104,7 @@ def recent_spans(run: Run) -> list[dict]:
 
 
 # The metrics the page's header follows live (static/js/run_charts.js reads the names here).
-PROGRESS_METRICS = {"step": M.TIME_STEP_S, "reward": M.REWARD_MEAN,
+PROGRESS_METRICS = {"reward": M.REWARD_MEAN,
                     "held_out": M.EVAL_REWARD_MEAN}
 
 
@@ -120,7 +120,7 @@ def chart_data(run: Run) -> dict:
             MetricPoint.objects.filter(run=run).values_list("name", flat=True).distinct()
         ) if run.is_external else []
         figures = charts.metric_figures(metric_steps(run, others), algorithm, others)
-        figures.append(charts.timeline_figure(recent_spans(run)))
+        figures.append(charts.timeline_figure(recent_spans(run), algorithm))
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
                    .order_by("id").values_list("applied_step", "kind", "value"))
         marks = charts.control_marks(applied)
@@ -221,23 +221,38 @@ def external_steps(run: Run) -> int | None:
 
 
 def run_progress(run: Run) -> dict:
-    """The run header's "how is it going": step k of n, elapsed, ETA (while live), latest
-    training and held-out reward, open alerts."""
+    """The run header's "how is it going": step k of n (steps trained, as the checkpoints
+    count them), elapsed, ETA (while live), latest training and held-out reward, open
+    alerts. ``clock`` is what the page's clock ticks from between websocket messages."""
     steps = external_steps(run) if run.is_external else run.run_config.steps
     recent = list(MetricPoint.objects.filter(run=run, name=M.TIME_STEP_S).order_by("-step")
                   .values_list("step", "value")[:ETA_STEPS])
     step = recent[0][0] if recent else None
     if step is None and run.is_external:  # a framework that reports no step time
         step = MetricPoint.objects.filter(run=run).aggregate(m=Max("step"))["m"]
+    done = run.steps_done(step)
+    now = timezone.now()
     elapsed = None
     if run.started_at is not None:
-        elapsed = ((run.finished_at or timezone.now()) - run.started_at).total_seconds()
+        elapsed = ((run.finished_at or now) - run.started_at).total_seconds()
     eta = None
     durations = [v for _, v in recent if v is not None]
-    if run.status in LIVE and durations and step is not None and steps is not None:
-        eta = max(0, steps - step) * sum(durations) / len(durations)
+    if run.status in LIVE and durations and done is not None and steps is not None:
+        eta = max(0, steps - done) * sum(durations) / len(durations)
 
-    return {"step": step, "steps": steps, "elapsed_s": elapsed, "eta_s": eta,
+    return {"step": done, "steps": steps, "elapsed_s": elapsed, "eta_s": eta,
             "reward": latest_point(run, M.REWARD_MEAN),
             "held_out": latest_point(run, M.EVAL_REWARD_MEAN),
-            "open_alerts": run.alerts.filter(state__in=LIVE_STATES).count()}
+            "open_alerts": run.alerts.filter(state__in=LIVE_STATES).count(),
+            "clock": progress_clock(run, done, eta, now)}
+
+
+def progress_clock(run: Run, done: int | None, eta: float | None, now) -> dict:
+    """What run_charts.js ticks the header's elapsed and ETA from (unix seconds): the
+    server's ``now`` lets it correct for its own clock; a finished run's elapsed stands
+    still at ``finished_at`` and has no ETA."""
+    def unix(t):
+        return None if t is None else t.timestamp()
+    return {"now": now.timestamp(), "started_at": unix(run.started_at),
+            "finished_at": unix(run.finished_at), "eta_s": eta, "step": done,
+            "status": run.status, "terminal": run.is_terminal}

@@ -232,7 +232,7 @@ def fork(request, run_id: int):
     if "toml" in data or "config" in data:
         cfg = config_from(data)
     else:
-        cfg = parent.fork_config()
+        cfg = parent.fork_config(checkpoint.step)
     child = do_fork_run(request.user, parent, checkpoint, cfg.model_dump(mode="json"),
                         priority=data["priority"])
     child.refresh_from_db()

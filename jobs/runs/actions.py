@@ -13,21 +13,35 @@ from django.db import transaction
 from django.utils import timezone
 
 from engine.api import Control
+from engine.config import validate_config
 from jobs.models import Checkpoint, Run, RunControl, RunStatus
 from jobs.models.run import run_directory
-from jobs.runs.queue import schedule_on_commit
+from jobs.runs.queue import demand_of, never_fits, schedule_on_commit
 from jobs.runs.tasks import stop_run
 
 logger = logging.getLogger(__name__)
 
 
 class Refused(Exception):
-    """An action the run's state does not allow; the message says why."""
+    """An action the run's state does not allow; the message says why, and ``field`` the
+    config field it is about, where one is (the forms show it there)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+def refuse_unplaceable(config: dict) -> None:
+    """Refused, naming what is missing, for a placement the cluster could never hold."""
+    if why := never_fits(demand_of(validate_config(config, check_files=False))):
+        raise Refused(f"placement: {why}", field="placement")
 
 
 def do_launch_run(user, name: str, config: dict, priority: int = 0) -> Run:
     """Save a queued run; once the row is committed the queue starts it when its
-    placement fits (jobs/runs/queue.py)."""
+    placement fits (jobs/runs/queue.py). Raises Refused for a placement it never could.
+    """
+    refuse_unplaceable(config)
     with transaction.atomic():
         run = Run.objects.create(name=name, config=config, created_by=user, priority=priority)
         schedule_on_commit()
@@ -60,7 +74,8 @@ def do_create_external_run(user, config: dict, priority: int = 0) -> tuple[Run, 
 
 def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict,
                 priority: int = 0) -> Run:
-    """A new run that starts from one of ``parent``'s checkpoints with ``config``."""
+    """A new run that starts from one of ``parent``'s checkpoints with ``config``. Raises
+    Refused for a fork that cannot start or would train nothing (Run.fork_problem)."""
     if checkpoint.run_id != parent.pk:
         raise ValueError(f"checkpoint {checkpoint.pk} belongs to run {checkpoint.run_id}, "
                          f"not to run {parent.pk}")
@@ -68,8 +83,9 @@ def do_fork_run(user, parent: Run, checkpoint: Checkpoint, config: dict,
         raise Refused(f"run {parent.pk}'s checkpoint at step {checkpoint.step} is no longer "
                       f"on disk (a run keeps its last checkpoint.keep_last); fork from one "
                       "that is")
-    if problem := parent.fork_problem(config):
-        raise Refused(f"{problem[0]}: {problem[1]}")
+    if problem := parent.fork_problem(config, checkpoint.step):
+        raise Refused(f"{problem[0]}: {problem[1]}", field=problem[0])
+    refuse_unplaceable(config)
     with transaction.atomic():
         run = Run.objects.create(name=config.get("name") or parent.name, config=config,
                                  created_by=user, parent=parent,

@@ -15,8 +15,9 @@ naming both.
 Every ConfigError (field path, message) becomes a ConfigProblem with the TOML line the
 path maps to (jobs/runs/toml_lines.py); it is listed under the config at that line, and also
 shown on the algorithm, placement or async policy select when the path starts there.
-A fork also asks the parent whether its checkpoints can start the new config
-(Run.fork_problem: PPO from a run without a critic needs algorithm.critic.path).
+A fork also asks the parent whether the chosen checkpoint can start the new config
+(Run.fork_problem: steps past the checkpoint's, and PPO from a run without a critic needs
+algorithm.critic.path), and its review says how many steps it will train (``plan``).
 """
 
 from __future__ import annotations
@@ -126,6 +127,13 @@ class RunConfigForm(forms.Form):
         section = path.split(".")[0]
         self.add_error(section if section in CHOICE_SECTIONS else "config", f"{path}: {message}")
 
+    def refuse(self, refused) -> None:
+        """A launch the actions refused (jobs.runs.actions.Refused): its sentence at the
+        field it names, as a validation error would be."""
+        message = str(refused).removeprefix(f"{refused.field}: ") if refused.field else str(refused)
+        self._config_error(refused.field or "config", message)
+        self.run_config = None
+
     def config_data(self) -> dict:
         return self.run_config.model_dump(mode="json")
 
@@ -150,12 +158,20 @@ class ForkForm(RunConfigForm):
 
     def clean(self):
         cleaned = super().clean()
+        checkpoint = cleaned.get("checkpoint")
         if self.run_config is not None:
-            problem = self.parent.fork_problem(self.run_config.model_dump(mode="json"))
+            problem = self.parent.fork_problem(self.run_config.model_dump(mode="json"),
+                                               checkpoint.step if checkpoint else None)
             if problem is not None:
                 self._config_error(*problem)
                 self.run_config = None
         return cleaned
+
+    def plan(self) -> str:
+        """What the fork will do, for its review: "trains 5 more steps (4 -> 9)"."""
+        start, end = self.cleaned_data["checkpoint"].step, self.run_config.steps
+        return (f"Trains {end - start} more step{'s' if end - start != 1 else ''}: from "
+                f"run #{self.parent.pk}'s checkpoint at step {start} to step {end}.")
 
     def digest(self) -> str:
         return hashlib.sha256(dump_config(self.run_config).encode()).hexdigest()[:16]

@@ -110,6 +110,31 @@ def free_of(total: Resources, ray_used: Resources, live: list[Run]) -> Resources
             for name, amount in total.items()}
 
 
+def never_fits(asked: Resources) -> str | None:
+    """Why no state of the cluster could ever hold ``asked``, asking Ray (never_reason);
+    None when it could, and when Ray does not answer (then the run waits in the queue,
+    saying why)."""
+    if not set(asked) - {RUN_SLOT}:
+        return None
+    total, _, ray_error = capacity(True)
+    return None if ray_error else never_reason(asked, total)
+
+
+def never_reason(asked: Resources, total: Resources) -> str | None:
+    """Why ``asked`` could never fit in ``total``: more of a Ray resource than all the
+    cluster's nodes have together (2 GPUs on a CPU-only cluster). A launch is refused with
+    it rather than queued forever."""
+    short = [name for name in sorted(asked)
+             if name != RUN_SLOT and asked[name] > total.get(name, 0.0)]
+    if not short:
+        return None
+    missing = "; ".join(f"it asks for {asked[name]:g} {plural(name, asked[name])} and the "
+                        f"Ray cluster has {total.get(name, 0.0):g} in all" for name in short)
+    return (f"no node set of the cluster could ever hold this placement: {missing}. Ask "
+            "for fewer (placement.rollout_workers, devices_per_worker, learner_devices) "
+            "or add nodes that have them")
+
+
 def fits_now(asked: Resources) -> tuple[bool | None, str]:
     """Could the cluster hold ``asked`` now, and the sentence that says so: (True, "2 of 4
     GPUs free"), (False, "waits for ..."), or (None, why Ray did not answer). Reads without
@@ -122,7 +147,7 @@ def fits_now(asked: Resources) -> tuple[bool | None, str]:
         return True, ", ".join(
             f"{max(free.get(name, 0.0), 0.0):g} of {total.get(name, 0.0):g} "
             f"{plural(name, total.get(name, 0.0))} free" for name in sorted(asked))
-    return False, wait_reason(asked, free, total)
+    return False, never_reason(asked, total) or wait_reason(asked, free, total)
 
 
 def do_schedule_runs() -> list[int]:

@@ -1,5 +1,7 @@
 """Run figures in templates: ``{{ seconds|duration }}`` -> "1h 02m", "4m 05s", "12s";
-``{{ run.framework|framework_label }}`` -> "TRL", "veRL", "rlplane"."""
+``{{ run.framework|framework_label }}`` -> "TRL", "veRL", "rlplane";
+``{{ run|steps_trained }}`` -> the runs list's step column (Run.steps_done of its
+annotated latest step)."""
 
 from django import template
 
@@ -25,3 +27,8 @@ def duration(seconds) -> str:
 @register.filter
 def framework_label(framework: str) -> str:
     return FRAMEWORK_LABELS.get(framework, framework)
+
+
+@register.filter
+def steps_trained(run) -> int | None:
+    return run.steps_done(run.step)

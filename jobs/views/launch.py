@@ -70,8 +70,12 @@ def run_new(request):
         if request.htmx and request.POST.get("validate"):
             return validation(request, form)
         if form.is_valid():
-            run = do_launch_run(request.user, form.run_config.name, form.config_data())
-            return redirect("run-detail", run_id=run.pk)
+            try:
+                run = do_launch_run(request.user, form.run_config.name, form.config_data())
+            except Refused as exc:
+                form.refuse(exc)
+            else:
+                return redirect("run-detail", run_id=run.pk)
     else:
         preset_id = parse_pk(request.GET.get("preset", ""))
         if preset_id is not None:
@@ -141,29 +145,35 @@ def run_fork(request, run_id: int):
     if not Checkpoint.forkable(parent).exists():
         return render(request, "jobs/launch/fork.html", {"parent": parent, "form": None},
                       status=409)
-    diff = None
+    diff = fork_plan = None
     if request.method == "POST":
         form = ForkForm(parent, request.POST)
         if request.htmx and request.POST.get("validate"):
             return validation(request, form)
         if form.is_valid():
             if form.is_reviewed():
-                run = do_fork_run(request.user, parent, form.cleaned_data["checkpoint"],
-                                  form.config_data())
-                return redirect("run-detail", run_id=run.pk)
-            diff = form.diff()
+                try:
+                    run = do_fork_run(request.user, parent, form.cleaned_data["checkpoint"],
+                                      form.config_data())
+                except Refused as exc:
+                    form.refuse(exc)
+                else:
+                    return redirect("run-detail", run_id=run.pk)
+        if form.is_valid():
+            diff, fork_plan = form.diff(), form.plan()
             data = request.POST.copy()
             data["reviewed"] = form.digest()  # the next submit launches this config
             form = ForkForm(parent, data)
             form.is_valid()
     else:
-        cfg = parent.fork_config()
         checkpoints = Checkpoint.forkable(parent)
         wanted = parse_pk(request.GET.get("checkpoint", ""))
         chosen = checkpoints.filter(pk=wanted).first() if wanted is not None else None
-        form = ForkForm(parent, initial={**initial_for(cfg),
-                                         "checkpoint": chosen or checkpoints.first()})
+        chosen = chosen or checkpoints.first()
+        cfg = parent.fork_config(chosen.step)
+        form = ForkForm(parent, initial={**initial_for(cfg), "checkpoint": chosen})
     plan, plan_error = plan_for_run(parent)
     return render(request, "jobs/launch/fork.html",
-                  {"parent": parent, "form": form, "diff": diff, "plan": plan,
+                  {"parent": parent, "form": form, "diff": diff, "fork_plan": fork_plan,
+                   "plan": plan,
                    "plan_error": plan_error})

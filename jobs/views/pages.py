@@ -36,5 +36,5 @@ def run_detail(request, run_id: int):
     if request.htmx:
         return render(request, "jobs/_run_panels.html", context)
     context["coverage"] = run_coverage(run)
-    context["data"] = run_page.chart_data(run)
+    context["data"] = {**run_page.chart_data(run), "progress": context["progress"]["clock"]}
     return render(request, "jobs/run_detail.html", context)

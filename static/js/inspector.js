@@ -31,14 +31,20 @@
   function fmt(x, digits) {
     return x === null || x === undefined ? "–" : Number(x).toFixed(digits);
   }
+  // A logprob gap: fp32 round-off (1e-6) must not read 0.000, nor a real zero 0.0e+0.
+  function fmtGap(x) {
+    if (x === null || x === undefined) return "–";
+    const v = Number(x);
+    return v === 0 || Math.abs(v) >= 1e-3 ? fmt(v, 3) : v.toExponential(1);
+  }
 
   function tokenSpan(text, b, l) {
     const gap = b === null || l === null ? null : Math.abs(b - l);
     const span = el("span", "tok", text);
     const alpha = gap === null ? 0 : Math.min(gap / GAP_FULL, 1);
     span.style.backgroundColor = "rgba(220, 38, 38, " + alpha.toFixed(3) + ")";
-    span.title = "behaviour " + fmt(b, 4) + " · learner " + fmt(l, 4) + " · gap " + fmt(gap, 4);
-    if (gap !== null) span.dataset.gap = gap.toFixed(4);
+    span.title = "behaviour " + fmt(b, 4) + " · learner " + fmt(l, 4) + " · gap " + fmtGap(gap);
+    if (gap !== null) span.dataset.gap = String(gap);
     return span;
   }
 
@@ -50,7 +56,7 @@
       ["reward", fmt(s.reward, 3)], ["reason", s.reason], ["advantage", fmt(s.advantage, 3)],
       ["version", s.mixes_versions ? s.version + "→" + s.last_version : s.version],
       ["staleness", s.staleness], ["length", s.length + (s.truncated ? " (truncated)" : "")],
-      ["max gap", fmt(s.max_gap, 3)]];
+      ["max gap", fmtGap(s.max_gap)]];
     for (const [k, v] of pairs) {
       const item = el("span", "fact");
       item.append(el("b", null, k + " "), el("span", null, v));
@@ -82,7 +88,7 @@
       box.dataset.group = g.group;
       const head = el("div", "group-head");
       head.append(el("b", null, "group " + g.group), el("span", "group-gap",
-        "largest gap " + fmt(g.max_gap, 3)));
+        "largest gap " + fmtGap(g.max_gap)));
       box.append(head, el("pre", "prompt", g.prompt));
       const row = el("div", "group-samples");
       for (const s of g.samples) row.append(sampleCard(s));

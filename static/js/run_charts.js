@@ -5,6 +5,9 @@
 // at the step it took effect from, on every metric chart (Plotly.relayout of the shapes).
 // The x axis switch redraws the metric charts against wall time (seconds since the first
 // reported step, by the engine's clock) and back; each chart's step x arrays are kept here.
+// The header lives: step (steps trained) and the ETA's inputs come with each message
+// (jobs/queries/run_page.py progress_clock), elapsed and ETA tick each second from them on
+// the server's clock; the action buttons follow the badge (Archive/Delete when it ends).
 (function () {
   "use strict";
   const data = JSON.parse(document.getElementById("run-data").textContent);
@@ -66,11 +69,71 @@
     const el = document.getElementById(id);
     if (el) el.textContent = text;
   }
-  function followProgress(events) {  // the header's step and rewards, from metrics events
+  // "4m 05s", as jobs/templatetags/run_format.py's duration filter writes it.
+  function duration(seconds) {
+    const total = Math.round(seconds);
+    const h = Math.floor(total / 3600), m = Math.floor((total % 3600) / 60), s = total % 60;
+    const pad = (n) => String(n).padStart(2, "0");
+    if (h) return h + "h " + pad(m) + "m";
+    if (m) return m + "m " + pad(s) + "s";
+    return s + "s";
+  }
+  let clock = data.progress;  // {now, started_at, finished_at, eta_s, step, terminal}
+  let skew = Date.now() / 1000 - clock.now;  // this browser's clock minus the server's
+  function tick() {
+    const now = Date.now() / 1000 - skew;
+    if (clock.started_at !== null) {
+      const end = clock.finished_at !== null ? clock.finished_at : now;
+      setText("progress-elapsed", duration(Math.max(0, end - clock.started_at)));
+    }
+    const etaItem = document.getElementById("progress-eta-item");
+    const live = clock.eta_s !== null && !clock.terminal;
+    if (etaItem) etaItem.hidden = !live;
+    const badge = document.getElementById("run-status");
+    const held = badge && badge.textContent.trim() === "paused";  // no step comes: it waits
+    const left = held ? clock.eta_s : clock.eta_s - (now - clock.now);
+    if (live) setText("progress-eta", duration(Math.max(0, left)));
+  }
+  function setClock(progress) {
+    clock = progress;
+    skew = Date.now() / 1000 - clock.now;
+    if (clock.step !== null) setText("progress-step", clock.step);
+    tick();
+  }
+  tick();
+  setInterval(tick, 1000);
+
+  function show(id, visible) {
+    const el = document.getElementById(id);
+    if (el) el.hidden = !visible;
+  }
+  function removeAll(ids) {
+    for (const id of ids) {
+      const el = document.getElementById(id);
+      if (el) el.remove();
+    }
+  }
+  function fitActions(shown) {  // the buttons that fit the badge's status
+    const ended = TERMINAL.includes(shown);
+    if (ended) {  // a run that ended live has nothing left to stop or steer
+      removeAll(["stop-form", "live-controls", "priority-form", "queue-reason"]);
+    } else if (shown !== "queued") {  // admitted: no place in the queue to set or show
+      removeAll(["priority-form", "queue-reason"]);
+      const stop = document.querySelector("#stop-form button");
+      if (stop) stop.textContent = "Stop";
+    }
+    show("archive-form", ended);
+    show("delete-form", ended);
+    // Live controls once the driver runs (it polls none while submitting, or stopping).
+    show("live-controls", shown === "running" || shown === "paused");
+    show("control-pause", shown !== "paused");
+    show("control-resume", shown === "paused");
+  }
+
+  function followProgress(events) {  // the header's rewards, from metrics events
     for (const e of events) {
       if (e.type !== "metrics.append") continue;
       stepTime[e.step] = e.ts;
-      if (e.values[NAMES.step] !== undefined) setText("progress-step", e.step);
       const reward = e.values[NAMES.reward];
       if (typeof reward === "number") setText("progress-reward", reward.toFixed(3));
       const heldOut = e.values[NAMES.held_out];
@@ -92,25 +155,19 @@
       const update = {x: stepXs[id] ? u.x.map(toX) : u.x, y: u.y};
       if (u.base) update.base = u.base;
       Plotly.extendTraces("chart-" + id, update, u.indices, maxPoints[id]);
+      const div = document.getElementById("chart-" + id);
+      if (div.layout.xaxis && div.layout.xaxis.showticklabels === false) {  // drawn empty
+        Plotly.relayout(div, {"xaxis.showticklabels": true, "xaxis.autorange": true});
+      }
     }
     addMarks(msg.marks);
     for (const [id, html] of Object.entries(msg.swap)) {
       const el = document.getElementById(id);
       if (el) el.outerHTML = html;
     }
-    // A run that ended live has nothing left to stop.
     const badge = document.getElementById("run-status");
-    const shown = badge ? badge.textContent.trim() : "";
-    const stopForm = document.getElementById("stop-form");
-    if (stopForm && TERMINAL.includes(shown)) stopForm.remove();
-    const controls = document.getElementById("live-controls");
-    if (controls && TERMINAL.includes(shown)) controls.remove();
-    const pause = document.getElementById("control-pause");
-    const resume = document.getElementById("control-resume");
-    if (pause && resume && badge) {
-      pause.hidden = shown === "paused";
-      resume.hidden = shown !== "paused";
-    }
+    if (badge) fitActions(badge.textContent.trim());
+    if (msg.progress) setClock(msg.progress);
     appendLines(msg.append);
     lastSeq = msg.last_seq;
   }

@@ -174,6 +174,58 @@ def log_in_and_launch(page, stack: str, run_toml: str) -> None:
     expect_status(page, "running", 90)
 
 
+# A run that ends on its own while its page is open.
+SHORT_STEPS = 30   # the issue's "step 29 of 30"
+SHORT_TOML = RUN_TOML.replace('name = "e2e-browser"', 'name = "e2e-short"').replace(
+    "steps = 5000", f"steps = {SHORT_STEPS}")
+
+# Every text the header's elapsed and ETA show, and a mark that a reload would wipe.
+WATCH_HEADER = """() => {
+    window.__notReloaded = true;
+    window.__seen = {elapsed: [], eta: []};
+    for (const [id, key] of [["progress-elapsed", "elapsed"], ["progress-eta", "eta"]]) {
+        const el = document.getElementById(id);
+        const note = () => { if (!window.__seen[key].includes(el.textContent))
+                                 window.__seen[key].push(el.textContent); };
+        note();
+        new MutationObserver(note).observe(el, {childList: true, characterData: true,
+                                                subtree: true});
+    }
+}"""
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_run_page_left_open_follows_the_run_to_its_end(stack, browser):
+    from playwright.sync_api import expect
+
+    with browser_page(browser, "short_failure.png") as page:
+        log_in(page, stack)
+        page.goto(stack + "/runs/new")
+        page.fill("#id_config", SHORT_TOML)
+        page.click("form.run-form button[type=submit]")
+        page.wait_for_url(re.compile(r"/runs/\d+$"))
+        page.evaluate(WATCH_HEADER)
+        expect(page.locator("#archive-form")).to_be_hidden()
+
+        expect_status(page, "succeeded", 240)
+        header = page.locator("#run-progress")
+        expect(header.locator("#progress-step")).to_have_text(str(SHORT_STEPS))
+        expect(header).to_contain_text(f"{SHORT_STEPS} of {SHORT_STEPS}")
+        expect(page.locator("#run-status-reason")).to_have_text(
+            f"trained all {SHORT_STEPS} steps")
+        expect(page.locator("#archive-form")).to_be_visible()
+        expect(page.locator("#delete-form")).to_be_visible()
+        expect(page.locator("#progress-eta-item")).to_be_hidden()
+        expect(page.locator("#live-controls")).to_have_count(0)
+        seen = page.evaluate("() => window.__notReloaded && window.__seen")
+        print(f"the header while it ran: {seen}")
+        assert seen, "the page reloaded"
+        assert len(seen["elapsed"]) >= 2, seen
+        assert len([eta for eta in seen["eta"] if eta != "–"]) >= 2, seen
+
+
 # The shipped GSM8K-format sample with the math verifier, on the in-process placement.
 DATASET_TOML = f"""\
 name = "e2e-dataset"

@@ -122,3 +122,11 @@ def test_algorithm_mistakes_name_the_field_and_the_fix():
     assert path == "algorithm.loss_agg_mode" and "seq-mean-token-mean" in msg
     [(path, msg)] = errors_of({"algorithm": {"overlong": {"type": "truncate"}}})
     assert path == "algorithm.overlong" and "'filter'" in msg
+
+
+def test_every_reward_file_the_readme_names_exists():
+    import re
+
+    repo = Path(__file__).parents[2]
+    named = re.findall(r'function = "([^":]+\.py):\w+"', (repo / "README.md").read_text())
+    assert named and [p for p in named if not (repo / p).is_file()] == []

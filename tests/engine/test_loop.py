@@ -49,6 +49,7 @@ def test_a_run_succeeds_and_emits_ordered_events(two_step_run):
     assert seqs == list(range(1, len(events) + 1))
     statuses = [e.status for e in events if isinstance(e, RunStatusEvent)]
     assert statuses == ["starting", "warm_start", "running", "succeeded"]
+    assert events[-1].message == "trained all 2 steps"   # the page's and API's reason
 
 
 def test_every_step_reports_the_canonical_metrics(two_step_run):
@@ -124,9 +125,19 @@ def test_the_cli_runs_a_config_and_prints_a_summary(tmp_path, model_cache):
 
 def test_a_stop_file_checkpoints_after_the_step_in_progress(tmp_path, model_cache):
     (tmp_path / "STOP").touch()
-    summary = run_local(small_run(steps=5), tmp_path)
+    sink = MemorySink()
+    summary = run_local(small_run(steps=5), tmp_path, sink=sink)
     assert summary.status == "stopped" and summary.steps_done == 1
     assert (tmp_path / "checkpoints" / "step_000001" / "state.json").exists()
+    assert sink.events[-1].message == "stopped on request after step 1 of 5"
+
+
+def test_a_run_out_of_time_says_max_seconds_in_its_final_status(tmp_path, model_cache):
+    sink = MemorySink()
+    summary = run_local(small_run(steps=5, max_seconds=1e-6, task={"eval_size": 8}), tmp_path,
+                        sink=sink)
+    assert summary.status == "succeeded" and summary.steps_done == 1
+    assert sink.events[-1].message == "max_seconds=1e-06 reached after step 1 of 5"
 
 
 def test_every_step_emits_a_sample_of_its_rollouts_for_the_inspector(two_step_run):

@@ -209,6 +209,19 @@ def test_lifecycle_dedups_findings_with_the_same_key_in_one_evaluation(run):
     assert Alert.objects.filter(run=run).count() == 1
 
 
+def test_a_run_that_ends_closes_its_alerts_and_a_lost_one_keeps_them(make_run):
+    from jobs.alerts.history import Finding
+
+    f = Finding(kind="K", key="K", cause="c", runbook="r", step=1)
+    ended, lost = make_run(RunStatus.SUCCEEDED), make_run(RunStatus.LOST)
+    lifecycle.do_apply_findings(ended, [f])
+    lifecycle.do_apply_findings(lost, [f])
+
+    alert = Alert.objects.get(run=ended)
+    assert alert.state == AlertState.RESOLVED and "the run ended" in alert.resolved_reason
+    assert Alert.objects.get(run=lost).state == AlertState.OPEN
+
+
 def test_an_operator_edits_a_presets_thresholds_and_bad_values_name_the_field(operator):
     preset = Preset.objects.create(name="demo", config={"name": "demo"})
     page = operator.get(f"/presets/{preset.pk}/alerts").content.decode()

@@ -3,6 +3,8 @@ so no spike is lost and a band's edges keep the same steps."""
 
 import math
 
+import pytest
+
 from jobs import charts
 
 CHARTS = {chart.id: chart for chart in charts.METRIC_CHARTS}
@@ -53,3 +55,10 @@ def test_the_envelope_keeps_steps_in_order_without_repeats():
     kept = charts.envelope(CHARTS["reward"], steps_of(9_999, spike_at=5))
     xs = [step for step, _ in kept]
     assert xs == sorted(set(xs)) and len(xs) <= charts.RUN_POINTS
+
+
+def test_the_reward_band_stops_at_the_steps_lowest_and_highest_reward():
+    steps = [(0, {"reward/mean": 0.9, "reward/std": 0.3, "reward/min": 0.0, "reward/max": 1.0}),
+             (1, {"reward/mean": 0.5, "reward/std": 0.1})]   # an older run: no min or max
+    lower, upper, _, _ = figure(charts.metric_figures(steps), "reward")["traces"]
+    assert lower["y"] == pytest.approx([0.6, 0.4]) and upper["y"] == pytest.approx([1.0, 0.6])

@@ -171,3 +171,23 @@ def entrypoint_cpu(html: str) -> list[float]:
             for row in re.findall(r'<tr class="run-process">(.*?)</tr>', html, re.S)]
     return [float(cells[4].removesuffix(" %")) for cells in rows
             if cells[1].startswith("entrypoint") and cells[4] != "–"]
+
+
+def test_each_threads_first_cpu_reading_samples_a_window_not_nothing(monkeypatch):
+    # psutil remembers the previous per-core sample per thread; the web server renders
+    # on a pool of threads, and a fresh one's first non-blocking call reads 0 %.
+    import threading
+
+    from jobs.cluster import processes
+
+    intervals = []
+    monkeypatch.setattr(processes.psutil, "cpu_percent",
+                        lambda interval, percpu: intervals.append(interval) or [50.0])
+    monkeypatch.setattr(processes, "_cores_primed", set())
+    processes.cpu_per_core()
+    processes.cpu_per_core()
+    other = threading.Thread(target=processes.cpu_per_core)
+    other.start()
+    other.join()
+
+    assert intervals == [processes.SAMPLE_S, None, processes.SAMPLE_S]

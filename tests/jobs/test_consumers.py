@@ -10,6 +10,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.test import Client
+from django.utils import timezone
 
 from controlplane.asgi import application
 from engine.api import ControlAppliedEvent
@@ -270,7 +271,7 @@ def test_the_runs_list_socket_gets_each_runs_status_and_latest_metrics(
     message = run_async(scenario)
 
     assert message["run_id"] == run.pk
-    assert (message["status"], message["step"]) == ("running", 7)
+    assert (message["status"], message["step"]) == ("running", 8)   # steps 0..7 trained
     assert (message["reward_mean"], message["step_s"]) == (0.5, 1.25)
     assert message["held_out"] == 0.75
     assert f'id="run-{run.pk}-status"' in message["swap"][f"run-{run.pk}-status"]
@@ -314,6 +315,31 @@ def test_a_pause_applied_swaps_the_badge_to_paused_and_a_resume_back(
     assert ">paused</span>" in paused["swap"]["run-status"]
     assert paused["marks"] == [{"step": 2, "label": "pause"}]
     assert ">running</span>" in resumed["swap"]["run-status"]
+
+
+def test_a_run_that_ends_stops_the_header_clock_and_says_why(
+        make_run, channel_layer, session_cookie):
+    run = make_run(started_at=timezone.now())
+    do_ingest_events(run, [metrics(1, 0, **{"time/step_s": 2.0}),
+                           metrics(2, 1, **{"time/step_s": 2.0})])
+
+    async def scenario():
+        communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        await communicator.send_json_to({"last_seq": 0})
+        live = await received_until(communicator, 2)
+        await ingest(run, [status(3, "succeeded", "max_seconds=300 reached after step 2 of 30")])
+        ended = await received_until(communicator, 3)
+        await communicator.disconnect(timeout=10)
+        return live[-1], ended[-1]
+
+    live, ended = run_async(scenario)
+
+    # Steps trained, as the checkpoints count them (the engine's metrics count from 0).
+    assert live["progress"]["step"] == 2 and live["progress"]["eta_s"] > 0
+    assert live["progress"]["finished_at"] is None and not live["progress"]["terminal"]
+    assert ended["progress"]["terminal"] and ended["progress"]["eta_s"] is None
+    assert ended["progress"]["finished_at"] >= ended["progress"]["started_at"]
+    assert "max_seconds=300 reached" in ended["swap"]["run-status-reason"]
 
 
 def test_a_launched_commands_output_is_appended_to_the_log_panel_outside_the_stream(

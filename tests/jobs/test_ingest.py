@@ -251,7 +251,8 @@ def test_a_run_stopped_on_request_follows_the_engine_to_stopped(client, make_run
     post_events(client, run, token, [status(1, "stopped", "checkpointed at step 4")])
 
     run.refresh_from_db()
-    assert (run.status, run.status_reason) == (S.STOPPED, "checkpointed at step 4")
+    # who asked, and where the engine stopped
+    assert (run.status, run.status_reason) == (S.STOPPED, "operator asked; checkpointed at step 4")
 
 
 def test_an_engine_that_stops_on_its_own_passes_through_stopping(client, run, token):

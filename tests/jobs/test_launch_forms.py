@@ -239,6 +239,23 @@ def test_validate_previews_the_placement_against_the_clusters_capacity(
     assert 'data-fits="yes"' in html and "4 of 4 GPUs free" in html
 
 
+def test_a_placement_the_cluster_could_never_hold_is_refused_at_launch(
+        client, operator, monkeypatch, queued, django_capture_on_commit_callbacks):
+    monkeypatch.setattr("jobs.runs.queue.ray_capacity",   # a CPU-only stack: no GPU at all
+                        lambda: ({"CPU": 4.0}, {"CPU": 0.0}))
+    data = form_data(DISAGG_ASYNC, "disaggregated", "fully_async")
+    html = validate(client, "/runs/new", data).content.decode()
+    assert 'data-fits="no"' in html and "could ever hold" in html
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/runs/new", data)
+
+    assert response.status_code == 200 and Run.objects.count() == 0 and queued == []
+    [problem] = response.context["form"].config_errors
+    assert problem.path == "placement"
+    assert "asks for 3 GPUs and the Ray cluster has 0 in all" in problem.message
+
+
 def test_validate_previews_the_in_process_default_as_a_run_slot(client, operator):
     html = validate(client, "/runs/new", form_data(GOOD)).content.decode()
 
@@ -358,6 +375,7 @@ def test_a_fork_shows_the_diff_before_it_launches(
     assert (fork.parent, fork.source_checkpoint) == (parent, checkpoint.path)
     assert fork.config["steps"] == 9
     assert queued == [("submit", fork.pk)]
+    assert "Trains 7 more steps: from run" in review.content.decode()   # step 2 -> 9
 
 
 def test_a_config_changed_after_the_review_is_shown_again(
@@ -440,6 +458,26 @@ def test_the_fork_form_validates_the_same_way_and_launches_nothing(client, opera
     line = bad.splitlines().index("rollout_workers = 0") + 1
     assert f'data-path="placement.rollout_workers" data-line="{line}"' in html
     assert Run.objects.count() == 1 and queued == []
+
+
+def test_a_fork_that_would_train_nothing_is_refused_naming_steps(
+        client, operator, parent, queued, django_capture_on_commit_callbacks):
+    # steps is where the fork trains to: 4 from the checkpoint at step 4 trains nothing.
+    data = form_data({**GOOD, "steps": 4}, checkpoint=parent.checkpoints.get(step=4).pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(f"/runs/{parent.pk}/fork", data)
+
+    [problem] = response.context["form"].config_errors
+    assert problem.path == "steps" and "would train nothing" in problem.message
+    assert "steps = 8 trains 4 more" in problem.message
+    assert Run.objects.count() == 1 and queued == []
+
+
+def test_the_fork_form_of_a_finished_run_trains_as_many_steps_again(
+        client, operator, parent):
+    Run.objects.filter(pk=parent.pk).update(config={**parent.config, "steps": 4})
+    form = client.get(f"/runs/{parent.pk}/fork").context["form"]
+    assert validate_config(tomllib.loads(form.initial["config"])).steps == 8   # 4 -> 8
 
 
 # --------------------------------------------------------------------------- algorithm

@@ -60,6 +60,7 @@ def test_the_runs_list_shows_each_runs_status_latest_reward_and_step_time(viewer
     assert f'href="/runs/{run.pk}"' in html and "grpo-demo" in html
     assert f'id="run-{run.pk}-status" class="badge badge-running"' in html
     assert "0.500" in html and "1.50 s" in html
+    assert '<td class="step">3</td>' in html   # steps 0, 1 and 2 trained, as in the header
     assert "badge-queued" in html
     assert "js/runs_list.js" in html and "vendor/htmx-2.0.4.min.js" in html
     assert html.index("js/live_socket.js") < html.index("js/runs_list.js")
@@ -86,8 +87,7 @@ def test_the_run_page_draws_its_charts_from_the_stored_metrics(viewer, run):
     assert data["last_seq"] == 4 and data["ws_path"] == f"/ws/runs/{run.pk}/"
     assert data["terminal_statuses"] == ["failed", "lost", "stopped", "succeeded"]
     # The header's live figures: the script reads their names here, not from literals.
-    assert data["metric_names"] == {"step": "time/step_s", "reward": "reward/mean",
-                                    "held_out": "eval/reward_mean"}
+    assert data["metric_names"] == {"reward": "reward/mean", "held_out": "eval/reward_mean"}
     lower, upper, mean, held_out = chart(data, "reward")["traces"]
     assert (mean["x"], mean["y"]) == ([1, 2], [0.2, 0.4])
     assert (held_out["name"], held_out["x"], held_out["y"]) == ("held-out", [2], [0.25])
@@ -162,6 +162,15 @@ def test_a_finished_run_offers_fork_but_not_stop(operator, make_run):
     html = operator.get(f"/runs/{run.pk}").content.decode()
 
     assert f"/runs/{run.pk}/stop" not in html and f'href="/runs/{run.pk}/fork"' in html
+
+
+def test_a_submitting_run_offers_no_pause_or_checkpoint_until_its_driver_runs(
+        operator, make_run):
+    html = operator.get(f"/runs/{make_run(status=RunStatus.SUBMITTING).pk}").content.decode()
+
+    assert '<div class="live-controls" id="live-controls" hidden>' in html
+    running = operator.get(f"/runs/{make_run().pk}").content.decode()
+    assert '<div class="live-controls" id="live-controls">' in running
 
 
 def test_an_unknown_run_is_404(viewer, db):
@@ -258,4 +267,10 @@ def test_a_ppo_run_page_charts_its_critic_and_a_grpo_run_page_does_not(viewer, m
     assert explained["y"] == [-0.1, 0.3] and mean["y"] == [0.0, 0.2]
     timeline = {t["name"]: t for t in chart(data, "timeline")["traces"]}
     assert timeline["critic"]["x"] == [500.0] and timeline["critic"]["y"] == ["cpu:0"]
-    assert "critic" not in {c["id"] for c in run_data(viewer.get(f"/runs/{run.pk}"))["charts"]}
+    assert "showlegend" not in timeline["critic"]
+    grpo = run_data(viewer.get(f"/runs/{run.pk}"))
+    assert "critic" not in {c["id"] for c in grpo["charts"]}
+    # No critic in a GRPO run's legends (the trace stays: live updates index by place).
+    for chart_id in ("step_time", "timeline"):
+        [critic] = [t for t in chart(grpo, chart_id)["traces"] if t["name"] == "critic"]
+        assert critic["showlegend"] is False

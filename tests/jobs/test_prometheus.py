@@ -60,11 +60,20 @@ def test_alerts_queue_and_runs_are_counted(client, scrape_token, make_run):
 
     got = samples(scrape(client))
 
-    assert {(s.labels["kind"], s.labels["state"]): s.value for s in got["rlplane_alerts"]} == {
-        ("BubbleHigh", "open"): 1, ("BubbleHigh", "resolved"): 1}
+    alerts = {(s.labels["kind"], s.labels["state"]): s.value for s in got["rlplane_alerts"]}
+    assert alerts[("BubbleHigh", "open")] == 1 and alerts[("BubbleHigh", "resolved")] == 1
+    # Every rule and state reads 0 rather than vanishing: a sum over them stays defined.
+    assert alerts[("BubbleHigh", "acknowledged")] == 0 and alerts[("StuckReward", "open")] == 0
     assert got["rlplane_queue_length"][0].value == 1
     by_status = {s.labels["status"]: s.value for s in got["rlplane_runs"]}
     assert by_status["running"] == 1 and by_status["queued"] == 1
+
+
+def test_no_created_series_and_ingest_outcomes_read_zero_before_any_event(
+        client, scrape_token):
+    text = scrape(client).content.decode()
+    assert "_created" not in text
+    assert 'rlplane_ingest_events_total{outcome="duplicate"}' in text
 
 
 def test_ingest_is_counted_and_timed(client, scrape_token, run, token):

@@ -140,6 +140,20 @@ def test_launch_from_toml_queues_the_run_and_the_queue_submits_it(api, queued):
     assert run.status == RunStatus.SUBMITTING and queued == [("submit", run.pk)]
 
 
+def test_a_placement_the_cluster_could_never_hold_is_refused_naming_what_is_missing(
+        api, queued, monkeypatch):
+    monkeypatch.setattr("jobs.runs.queue.ray_capacity", lambda: ({"CPU": 4.0}, {"CPU": 0.0}))
+    config = {"name": "big", "placement": {"type": "disaggregated", "rollout_workers": 1,
+                                           "learner_devices": 1},
+              "weight_sync": {"type": "shm"}}
+
+    refused = api("post", "/runs", {"config": config})
+
+    assert refused.status_code == 409, refused.json()
+    assert "asks for 2 GPUs and the Ray cluster has 0 in all" in refused.json()["detail"]
+    assert Run.objects.count() == 0 and queued == []
+
+
 def test_launch_from_json_takes_the_same_config(api):
     response = api("post", "/runs", {"config": {"name": "json-run", "steps": 7}})
 
@@ -252,6 +266,18 @@ def test_fork_starts_from_the_latest_checkpoint_or_the_one_named(api, make_run, 
     assert (chosen["source_checkpoint"], chosen["config"]["steps"]) == (first.path, 9)
     elsewhere = api("post", f"/runs/{make_run().pk}/fork", {"checkpoint": first.pk})
     assert elsewhere.status_code == 400 and elsewhere.json()["errors"][0]["field"] == "checkpoint"
+
+
+def test_a_fork_that_would_train_nothing_is_refused(api, make_run, queued):
+    parent = make_run(RunStatus.STOPPED, name="parent")   # steps = 3
+    checkpoint_on_disk(parent, 3)
+
+    refused = api("post", f"/runs/{parent.pk}/fork", {"config": {"name": "f", "steps": 3}})
+
+    assert refused.status_code == 409 and "would train nothing" in refused.json()["detail"]
+    assert Run.objects.count() == 1 and queued == []
+    default = api("post", f"/runs/{parent.pk}/fork").json()   # as many steps again
+    assert default["config"]["steps"] == 6
 
 
 def test_only_a_finished_run_can_be_archived(api, make_run):

@@ -2,6 +2,7 @@
 run page header's progress."""
 
 import html
+import re
 
 import pytest
 from django.test import Client
@@ -129,7 +130,9 @@ def test_a_running_run_is_neither_archived_nor_offered_archive(operator, run):
     assert run.archived_at is None
     assert "only a finished run can be archived" in response.content.decode()
     page = operator.get(f"/runs/{run.pk}").content.decode()
-    assert 'id="archive-form"' not in page and 'id="delete-form"' not in page
+    # Both wait hidden: run_charts.js shows them when the run ends with its page open.
+    assert re.search(r'<form id="archive-form"[^>]* hidden>', page)
+    assert re.search(r'<form id="delete-form"[^>]* hidden ', page)
 
 
 # --- delete ---------------------------------------------------------------------------------
@@ -241,9 +244,10 @@ def test_the_run_header_says_step_k_of_n_eta_rewards_and_open_alerts(viewer, mak
 
     header = html[html.index('id="run-progress"'):]
     header = header[:header.index("</dl>")]
-    assert '<span id="progress-step">2</span> of 10' in header
+    # The engine's metrics name steps from 0: step 2's are the third step trained.
+    assert '<span id="progress-step">3</span> of 10' in header
     assert '<dd id="progress-elapsed">2m 05s</dd>' in header
-    assert '<dd id="progress-eta">24s</dd>' in header   # 8 steps left x 3 s mean
+    assert '<dd id="progress-eta">21s</dd>' in header   # 7 steps left x 3 s mean
     assert '<dd id="progress-reward">0.200</dd>' in header
     assert "0.300 <small>(step 1)</small>" in header
     assert f'href="/alerts?run={run.pk}">1</a>' in header
