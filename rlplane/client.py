@@ -5,6 +5,10 @@
 
 Every failure is an ApiError carrying the exit code the CLI ends with (EXIT_* below), so a
 script can tell "bad input" from "not allowed" from "server down" without parsing text.
+
+A redirect is followed only within the control plane's origin (scheme, host, port): urllib
+copies the Authorization header onto wherever a 30x points, so a redirect elsewhere is
+refused rather than handing the token to another host.
 """
 
 from __future__ import annotations
@@ -59,12 +63,40 @@ def save_credentials(url: str, token: str) -> Path:
     return path
 
 
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port filled in: what a redirect must
+    keep for the token to go along."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:  # a port that is not a number: no origin matches it
+        return scheme, "", -1
+    return scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
+
+
+class CrossOriginRedirect(urllib.error.HTTPError):
+    """A 30x that points at another origin: not followed, so the token stays home."""
+
+
+class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if origin(newurl) != origin(req.full_url):
+            raise CrossOriginRedirect(req.full_url, code, newurl, headers, fp)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def opener() -> urllib.request.OpenerDirector:
+    """The control plane is addressed directly (never through http_proxy), and its
+    redirects are followed only within its origin."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), SameOriginRedirects())
+
+
 class Client:
     def __init__(self, url: str, token: str):
         self.url = url.rstrip("/")
         self.token = token
-        # The control plane is addressed directly, never through http_proxy.
-        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self.opener = opener()
 
     @classmethod
     def from_credentials(cls) -> Client:
@@ -89,6 +121,10 @@ class Client:
         try:
             with self.opener.open(request, timeout=TIMEOUT_S) as response:
                 return json.loads(response.read() or b"null")
+        except CrossOriginRedirect as exc:
+            raise ApiError(f"{url} redirected to another origin ({exc.msg}); not followed, so "
+                           "your API token was not sent there. If the control plane moved, "
+                           "log in at its new address: rlplane login URL", EXIT_ERROR) from None
         except urllib.error.HTTPError as exc:
             raise error_from(exc) from None
         except OSError as exc:

@@ -80,6 +80,7 @@ from engine.events import (
     SpanEvent,
 )
 from engine.telemetry.http_sink import HttpSink
+from rlplane.client import opener as client_opener
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class Run:
         self._logged: set[str] = set()
         self._lock = threading.Lock()        # seq order = queue order, across threads
         self._closed = False
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._opener = client_opener()  # no proxy; redirects only within the origin
         folder = spool_dir / re.sub(r"[^A-Za-z0-9.-]+", "_",
                                     url.split("://", 1)[-1]).strip("_")
         self.spool_path = folder / f"run-{run_id}.jsonl"
