@@ -87,7 +87,8 @@ REGISTRY.register(DatabaseCollector())
 def scrape_allowed(request) -> bool:
     expected = settings.RLPLANE_METRICS_TOKEN
     token = bearer_token(request)
-    return bool(expected and token and hmac.compare_digest(token, expected))
+    # compare_digest takes str only when ASCII (it raises TypeError on "é"): compare bytes
+    return bool(expected and token and hmac.compare_digest(token.encode(), expected.encode()))
 
 
 @require_GET

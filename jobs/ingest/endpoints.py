@@ -7,6 +7,8 @@
                                  not yet applied after that id
 """
 
+import re
+
 from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -17,6 +19,8 @@ from jobs.ingest.batch import MalformedBatch, parse_event_batch
 from jobs.ingest.store import do_ingest_events
 from jobs.models import Run, RunControl, RunEvent
 from jobs.prometheus import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
+
+CONTROL_ID = re.compile(r"[0-9]{1,19}")
 
 
 def error(status: int, message: str, **headers) -> JsonResponse:
@@ -76,9 +80,11 @@ def control_poll(request, run_id: int):
     if isinstance(run, JsonResponse):
         return run
     after = request.GET.get("after", "0")
-    if not after.isdigit():
-        return error(400, f"after must be a control id (an integer >= 0), got {after!r}")
-    pending = (RunControl.objects.filter(run=run, pk__gt=int(after), applied_at=None)
+    if not CONTROL_ID.fullmatch(after):  # not str.isdigit(): it takes "²", which int() refuses
+        return error(400, "after must be a control id (ASCII digits, an integer from 0 to "
+                          f"{2**63 - 1}), got {after[:40]!r}")
+    pending = (RunControl.objects.filter(run=run, pk__gt=min(int(after), 2**63 - 1),
+                                         applied_at=None)
                .select_related("requested_by").order_by("pk"))
     return JsonResponse({"stop": run.stop_requested_at is not None,
                          "controls": [c.as_engine_dict() for c in pending]})

@@ -8,7 +8,8 @@
     DELETE /api/v1/runs/<id>               a finished run's rows and files -> 204
     GET  /api/v1/runs/compare              ?ids=3,7 &level=0.5: what the compare page draws
     POST /api/v1/runs/<id>/stop            running: checkpoint and exit; queued: cancel
-    POST /api/v1/runs/<id>/fork            {checkpoint?, toml | config?, priority}
+    POST /api/v1/runs/<id>/fork            {checkpoint?, toml | config?, priority}: the
+                                           changes, merged into the parent's config
     POST /api/v1/runs/<id>/archive         a finished run leaves the list
     POST /api/v1/runs/<id>/restore         an archived run is back on the list
     POST /api/v1/runs/<id>/priority        {priority}: a queued run's place in the queue
@@ -21,6 +22,8 @@
 """
 
 from __future__ import annotations
+
+import re
 
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
@@ -47,6 +50,7 @@ from jobs.models.controls import paused
 from jobs.queries.compare import CompareError, compare_data, selection
 from jobs.rest import serializers as s
 from jobs.runs.actions import (
+    Refused,
     do_archive_run,
     do_create_external_run,
     do_delete_run,
@@ -61,6 +65,9 @@ from jobs.runs.forms import toml_table
 
 MAX_LIMIT = 1000
 MAX_POINTS = 5000
+MAX_ID = 2**63 - 1  # the database's integer: a larger id or step reaches no row (and
+                    # SQLite raises OverflowError on it)
+INTEGER = re.compile(r"-?[0-9]{1,19}")
 
 
 def config_from(data: dict) -> RunConfig:
@@ -70,6 +77,21 @@ def config_from(data: dict) -> RunConfig:
         raise ValidationError({"config.framework": "a run another framework trains is "
                                "created with POST /api/v1/runs/external"})
     return validate_config(config)
+
+
+def merged(base: dict, changes: dict) -> dict:
+    """``changes`` laid over ``base``, table by table: a fork's config names only what
+    differs from its parent's. A table whose ``type`` changes (another placement, async
+    policy, algorithm) is replaced whole, since the old type's fields do not apply."""
+    out = dict(base)
+    for key, value in changes.items():
+        old = out.get(key)
+        if (isinstance(old, dict) and isinstance(value, dict)
+                and value.get("type", old.get("type")) == old.get("type")):
+            out[key] = merged(old, value)
+        else:
+            out[key] = value
+    return out
 
 
 def valid(serializer_class, request):
@@ -90,13 +112,23 @@ def query_param(request, name: str, parse, expect: str):
         raise ValidationError({name: f"must be {expect}, got {raw!r}"}) from None
 
 
+def ascii_int(raw: str) -> int:
+    """int() of ASCII digits only (int() also takes "٣" and raises past 4300 digits), at
+    most 19 of them: every integer the database holds."""
+    if not INTEGER.fullmatch(raw):
+        raise ValueError(raw)
+    return int(raw)
+
+
 def int_param(request, name: str, default: int | None = None, lo: int = 0,
-              hi: int | None = None) -> int | None:
-    value = query_param(request, name, int, "an integer")
+              hi: int = MAX_ID) -> int | None:
+    """An integer query parameter in [lo, hi] (the schema says the same bounds); a value
+    outside, or not ASCII digits, is a 400 naming it."""
+    value = query_param(request, name, ascii_int, "an integer")
     if value is None:
         return default
-    if value < lo or (hi is not None and value > hi):
-        raise ValidationError({name: f"must be between {lo} and {hi}, got {value}"})
+    if not lo <= value <= hi:
+        raise ValidationError({name: f"must be an integer from {lo} to {hi}, got {value}"})
     return value
 
 
@@ -212,6 +244,9 @@ def stop(request, run_id: int):
                           409: s.ErrorSerializer})
 @api_view(["POST"])
 def fork(request, run_id: int):
+    """A new queued run from a checkpoint of this one (default: its latest): the
+    parent's config with the changes given laid over it (a partial config is enough);
+    409 when the run has no checkpoint on disk or is an external run."""
     parent = get_object_or_404(Run, pk=run_id)
     data = valid(s.ForkSerializer, request)
     if parent.is_external:
@@ -224,13 +259,15 @@ def fork(request, run_id: int):
                                                  f"{data['checkpoint']} on disk"})
     else:
         checkpoint = checkpoints.first()
-        if checkpoint is None:
-            raise ValidationError({"checkpoint": f"run {parent.pk} has no checkpoint on "
-                                                 "disk; a fork starts from one"})
+        if checkpoint is None:  # the run's state, not the request, is what is missing
+            raise Refused(f"run {parent.pk} has no checkpoint on disk yet; a fork starts "
+                          "from one (a running run writes them every checkpoint_every steps)")
+    base = parent.fork_config().model_dump(mode="json")
     if "toml" in data or "config" in data:
-        cfg = config_from(data)
+        changes = toml_table(data["toml"]) if "toml" in data else data["config"]
+        cfg = config_from({"config": merged(base, changes)})
     else:
-        cfg = parent.fork_config()
+        cfg = validate_config(base)
     child = do_fork_run(request.user, parent, checkpoint, cfg.model_dump(mode="json"),
                         priority=data["priority"])
     child.refresh_from_db()

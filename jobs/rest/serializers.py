@@ -89,6 +89,11 @@ class ExternalRunSerializer(serializers.Serializer):
 
 
 class ForkSerializer(ConfigInput):
+    """A fork: the parent's config (renamed "<name>-fork") with the changes given as
+    ``toml`` or ``config`` laid over it table by table, so {"config": {"steps": 9}}
+    changes the steps only and {"config": {}} is the parent's config; a table whose
+    ``type`` changes is replaced whole."""
+
     checkpoint = serializers.IntegerField(
         required=False, help_text="a checkpoint id of the parent; default: its latest")
     priority = serializers.IntegerField(default=0, min_value=-PRIORITY_BOUND,

@@ -1,0 +1,142 @@
+"""No input reaches a 500 (issue 33): each input that did is now a declared 4xx with the
+JSON error shape, and a sweep sends every hostile shape to every API route."""
+
+import json
+
+import pytest
+from django.urls import URLPattern, get_resolver
+
+from jobs.models import Run
+
+from .helpers import api_token, checkpoint_on_disk
+
+pytestmark = pytest.mark.django_db
+
+DEEP_JSON = '{"config": {"name": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}}"
+DEEP_TOML = json.dumps({"toml": "x = " + "[" * 100_000 + "]" * 100_000})
+HUGE = "9223372036854775808"         # 2**63: past every database integer
+HOSTILE_VALUES = [HUGE, "\u00b2", "9" * 5000, "-1", "\u0663", "1e3", "\x00"]
+
+
+@pytest.fixture
+def operator(client):
+    client.raise_request_exception = False  # a 500 is an answer here, not an error
+    return {"HTTP_AUTHORIZATION": f"Bearer {api_token('olga', operator=True)}"}
+
+
+@pytest.fixture
+def run():
+    return Run.objects.create(name="r", config={"name": "r", "steps": 3})
+
+
+def assert_json_error(response, status):
+    assert response.status_code == status, response.content[:300]
+    assert response["Content-Type"] == "application/json"
+    body = response.json()
+    assert body.get("detail") or body.get("error"), body
+    return body
+
+
+def test_a_run_id_past_the_database_integer_is_a_400_on_the_alert_list(client, operator):
+    body = assert_json_error(client.get(f"/api/v1/alerts?run={HUGE}", **operator), 400)
+    assert body["errors"] == [{"field": "run", "message":
+                               f"must be an integer from 0 to {2**63 - 1}, got {HUGE}"}]
+
+
+@pytest.mark.parametrize("body", [DEEP_JSON, DEEP_TOML], ids=["json", "toml"])
+def test_a_launch_nested_100k_deep_is_a_400(client, operator, body):
+    response = client.post("/api/v1/runs", body, content_type="application/json", **operator)
+    assert "nest" in json.dumps(assert_json_error(response, 400))
+    assert not Run.objects.filter(name="deep").exists()
+
+
+@pytest.mark.parametrize("after", ["\u00b2", "9" * 5000, "9" * 20], ids=["superscript",
+                                                                         "5000 digits", "2**66"])
+def test_the_driver_control_poll_refuses_an_after_that_is_no_id(client, run, after):
+    client.raise_request_exception = False
+    response = client.get(f"/api/runs/{run.pk}/controls", {"after": after},
+                          HTTP_AUTHORIZATION=f"Bearer {run.issue_ingest_token()}")
+    assert "after must be a control id" in assert_json_error(response, 400)["error"]
+
+
+def test_a_non_ascii_bearer_token_is_refused_on_metrics_and_the_api(client, settings):
+    settings.RLPLANE_METRICS_TOKEN = "scrape"
+    client.raise_request_exception = False
+    hostile = {"HTTP_AUTHORIZATION": "Bearer \u00e9t\u00e9"}
+
+    assert client.get("/metrics", **hostile).status_code == 403
+    assert_json_error(client.get("/api/v1/runs", **hostile), 401)
+
+
+def test_a_path_no_route_matches_answers_json_not_an_html_page(client, operator):
+    body = assert_json_error(client.get("/api/v1/runs/abc", **operator), 404)
+    assert "ids in paths are integers" in body["detail"]
+    assert_json_error(client.get("/api/v1/no-such-thing", **operator), 404)
+    assert "error" in assert_json_error(client.get("/api/runs/1/events"), 405)  # POST only
+
+
+@pytest.mark.parametrize("body", [
+    {"config": {"name": "nul", "steps": 3, "rollout": {"system_prompt": "a\x00b"}}},
+    {"toml": 'name = "nul"\nsteps = 3\n[rollout]\nsystem_prompt = "a\\u0000b"\n'},
+], ids=["json", "toml"])
+def test_a_nul_in_a_config_string_is_a_field_error(client, operator, body):
+    response = client.post("/api/v1/runs", json.dumps(body), content_type="application/json",
+                           **operator)
+    errors = assert_json_error(response, 400)["errors"]
+    assert errors[0]["field"].endswith("rollout.system_prompt") and "NUL" in errors[0]["message"]
+
+
+def test_a_fork_merges_a_partial_config_into_the_parents_and_needs_a_checkpoint(
+        client, operator, queued):
+    parent = Run.objects.create(name="p", config={"name": "p", "steps": 3,
+                                                  "rollout": {"temperature": 0.5}})
+    refused = client.post(f"/api/v1/runs/{parent.pk}/fork", "{}",
+                          content_type="application/json", **operator)
+    assert "no checkpoint on disk" in assert_json_error(refused, 409)["detail"]
+
+    checkpoint_on_disk(parent, 2)
+    child = client.post(f"/api/v1/runs/{parent.pk}/fork", json.dumps({"config": {"steps": 9}}),
+                        content_type="application/json", **operator).json()
+    same = client.post(f"/api/v1/runs/{parent.pk}/fork", json.dumps({"config": {}}),
+                       content_type="application/json", **operator).json()
+
+    assert (child["name"], child["config"]["steps"]) == ("p-fork", 9)
+    assert child["config"]["rollout"]["temperature"] == 0.5
+    assert same["config"] == {**child["config"], "steps": 3}
+
+
+def api_routes():
+    """(path template, its argument names) of every route under /api/."""
+    def walk(patterns, prefix):
+        for p in patterns:
+            if isinstance(p, URLPattern):
+                yield prefix + str(p.pattern), list(p.pattern.converters)
+            else:
+                yield from walk(p.url_patterns, prefix + str(p.pattern))
+    return [(path, args) for path, args in walk(get_resolver().url_patterns, "/")
+            if path.startswith("/api/")]
+
+
+def test_every_api_route_answers_hostile_input_with_a_4xx(client, operator, run, queued):
+    """Each route, each id, each query parameter and body field a route reads, with values
+    that are no integer a database holds, and tokens no header codec likes."""
+    names = ["run", "limit", "after_seq", "start", "end", "points", "step", "ids", "level",
+             "after", "checkpoint", "priority", "reward_min", "gap_min", "state", "kind"]
+    tokens = ["Bearer \u00e9", "Bearer " + "x" * 10_000, "Basic \x7f", "Bearer \x00"]
+    answers = []
+    for n, (template, args) in enumerate(api_routes()):
+        path, huge_path = template, template
+        for arg in args:
+            path = path.replace(f"<int:{arg}>", str(run.pk))
+            huge_path = huge_path.replace(f"<int:{arg}>", HUGE)
+        answers.append((huge_path, client.get(huge_path, **operator).status_code))
+        answers.append((path, client.get(path, HTTP_AUTHORIZATION=tokens[n % 4]).status_code))
+        for value in HOSTILE_VALUES:
+            query = {name: value for name in names}
+            answers.append((path, client.get(path, query, **operator).status_code))
+        for body in ({name: value for name in names} for value in (HUGE, "\u00b2", 2**64)):
+            answers.append((path, client.post(path, json.dumps(body),
+                                              content_type="application/json",
+                                              **operator).status_code))
+    assert len({path for path, _ in answers}) >= 20
+    assert [(path, code) for path, code in answers if code >= 500] == []
