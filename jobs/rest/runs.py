@@ -30,7 +30,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.decorators import api_view
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
 from engine.api import validate_control
@@ -47,7 +47,7 @@ from jobs.models import (
     latest_values,
 )
 from jobs.models.controls import paused
-from jobs.queries.compare import CompareError, compare_data, selection
+from jobs.queries.compare import CompareError, RunsMissing, compare_data, selection
 from jobs.rest import serializers as s
 from jobs.runs.actions import (
     Refused,
@@ -102,9 +102,10 @@ def valid(serializer_class, request):
 
 def query_param(request, name: str, parse, expect: str):
     """The query parameter ``name`` read by ``parse`` (which raises ValueError on a bad
-    value), None when absent or empty; a bad value is a 400 naming it: "must be <expect>"."""
+    value), None when absent; a bad value (an empty one too) is a 400 naming it: "must be
+    <expect>"."""
     raw = request.query_params.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return None
     try:
         return parse(raw)
@@ -118,6 +119,30 @@ def ascii_int(raw: str) -> int:
     if not INTEGER.fullmatch(raw):
         raise ValueError(raw)
     return int(raw)
+
+
+def integers(lo: int = 0, hi: int = MAX_ID) -> dict:
+    """The schema of an integer parameter that int_param reads with the same bounds."""
+    return {"type": "integer", "minimum": lo, "maximum": hi}
+
+
+def comma_list(items: dict, **bounds) -> dict:
+    """The schema of a comma-separated list parameter (?status=running,queued): an array
+    in OpenAPI's form style, unexploded."""
+    return {"type": "array", "items": items, **bounds}
+
+
+BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+
+
+def boolean(raw: str) -> bool:
+    if raw.lower() not in BOOLEANS:
+        raise ValueError(raw)
+    return BOOLEANS[raw.lower()]
+
+
+def bool_param(request, name: str) -> bool | None:
+    return query_param(request, name, boolean, "true or false")
 
 
 def int_param(request, name: str, default: int | None = None, lo: int = 0,
@@ -164,10 +189,13 @@ def external_runs(request):
 
 @extend_schema(
     methods=["GET"], responses=s.RunSerializer(many=True),
-    parameters=[OpenApiParameter("status", str, description="comma-separated statuses"),
+    parameters=[OpenApiParameter("status", comma_list({"type": "string",
+                                                       "enum": list(RunStatus.values)}),
+                                 style="form", explode=False,
+                                 description="comma-separated statuses"),
                 OpenApiParameter("name", str, description="part of the name"),
                 OpenApiParameter("archived", bool, description="list archived runs too"),
-                OpenApiParameter("limit", int)])
+                OpenApiParameter("limit", integers(1, MAX_LIMIT), description="default 100")])
 @extend_schema(methods=["POST"], request=s.LaunchSerializer,
                responses={201: s.RunDetailSerializer, 400: s.ErrorSerializer})
 @api_view(["GET", "POST"])
@@ -189,7 +217,7 @@ def runs(request):
         rows = rows.filter(status__in=statuses)
     if request.query_params.get("name"):
         rows = rows.filter(name__icontains=request.query_params["name"])
-    if request.query_params.get("archived", "").lower() not in {"1", "true", "yes"}:
+    if not bool_param(request, "archived"):
         rows = rows.filter(archived_at=None)
     limit = int_param(request, "limit", 100, 1, MAX_LIMIT)
     return Response(s.RunSerializer(rows[:limit], many=True).data)
@@ -206,8 +234,11 @@ def run(request, run_id: int):
     return Response(run_detail(target))
 
 
-@extend_schema(responses={200: OpenApiTypes.OBJECT, 400: s.ErrorSerializer},
-               parameters=[OpenApiParameter("ids", str, required=True,
+@extend_schema(responses={200: OpenApiTypes.OBJECT, 400: s.ErrorSerializer,
+                          404: s.ErrorSerializer},
+               parameters=[OpenApiParameter("ids", comma_list(integers(), minItems=2,
+                                                              maxItems=6, uniqueItems=True),
+                                            style="form", explode=False, required=True,
                                             description="2 to 6 comma-separated run ids"),
                            OpenApiParameter("level", float,
                                             description="the reward level to time")])
@@ -218,6 +249,8 @@ def compare(request):
     seconds since the run's first step)."""
     try:
         runs, level = selection(request)
+    except RunsMissing as exc:
+        raise NotFound(exc.message) from None
     except CompareError as exc:
         raise ValidationError({exc.field: exc.message}) from None
     return Response(compare_data(runs, level))
@@ -304,9 +337,10 @@ def priority(request, run_id: int):
     responses=s.MetricsSerializer,
     parameters=[OpenApiParameter("name", str, many=True, required=True,
                                  description="a metric name (repeat for several)"),
-                OpenApiParameter("start", int, description="first step"),
-                OpenApiParameter("end", int, description="last step"),
-                OpenApiParameter("points", int, description="at most this many per series")])
+                OpenApiParameter("start", integers(), description="first step"),
+                OpenApiParameter("end", integers(), description="last step"),
+                OpenApiParameter("points", integers(1, MAX_POINTS),
+                                 description="at most this many per series (default 500)")])
 @api_view(["GET"])
 def metrics(request, run_id: int):
     target = get_object_or_404(Run, pk=run_id)
@@ -342,8 +376,10 @@ def metric_names(request, run_id: int):
 
 @extend_schema(
     responses=s.EventsSerializer,
-    parameters=[OpenApiParameter("after_seq", int), OpenApiParameter("type", str, many=True),
-                OpenApiParameter("limit", int)])
+    parameters=[OpenApiParameter("after_seq", integers(), description="events after this "
+                                                                  "seq (default 0)"),
+                OpenApiParameter("type", str, many=True, description="only these types"),
+                OpenApiParameter("limit", integers(1, MAX_LIMIT), description="default 500")])
 @api_view(["GET"])
 def events(request, run_id: int):
     target = get_object_or_404(Run, pk=run_id)

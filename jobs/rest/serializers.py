@@ -9,7 +9,8 @@ from jobs.models.run import PRIORITY_BOUND
 
 
 class RunSerializer(serializers.ModelSerializer):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                              allow_null=True)
     archived = serializers.SerializerMethodField()
     framework = serializers.CharField(
         read_only=True, help_text='who trains the run: "rlplane" (its own engine) or the '
@@ -95,7 +96,8 @@ class ForkSerializer(ConfigInput):
     ``type`` changes is replaced whole."""
 
     checkpoint = serializers.IntegerField(
-        required=False, help_text="a checkpoint id of the parent; default: its latest")
+        required=False, min_value=0, max_value=2**63 - 1,
+        help_text="a checkpoint id of the parent; default: its latest")
     priority = serializers.IntegerField(default=0, min_value=-PRIORITY_BOUND,
                                         max_value=PRIORITY_BOUND)
 
@@ -120,7 +122,8 @@ class ControlRequestSerializer(serializers.Serializer):
 
 
 class ControlSerializer(serializers.ModelSerializer):
-    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                                allow_null=True)
 
     class Meta:
         model = RunControl
@@ -154,6 +157,13 @@ class EventsSerializer(serializers.Serializer):
     last_seq = serializers.IntegerField(help_text="pass as after_seq to read on")
 
 
+class FieldErrorSerializer(serializers.Serializer):
+    field = serializers.CharField(help_text='the field\'s path, e.g. "rollout.temperature"')
+    message = serializers.CharField(help_text="what is wrong and the fix")
+
+
 class ErrorSerializer(serializers.Serializer):
+    """Every error the API answers (jobs/rest/errors.py)."""
+
     detail = serializers.CharField()
-    errors = serializers.ListField(child=serializers.DictField(), required=False)
+    errors = FieldErrorSerializer(many=True, required=False)
