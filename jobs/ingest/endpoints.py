@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from jobs.auth import bearer_token
 from jobs.ingest.batch import MalformedBatch, parse_event_batch
+from jobs.ingest.name_cap import within_name_cap
 from jobs.ingest.store import do_ingest_events
 from jobs.models import Run, RunControl, RunEvent
 from jobs.prometheus import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
@@ -62,13 +63,15 @@ def ingest(request, run_id: int) -> JsonResponse:
         return error(413, "the batch is too large; send fewer events per request")
     except MalformedBatch as exc:
         return error(exc.status, str(exc))
-    result = do_ingest_events(run, batch.events)
+    events, over_cap = within_name_cap(run, batch.events)
+    result = do_ingest_events(run, events)
     INGEST_EVENTS.labels("stored").inc(result.stored)
     INGEST_EVENTS.labels("duplicate").inc(result.duplicates)
     body = {"stored": result.stored, "duplicates": result.duplicates,
             "last_seq": result.last_seq}
-    if batch.errors:
-        return JsonResponse({**body, "errors": batch.errors}, status=400)
+    errors = batch.errors + over_cap
+    if errors:
+        return JsonResponse({**body, "errors": errors}, status=400)
     return JsonResponse(body)
 
 
