@@ -105,16 +105,19 @@ def test_a_fork_merges_a_partial_config_into_the_parents_and_needs_a_checkpoint(
     assert same["config"] == {**child["config"], "steps": 3}
 
 
-def api_routes():
-    """(path template, its argument names) of every route under /api/."""
+def all_routes():
+    """(path template, its argument names) of every route."""
     def walk(patterns, prefix):
         for p in patterns:
             if isinstance(p, URLPattern):
                 yield prefix + str(p.pattern), list(p.pattern.converters)
             else:
                 yield from walk(p.url_patterns, prefix + str(p.pattern))
-    return [(path, args) for path, args in walk(get_resolver().url_patterns, "/")
-            if path.startswith("/api/")]
+    return list(walk(get_resolver().url_patterns, "/"))
+
+
+def api_routes():
+    return [(path, args) for path, args in all_routes() if path.startswith("/api/")]
 
 
 def test_every_api_route_answers_hostile_input_with_a_4xx(client, operator, run, queued):
@@ -139,4 +142,31 @@ def test_every_api_route_answers_hostile_input_with_a_4xx(client, operator, run,
                                               content_type="application/json",
                                               **operator).status_code))
     assert len({path for path, _ in answers}) >= 20
+    assert [(path, code) for path, code in answers if code >= 500] == []
+
+
+def test_every_page_answers_hostile_query_and_form_values_with_no_500(client, run, queued,
+                                                                       django_user_model):
+    """The pages too, as a logged-in operator: every route, every parameter a page reads."""
+    from django.contrib.auth.models import Group
+
+    from jobs.auth import OPERATOR_GROUP
+
+    user = django_user_model.objects.create_user("page-operator")
+    user.groups.add(Group.objects.get_or_create(name=OPERATOR_GROUP)[0])
+    client.force_login(user)
+    client.raise_request_exception = False
+    names = ["ids", "level", "step", "reward_min", "reward_max", "gap_min", "order", "status",
+             "name", "archived", "priority", "value", "kind", "checkpoint", "toml", "state"]
+    answers = []
+    for template, args in [(p, a) for p, a in all_routes() if not p.startswith(
+            ("/api/", "/admin/", "/mlflow/"))]:
+        path = template
+        for arg in args:
+            path = path.replace(f"<int:{arg}>", str(run.pk))
+        for value in (HUGE, "\u00b2", "\x00", "9" * 5000):
+            query = {name: value for name in names}
+            answers.append((path, client.get(path, query).status_code))
+            answers.append((path, client.post(path, query).status_code))
+    assert len(answers) > 40
     assert [(path, code) for path, code in answers if code >= 500] == []
