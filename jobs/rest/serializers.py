@@ -120,6 +120,13 @@ class ControlRequestSerializer(serializers.Serializer):
         help_text="set_lr: the learning rate (0 < lr <= 1); set_eval_every: steps "
                   "(an integer >= 0, 0 = no mid-run eval); none for the others")
 
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:  # the schema says additionalProperties: false (engine.api.Control)
+            raise serializers.ValidationError({unknown[0]: "not a field of a control; "
+                                               "send kind and, for some kinds, value"})
+        return attrs
+
 
 class ControlSerializer(serializers.ModelSerializer):
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
