@@ -55,7 +55,7 @@ class RunDetailSerializer(RunSerializer):
 class ConfigInput(serializers.Serializer):
     """A run config: TOML text (as in configs/) or the same as a JSON object; not both."""
 
-    toml = serializers.CharField(required=False, trim_whitespace=False)
+    toml = serializers.CharField(required=False, trim_whitespace=False, min_length=1)
     config = serializers.DictField(required=False)
 
     def validate(self, attrs):

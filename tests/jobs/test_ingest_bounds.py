@@ -124,6 +124,10 @@ def test_a_body_declared_over_the_limit_is_413_without_being_read(settings):
         b"authorization": b"Bearer whatever", b"host": b"127.0.0.1"})
 
     assert status == 413 and not answer["body_read"]
+    status, answer = asgi_post("/api/v1/runs", {  # the REST API's error shape there
+        b"content-length": str(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1).encode(),
+        b"host": b"127.0.0.1"})
+    assert status == 413 and "over" in answer["detail"]
 
 
 def test_an_ingest_post_without_a_token_is_401_without_its_body_being_read():
