@@ -45,7 +45,6 @@ from rich.table import Table
 
 from engine.config import FRAMEWORKS, ConfigError, fork_name, validate_config
 from rlplane import watch as watching
-from rlplane.terminal import inert, plain
 from rlplane.client import (
     EXIT_OK,
     EXIT_USAGE,
@@ -53,6 +52,7 @@ from rlplane.client import (
     Client,
     save_credentials,
 )
+from rlplane.terminal import inert, plain
 
 
 class UsageError(ApiError):
@@ -130,7 +130,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_transport(url: str, insecure: bool, console: Console) -> None:
+def check_transport(url: str, insecure: bool) -> None:
     """http:// to another machine sends the token in clear on every call: refused unless
     --insecure (then said on stderr); https:// and this machine's own addresses pass."""
     parts = urllib.parse.urlsplit(url)
@@ -147,7 +147,7 @@ def check_transport(url: str, insecure: bool, console: Console) -> None:
 
 
 def cmd_login(args, console: Console) -> int:
-    check_transport(args.url, args.insecure, console)
+    check_transport(args.url, args.insecure)
     token = args.token
     if token is None:
         prompt = f"API token (create one at {args.url.rstrip('/')}/settings/tokens): "

@@ -10,7 +10,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from rich.console import Console
 
 from rlplane import client as c
 from rlplane.cli import check_transport, main
@@ -144,8 +143,8 @@ def test_login_refuses_plain_http_to_another_machine_unless_insecure(capsys):
     assert "unencrypted" in capsys.readouterr().err
     assert not c.credentials_path().exists()
 
-    check_transport("http://10.1.2.3:8000", True, Console())
+    check_transport("http://10.1.2.3:8000", True)
     assert "warning" in capsys.readouterr().err
     for url in ("https://rlplane.example.org", "http://127.0.0.1:8000", "http://[::1]:80",
                 "http://localhost:8000"):
-        check_transport(url, False, Console())
+        check_transport(url, False)

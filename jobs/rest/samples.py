@@ -24,6 +24,7 @@ from jobs.models import Run
 from jobs.queries.inspector import ORDERS, SampleFilters, step_view
 from jobs.rest.runs import bool_param, int_param, integers, query_param
 
+
 def float_param(request, name: str) -> float | None:
     value = query_param(request, name, float, "a number")
     if value is not None and not math.isfinite(value):
@@ -51,7 +52,8 @@ def sample_filters(request) -> SampleFilters:
 
 @extend_schema(
     responses={200: OpenApiTypes.OBJECT},
-    parameters=[OpenApiParameter("step", integers(), description="a sampled step (default: latest)"),
+    parameters=[OpenApiParameter("step", integers(),
+                                 description="a sampled step (default: latest)"),
                 OpenApiParameter("reward_min", float, description="lowest reward shown"),
                 OpenApiParameter("reward_max", float, description="highest reward shown"),
                 OpenApiParameter("truncated", bool, description="only truncated (true) or "
