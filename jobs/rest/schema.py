@@ -79,4 +79,10 @@ def declare_errors(result, generator, request, public):
     schemas = result.get("components", {}).get("schemas", {})
     if "ControlRequest" in schemas:
         schemas["ControlRequest"] = control_request()
+    # A config comes as toml or as config, never both (ConfigInput.validate); a launch
+    # needs one, a fork may send neither (the parent's config).
+    if "Launch" in schemas:
+        schemas["Launch"]["oneOf"] = [{"required": ["toml"]}, {"required": ["config"]}]
+    if "Fork" in schemas:
+        schemas["Fork"]["not"] = {"required": ["toml", "config"]}
     return result

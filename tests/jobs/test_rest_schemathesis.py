@@ -15,7 +15,7 @@ code and the JSON error shape:
                                                   naming each field)
     GET  /runs/{id}/samples                       reward_min <= reward_max
 Phases: examples and fuzzing (positive and negative data). The coverage phase (every
-boundary value of every parameter, ~1,100 requests per role, ~70 s a role here) passed
+boundary value of every parameter, ~1,200 examples a role, ~65 s a role here) passed
 too when this was written, but does not fit the suite's budget; turn it on in
 config_for to run it. The stateful phase is off: the schema declares no links.
 """
