@@ -20,6 +20,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from engine.telemetry.http_sink import CrossOriginRedirect, same_origin_opener
+
 EXIT_OK = 0
 EXIT_ERROR = 1          # anything else: the server failed (5xx), an unexpected answer
 EXIT_USAGE = 2          # bad arguments or bad input: a config field, a request field (400)
@@ -63,40 +65,11 @@ def save_credentials(url: str, token: str) -> Path:
     return path
 
 
-def origin(url: str) -> tuple[str, str, int | None]:
-    """(scheme, host, port) with the scheme's default port filled in: what a redirect must
-    keep for the token to go along."""
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    try:
-        port = parts.port
-    except ValueError:  # a port that is not a number: no origin matches it
-        return scheme, "", -1
-    return scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
-
-
-class CrossOriginRedirect(urllib.error.HTTPError):
-    """A 30x that points at another origin: not followed, so the token stays home."""
-
-
-class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        if origin(newurl) != origin(req.full_url):
-            raise CrossOriginRedirect(req.full_url, code, newurl, headers, fp)
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-def opener() -> urllib.request.OpenerDirector:
-    """The control plane is addressed directly (never through http_proxy), and its
-    redirects are followed only within its origin."""
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), SameOriginRedirects())
-
-
 class Client:
     def __init__(self, url: str, token: str):
         self.url = url.rstrip("/")
         self.token = token
-        self.opener = opener()
+        self.opener = same_origin_opener()
 
     @classmethod
     def from_credentials(cls) -> Client:

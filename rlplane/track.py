@@ -79,8 +79,7 @@ from engine.events import (
     SamplesEvent,
     SpanEvent,
 )
-from engine.telemetry.http_sink import HttpSink
-from rlplane.client import opener as client_opener
+from engine.telemetry.http_sink import HttpSink, same_origin_opener
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +157,7 @@ class Run:
         self._logged: set[str] = set()
         self._lock = threading.Lock()        # seq order = queue order, across threads
         self._closed = False
-        self._opener = client_opener()  # no proxy; redirects only within the origin
+        self._opener = same_origin_opener()  # no proxy; redirects only within the origin
         folder = spool_dir / re.sub(r"[^A-Za-z0-9.-]+", "_",
                                     url.split("://", 1)[-1]).strip("_")
         self.spool_path = folder / f"run-{run_id}.jsonl"

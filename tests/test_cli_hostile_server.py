@@ -148,3 +148,20 @@ def test_login_refuses_plain_http_to_another_machine_unless_insecure(capsys):
     for url in ("https://rlplane.example.org", "http://127.0.0.1:8000", "http://[::1]:80",
                 "http://localhost:8000"):
         check_transport(url, False)
+
+
+def test_the_engines_senders_of_a_run_token_follow_no_redirect_elsewhere(servers):
+    """HttpSink, the driver's control poller and rlplane.track share this opener."""
+    import urllib.request
+
+    from engine.telemetry.http_sink import CrossOriginRedirect, same_origin_opener
+
+    elsewhere = servers({})
+    home = servers({("GET", "/api/runs/1/controls"): (
+        302, {"Location": elsewhere.url + "/steal"}, {})})
+    request = urllib.request.Request(home.url + "/api/runs/1/controls",
+                                     headers={"Authorization": "Bearer run-token"})
+
+    with pytest.raises(CrossOriginRedirect):
+        same_origin_opener().open(request, timeout=5)
+    assert elsewhere.seen == []

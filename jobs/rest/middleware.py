@@ -2,11 +2,13 @@
 
 DRF answers its own views' errors as JSON (jobs/rest/errors.py), but some answers come from
 elsewhere: a path no route matches (/api/v1/runs/abc: the <int:...> converter refuses it,
-so Django's HTML 404 page), a 500 page, a CSRF 403, require_GET's empty 405. A client of
-the API must not have to parse HTML, so such an answer is replaced by the same shape the
-route's own errors use: {"detail": ...} under /api/v1/, the engine's {"error": ...} under
-the run-token door (/api/runs/...). Headers that tell the client what to do (Allow,
-WWW-Authenticate, Retry-After) are kept.
+so Django's HTML 404 page), a 500 page, a CSRF 403, require_GET's empty 405, the host
+check's 400. A client of the API must not have to parse HTML, so such an answer is
+replaced by {"detail": ...}, the REST API's shape. Under the run-token door (/api/runs/...)
+too, and deliberately not with its {"error": ...}: the engine's sender reads "error" as
+the ingest itself refusing the batch (set aside), while anything else there (a host check,
+a proxy) means the server is away and the batch is retried. Headers that tell the client
+what to do (Allow, WWW-Authenticate, Retry-After) are kept.
 """
 
 from http import HTTPStatus
@@ -36,8 +38,7 @@ class ApiErrorsAsJson:
         message = f"{phrase}: {request.method} {request.path}"
         if response.status_code == 404:
             message += " (no such route; ids in paths are integers)"
-        key = "detail" if request.path.startswith("/api/v1/") else "error"
-        replaced = JsonResponse({key: message}, status=response.status_code)
+        replaced = JsonResponse({"detail": message}, status=response.status_code)
         for name in KEPT_HEADERS:
             if name in response:
                 replaced[name] = response[name]
