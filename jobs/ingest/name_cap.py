@@ -29,11 +29,15 @@ def within_name_cap(run: Run, events: Sequence[Event]) -> tuple[list[Event], lis
     """(the events to store, an error per metrics event refused for adding names past
     the cap, in ingest's batch error shape)."""
     cap = settings.RLPLANE_MAX_METRIC_NAMES
-    metrics = [e for e in events if isinstance(e, MetricsEvent)]
-    if not metrics:
+    names = set().union(*(stored_names(run, e) for e in events if isinstance(e, MetricsEvent)))
+    stored = MetricPoint.objects.filter(run=run).order_by()
+    # The common batch repeats names the run has: index seeks on (run, name) say so; the
+    # run's whole name list (a scan of its points) is read only when a name is new, or
+    # when the batch names more than the cap (nor would so many fit in one IN (...)).
+    if not names or len(names) <= min(cap, 10_000) and set(
+            stored.filter(name__in=names).values_list("name", flat=True).distinct()) == names:
         return list(events), []
-    known = set(MetricPoint.objects.filter(run=run).values_list("name", flat=True)
-                .distinct().order_by())
+    known = set(stored.values_list("name", flat=True).distinct())
     kept, errors = [], []
     for index, event in enumerate(events):
         if isinstance(event, MetricsEvent):

@@ -160,3 +160,16 @@ def test_a_run_cannot_report_more_distinct_metric_names_than_the_cap(client, run
     assert sorted(set(MetricPoint.objects.filter(run=run).values_list("name", flat=True))) \
         == ["a", "b", "reward/mean"]
     assert INGEST_EVENTS.labels("over_name_cap")._value.get() == refused_before + 1
+
+
+def test_a_batch_naming_thousands_of_new_metrics_is_refused_without_a_500(client, run, token,
+                                                                          settings):
+    settings.RLPLANE_MAX_METRIC_NAMES = 100
+    events = [{"type": "metrics.append", "seq": i + 1, "ts": 1.0, "step": i + 1,
+               "values": {f"m{i}_{j}": 1.0 for j in range(2000)}} for i in range(20)]
+
+    response = post_events(client, run, token, events)
+
+    assert response.status_code == 400 and response.json()["stored"] == 0
+    errors = response.json()["errors"]
+    assert len(errors) == 20 and all("the cap is 100" in e["error"] for e in errors), errors[0]
