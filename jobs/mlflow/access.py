@@ -38,7 +38,9 @@ def caller_of(request) -> Caller:
 
 
 def run_pk(run_id: object) -> int:
-    if not isinstance(run_id, str) or not run_id.isdigit() or len(run_id) > 18:
+    # isascii: str.isdigit() also takes "²", which int() refuses
+    if not isinstance(run_id, str) or not (run_id.isascii() and run_id.isdigit()) \
+            or len(run_id) > 18:
         raise MlflowError("RESOURCE_DOES_NOT_EXIST", f"run {run_id!r} does not exist")
     return int(run_id)
 

@@ -172,3 +172,20 @@ def test_every_page_answers_hostile_query_and_form_values_with_no_500(client, ru
             answers.append((path, client.post(path, query).status_code))
     assert len(answers) > 40
     assert [(path, code) for path, code in answers if code >= 500] == []
+
+
+def test_every_mlflow_route_answers_a_run_id_that_is_no_id_with_no_500(client, run, queued):
+    """The MLflow door's run ids: "²" passes str.isdigit() but not int()."""
+    client.raise_request_exception = False
+    token = {"HTTP_AUTHORIZATION": f"Bearer {api_token('mlflow-op', operator=True)}"}
+    answers = []
+    for path in [p for p, _ in all_routes() if p.startswith("/mlflow/")]:
+        for value in ("\u00b2", HUGE, "9" * 5000):
+            body = {"run_id": value, "run_uuid": value, "experiment_id": value, "key": "k",
+                    "value": value, "timestamp": value, "step": value}
+            answers.append((path, client.get(path, body, **token).status_code))
+            answers.append((path, client.post(path, json.dumps(body),
+                                              content_type="application/json",
+                                              **token).status_code))
+    assert len(answers) > 20
+    assert [(path, code) for path, code in answers if code >= 500] == []
