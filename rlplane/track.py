@@ -109,7 +109,7 @@ def init(url: str | None = None, token: str | None = None, run_id: int | str | N
     url = url or _required(URL_ENV, "url")
     token = token or _required(TOKEN_ENV, "token")
     run_id = run_id if run_id is not None else _required(RUN_ID_ENV, "run_id")
-    if not str(run_id).isdigit():
+    if not (str(run_id).isascii() and str(run_id).isdigit()):  # "²".isdigit() too
         raise TrackConfigError(f"run_id must be the run's number (the {RUN_ID_ENV} "
                                f"environment variable), got {run_id!r}")
     return Run(url, token, int(run_id), spool_dir=Path(spool_dir or default_spool_dir()),

@@ -7,8 +7,6 @@
                                  not yet applied after that id
 """
 
-import re
-
 from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -19,9 +17,8 @@ from jobs.ingest.batch import MalformedBatch, parse_event_batch
 from jobs.ingest.name_cap import within_name_cap
 from jobs.ingest.store import do_ingest_events
 from jobs.models import Run, RunControl, RunEvent
+from jobs.models.validators import parse_pk
 from jobs.prometheus import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
-
-CONTROL_ID = re.compile(r"[0-9]{1,19}")
 
 
 def error(status: int, message: str, **headers) -> JsonResponse:
@@ -83,11 +80,11 @@ def control_poll(request, run_id: int):
     if isinstance(run, JsonResponse):
         return run
     after = request.GET.get("after", "0")
-    if not CONTROL_ID.fullmatch(after):  # not str.isdigit(): it takes "²", which int() refuses
-        return error(400, "after must be a control id (ASCII digits, an integer from 0 to "
-                          f"{2**63 - 1}), got {after[:40]!r}")
-    pending = (RunControl.objects.filter(run=run, pk__gt=min(int(after), 2**63 - 1),
-                                         applied_at=None)
+    after_id = parse_pk(after)
+    if after_id is None:
+        return error(400, "after must be a control id (at most 18 ASCII digits), got "
+                          f"{after[:40]!r}")
+    pending = (RunControl.objects.filter(run=run, pk__gt=after_id, applied_at=None)
                .select_related("requested_by").order_by("pk"))
     return JsonResponse({"stop": run.stop_requested_at is not None,
                          "controls": [c.as_engine_dict() for c in pending]})
