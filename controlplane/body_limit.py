@@ -23,8 +23,11 @@ from django.conf import settings
 INGEST_PATH = re.compile(r"^/api/runs/[^/]+/events/?$")
 
 
-async def _answer(send, status: int, message: str, headers: list | None = None) -> None:
-    body = json.dumps({"error": message}).encode()
+async def _answer(send, status: int, message: str, headers: list | None = None,
+                  path: str = "") -> None:
+    # The REST API's error shape under /api/v1/ ({"detail"}), the engine's elsewhere.
+    key = "detail" if path.startswith("/api/v1/") else "error"
+    body = json.dumps({key: message}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()), *(headers or [])]})
@@ -43,7 +46,7 @@ class BodyLimit:
         length = headers.get(b"content-length")
         if length is not None and (not length.strip().isdigit() or int(length) > limit):
             return await _answer(send, 413, f"the request body is over {limit} bytes; "
-                                            "send less per request")
+                                            "send less per request", path=scope["path"])
         if (scope["method"] == "POST" and INGEST_PATH.match(scope["path"])
                 and b"authorization" not in headers):
             return await _answer(send, 401, "send the run's ingest token as "

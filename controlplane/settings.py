@@ -63,6 +63,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Errors under /api/ are JSON, whichever layer answers (an unmatched path, a 500).
+    "jobs.rest.middleware.ApiErrorsAsJson",
     # Static files from the ASGI process itself: no separate web server, works offline.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -194,6 +196,9 @@ RLPLANE_RESUBMIT_AFTER_S = float(os.environ.get("RLPLANE_RESUBMIT_AFTER_S", "120
 # The rollout inspector keeps each run's samples of its last this many sampled steps
 # (older ones are deleted at ingest); at least 1.
 RLPLANE_SAMPLE_STEPS = max(1, int(os.environ.get("RLPLANE_SAMPLE_STEPS", "200")))
+# A run's distinct metric names (jobs/ingest/name_cap.py): past this, an event that adds
+# names is refused, so a run token cannot make every read and scrape megabytes.
+RLPLANE_MAX_METRIC_NAMES = max(1, int(os.environ.get("RLPLANE_MAX_METRIC_NAMES", "1000")))
 
 # --- The queue (jobs/runs/queue.py): how many in-process runs (the default colocated placement,
 # which reserves nothing on Ray) may run at once on this host.
@@ -202,6 +207,10 @@ RLPLANE_MAX_LOCAL_RUNS = int(os.environ.get("RLPLANE_MAX_LOCAL_RUNS", "2"))
 # --- Prometheus: /metrics answers only a scrape that sends this bearer token; unset, it
 # answers 403 (a run's metrics are not public).
 RLPLANE_METRICS_TOKEN = os.environ.get("RLPLANE_METRICS_TOKEN", "")
+# A run's metrics /metrics exports: the canonical names (engine/metrics.py) and these,
+# comma-separated (an external run's own names, e.g. "train/kl,train/entropy"); at most
+# 100, so a run token cannot grow the scrape.
+RLPLANE_PROMETHEUS_EXTRA_METRICS = env_list("RLPLANE_PROMETHEUS_EXTRA_METRICS")[:100]
 # Webhook targets (jobs.alerts.http): hosts or networks let through although not public,
 # and ones never reached; comma-separated, e.g. "hooks.internal,10.20.0.0/16".
 RLPLANE_WEBHOOK_ALLOW = env_list("RLPLANE_WEBHOOK_ALLOW")
@@ -216,7 +225,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["jobs.rest.auth.ReadOrOperator"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["jobs.rest.parsers.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "jobs.rest.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -236,4 +245,6 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "jobs.rest.schema.declare_errors"],
 }

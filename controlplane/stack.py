@@ -113,6 +113,22 @@ def private_dir(path: Path) -> None:
         path.chmod(0o700)
 
 
+def tighten_files(paths) -> list[Path]:
+    """Make each of ``paths`` that exists, is this user's and is readable by others 0600;
+    returns those changed. The umask covers only files the stack creates: a db.sqlite3
+    from an earlier `manage.py migrate` keeps its 0644 (every run's config and metrics)."""
+    changed = []
+    for path in map(Path, paths):
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            path.chmod(0o600)
+            changed.append(path)
+    return changed
+
+
 def say(message: str) -> None:
     print(f"rlplane: {message}", flush=True)
 
@@ -210,6 +226,10 @@ class Supervisor:
         ])
 
         # While Ray boots (~10 s): the database and the operator account.
+        if not self.env.get("DATABASE_URL"):
+            db = BASE_DIR / "db.sqlite3"
+            for path in tighten_files([db, f"{db}-wal", f"{db}-shm"]):
+                say(f"{path} was readable by other users; it is 0600 now")
         self.manage("migrate", "--noinput")
         # Its stdout may hold a generated password: printed once, kept out of the log.
         credentials = f"--credentials-file={c.state_dir / 'operator.json'}"

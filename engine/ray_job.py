@@ -35,6 +35,7 @@ from pathlib import Path
 
 from engine.config import ConfigError, RunConfig, load_config, validate_config
 from engine.controls import Control, ControlError, validate_control
+from engine.telemetry.http_sink import same_origin_opener
 
 logger = logging.getLogger("engine.ray_job")
 
@@ -57,7 +58,7 @@ class ControlPoller:
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._controls: list[Control] = []
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._opener = same_origin_opener()  # the run's token follows no redirect elsewhere
         self._thread = threading.Thread(target=self._run, name="control-poller", daemon=True)
 
     def start(self) -> ControlPoller:

@@ -22,9 +22,15 @@ So a client sees each seq once, in order, with no gap.
 
 from __future__ import annotations
 
+import logging
+import time
+from importlib import import_module
+
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 from django.template.loader import render_to_string
+from redis.exceptions import RedisError
 
 from jobs import charts
 from jobs.alerts.views import run_alerts
@@ -35,6 +41,9 @@ from jobs.models.controls import display_status
 from jobs.queries.run_page import log_lines, run_progress
 
 BACKFILL_CHUNK = 500  # events per message while catching up
+SESSION_CHECK_S = 10.0  # how stale "the login still exists" may be before a message goes
+
+logger = logging.getLogger(__name__)
 
 
 def run_update(events: list[dict], status: tuple[str, str] | None,
@@ -72,7 +81,36 @@ def run_update(events: list[dict], status: tuple[str, str] | None,
 
 class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
     """A socket that lives no longer than the login it was opened with: logging out
-    closes it (4401), as the pages it streams would then redirect to the login."""
+    closes it (4401), as the pages it streams would then redirect to the login. A session
+    that ends without a logout (its row deleted by an admin or clearsessions, expired) is
+    noticed before the next message is sent, at most SESSION_CHECK_S after the last check.
+
+    Leaving the groups is best effort: a tab closing while Redis is slow must not log a
+    traceback (the membership expires with the channel layer's group_expiry)."""
+
+    checked_at = 0.0
+
+    async def still_logged_in(self) -> bool:
+        """False (and the socket closed) once the session is gone or belongs to no one."""
+        if time.monotonic() - self.checked_at < SESSION_CHECK_S:
+            return True
+        alive = await database_sync_to_async(self.session_exists)()
+        self.checked_at = time.monotonic()
+        if not alive:
+            await self.close(code=4401)
+        return alive
+
+    def session_exists(self) -> bool:
+        store = import_module(settings.SESSION_ENGINE).SessionStore(
+            session_key=self.scope["session"].session_key)
+        return store.load().get("_auth_user_id") == str(self.scope["user"].pk)
+
+    async def discard(self, group: str) -> None:
+        try:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        except (RedisError, OSError) as exc:
+            logger.warning("websocket %s left %s without Redis's answer (%r)",
+                           self.channel_name, group, exc)
 
     async def join_session(self) -> bool:
         """False (and the socket closed) for an anonymous user."""
@@ -86,7 +124,7 @@ class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
 
     async def leave_session(self) -> None:
         if hasattr(self, "session_group"):
-            await self.channel_layer.group_discard(self.session_group, self.channel_name)
+            await self.discard(self.session_group)
 
     async def session_ended(self, message):
         await self.close(code=4401)
@@ -111,7 +149,7 @@ class RunConsumer(SessionBoundConsumer):
     async def disconnect(self, code):
         await self.leave_session()
         if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            await self.discard(self.group)
 
     async def receive_json(self, content, **kwargs):
         last_seq = content.get("last_seq") if isinstance(content, dict) else None
@@ -128,6 +166,8 @@ class RunConsumer(SessionBoundConsumer):
     async def run_events(self, message):
         if self.last_sent is None:
             return  # committed before it was announced: the backfill will include it
+        if not await self.still_logged_in():
+            return
         events = [e for e in message["events"] if e["seq"] > self.last_sent]
         if not events:
             return
@@ -150,6 +190,8 @@ class RunConsumer(SessionBoundConsumer):
         """Alert rows rendered for this socket's user (operators get the buttons)."""
         if self.last_sent is None:
             return  # the page rendered them; the first message resends them all anyway
+        if not await self.still_logged_in():
+            return
         alerts = await database_sync_to_async(self.render_alerts)(message["alert_ids"])
         if alerts:
             await self.send_json({"alerts": alerts})
@@ -207,9 +249,11 @@ class RunsConsumer(SessionBoundConsumer):
     async def disconnect(self, code):
         await self.leave_session()
         if getattr(self, "joined", False):
-            await self.channel_layer.group_discard(RUNS_GROUP, self.channel_name)
+            await self.discard(RUNS_GROUP)
 
     async def runs_summary(self, message):
+        if not await self.still_logged_in():
+            return
         run_id = message["run_id"]
         badge = render_to_string("jobs/_status_badge.html", {
             "status": message["status"], "run_id": run_id})

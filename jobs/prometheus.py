@@ -3,13 +3,16 @@ sends ``Authorization: Bearer $RLPLANE_METRICS_TOKEN``. Unset, the endpoint answ
 
     rlplane_run_metric{run, run_name, framework, name}
                                                 each live run's latest value of every metric
-                                                it reports (name: "reward/mean", "bubble", ...;
-                                                framework: "rlplane", "trl", "verl", ...)
+                                                it reports under a canonical name
+                                                (engine/metrics.py: "reward/mean", "bubble",
+                                                ...) or one of RLPLANE_PROMETHEUS_EXTRA_METRICS
+                                                (framework: "rlplane", "trl", "verl", ...)
     rlplane_run_step{run, run_name, framework}  the step those values come from
     rlplane_runs{status}                        runs by status
     rlplane_queue_length                        queued runs (jobs/runs/queue.py)
     rlplane_alerts{kind, state}                 alert rows by rule and state
-    rlplane_ingest_events_total{outcome}        stored | duplicate       } counted in this
+    rlplane_ingest_events_total{outcome}        stored | duplicate |     } counted in this
+                                                over_name_cap            }
     rlplane_ingest_batches_total{code}          HTTP status of the batch } process, since
     rlplane_ingest_seconds                      histogram of a batch     } it started
 
@@ -38,6 +41,7 @@ from prometheus_client import (
 from prometheus_client import generate_latest as exposition
 from prometheus_client.core import GaugeMetricFamily
 
+from engine.api import metrics as M
 from jobs.alerts.rules import KINDS
 from jobs.auth import bearer_token
 from jobs.models import LIVE, Alert, AlertState, Run, RunStatus, latest_values
@@ -57,6 +61,14 @@ for outcome in ("stored", "duplicate"):
     INGEST_EVENTS.labels(outcome)   # 0 from the start, not absent until the first event
 
 
+def exported(name: str) -> bool:
+    """Only the canonical names (engine/metrics.py, families included) and the configured
+    RLPLANE_PROMETHEUS_EXTRA_METRICS are exported: a run token names its metrics, and
+    each name would be a series in every scrape."""
+    return (name in M.METRICS or name in settings.RLPLANE_PROMETHEUS_EXTRA_METRICS
+            or any(family.match(name) for family in M.FAMILIES))
+
+
 class DatabaseCollector:
     """The run, alert and queue families, read at scrape time."""
 
@@ -74,7 +86,7 @@ class DatabaseCollector:
         for run_id, latest in latest_values(runs).items():
             run = runs[run_id]
             for name, (_, value) in sorted(latest.items()):
-                if value is not None:  # NaN/inf are stored as NULL
+                if value is not None and exported(name):  # NaN/inf are stored as NULL
                     values.add_metric([str(run_id), run.name, run.framework, name], value)
             steps.add_metric([str(run_id), run.name, run.framework],
                              max(step for step, _ in latest.values()))
@@ -103,7 +115,8 @@ REGISTRY.register(DatabaseCollector())
 def scrape_allowed(request) -> bool:
     expected = settings.RLPLANE_METRICS_TOKEN
     token = bearer_token(request)
-    return bool(expected and token and hmac.compare_digest(token, expected))
+    # compare_digest takes str only when ASCII (it raises TypeError on "é"): compare bytes
+    return bool(expected and token and hmac.compare_digest(token.encode(), expected.encode()))
 
 
 @require_GET

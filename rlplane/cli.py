@@ -22,6 +22,11 @@
                            a run your own process reports to: prints the `export` lines
                            (RLPLANE_URL/RUN_ID/TOKEN, MLFLOW_TRACKING_URI/TOKEN) to eval
 
+Everything printed from the server's answers goes through rlplane.terminal first: a run's
+token writes its name, status reasons, log lines and alert causes, and none of it reaches
+the terminal as an escape sequence or rich markup. `login` refuses http:// to a host other
+than this machine unless --insecure (the token would cross the network in clear).
+
 Exit codes (rlplane.client): 0 ok; 1 server error; 2 bad arguments or input (each bad field
 printed as "path: message"); 3 not logged in or token refused; 4 not allowed for your role;
 5 not found; 6 the run's state does not allow it; 7 control plane unreachable; 8 `watch`:
@@ -33,11 +38,13 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import ipaddress
 import json
 import shlex
 import sys
 import time
 import tomllib
+import urllib.parse
 from functools import partial
 from pathlib import Path
 
@@ -53,6 +60,7 @@ from rlplane.client import (
     Client,
     save_credentials,
 )
+from rlplane.terminal import inert, plain
 
 
 class UsageError(ApiError):
@@ -113,22 +121,52 @@ def validated(validate, data: dict, what: str) -> dict:
 def print_runs(console: Console, runs: list[dict]) -> None:
     grid = Table("id", "name", "framework", "status", "priority", "by", "created", "reason")
     for r in runs:
-        grid.add_row(str(r["id"]), r["name"], r.get("framework", "rlplane"), r["status"],
-                     str(r["priority"]),
-                     r["created_by"] or "", r["created_at"][:19].replace("T", " "),
-                     r["status_reason"][:60])
+        grid.add_row(*(inert(x) for x in (
+            r["id"], r["name"], r.get("framework", "rlplane"), r["status"], r["priority"],
+            r["created_by"] or "", r["created_at"][:19].replace("T", " "),
+            plain(r["status_reason"])[:60])))
     console.print(grid)
 
 
 def announce(console: Console, client: Client, run: dict, verb: str, quiet: bool) -> None:
     if quiet:
-        print(run["id"])
+        print(plain(run["id"]))
     else:
         page = client.page_url(f"/runs/{run['id']}")
-        console.print(f"{verb} run #{run['id']} ({run['status']}): {page}", highlight=False)
+        console.print(plain(f"{verb} run #{run['id']} ({run['status']}): {page}"),
+                      highlight=False, markup=False)
+
+
+LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_transport(url: str, insecure: bool) -> None:
+    """http:// to another machine sends the token in clear on every call: refused unless
+    --insecure (then said on stderr); https:// and this machine's own addresses pass."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise UsageError(f"{url!r} is not an http(s) URL; e.g. https://rlplane.example.org")
+    if parts.scheme == "https" or is_loopback(parts.hostname):
+        return
+    if not insecure:
+        raise UsageError(f"{url} is plain http to another machine: your API token would "
+                         "cross the network unencrypted on every call. Use https://, or "
+                         "pass --insecure if this network is trusted")
+    Console(stderr=True).print(f"rlplane: warning: {plain(url)} is plain http; the token is "
+                               "sent unencrypted (--insecure)", markup=False, highlight=False)
 
 
 def cmd_login(args, console: Console) -> int:
+    check_transport(args.url, args.insecure)
     token = args.token
     if token is None:
         prompt = f"API token (create one at {args.url.rstrip('/')}/settings/tokens): "
@@ -139,7 +177,8 @@ def cmd_login(args, console: Console) -> int:
     client = Client(args.url, token)
     client.get("/runs", limit=1)  # 401 -> exit 3, nothing saved
     path = save_credentials(client.url, token)
-    console.print(f"logged in to {client.url}; token kept in {path}", highlight=False)
+    console.print(plain(f"logged in to {client.url}; token kept in {path}"),
+                  highlight=False, markup=False)
     return EXIT_OK
 
 
@@ -166,8 +205,8 @@ def cmd_watch(args, console: Console, client: Client) -> int:
 
 def cmd_stop(args, console: Console, client: Client) -> int:
     run = client.post(f"/runs/{args.run}/stop")
-    console.print(f"run #{run['id']} is {run['status']}: {run['status_reason']}",
-                  highlight=False)
+    console.print(plain(f"run #{run['id']} is {run['status']}: {run['status_reason']}"),
+                  highlight=False, markup=False)
     return EXIT_OK
 
 
@@ -188,7 +227,8 @@ def cmd_fork(args, console: Console, client: Client) -> int:
 
 def cmd_priority(args, console: Console, client: Client) -> int:
     run = client.post(f"/runs/{args.run}/priority", {"priority": args.priority})
-    console.print(f"run #{run['id']}: priority {run['priority']}", highlight=False)
+    console.print(plain(f"run #{run['id']}: priority {run['priority']}"), highlight=False,
+                  markup=False)
     return EXIT_OK
 
 
@@ -197,8 +237,9 @@ def cmd_control(args, console: Console, client: Client) -> int:
     if getattr(args, "value", None) is not None:   # the commands that take one declare it
         body["value"] = args.value
     control = client.post(f"/runs/{args.run}/controls", body)
-    console.print(f"run #{args.run}: control {control['id']} ({body['kind']}) sent; it is "
-                  "applied after the step in progress", highlight=False)
+    console.print(plain(f"run #{args.run}: control {control['id']} ({body['kind']}) sent; "
+                        "it is applied after the step in progress"),
+                  highlight=False, markup=False)
     return EXIT_OK
 
 
@@ -213,7 +254,7 @@ def cmd_logs(args, console: Console, client: Client) -> int:
             text = event.get("message") or event.get("status", "")
             if event["type"] == "run.status":
                 text = f"[status] {event.get('status')} {event.get('message', '')}".rstrip()
-            print(f"{event['seq']:>6} {text}")
+            print(plain(f"{event['seq']:>6} {text}", newlines=True))
         after = page["last_seq"]
         output = client.get(f"/runs/{args.run}/job-log", after_line=after_line)
         for line in output["lines"]:
@@ -231,13 +272,14 @@ def cmd_alerts(args, console: Console, client: Client) -> int:
     for alert_id, action in ((args.ack, "acknowledge"), (args.resolve, "resolve")):
         if alert_id is not None:
             alert = client.post(f"/alerts/{alert_id}/{action}")
-            console.print(f"alert {alert['id']} is {alert['state']}", highlight=False)
+            console.print(plain(f"alert {alert['id']} is {alert['state']}"),
+                          highlight=False, markup=False)
             return EXIT_OK
     alerts = client.get("/alerts", run=args.run, state=args.state)
     grid = Table("id", "run", "kind", "state", "step", "cause")
     for a in alerts:
-        grid.add_row(str(a["id"]), f"#{a['run']}", a["kind"], a["state"],
-                     str(a["last_step"]), a["cause"][:80])
+        grid.add_row(*(inert(x) for x in (a["id"], f"#{a['run']}", a["kind"], a["state"],
+                                          a["last_step"], plain(a["cause"])[:80])))
     console.print(grid)
     return EXIT_OK
 
@@ -338,6 +380,8 @@ def parser() -> argparse.ArgumentParser:
     login = sub.add_parser("login", help="keep the control plane's URL and your API token")
     login.add_argument("url")
     login.add_argument("--token", help="default: read from the prompt (or stdin)")
+    login.add_argument("--insecure", action="store_true",
+                       help="allow http:// to another machine (the token travels in clear)")
     runs = sub.add_parser("runs", help="list runs")
     runs.add_argument("--status", help="comma-separated: running,queued,...")
     runs.add_argument("--all", action="store_true", help="archived runs too")
@@ -415,9 +459,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_watch_files(args, console)
         return COMMANDS[args.command](args, console, Client.from_credentials())
     except ApiError as exc:
-        errors.print(f"rlplane: {exc}", markup=False)
+        errors.print(plain(f"rlplane: {exc}"), markup=False)
         for e in exc.errors:
-            errors.print(f"  {e['field']}: {e['message']}", markup=False)
+            e = e if isinstance(e, dict) else {"message": e}
+            errors.print(plain(f"  {e.get('field', '(request)')}: {e.get('message', '')}"),
+                         markup=False)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

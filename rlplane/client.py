@@ -5,6 +5,10 @@
 
 Every failure is an ApiError carrying the exit code the CLI ends with (EXIT_* below), so a
 script can tell "bad input" from "not allowed" from "server down" without parsing text.
+
+A redirect is followed only within the control plane's origin (scheme, host, port): urllib
+copies the Authorization header onto wherever a 30x points, so a redirect elsewhere is
+refused rather than handing the token to another host.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from engine.telemetry.http_sink import CrossOriginRedirect, same_origin_opener
 
 EXIT_OK = 0
 EXIT_ERROR = 1          # anything else: the server failed (5xx), an unexpected answer
@@ -63,8 +69,7 @@ class Client:
     def __init__(self, url: str, token: str):
         self.url = url.rstrip("/")
         self.token = token
-        # The control plane is addressed directly, never through http_proxy.
-        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self.opener = same_origin_opener()
 
     @classmethod
     def from_credentials(cls) -> Client:
@@ -89,6 +94,10 @@ class Client:
         try:
             with self.opener.open(request, timeout=TIMEOUT_S) as response:
                 return json.loads(response.read() or b"null")
+        except CrossOriginRedirect as exc:
+            raise ApiError(f"{url} redirected to another origin ({exc.msg}); not followed, so "
+                           "your API token was not sent there. If the control plane moved, "
+                           "log in at its new address: rlplane login URL", EXIT_ERROR) from None
         except urllib.error.HTTPError as exc:
             raise error_from(exc) from None
         except OSError as exc:

@@ -140,7 +140,8 @@ class RolloutDumpTail:
     def poll(self) -> list[Metrics | Samples]:
         out: list[Metrics | Samples] = []
         paths = sorted(self.directory.glob("*.jsonl"),     # by step: 9.jsonl before 10.jsonl
-                       key=lambda p: (int(p.stem) if p.stem.isdigit() else math.inf, p.name))
+                       key=lambda p: (int(p.stem) if p.stem.isascii() and p.stem.isdigit()
+                                      else math.inf, p.name))
         for path in paths:
             entries = self.files.setdefault(path, LineTail(path)).records()
             by_step: dict[int, list[dict]] = {}

@@ -79,7 +79,7 @@ from engine.events import (
     SamplesEvent,
     SpanEvent,
 )
-from engine.telemetry.http_sink import HttpSink
+from engine.telemetry.http_sink import HttpSink, same_origin_opener
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def init(url: str | None = None, token: str | None = None, run_id: int | str | N
     url = url or _required(URL_ENV, "url")
     token = token or _required(TOKEN_ENV, "token")
     run_id = run_id if run_id is not None else _required(RUN_ID_ENV, "run_id")
-    if not str(run_id).isdigit():
+    if not (str(run_id).isascii() and str(run_id).isdigit()):  # "²".isdigit() too
         raise TrackConfigError(f"run_id must be the run's number (the {RUN_ID_ENV} "
                                f"environment variable), got {run_id!r}")
     return Run(url, token, int(run_id), spool_dir=Path(spool_dir or default_spool_dir()),
@@ -157,7 +157,7 @@ class Run:
         self._logged: set[str] = set()
         self._lock = threading.Lock()        # seq order = queue order, across threads
         self._closed = False
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._opener = same_origin_opener()  # no proxy; redirects only within the origin
         folder = spool_dir / re.sub(r"[^A-Za-z0-9.-]+", "_",
                                     url.split("://", 1)[-1]).strip("_")
         self.spool_path = folder / f"run-{run_id}.jsonl"

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from engine import metrics as M
 from rlplane.client import EXIT_OK, EXIT_RUN_FAILED, Client
+from rlplane.terminal import inert, plain
 
 # (label, metric): the canonical metrics an operator watches first.
 SHOWN = [
@@ -52,7 +53,8 @@ def shown_status(run: dict) -> str:
 
 
 def table(run: dict) -> Table:
-    grid = Table(title=f"#{run['id']} {run['name']}  [bold]{shown_status(run)}[/bold]  "
+    grid = Table(title=f"#{inert(run['id'])} {inert(run['name'])}  "
+                       f"[bold]{inert(shown_status(run))}[/bold]  "
                        f"step {current_step(run) if current_step(run) is not None else '-'}",
                  show_header=False, expand=False)
     grid.add_column("what")
@@ -60,11 +62,12 @@ def table(run: dict) -> Table:
     for label, metric in SHOWN:
         grid.add_row(label, value(run, metric))
     if run["status"] == "queued" and run["status_reason"]:
-        grid.add_row("queued", run["status_reason"])
+        grid.add_row("queued", inert(run["status_reason"]))
     alerts = run["open_alerts"]
     grid.add_row("open alerts", str(len(alerts)))
     for alert in alerts:
-        grid.add_row(f"  {alert['kind']} ({alert['state']})", alert["cause"][:100])
+        grid.add_row(inert(f"  {alert['kind']} ({alert['state']})"),
+                     inert(plain(alert["cause"])[:100]))
     return grid
 
 
@@ -72,7 +75,7 @@ def line(run: dict) -> str:
     parts = [f"run={run['id']}", f"status={shown_status(run)}", f"step={current_step(run)}"]
     parts += [f"{metric}={value(run, metric)}" for _, metric in SHOWN]
     parts.append(f"open_alerts={len(run['open_alerts'])}")
-    return " ".join(parts)
+    return plain(" ".join(parts))
 
 
 def watch(client: Client, run_id: int, interval_s: float, steps: int | None,
@@ -98,7 +101,7 @@ def watch(client: Client, run_id: int, interval_s: float, steps: int | None,
     else:
         while True:
             if current_step(run) != last_printed or run["status"] in TERMINAL:
-                console.print(line(run), soft_wrap=True, highlight=False)
+                console.print(line(run), soft_wrap=True, highlight=False, markup=False)
                 last_printed = current_step(run)
             if done(run):
                 break

@@ -26,6 +26,7 @@ from controlplane.stack import (
     parse_args,
     private_dir,
     ray_environment,
+    tighten_files,
 )
 
 from .stack_helpers import start_stack, wait_ready
@@ -111,6 +112,17 @@ def test_a_predictable_dir_someone_else_made_first_is_refused(tmp_path):
     mine.mkdir(mode=0o755)
     private_dir(mine)
     assert mine.stat().st_mode & 0o777 == 0o700
+
+
+def test_an_existing_database_readable_by_others_is_made_private(tmp_path):
+    db, theirs = tmp_path / "db.sqlite3", tmp_path / "theirs.sqlite3"
+    for path in (db, theirs):
+        path.write_text("")
+        path.chmod(0o644)
+    os.chown(theirs, 4242, 4242)                # not this user's: left alone
+
+    assert tighten_files([db, theirs, tmp_path / "db.sqlite3-wal"]) == [db]
+    assert db.stat().st_mode & 0o777 == 0o600 and theirs.stat().st_mode & 0o777 == 0o644
 
 
 def test_ray_inherits_no_secret_of_the_control_plane():

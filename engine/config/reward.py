@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import sys
+import sysconfig
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, model_validator
@@ -120,6 +122,11 @@ class PythonRewardConfig(_RewardPool):
                                  f"reward.function={self.function!r}: no such file "
                                  f"{target!r}; fix the path (relative to the working "
                                  "directory or the rlplane checkout)")
+            owner = protected_owner(resolve(target))
+            if owner is not None:
+                raise FieldError("reward.function",
+                                 f"reward.function={self.function!r} names a file of "
+                                 f"{owner}; point it at your own module or file")
             return self
         if not all(part.isidentifier() for part in target.split(".")):
             raise FieldError("reward.function",
@@ -132,6 +139,21 @@ class PythonRewardConfig(_RewardPool):
                              f"{'the standard library' if top != 'engine' else 'rlplane'}; "
                              "point it at your own module or file")
         return self
+
+
+def protected_owner(path: Path) -> str | None:
+    """"the standard library" or "rlplane" when ``path`` (symlinks followed) is one of
+    their files, as a module name of theirs is refused: naming os.py by its path must not
+    get around that. A site-packages folder under the standard library's is not it."""
+    real = path.resolve()
+    if real.is_relative_to(Path(__file__).resolve().parents[1]):
+        return "rlplane"
+    for key in ("stdlib", "platstdlib"):
+        base = Path(sysconfig.get_paths()[key]).resolve()
+        if real.is_relative_to(base) and not (
+                {"site-packages", "dist-packages"} & set(real.relative_to(base).parts)):
+            return "the standard library"
+    return None
 
 
 def is_file_target(target: str) -> bool:

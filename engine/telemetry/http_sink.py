@@ -51,6 +51,12 @@ emitted less than flush_interval_s before a crash, while the server is reachable
 memory alone. close(timeout_s) delivers what it can in that time and leaves the rest in
 the spool.
 
+Redirects are followed only within the URL's origin (scheme, host, port): urllib copies
+the Authorization header onto wherever a 30x points, and the run's token must not go
+there. A redirect elsewhere is answered like any other HTTP error (retried, never
+followed). ``same_origin_opener`` is the one opener every sender of a token uses (this
+sink, the driver's control poller, rlplane.track and the rlplane CLI).
+
 Standard library only: this runs inside the Ray job, next to the engine.
 """
 
@@ -62,6 +68,7 @@ import queue
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from http.client import HTTPException
 from pathlib import Path
@@ -74,6 +81,36 @@ logger = logging.getLogger(__name__)
 _WAKE = object()  # put on the queue by close() so a waiting sender notices at once
 POISON_AFTER = 5  # 500s in a row for one batch before it is split (module docstring)
 
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) with the scheme's default port filled in: what a redirect must
+    keep for a token to go along."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:  # a port that is not a number: no origin matches it
+        return scheme, "", -1
+    return scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
+
+
+class CrossOriginRedirect(urllib.error.HTTPError):
+    """A 30x that points at another origin: not followed, so the token stays home."""
+
+
+class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if origin(newurl) != origin(req.full_url):
+            raise CrossOriginRedirect(req.full_url, code, newurl, headers, fp)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def same_origin_opener() -> urllib.request.OpenerDirector:
+    """The control plane is addressed directly (an HTTP proxy from the environment would
+    only add a hop that can fail), and its redirects are followed only within its
+    origin."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), SameOriginRedirects())
 
 class HttpSink:
     def __init__(self, url: str, token: str, spool_path: str | Path, *, batch_size: int = 200,
@@ -88,9 +125,7 @@ class HttpSink:
         self._max_backoff_s = max_backoff_s
         self._min_backoff_s = min(min_backoff_s, max_backoff_s)
         self._request_timeout_s = request_timeout_s
-        # The control plane is reached directly; an HTTP proxy from the environment would
-        # only add a hop that can fail.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._opener = same_origin_opener()
         self._queue: queue.Queue[Any] = queue.Queue()
         self._spool_pos = 0  # bytes of the spool already delivered
         self._deadline: float | None = None  # set by close()

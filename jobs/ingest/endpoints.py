@@ -14,8 +14,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from jobs.auth import bearer_token
 from jobs.ingest.batch import MalformedBatch, parse_event_batch
+from jobs.ingest.name_cap import within_name_cap
 from jobs.ingest.store import do_ingest_events
 from jobs.models import Run, RunControl, RunEvent
+from jobs.models.validators import parse_pk
 from jobs.prometheus import INGEST_BATCHES, INGEST_EVENTS, INGEST_SECONDS
 
 
@@ -58,13 +60,15 @@ def ingest(request, run_id: int) -> JsonResponse:
         return error(413, "the batch is too large; send fewer events per request")
     except MalformedBatch as exc:
         return error(exc.status, str(exc))
-    result = do_ingest_events(run, batch.events)
+    events, over_cap = within_name_cap(run, batch.events)
+    result = do_ingest_events(run, events)
     INGEST_EVENTS.labels("stored").inc(result.stored)
     INGEST_EVENTS.labels("duplicate").inc(result.duplicates)
     body = {"stored": result.stored, "duplicates": result.duplicates,
             "last_seq": result.last_seq}
-    if batch.errors:
-        return JsonResponse({**body, "errors": batch.errors}, status=400)
+    errors = batch.errors + over_cap
+    if errors:
+        return JsonResponse({**body, "errors": errors}, status=400)
     return JsonResponse(body)
 
 
@@ -76,9 +80,11 @@ def control_poll(request, run_id: int):
     if isinstance(run, JsonResponse):
         return run
     after = request.GET.get("after", "0")
-    if not after.isdigit():
-        return error(400, f"after must be a control id (an integer >= 0), got {after!r}")
-    pending = (RunControl.objects.filter(run=run, pk__gt=int(after), applied_at=None)
+    after_id = parse_pk(after)
+    if after_id is None:
+        return error(400, "after must be a control id (at most 18 ASCII digits), got "
+                          f"{after[:40]!r}")
+    pending = (RunControl.objects.filter(run=run, pk__gt=after_id, applied_at=None)
                .select_related("requested_by").order_by("pk"))
     return JsonResponse({"stop": run.stop_requested_at is not None,
                          "controls": [c.as_engine_dict() for c in pending]})

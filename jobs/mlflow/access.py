@@ -16,6 +16,7 @@ from jobs.auth import bearer_token, is_operator
 from jobs.mlflow.protocol import MlflowError
 from jobs.models import ApiToken, Run
 from jobs.models.run import hash_token
+from jobs.models.validators import parse_pk
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,10 @@ def caller_of(request) -> Caller:
 
 
 def run_pk(run_id: object) -> int:
-    if not isinstance(run_id, str) or not run_id.isdigit() or len(run_id) > 18:
+    pk = parse_pk(run_id) if isinstance(run_id, str) else None
+    if pk is None:
         raise MlflowError("RESOURCE_DOES_NOT_EXIST", f"run {run_id!r} does not exist")
-    return int(run_id)
+    return pk
 
 
 def readable_run(caller: Caller, run_id: object) -> Run:

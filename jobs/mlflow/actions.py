@@ -21,6 +21,7 @@ from django.db import transaction
 from engine.api import Event, LogEvent, MetricsEvent, RunStatusEvent
 from engine.config import ConfigError, validate_external
 from jobs.ingest.batch import MAX_SAFE_INT, parse_event
+from jobs.ingest.name_cap import within_name_cap
 from jobs.ingest.store import do_ingest_events
 from jobs.mlflow.access import Caller, require_operator, writable_run
 from jobs.mlflow.protocol import (
@@ -160,7 +161,10 @@ def do_report(run: Run, events: Sequence[Event] = (), params: dict | None = None
                         dataclasses.replace(event, seq=stored + i).to_dict(), stored))
                 except ValueError as exc:
                     raise invalid(str(exc)) from None
-            do_ingest_events(locked, numbered)
+            kept, over_cap = within_name_cap(locked, numbered)
+            if over_cap:  # all or nothing, as for any value ingest refuses
+                raise invalid(over_cap[0]["error"])
+            do_ingest_events(locked, kept)
     return locked
 
 

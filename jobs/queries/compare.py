@@ -176,12 +176,16 @@ def config_differences(configs: Sequence[Mapping]) -> list[tuple[str, list]]:
             if any(v != values[0] for v in values[1:])]
 
 
+class RunsMissing(CompareError):
+    """An id that names no run (the API's 404; the page shows it like any other)."""
+
+
 def selected_runs(ids: list[int]) -> list[Run]:
     """The runs, in the order asked; CompareError naming any id that is no run."""
     by_id = Run.objects.in_bulk(ids)
     missing = [str(pk) for pk in ids if pk not in by_id]
     if missing:
-        raise CompareError("ids", f"no run {', '.join(missing)}; pick runs from the runs list")
+        raise RunsMissing("ids", f"no run {', '.join(missing)}; pick runs from the runs list")
     return [by_id[pk] for pk in ids]
 
 

@@ -8,7 +8,8 @@
     DELETE /api/v1/runs/<id>               a finished run's rows and files -> 204
     GET  /api/v1/runs/compare              ?ids=3,7 &level=0.5: what the compare page draws
     POST /api/v1/runs/<id>/stop            running: checkpoint and exit; queued: cancel
-    POST /api/v1/runs/<id>/fork            {checkpoint?, toml | config?, priority}
+    POST /api/v1/runs/<id>/fork            {checkpoint?, toml | config?, priority}: the
+                                           changes, merged into the parent's config
     POST /api/v1/runs/<id>/archive         a finished run leaves the list
     POST /api/v1/runs/<id>/restore         an archived run is back on the list
     POST /api/v1/runs/<id>/priority        {priority}: a queued run's place in the queue
@@ -23,12 +24,14 @@
 
 from __future__ import annotations
 
+import re
+
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.decorators import api_view
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
 from engine.api import validate_control
@@ -45,9 +48,10 @@ from jobs.models import (
     latest_values,
 )
 from jobs.models.controls import paused
-from jobs.queries.compare import CompareError, compare_data, selection
+from jobs.queries.compare import CompareError, RunsMissing, compare_data, selection
 from jobs.rest import serializers as s
 from jobs.runs.actions import (
+    Refused,
     do_archive_run,
     do_create_external_run,
     do_delete_run,
@@ -63,6 +67,9 @@ from jobs.runs.job_logs import job_log_lines
 
 MAX_LIMIT = 1000
 MAX_POINTS = 5000
+MAX_ID = 2**63 - 1  # the database's integer: a larger id or step reaches no row (and
+                    # SQLite raises OverflowError on it)
+INTEGER = re.compile(r"-?[0-9]{1,19}")
 
 
 def config_from(data: dict) -> RunConfig:
@@ -74,6 +81,21 @@ def config_from(data: dict) -> RunConfig:
     return validate_config(config)
 
 
+def merged(base: dict, changes: dict) -> dict:
+    """``changes`` laid over ``base``, table by table: a fork's config names only what
+    differs from its parent's. A table whose ``type`` changes (another placement, async
+    policy, algorithm) is replaced whole, since the old type's fields do not apply."""
+    out = dict(base)
+    for key, value in changes.items():
+        old = out.get(key)
+        if (isinstance(old, dict) and isinstance(value, dict)
+                and value.get("type", old.get("type")) == old.get("type")):
+            out[key] = merged(old, value)
+        else:
+            out[key] = value
+    return out
+
+
 def valid(serializer_class, request):
     serializer = serializer_class(data=request.data)
     serializer.is_valid(raise_exception=True)
@@ -82,9 +104,10 @@ def valid(serializer_class, request):
 
 def query_param(request, name: str, parse, expect: str):
     """The query parameter ``name`` read by ``parse`` (which raises ValueError on a bad
-    value), None when absent or empty; a bad value is a 400 naming it: "must be <expect>"."""
+    value), None when absent; a bad value (an empty one too) is a 400 naming it: "must be
+    <expect>"."""
     raw = request.query_params.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return None
     try:
         return parse(raw)
@@ -92,13 +115,47 @@ def query_param(request, name: str, parse, expect: str):
         raise ValidationError({name: f"must be {expect}, got {raw!r}"}) from None
 
 
+def ascii_int(raw: str) -> int:
+    """int() of ASCII digits only (int() also takes "٣" and raises past 4300 digits), at
+    most 19 of them: every integer the database holds."""
+    if not INTEGER.fullmatch(raw):
+        raise ValueError(raw)
+    return int(raw)
+
+
+def integers(lo: int = 0, hi: int = MAX_ID) -> dict:
+    """The schema of an integer parameter that int_param reads with the same bounds."""
+    return {"type": "integer", "minimum": lo, "maximum": hi}
+
+
+def comma_list(items: dict, **bounds) -> dict:
+    """The schema of a comma-separated list parameter (?status=running,queued): an array
+    in OpenAPI's form style, unexploded."""
+    return {"type": "array", "items": items, **bounds}
+
+
+BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+
+
+def boolean(raw: str) -> bool:
+    if raw.lower() not in BOOLEANS:
+        raise ValueError(raw)
+    return BOOLEANS[raw.lower()]
+
+
+def bool_param(request, name: str) -> bool | None:
+    return query_param(request, name, boolean, "true or false")
+
+
 def int_param(request, name: str, default: int | None = None, lo: int = 0,
-              hi: int | None = None) -> int | None:
-    value = query_param(request, name, int, "an integer")
+              hi: int = MAX_ID) -> int | None:
+    """An integer query parameter in [lo, hi] (the schema says the same bounds); a value
+    outside, or not ASCII digits, is a 400 naming it."""
+    value = query_param(request, name, ascii_int, "an integer")
     if value is None:
         return default
-    if value < lo or (hi is not None and value > hi):
-        raise ValidationError({name: f"must be between {lo} and {hi}, got {value}"})
+    if not lo <= value <= hi:
+        raise ValidationError({name: f"must be an integer from {lo} to {hi}, got {value}"})
     return value
 
 
@@ -134,10 +191,13 @@ def external_runs(request):
 
 @extend_schema(
     methods=["GET"], responses=s.RunSerializer(many=True),
-    parameters=[OpenApiParameter("status", str, description="comma-separated statuses"),
+    parameters=[OpenApiParameter("status", comma_list({"type": "string",
+                                                       "enum": list(RunStatus.values)}),
+                                 style="form", explode=False,
+                                 description="comma-separated statuses"),
                 OpenApiParameter("name", str, description="part of the name"),
                 OpenApiParameter("archived", bool, description="list archived runs too"),
-                OpenApiParameter("limit", int)])
+                OpenApiParameter("limit", integers(1, MAX_LIMIT), description="default 100")])
 @extend_schema(methods=["POST"], request=s.LaunchSerializer,
                responses={201: s.RunDetailSerializer, 400: s.ErrorSerializer})
 @api_view(["GET", "POST"])
@@ -159,7 +219,7 @@ def runs(request):
         rows = rows.filter(status__in=statuses)
     if request.query_params.get("name"):
         rows = rows.filter(name__icontains=request.query_params["name"])
-    if request.query_params.get("archived", "").lower() not in {"1", "true", "yes"}:
+    if not bool_param(request, "archived"):
         rows = rows.filter(archived_at=None)
     limit = int_param(request, "limit", 100, 1, MAX_LIMIT)
     return Response(s.RunSerializer(rows[:limit], many=True).data)
@@ -176,8 +236,11 @@ def run(request, run_id: int):
     return Response(run_detail(target))
 
 
-@extend_schema(responses={200: OpenApiTypes.OBJECT, 400: s.ErrorSerializer},
-               parameters=[OpenApiParameter("ids", str, required=True,
+@extend_schema(responses={200: OpenApiTypes.OBJECT, 400: s.ErrorSerializer,
+                          404: s.ErrorSerializer},
+               parameters=[OpenApiParameter("ids", comma_list(integers(), minItems=2,
+                                                              maxItems=6, uniqueItems=True),
+                                            style="form", explode=False, required=True,
                                             description="2 to 6 comma-separated run ids"),
                            OpenApiParameter("level", float,
                                             description="the reward level to time")])
@@ -188,6 +251,8 @@ def compare(request):
     seconds since the run's first step)."""
     try:
         runs, level = selection(request)
+    except RunsMissing as exc:
+        raise NotFound(exc.message) from None
     except CompareError as exc:
         raise ValidationError({exc.field: exc.message}) from None
     return Response(compare_data(runs, level))
@@ -214,6 +279,9 @@ def stop(request, run_id: int):
                           409: s.ErrorSerializer})
 @api_view(["POST"])
 def fork(request, run_id: int):
+    """A new queued run from a checkpoint of this one (default: its latest): the
+    parent's config with the changes given laid over it (a partial config is enough);
+    409 when the run has no checkpoint on disk or is an external run."""
     parent = get_object_or_404(Run, pk=run_id)
     data = valid(s.ForkSerializer, request)
     if parent.is_external:
@@ -226,13 +294,15 @@ def fork(request, run_id: int):
                                                  f"{data['checkpoint']} on disk"})
     else:
         checkpoint = checkpoints.first()
-        if checkpoint is None:
-            raise ValidationError({"checkpoint": f"run {parent.pk} has no checkpoint on "
-                                                 "disk; a fork starts from one"})
+        if checkpoint is None:  # the run's state, not the request, is what is missing
+            raise Refused(f"run {parent.pk} has no checkpoint on disk yet; a fork starts "
+                          "from one (a running run writes them every checkpoint_every steps)")
+    base = parent.fork_config(checkpoint.step).model_dump(mode="json")
     if "toml" in data or "config" in data:
-        cfg = config_from(data)
+        changes = toml_table(data["toml"]) if "toml" in data else data["config"]
+        cfg = config_from({"config": merged(base, changes)})
     else:
-        cfg = parent.fork_config(checkpoint.step)
+        cfg = validate_config(base)
     child = do_fork_run(request.user, parent, checkpoint, cfg.model_dump(mode="json"),
                         priority=data["priority"])
     child.refresh_from_db()
@@ -269,9 +339,10 @@ def priority(request, run_id: int):
     responses=s.MetricsSerializer,
     parameters=[OpenApiParameter("name", str, many=True, required=True,
                                  description="a metric name (repeat for several)"),
-                OpenApiParameter("start", int, description="first step"),
-                OpenApiParameter("end", int, description="last step"),
-                OpenApiParameter("points", int, description="at most this many per series")])
+                OpenApiParameter("start", integers(), description="first step"),
+                OpenApiParameter("end", integers(), description="last step"),
+                OpenApiParameter("points", integers(1, MAX_POINTS),
+                                 description="at most this many per series (default 500)")])
 @api_view(["GET"])
 def metrics(request, run_id: int):
     target = get_object_or_404(Run, pk=run_id)
@@ -307,8 +378,10 @@ def metric_names(request, run_id: int):
 
 @extend_schema(
     responses=s.EventsSerializer,
-    parameters=[OpenApiParameter("after_seq", int), OpenApiParameter("type", str, many=True),
-                OpenApiParameter("limit", int)])
+    parameters=[OpenApiParameter("after_seq", integers(), description="events after this "
+                                                                  "seq (default 0)"),
+                OpenApiParameter("type", str, many=True, description="only these types"),
+                OpenApiParameter("limit", integers(1, MAX_LIMIT), description="default 500")])
 @api_view(["GET"])
 def events(request, run_id: int):
     target = get_object_or_404(Run, pk=run_id)

@@ -22,9 +22,7 @@ from rest_framework.response import Response
 
 from jobs.models import Run
 from jobs.queries.inspector import ORDERS, SampleFilters, step_view
-from jobs.rest.runs import int_param, query_param
-
-BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+from jobs.rest.runs import bool_param, int_param, integers, query_param
 
 
 def float_param(request, name: str) -> float | None:
@@ -35,19 +33,9 @@ def float_param(request, name: str) -> float | None:
     return value
 
 
-def boolean(raw: str) -> bool:
-    if raw.lower() not in BOOLEANS:
-        raise ValueError(raw)
-    return BOOLEANS[raw.lower()]
-
-
-def bool_param(request, name: str) -> bool | None:
-    return query_param(request, name, boolean, "true or false")
-
-
 def sample_filters(request) -> SampleFilters:
     """The query's filters; a bad value is a 400 naming the parameter."""
-    order = request.query_params.get("order") or "group"
+    order = request.query_params.get("order", "group")
     if order not in ORDERS:
         raise ValidationError({"order": f"must be one of {', '.join(ORDERS)}, got {order!r}"})
     filters = SampleFilters(
@@ -64,7 +52,8 @@ def sample_filters(request) -> SampleFilters:
 
 @extend_schema(
     responses={200: OpenApiTypes.OBJECT},
-    parameters=[OpenApiParameter("step", int, description="a sampled step (default: latest)"),
+    parameters=[OpenApiParameter("step", integers(),
+                                 description="a sampled step (default: latest)"),
                 OpenApiParameter("reward_min", float, description="lowest reward shown"),
                 OpenApiParameter("reward_max", float, description="highest reward shown"),
                 OpenApiParameter("truncated", bool, description="only truncated (true) or "

@@ -9,7 +9,8 @@ from jobs.models.run import PRIORITY_BOUND
 
 
 class RunSerializer(serializers.ModelSerializer):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                              allow_null=True)
     archived = serializers.SerializerMethodField()
     framework = serializers.CharField(
         read_only=True, help_text='who trains the run: "rlplane" (its own engine) or the '
@@ -54,7 +55,7 @@ class RunDetailSerializer(RunSerializer):
 class ConfigInput(serializers.Serializer):
     """A run config: TOML text (as in configs/) or the same as a JSON object; not both."""
 
-    toml = serializers.CharField(required=False, trim_whitespace=False)
+    toml = serializers.CharField(required=False, trim_whitespace=False, min_length=1)
     config = serializers.DictField(required=False)
 
     def validate(self, attrs):
@@ -89,8 +90,14 @@ class ExternalRunSerializer(serializers.Serializer):
 
 
 class ForkSerializer(ConfigInput):
+    """A fork: the parent's config (renamed "<name>-fork") with the changes given as
+    ``toml`` or ``config`` laid over it table by table, so {"config": {"steps": 9}}
+    changes the steps only and {"config": {}} is the parent's config; a table whose
+    ``type`` changes is replaced whole."""
+
     checkpoint = serializers.IntegerField(
-        required=False, help_text="a checkpoint id of the parent; default: its latest")
+        required=False, min_value=0, max_value=2**63 - 1,
+        help_text="a checkpoint id of the parent; default: its latest")
     priority = serializers.IntegerField(default=0, min_value=-PRIORITY_BOUND,
                                         max_value=PRIORITY_BOUND)
 
@@ -113,9 +120,17 @@ class ControlRequestSerializer(serializers.Serializer):
         help_text="set_lr: the learning rate (0 < lr <= 1); set_eval_every: steps "
                   "(an integer >= 0, 0 = no mid-run eval); none for the others")
 
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:  # the schema says additionalProperties: false (engine.api.Control)
+            raise serializers.ValidationError({unknown[0]: "not a field of a control; "
+                                               "send kind and, for some kinds, value"})
+        return attrs
+
 
 class ControlSerializer(serializers.ModelSerializer):
-    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                                allow_null=True)
 
     class Meta:
         model = RunControl
@@ -160,6 +175,13 @@ class JobLogSerializer(serializers.Serializer):
     last_line = serializers.IntegerField(help_text="pass as after_line to read on")
 
 
+class FieldErrorSerializer(serializers.Serializer):
+    field = serializers.CharField(help_text='the field\'s path, e.g. "rollout.temperature"')
+    message = serializers.CharField(help_text="what is wrong and the fix")
+
+
 class ErrorSerializer(serializers.Serializer):
+    """Every error the API answers (jobs/rest/errors.py)."""
+
     detail = serializers.CharField()
-    errors = serializers.ListField(child=serializers.DictField(), required=False)
+    errors = FieldErrorSerializer(many=True, required=False)

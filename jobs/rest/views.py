@@ -23,22 +23,24 @@ from jobs.alerts.rules import KINDS
 from jobs.cluster import status as cluster_info
 from jobs.models import Alert, AlertState, Preset, Run, RunStatus
 from jobs.rest import serializers as s
-from jobs.rest.runs import MAX_LIMIT, int_param
+from jobs.rest.runs import MAX_LIMIT, int_param, integers
 
 
 @extend_schema(responses=s.AlertSerializer(many=True),
                parameters=[OpenApiParameter("state", str, enum=list(AlertState.values)),
                            OpenApiParameter("kind", str, enum=list(KINDS)),
-                           OpenApiParameter("run", int), OpenApiParameter("limit", int)])
+                           OpenApiParameter("run", integers(), description="a run id"),
+                           OpenApiParameter("limit", integers(1, MAX_LIMIT),
+                                            description="default 200")])
 @api_view(["GET"])
 def alerts(request):
     rows = Alert.objects.select_related("run")
     state, kind = request.query_params.get("state"), request.query_params.get("kind")
-    if state:
+    if state is not None:
         if state not in AlertState.values:
             raise ValidationError({"state": f"one of {', '.join(AlertState.values)}"})
         rows = rows.filter(state=state)
-    if kind:
+    if kind is not None:
         if kind not in KINDS:
             raise ValidationError({"kind": f"one of {', '.join(KINDS)}"})
         rows = rows.filter(kind=kind)

@@ -33,17 +33,25 @@ from django import forms
 from engine.config import ConfigError, RunConfig, dump_config, union_choices, validate_config
 from jobs.models import Checkpoint, Run
 from jobs.runs.toml_lines import line_of
+from jobs.untrusted import MAX_DEPTH, storable_problem
 
 CHOICE_SECTIONS = ("algorithm", "placement", "async_policy")  # the choices at the top
 
 
 def toml_table(text: str) -> dict:
-    """A config's TOML text as a table; ConfigError at "(toml)" when it does not parse
-    (the form and the REST API say it the same way)."""
+    """A config's TOML text as a table; ConfigError at "(toml)" when it does not parse,
+    at the field when a value cannot be stored (jobs.untrusted) (the form and the REST API
+    say it the same way)."""
     try:
-        return tomllib.loads(text)
+        table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([("(toml)", f"not valid TOML: {exc}")]) from None
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        raise ConfigError([("(toml)", f"nests deeper than {MAX_DEPTH} levels")]) from None
+    problem = storable_problem(table)
+    if problem is not None:
+        raise ConfigError([problem])
+    return table
 
 
 @dataclass(frozen=True)

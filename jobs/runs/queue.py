@@ -19,6 +19,11 @@ is more (a run just admitted counts before its placement group exists; a job tha
 an rlplane run counts too). Capacity of Ray resources is Ray's total
 (GET /api/cluster_status), asked only when a queued run needs Ray resources.
 
+A queued run whose stored config no longer validates (an upgrade changed a field, the row
+was edited) is failed with the validation message, and the queue goes on behind it: one
+row nobody can read must not stop every run from starting. A live run whose config no
+longer reads counts nothing of its own (Ray's reported use still counts what it holds).
+
 A run that does not fit does not hold back smaller runs behind it (first fit, in order):
 a run asking for more than the cluster has can wait for a bigger cluster without blocking
 everyone. Two schedulers never admit into the same free space: each holds the queued and
@@ -35,9 +40,9 @@ from django.conf import settings
 from django.db import transaction
 
 from engine.api import placement_demand
-from engine.config import RunConfig
+from engine.config import ConfigError, RunConfig
 from jobs.cluster.status import ClusterUnreachable, fetch_json
-from jobs.models import LIVE, Run, RunStatus
+from jobs.models import LIVE, InvalidTransition, Run, RunStatus
 from jobs.runs.submit import submit_run
 
 logger = logging.getLogger(__name__)
@@ -61,6 +66,35 @@ def run_demand(run: Run) -> Resources:
         return {}
     return {name: float(amount) for name, amount in (("CPU", launch.cpus),
                                                      ("GPU", launch.gpus)) if amount}
+
+
+def unreadable(run: Run) -> ConfigError | None:
+    """Why ``run``'s stored config cannot be read any more, or None when it can."""
+    try:
+        run_demand(run)
+    except ConfigError as exc:
+        return exc
+    return None
+
+
+def do_fail_unreadable(runs: list[Run]) -> list[Run]:
+    """Fail each queued run in ``runs`` whose stored config no longer validates, with the
+    validation message as its reason; returns the others."""
+    readable = []
+    for run in runs:
+        exc = unreadable(run)
+        if exc is None:
+            readable.append(run)
+            continue
+        problems = "; ".join(f"{path}: {message}" for path, message in exc.errors)
+        logger.warning("queue: run %s failed, its stored config does not validate: %s",
+                       run.pk, problems)
+        try:
+            run.transition_to(RunStatus.FAILED, "its stored config no longer validates, so "
+                              f"the queue cannot place it: {problems}"[:2000])
+        except InvalidTransition:
+            pass  # another writer moved it on: no longer queued either way
+    return readable
 
 
 def ray_capacity() -> tuple[Resources, Resources]:
@@ -104,6 +138,8 @@ def free_of(total: Resources, ray_used: Resources, live: list[Run]) -> Resources
     reports in use, whichever is more."""
     taken: Resources = defaultdict(float)
     for run in live:
+        if unreadable(run) is not None:
+            continue
         for name, amount in run_demand(run).items():
             taken[name] += amount
     return {name: amount - max(taken.get(name, 0.0), ray_used.get(name, 0.0))
@@ -153,7 +189,7 @@ def fits_now(asked: Resources) -> tuple[bool | None, str]:
 def do_schedule_runs() -> list[int]:
     """Admit the queued runs that fit, in priority then FIFO order; record why the others
     wait. Returns the admitted run ids (their submit_run is queued on commit)."""
-    waiting = list(Run.objects.filter(status=RunStatus.QUEUED).only("config"))
+    waiting = do_fail_unreadable(list(Run.objects.filter(status=RunStatus.QUEUED)))
     if not waiting:
         return []
     total, ray_used, ray_error = capacity(
@@ -163,7 +199,7 @@ def do_schedule_runs() -> list[int]:
         rows = list(Run.objects.select_for_update()
                     .filter(status__in=[RunStatus.QUEUED, *LIVE]).order_by("pk"))
         free = free_of(total, ray_used, [r for r in rows if r.status != RunStatus.QUEUED])
-        queued = sorted((r for r in rows if r.status == RunStatus.QUEUED),
+        queued = sorted(do_fail_unreadable([r for r in rows if r.status == RunStatus.QUEUED]),
                         key=lambda r: (-r.priority, r.created_at, r.pk))
         for run in queued:
             asked = run_demand(run)

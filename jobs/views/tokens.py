@@ -11,12 +11,14 @@ token reads and nothing more.
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
 from jobs.auth import is_operator
 from jobs.models import ApiToken
 
 
+@never_cache  # the page shows a new token once: no browser or proxy cache may keep it
 @login_required
 @require_http_methods(["GET", "POST"])
 def tokens_page(request):

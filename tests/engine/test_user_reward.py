@@ -105,6 +105,10 @@ def test_bad_function_names_are_refused_at_config_time(tmp_path):
     assert field == "reward.function" and "no such file" in msg
     field, msg = error("os:system")
     assert "the standard library" in msg and "your own module or file" in msg
+    import os
+
+    field, msg = error(f"{os.__file__}:system")   # the same module, named by its path
+    assert "names a file of the standard library" in msg
     field, msg = error("my-rewards:score")
     assert "is not a module name" in msg
 

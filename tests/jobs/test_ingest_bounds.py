@@ -124,6 +124,10 @@ def test_a_body_declared_over_the_limit_is_413_without_being_read(settings):
         b"authorization": b"Bearer whatever", b"host": b"127.0.0.1"})
 
     assert status == 413 and not answer["body_read"]
+    status, answer = asgi_post("/api/v1/runs", {  # the REST API's error shape there
+        b"content-length": str(settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1).encode(),
+        b"host": b"127.0.0.1"})
+    assert status == 413 and "over" in answer["detail"]
 
 
 def test_an_ingest_post_without_a_token_is_401_without_its_body_being_read():
@@ -132,3 +136,40 @@ def test_an_ingest_post_without_a_token_is_401_without_its_body_being_read():
 
     assert status == 401 and not answer["body_read"]
     assert "Authorization: Bearer" in answer["error"]
+
+
+def test_a_run_cannot_report_more_distinct_metric_names_than_the_cap(client, run, token,
+                                                                     settings):
+    from jobs.models import MetricPoint
+    from jobs.prometheus import INGEST_EVENTS
+
+    settings.RLPLANE_MAX_METRIC_NAMES = 3
+    refused_before = INGEST_EVENTS.labels("over_name_cap")._value.get()
+    events = [{"type": "metrics.append", "seq": 1, "ts": 1.0, "step": 1,
+               "values": {"reward/mean": 0.1, "a": 1.0}},
+              {"type": "metrics.append", "seq": 2, "ts": 2.0, "step": 2,
+               "values": {"b": 1.0, "c": 2.0}},                  # 4 names: refused whole
+              {"type": "metrics.append", "seq": 3, "ts": 3.0, "step": 3,
+               "values": {"reward/mean": 0.2, "b": 1.0}}]        # 3 names: stored
+
+    response = post_events(client, run, token, events)
+
+    assert response.status_code == 400 and response.json()["stored"] == 2, response.json()
+    [error] = response.json()["errors"]
+    assert error["seq"] == 2 and "the cap is 3 (RLPLANE_MAX_METRIC_NAMES)" in error["error"]
+    assert sorted(set(MetricPoint.objects.filter(run=run).values_list("name", flat=True))) \
+        == ["a", "b", "reward/mean"]
+    assert INGEST_EVENTS.labels("over_name_cap")._value.get() == refused_before + 1
+
+
+def test_a_batch_naming_thousands_of_new_metrics_is_refused_without_a_500(client, run, token,
+                                                                          settings):
+    settings.RLPLANE_MAX_METRIC_NAMES = 100
+    events = [{"type": "metrics.append", "seq": i + 1, "ts": 1.0, "step": i + 1,
+               "values": {f"m{i}_{j}": 1.0 for j in range(2000)}} for i in range(20)]
+
+    response = post_events(client, run, token, events)
+
+    assert response.status_code == 400 and response.json()["stored"] == 0
+    errors = response.json()["errors"]
+    assert len(errors) == 20 and all("the cap is 100" in e["error"] for e in errors), errors[0]

@@ -91,3 +91,16 @@ def test_ingest_is_counted_and_timed(client, scrape_token, run, token):
     after = counters()
 
     assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (2, 1, 2)
+
+
+def test_only_canonical_and_configured_names_are_exported(client, scrape_token, make_run,
+                                                          settings):
+    settings.RLPLANE_PROMETHEUS_EXTRA_METRICS = ["train/kl"]
+    run = make_run(name="live")
+    MetricPoint.objects.bulk_create(
+        [MetricPoint(run=run, step=1, name=name, value=1.0)
+         for name in ("reward/mean", "train/kl", "made/up/0", "made/up/1")])
+
+    exported = {s.labels["name"] for s in samples(scrape(client))["rlplane_run_metric"]}
+
+    assert exported == {"reward/mean", "train/kl"}

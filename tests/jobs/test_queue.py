@@ -199,3 +199,21 @@ def test_a_viewer_cannot_change_a_queued_runs_priority(client, django_user_model
     assert 'id="priority-form"' not in page
     waiting.refresh_from_db()
     assert waiting.priority == 0
+
+
+def test_a_queued_run_whose_stored_config_no_longer_validates_fails_and_the_next_starts(
+        settings, submitted, schedule):
+    settings.RLPLANE_MAX_LOCAL_RUNS = 1
+    stale = queued({"name": "stale", "steps": 3}, priority=5)
+    behind = queued(LOCAL)
+    # After an upgrade or a database edit: a stored config the engine no longer accepts.
+    Run.objects.filter(pk=stale.pk).update(config={"name": "stale", "steps": 3,
+                                                   "rollout": {"temperature": 9}})
+
+    assert schedule() == [behind.pk]
+
+    stale.refresh_from_db()
+    assert stale.status == RunStatus.FAILED
+    assert stale.status_reason.startswith("its stored config no longer validates")
+    assert "rollout.temperature" in stale.status_reason
+    assert submitted == [behind.pk]

@@ -391,6 +391,7 @@ def test_a_token_is_shown_once_on_the_settings_page_and_revoked_there(client):
 
     raw = page.context["created"]
     assert raw in page.content.decode() and ApiToken.user_for(raw) == user
+    assert "no-store" in page["Cache-Control"]  # no cache keeps the token shown once
     again = client.get("/settings/tokens").content.decode()
     assert raw not in again and "laptop" in again
     client.post(f"/settings/tokens/{ApiToken.objects.get().pk}/revoke")

@@ -1,0 +1,54 @@
+"""A run's distinct metric names are capped: RLPLANE_MAX_METRIC_NAMES (default 1000).
+
+A run's token writes whatever names it likes, and every name costs every reader: the
+run detail (which `rlplane watch` polls every 2 s), the charts' name list, each Prometheus
+scrape. Past the cap, a metrics event that would add a name is refused whole (its errors
+entry names the cap and the setting), counted in rlplane_ingest_events_total{outcome=
+"over_name_cap"}; the names the run already has go on being stored. rlplane's own engine
+reports well under 200 names; an external run's unmapped names count too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.conf import settings
+
+from engine.api import Event, MetricsEvent, canonical_metrics
+from jobs.models import MetricPoint, Run
+from jobs.prometheus import INGEST_EVENTS
+
+
+def stored_names(run: Run, event: MetricsEvent) -> set[str]:
+    """The names ``event`` is stored under (an external run's are mapped first)."""
+    values = canonical_metrics(run.framework, event.values) if run.is_external else event.values
+    return set(values)
+
+
+def within_name_cap(run: Run, events: Sequence[Event]) -> tuple[list[Event], list[dict]]:
+    """(the events to store, an error per metrics event refused for adding names past
+    the cap, in ingest's batch error shape)."""
+    cap = settings.RLPLANE_MAX_METRIC_NAMES
+    names = set().union(*(stored_names(run, e) for e in events if isinstance(e, MetricsEvent)))
+    stored = MetricPoint.objects.filter(run=run).order_by()
+    # The common batch repeats names the run has: index seeks on (run, name) say so; the
+    # run's whole name list (a scan of its points) is read only when a name is new, or
+    # when the batch names more than the cap (nor would so many fit in one IN (...)).
+    if not names or len(names) <= min(cap, 10_000) and set(
+            stored.filter(name__in=names).values_list("name", flat=True).distinct()) == names:
+        return list(events), []
+    known = set(stored.values_list("name", flat=True).distinct())
+    kept, errors = [], []
+    for index, event in enumerate(events):
+        if isinstance(event, MetricsEvent):
+            new = stored_names(run, event) - known
+            if new and len(known) + len(new) > cap:
+                errors.append({"index": index, "seq": event.seq, "error": (
+                    f"run {run.pk} reports {len(known)} metric names and the cap is {cap} "
+                    f"(RLPLANE_MAX_METRIC_NAMES): this event's {len(new)} new name(s), "
+                    f"e.g. {sorted(new)[0]!r}, are refused; report fewer distinct names")})
+                continue
+            known |= new
+        kept.append(event)
+    INGEST_EVENTS.labels("over_name_cap").inc(len(errors))
+    return kept, errors
