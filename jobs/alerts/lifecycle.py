@@ -1,7 +1,8 @@
 """Findings -> Alert rows, as events arrive (ingest) and periodically (beat).
 
-    do_evaluate_alerts(run)      history from RunEvents (a fork: its parent's throughput
-                                 baseline too) -> rules.evaluate -> rows:
+    do_evaluate_alerts(run)      history from RunEvents (and the throughput baseline from
+                                 the run's first steps, a fork's from its parent's)
+                                 -> rules.evaluate -> rows:
         new key                   -> Alert(open) + a Notification per channel ("open")
         key already unresolved    -> evidence, cause and last_step refreshed (one row)
         unresolved key not found  -> resolved "the condition cleared" + "resolved" notices
@@ -72,19 +73,21 @@ def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
     # "paused" while the driver holds: a paused run makes no progress on purpose
     thresholds = thresholds_for(run)
     facts = RunFacts.of(run, display_status(run))
-    if run.parent_id is not None:
-        facts = dataclasses.replace(facts, baseline=parent_baseline(run.parent, thresholds))
+    baseline = (stored_baseline(run.parent, thresholds, f"run #{run.parent_id}'s")
+                if run.parent_id is not None else
+                stored_baseline(run, thresholds, "this run's"))
+    facts = dataclasses.replace(facts, baseline=baseline)
     findings = evaluate(load_history(run), facts, thresholds,
                         time.time() if now is None else now)
     return do_apply_findings(run, findings)
 
 
-def parent_baseline(parent: Run, t: Thresholds) -> Baseline | None:
-    """ThroughputRegression's baseline for a fork: its parent's first healthy steps (a
-    few metrics events from the parent's start: one small query)."""
-    if parent.is_external:
-        return None
-    rows = (RunEvent.objects.filter(run=parent, type="metrics.append").order_by("seq")
+def stored_baseline(run: Run, t: Thresholds, whose: str) -> Baseline | None:
+    """ThroughputRegression's baseline from ``run``'s first healthy steps as stored (a
+    few metrics events from its start: one small query), for the run itself or for its
+    forks. The history the rules see holds only the last HISTORY_LIMIT events: on a long
+    run its first steps are long gone, and a baseline taken there would creep along."""
+    rows = (RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
             .values_list("payload", flat=True)[:2 * (t.throughput_baseline_steps + 1)])
     h = RunHistory()
     for payload in rows:
@@ -92,7 +95,7 @@ def parent_baseline(parent: Run, t: Thresholds) -> Baseline | None:
     steps = first_healthy(h, t)
     if not steps:
         return None
-    return baseline_of(h, steps, f"run #{parent.pk}'s steps {steps[0]}-{steps[-1]}")
+    return baseline_of(h, steps, f"{whose} steps {steps[0]}-{steps[-1]}")
 
 
 def with_links(run: Run, evidence: dict) -> dict:

@@ -7,7 +7,8 @@
         throughput_min_s longer, and longer responses do not explain it
 
 The run's first step is never part of a baseline: a pipeline fills and kernels compile
-there. The phase named is the one whose time (time/<phase>_s) grew most.
+there. The phase named is the one whose time (time/<phase>_s) grew most; on a run whose
+devices are all CPUs it must also have grown as a share of the step (CPU_SHARE_RISE).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from jobs.alerts.history import Baseline, Finding, RunFacts, RunHistory, Thresho
 from jobs.alerts.inputs import reads
 
 PHASE_TIMES = {M.PHASE_TIME.of(phase=p): p for p in M.PHASES}
+# On CPU devices the host's other processes slow every phase alike (a 2-core CI box: the
+# learner's phase 1.9 -> 11-13 s for minutes while a neighbour ran, measured), which
+# tells nothing of the run; there a regression must also change the step's make-up: the
+# phase that slowed takes this much more of the step than it did.
+CPU_SHARE_RISE = 0.25
 
 
 def median_of(h: RunHistory, name: str, steps: list[int]) -> float | None:
@@ -86,6 +92,9 @@ def throughput_regression(h: RunHistory, f: RunFacts, t: Thresholds,
     phase = PHASE_TIMES[slowest]
     before, after = base.phases.get(slowest, 0.0), median_of(h, slowest, window) or 0.0
     step_now = statistics.median(step_s[s] for s in window)
+    on_cpus = bool(h.spans) and all(x.device.startswith("cpu") for x in h.spans[-50:])
+    if on_cpus and after / step_now - before / base.step_s < CPU_SHARE_RISE:
+        return []     # every phase slowed alike on CPUs: the host's other processes
     step = window[-1]
     return [Finding(
         kind="ThroughputRegression", key="ThroughputRegression", step=step,
