@@ -132,6 +132,8 @@ def _advantage_runbook(f: RunFacts) -> str:
 
 # --------------------------------------------------------------------------- entropy
 
+SOLVED = 0.95   # reward/accuracy at which a confident, uniform policy has learned its task
+
 @reads(metrics=(M.LEARNER_ENTROPY, M.REWARD_MEAN))
 def entropy_collapse(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     found = early_and_window(h.series(M.LEARNER_ENTROPY), t.early_steps, t.entropy_window)
@@ -151,6 +153,9 @@ def entropy_collapse(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> l
     agree = flat_share is not None and flat_share >= t.stuck_zero_std_frac
     if gain > t.entropy_reward_gain and not agree:
         return []                # sharper and still learning: not a collapse
+    solved = [v for s, v in h.series(M.REWARD_ACCURACY) if s >= first]
+    if solved and min(solved) >= SOLVED:
+        return []                # sure because right: a task learned, not a collapse
     stall = f"the reward moved {gain:+.3f} against its mean before"
     if flat_share is not None:
         stall += f", {flat_share:.0%} of the groups had rewards that all agree"

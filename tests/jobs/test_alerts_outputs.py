@@ -103,9 +103,12 @@ def test_sharper_but_still_learning_is_no_collapse_unless_the_groups_all_agree()
                              flat=lambda s: 0.0 if s < 4 else 1.0), "EntropyCollapse")
 
 
-def test_entropy_that_falls_gently_or_for_one_step_is_not_a_collapse():
+def test_entropy_that_falls_gently_for_one_step_or_on_a_solved_task_is_not_a_collapse():
     assert found(entropy_run(lambda s: 0.9 - 0.1 * s), "EntropyCollapse") == []
     assert found(entropy_run(lambda s: 0.02 if s == 5 else 0.9), "EntropyCollapse") == []
+    solved = entropy_run(lambda s: 0.9 if s < 4 else 0.02, flat=lambda s: 1.0)
+    put(solved, "reward/accuracy", lambda s: 0.5 if s < 4 else 1.0)
+    assert found(solved, "EntropyCollapse") == []
 
 
 # --------------------------------------------------------------------------- length
