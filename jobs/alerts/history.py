@@ -112,7 +112,8 @@ class RunFacts:
     framework: str = "rlplane"           # who trains the run: its engine, or an external one
     params: dict = field(default_factory=dict)   # an external run's own parameters
     max_new_tokens: int | None = None    # the completion cap (LengthBlowup)
-    # ThroughputRegression's baseline from elsewhere (a fork's parent); None: the run's own
+    # ThroughputRegression's baseline as stored (the run's first steps, a fork's parent's:
+    # jobs/alerts/lifecycle.py); None: from the history's first steps
     baseline: Baseline | None = None
 
     @property
