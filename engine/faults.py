@@ -2,10 +2,12 @@
 the real bugs do. Nothing here emits a metric; the loop measures what the wrapped parts
 actually did, so the alerts see only what an operator would.
 
-    engine    = wrap_rollout(engine, faults, step)      unscaled_logprobs, straggler (generate)
+    engine    = wrap_rollout(engine, faults, step)      unscaled_logprobs, straggler,
+                                                        importance_collapse, no_stop (generate)
                                                         skip_weight_sync, sleep_drops_weights,
                                                         sync_hang (load_weights: the receiver)
     resets_version(faults, step)                        version_reset (the learner's counter)
+    sharpen_policy(policy, faults, step)                entropy_collapse (the learner's head)
     reward    = wrap_reward(reward, faults, step)       slow_reward
     buffer    = wrap_buffer(buffer, faults, step)       staleness_overrun
 
@@ -17,6 +19,8 @@ step s. With no fault configured every wrap_* returns its argument unchanged.
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import time
 from collections.abc import Callable, Iterable
 
@@ -98,6 +102,8 @@ class FaultyRollout:
                 time.sleep(straggler.seconds)
             return on_complete(i, c) if on_complete is not None else False
 
+        if self.faults.no_stop is not None and self.step() >= self.faults.no_stop.from_step:
+            params = dataclasses.replace(params, ignore_eos=True)
         outs = self.inner.generate(prompts, params, seed,
                                    on_complete=late_last if straggling else on_complete,
                                    budgets=budgets)
@@ -106,6 +112,12 @@ class FaultyRollout:
         if unscaled is not None and self.step() >= unscaled.from_step:
             for o, lps in zip(outs, untempered_logprobs(self.inner, prompts, outs), strict=True):
                 o.logprobs = lps
+        collapse = self.faults.importance_collapse
+        if collapse is not None and self.step() >= collapse.from_step:
+            pick = random.Random(seed)
+            for o in outs:
+                o.logprobs = [lp + collapse.nats if pick.random() < collapse.share else lp
+                              for lp in o.logprobs]
         return outs
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
@@ -134,7 +146,8 @@ class FaultyRollout:
 def wrap_rollout(engine: RolloutEngine, faults: FaultsConfig, step: StepFn) -> RolloutEngine:
     if all(x is None for x in (faults.unscaled_logprobs, faults.straggler,
                                faults.skip_weight_sync, faults.sleep_drops_weights,
-                               faults.sync_hang)):
+                               faults.sync_hang, faults.importance_collapse,
+                               faults.no_stop)):
         return engine
     return FaultyRollout(engine, faults, step)
 
@@ -144,6 +157,15 @@ def wrap_rollout(engine: RolloutEngine, faults: FaultsConfig, step: StepFn) -> R
 def resets_version(faults: FaultsConfig, step: int) -> bool:
     """version_reset: after this step's update the learner's counter restarts at 1."""
     return faults.version_reset is not None and step == faults.version_reset.at_step
+
+
+@torch.no_grad()
+def sharpen_policy(policy: torch.nn.Module, faults: FaultsConfig, step: int) -> None:
+    """entropy_collapse: after the update of its step, the output head's weights (so the
+    logits) are multiplied by its factor; the next sync carries the sharper policy."""
+    collapse = faults.entropy_collapse
+    if collapse is not None and step == collapse.at_step:
+        policy.get_output_embeddings().weight.mul_(collapse.factor)
 
 
 # --------------------------------------------------------------------------- reward

@@ -113,6 +113,11 @@ RESPONSE_FINISHED_FRAC = _metric("response/finished_frac", "fraction",
                                  "share of responses that ended on a stop token")
 RESPONSE_TRUNCATED_FRAC = _metric("response/truncated_frac", "fraction",
                                   "share of responses cut at max_new_tokens")
+REPETITION_NGRAM = 4   # response/repetition counts repeats of this many tokens
+RESPONSE_REPETITION = _metric(
+    "response/repetition", "fraction",
+    f"mean over responses of the share of their {REPETITION_NGRAM}-token n-grams that "
+    "repeat an earlier one of the same response (degenerate loops: near 1)")
 
 # --- rollout and throughput -------------------------------------------------------------
 ROLLOUT_GEN_S_P50 = _metric("rollout/gen_s_p50", "s",
@@ -173,6 +178,20 @@ PROB_GAP_MAX = _metric("prob_gap/max", "probability",
                        "largest token probability difference, behaviour vs learner")
 TIS_CLIP_FRAC = _metric("tis/clip_frac", "fraction",
                         "share of tokens whose importance weight hit algorithm.tis_cap")
+TIS_RATIO_MEAN = _metric("tis/ratio_mean", "",
+                         "mean over response tokens of the importance ratio "
+                         "pi_learner / pi_behaviour (before algorithm.tis_cap)")
+TIS_RATIO_MIN = _metric("tis/ratio_min", "", "smallest token importance ratio")
+TIS_RATIO_P01 = _metric("tis/ratio_p01", "", "1st percentile of the token importance ratios")
+TIS_ESS = _metric("tis/ess", "fraction",
+                  "effective sample size of the batch as the loss weighs its tokens "
+                  "(the capped importance weight times the absolute advantage): "
+                  "(sum x)^2 / (n sum x^2) over the n tokens with an advantage; 1 = every "
+                  "token counts alike")
+TIS_ESS_RATIO = _metric("tis/ess_ratio", "fraction",
+                        "the same effective sample size of the importance weights alone "
+                        "(advantages left out): low = the ratio, not the advantage, "
+                        "concentrates the batch")
 MOE_ROUTING_AGREEMENT = _metric("moe/routing_agreement", "fraction",
                                 "share of tokens the learner routed as the rollout did")
 

@@ -80,6 +80,42 @@ class SlowRewardFault(_Section):
     """Extra seconds each reward batch takes."""
 
 
+class ImportanceCollapseFault(_Section):
+    """The rollout reports behaviour logprobs ``nats`` too high on a share of each
+    completion's tokens (a backend whose logprobs are of another, sharper distribution
+    there), so the importance weights pi_learner / pi_behaviour of those tokens collapse
+    toward 0 and a few tokens carry the batch (NeMo-RL #2269: a batch silently
+    down-weighted 17x). Sampling itself is unchanged."""
+
+    from_step: int = Field(default=1, ge=1, le=1_000_000)
+    """First step whose rollout reports the inflated logprobs (>= 1: the start-up
+    preflight compares the first step's logprobs with the learner's)."""
+    nats: float = Field(default=5.0, gt=0.0, le=50.0)
+    """How much higher the reported logprob of an affected token is."""
+    share: float = Field(default=0.9, gt=0.0, le=1.0)
+    """Chance of each token to be affected (drawn from the generate call's seed)."""
+
+
+class EntropyCollapseFault(_Section):
+    """The policy collapses onto its most likely tokens: after the update of ``at_step``
+    the learner's output-head weights are multiplied by ``factor`` (logits scaled, the
+    sampling distribution near greedy), so every completion of a group comes out alike."""
+
+    at_step: int = Field(default=2, ge=0, le=1_000_000)
+    """The step whose update sharpens the policy (its rollouts from the next step on)."""
+    factor: float = Field(default=20.0, gt=1.0, le=1000.0)
+    """How many times sharper the logits become."""
+
+
+class NoStopFault(_Section):
+    """Generation no longer stops at EOS or a stop token (a chat template whose end of
+    turn the engine does not know; marin #8955): every completion runs on to
+    rollout.max_new_tokens."""
+
+    from_step: int = Field(default=1, ge=0, le=1_000_000)
+    """First step whose completions never stop."""
+
+
 class FaultsConfig(_Section):
     """Fault injection, to rehearse the failure modes the alerts must name. Every fault is
     off (None) unless its table is present; each makes the real loop misbehave."""
@@ -100,3 +136,9 @@ class FaultsConfig(_Section):
     """Long-tail generations hold up every rollout batch."""
     slow_reward: SlowRewardFault | None = None
     """A slowed reward stage."""
+    importance_collapse: ImportanceCollapseFault | None = None
+    """Behaviour logprobs too high on most tokens: the importance weights collapse."""
+    entropy_collapse: EntropyCollapseFault | None = None
+    """The policy's distribution collapses onto its most likely tokens."""
+    no_stop: NoStopFault | None = None
+    """Completions never stop before max_new_tokens."""

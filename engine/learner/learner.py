@@ -75,6 +75,35 @@ def dropout_active(model: torch.nn.Module) -> bool:
                for k, v in rates)
 
 
+def effective_sample_size(weights: torch.Tensor) -> float:
+    """(sum w)^2 / (n sum w^2) of a 1-d tensor of non-negative weights: 1 when they are
+    equal, 1/n when one carries them all."""
+    total, squares = weights.sum(), weights.square().sum()
+    return float(total.square() / (len(weights) * squares)) if squares > 0 else 0.0
+
+
+def importance_metrics(learner_logp: torch.Tensor, behaviour_logp: torch.Tensor,
+                       adv: torch.Tensor, mask: torch.Tensor, cap: float) -> dict[str, float]:
+    """The behaviour-vs-learner importance ratios of a batch's response tokens and what
+    they leave of it: tis/ratio_{mean,min,p01}, tis/clip_frac, and the effective sample
+    size of the loss's token weights w|A| (tis/ess) next to that of w alone
+    (tis/ess_ratio), over the tokens that carry an advantage (none: no ESS reported).
+    ``adv``, ``mask``: (B, R)."""
+    w, clipped = tis_weights(learner_logp, behaviour_logp, cap)               # (B, R)
+    on = mask.bool()
+    ratio = torch.exp(learner_logp.detach() - behaviour_logp)[on].float()    # (tokens,)
+    out = {M.TIS_CLIP_FRAC: float(masked_mean(clipped.float(), mask))}
+    if ratio.numel():      # kthvalue: torch.quantile refuses over 2^24 tokens
+        out |= {M.TIS_RATIO_MEAN: float(ratio.mean()), M.TIS_RATIO_MIN: float(ratio.min()),
+                M.TIS_RATIO_P01: float(ratio.kthvalue(max(1, ratio.numel() // 100)).values)}
+    signal = on & (adv != 0)
+    if signal.any():
+        weights = w[signal].float()
+        out[M.TIS_ESS] = effective_sample_size(weights * adv[signal].abs().float())
+        out[M.TIS_ESS_RATIO] = effective_sample_size(weights)
+    return out
+
+
 # A minibatch step's figures, averaged over the step's minibatches, and their names.
 REPORTED = {"loss": M.LEARNER_LOSS, "grad_norm": M.LEARNER_GRAD_NORM,
             "entropy": M.LEARNER_ENTROPY, "kl_ref": M.LEARNER_KL_REF,
@@ -228,12 +257,11 @@ class Learner:
                     sums[k].append(v)
         self.last_logprobs = old_logp                  # what the inspector shows per token
         gap = (batch.behaviour_logp - old_logp).abs() * mask
-        tis_clipped = tis_weights(old_logp, batch.behaviour_logp, cfg.tis_cap)[1]
         metrics = {
             M.LOGPROB_GAP_MEAN: float(masked_mean(gap, mask)),
             M.LOGPROB_GAP_MAX: float(gap.max()),
             M.LOGPROB_GAP_K3: float(masked_mean(k3(batch.behaviour_logp, old_logp), mask)),
-            M.TIS_CLIP_FRAC: float(masked_mean(tis_clipped.float(), mask)),
+            **importance_metrics(old_logp, batch.behaviour_logp, adv, mask, cfg.tis_cap),
         }
         if agreed is not None:
             metrics[M.MOE_ROUTING_AGREEMENT] = float(agreed.float().mean())

@@ -41,7 +41,7 @@ import torch
 
 from engine.config import RunConfig
 from engine.experience import Sample
-from engine.faults import resets_version, wrap_reward, wrap_rollout
+from engine.faults import resets_version, sharpen_policy, wrap_reward, wrap_rollout
 from engine.learner.batch import pack
 from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
 from engine.learner.learner import Learner
@@ -234,6 +234,7 @@ class LearnerWorker(Telemetered, WeightSenderHost):
             metrics |= self.learner.update(batch, advantages)
         if resets_version(self.cfg.faults, step):
             self.learner.version = 1
+        sharpen_policy(self.learner.policy, self.cfg.faults, step)
         for f in peers:
             f.result()
         return metrics

@@ -29,6 +29,13 @@ def percentile(xs: list[float], q: float) -> float:
 LENGTH_QUANTILES = M.LENGTH_QUANTILES
 
 
+def repetition(ids: list[int], n: int = M.REPETITION_NGRAM) -> float:
+    """Share of a response's n-grams that repeat an earlier n-gram of it: 0 for text that
+    never repeats itself, near 1 for a loop ("the the the ..."); 0 under n + 1 tokens."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams) if len(grams) > 1 else 0.0
+
+
 def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, float]:
     rewards = [s.reward for s in samples]
     lengths = [len(s.response_ids) for s in samples]
@@ -51,6 +58,7 @@ def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, flo
         M.RESPONSE_LENGTH_MAX: float(max(lengths)),
         M.RESPONSE_FINISHED_FRAC: sum(s.finished for s in samples) / len(samples),
         M.RESPONSE_TRUNCATED_FRAC: sum(not s.finished for s in samples) / len(samples),
+        M.RESPONSE_REPETITION: statistics.fmean(repetition(s.response_ids) for s in samples),
         M.STALENESS_MEAN: statistics.fmean(staleness),
         M.STALENESS_MAX: float(max(staleness)),
         M.SAMPLES_MIXED_VERSIONS: float(sum(s.mixes_versions for s in samples)),

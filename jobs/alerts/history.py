@@ -76,6 +76,19 @@ class RunHistory:
 # An external run's parameters that give its staleness bound (prime-rl's
 # max_async_level; a script's own name for it), looked up at the top level of params.
 STALENESS_PARAMS = ("staleness_bound", "max_staleness", "max_async_level", "async_level")
+# ... and its completion cap (TRL, veRL, OpenRLHF, prime-rl, a script).
+MAX_TOKENS_PARAMS = ("max_new_tokens", "max_completion_length", "max_response_length",
+                     "generate_max_len", "max_tokens")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """ThroughputRegression's reference: medians over a run's first healthy steps."""
+    samples_per_s: float              # generated: trained on plus resampled
+    step_s: float
+    phases: dict[str, float]           # time/<phase>_s -> seconds
+    length: float | None               # response_length/mean, or None if not logged
+    source: str                        # "steps 1-3 of this run", "run #12's steps 1-3"
 
 
 def _number(params: dict, keys: tuple[str, ...]) -> float | None:
@@ -98,6 +111,10 @@ class RunFacts:
     config: RunConfig = field(default_factory=RunConfig)   # the runbooks' levers read it
     framework: str = "rlplane"           # who trains the run: its engine, or an external one
     params: dict = field(default_factory=dict)   # an external run's own parameters
+    max_new_tokens: int | None = None    # the completion cap (LengthBlowup)
+    # ThroughputRegression's baseline as stored (the run's first steps, a fork's parent's:
+    # jobs/alerts/lifecycle.py); None: from the history's first steps
+    baseline: Baseline | None = None
 
     @property
     def is_external(self) -> bool:
@@ -113,15 +130,18 @@ class RunFacts:
         params = run.external_config.params
         temperature = _number(params, ("temperature",))
         bound = _number(params, STALENESS_PARAMS)
+        cap = _number(params, MAX_TOKENS_PARAMS)
         return cls(status=status, async_policy="external", framework=run.framework,
                    params=params, temperature=None if temperature is None else float(temperature),
-                   staleness_bound=None if bound is None else int(bound))
+                   staleness_bound=None if bound is None else int(bound),
+                   max_new_tokens=None if cap is None else int(cap))
 
     @classmethod
     def from_config(cls, cfg: RunConfig, status: str) -> RunFacts:
         bound = cfg.async_policy.staleness_bound
         return cls(status=status, temperature=cfg.rollout.temperature, staleness_bound=bound,
-                   async_policy=cfg.async_policy.type, config=cfg)
+                   async_policy=cfg.async_policy.type, config=cfg,
+                   max_new_tokens=cfg.rollout.max_new_tokens)
 
 
 class Thresholds(BaseModel):
@@ -196,6 +216,53 @@ class Thresholds(BaseModel):
     reward_error_frac: float = Field(default=0.1, ge=0.0, le=1.0)
     """RewardErrors when more than this share of a step's samples failed in the reward
     function (reward/error_frac)."""
+    early_steps: int = Field(default=2, ge=1, le=1000)
+    """The run's first this-many steps give the early level that EntropyCollapse,
+    LengthBlowup and NonTermination compare with."""
+    ess_min: float = Field(default=0.1, gt=0.0, le=1.0)
+    """ImportanceWeightCollapse when the batch's effective sample size as the loss weighs
+    its tokens (tis/ess, a share of the tokens that carry an advantage) is under this."""
+    ratio_mean_min: float = Field(default=0.5, gt=0.0, le=1.0)
+    """ImportanceWeightCollapse also when the mean importance ratio (tis/ratio_mean) is
+    under this: the whole batch is down-weighted, which leaves its ESS whole."""
+    ess_ratio_cause: float = Field(default=0.5, gt=0.0, le=1.0)
+    """ImportanceWeightCollapse names the importance ratio as the cause when the
+    importance weights alone (tis/ess_ratio) leave less than this share; else the
+    advantages concentrate the batch."""
+    entropy_floor: float = Field(default=0.01, ge=0.0, le=100.0)
+    """EntropyCollapse when learner/entropy stays under this (nats/token) ..."""
+    entropy_factor: float = Field(default=10.0, ge=1.0, le=1e6)
+    """... or under its early level divided by this, ..."""
+    entropy_window: int = Field(default=2, ge=1, le=1000)
+    """... for this many steps, while the reward stalls: its mean over them is no more
+    than entropy_reward_gain above its mean before, or most groups' rewards all agree
+    (stuck_zero_std_frac)."""
+    entropy_reward_gain: float = Field(default=0.05, ge=0.0, le=1000.0)
+    """EntropyCollapse: the least rise of the reward that counts as not stalled."""
+    length_window: int = Field(default=2, ge=1, le=1000)
+    """LengthBlowup and NonTermination: steps their condition must hold."""
+    length_cap_share: float = Field(default=0.9, gt=0.0, le=1.0)
+    """LengthBlowup when response_length/p99 reaches this share of the completion cap
+    (rollout.max_new_tokens) ..."""
+    truncated_rise: float = Field(default=0.2, ge=0.0, le=1.0)
+    """... and the truncated share (response/truncated_frac) rose by at least this over
+    its early level (NonTermination needs the same rise)."""
+    nonstop_frac: float = Field(default=0.5, gt=0.0, le=1.0)
+    """NonTermination when at least this share of the completions never emitted the stop
+    token (response/truncated_frac)."""
+    repetition_max: float = Field(default=0.5, gt=0.0, le=1.0)
+    """NonTermination names degenerate loops when response/repetition is over this."""
+    throughput_tolerance: float = Field(default=0.1, gt=0.0, le=0.99)
+    """ThroughputRegression when samples/s falls more than this share under the
+    baseline (the run's first healthy steps, or a fork's parent's) ..."""
+    throughput_min_s: float = Field(default=3.0, ge=0.0, le=86_400.0)
+    """... and each step takes this many seconds longer (on a shared host the timing
+    noise of a short step reaches a second or two; a 30 s step's 10 % is 3 s) ..."""
+    throughput_window: int = Field(default=2, ge=1, le=1000)
+    """... for this many steps in a row."""
+    throughput_baseline_steps: int = Field(default=3, ge=1, le=1000)
+    """ThroughputRegression's own baseline: the median of this many steps after the
+    run's first (where a pipeline fills and kernels compile)."""
 
 
 @dataclass

@@ -30,6 +30,7 @@ EVENTS = {
 FACTS = {
     "staleness_bound": "a max_staleness, max_async_level or staleness_bound parameter",
     "temperature": "a temperature parameter",
+    "max_new_tokens": "a max_new_tokens, max_completion_length or max_tokens parameter",
 }
 
 

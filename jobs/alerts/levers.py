@@ -125,6 +125,10 @@ def next_levers(cfg: RunConfig, problem: str) -> list[str]:
 
 def runbook(cfg: RunConfig, problem: str, lead: str = "") -> str:
     """``lead`` then the levers, numbered: 'Next levers: (1) ...; (2) ....'"""
-    levers = next_levers(cfg, problem)
-    listed = "; ".join(f"({i}) {lever}" for i, lever in enumerate(levers, start=1))
-    return (f"{lead} " if lead else "") + f"Next levers, not yet used by this run: {listed}."
+    return listed(next_levers(cfg, problem), lead)
+
+
+def listed(levers: list[str], lead: str = "") -> str:
+    """``lead`` then ``levers`` (each one the run does not already use), numbered."""
+    items = "; ".join(f"({i}) {lever}" for i, lever in enumerate(levers, start=1))
+    return (f"{lead} " if lead else "") + f"Next levers, not yet used by this run: {items}."

@@ -1,6 +1,8 @@
 """Findings -> Alert rows, as events arrive (ingest) and periodically (beat).
 
-    do_evaluate_alerts(run)      history from RunEvents -> rules.evaluate -> rows:
+    do_evaluate_alerts(run)      history from RunEvents (and the throughput baseline from
+                                 the run's first steps, a fork's from its parent's)
+                                 -> rules.evaluate -> rows:
         new key                   -> Alert(open) + a Notification per channel ("open")
         key already unresolved    -> evidence, cause and last_step refreshed (one row)
         unresolved key not found  -> resolved "the condition cleared" + "resolved" notices
@@ -15,16 +17,26 @@ evaluations of one run never race to open the same key.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from functools import partial
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.urls import reverse
 
 from jobs.alerts.delivery import deliver_notification
-from jobs.alerts.history import HISTORY_EVENTS, Finding, RunFacts, RunHistory, Thresholds
+from jobs.alerts.history import (
+    HISTORY_EVENTS,
+    Baseline,
+    Finding,
+    RunFacts,
+    RunHistory,
+    Thresholds,
+)
 from jobs.alerts.rules import evaluate
+from jobs.alerts.throughput import baseline_of, first_healthy
 from jobs.groups import run_group
 from jobs.models import (
     LIVE_STATES,
@@ -65,9 +77,42 @@ def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
     """Open, refresh and resolve the run's alerts from its history; returns the alerts
     whose state changed."""
     # "paused" while the driver holds: a paused run makes no progress on purpose
-    findings = evaluate(load_history(run), RunFacts.of(run, display_status(run)),
-                        thresholds_for(run), time.time() if now is None else now)
+    thresholds = thresholds_for(run)
+    facts = RunFacts.of(run, display_status(run))
+    baseline = (stored_baseline(run.parent, thresholds, f"run #{run.parent_id}'s")
+                if run.parent_id is not None else
+                stored_baseline(run, thresholds, "this run's"))
+    facts = dataclasses.replace(facts, baseline=baseline)
+    findings = evaluate(load_history(run), facts, thresholds,
+                        time.time() if now is None else now)
     return do_apply_findings(run, findings)
+
+
+def stored_baseline(run: Run, t: Thresholds, whose: str) -> Baseline | None:
+    """ThroughputRegression's baseline from ``run``'s first healthy steps as stored (a
+    few metrics events from its start: one small query), for the run itself or for its
+    forks. The history the rules see holds only the last HISTORY_LIMIT events: on a long
+    run its first steps are long gone, and a baseline taken there would creep along."""
+    rows = (RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
+            .values_list("payload", flat=True)[:2 * (t.throughput_baseline_steps + 1)])
+    h = RunHistory()
+    for payload in rows:
+        h.add(payload)
+    steps = first_healthy(h, t)
+    if not steps:
+        return None
+    return baseline_of(h, steps, f"{whose} steps {steps[0]}-{steps[-1]}")
+
+
+def with_links(run: Run, evidence: dict) -> dict:
+    """A finding's evidence, its inspector reference ("samples": {"step", "truncated"})
+    given the inspector's URL for this run."""
+    ref = evidence.get("samples")
+    if not ref:
+        return evidence
+    query = f"?step={ref['step']}" + ("&truncated=true" if ref.get("truncated") else "")
+    return {**evidence, "samples": {**ref, "url": reverse("run-samples", args=[run.pk])
+                                    + query}}
 
 
 def do_apply_findings(run: Run, findings: list[Finding]) -> list[Alert]:
@@ -76,6 +121,7 @@ def do_apply_findings(run: Run, findings: list[Finding]) -> list[Alert]:
     with transaction.atomic():
         live = {a.dedup_key: a for a in Alert.objects.filter(run=run, state__in=LIVE_STATES)}
         for f in {f.key: f for f in findings}.values():
+            f.evidence = with_links(run, f.evidence)
             alert = live.pop(f.key, None)
             if alert is None:
                 alert = Alert.objects.create(

@@ -8,6 +8,9 @@ depend on time passing (PhaseHang, StoppedReporting) read ``now``; the periodic 
 evaluates them even when no event arrives. Every finding carries its evidence: the values
 and the series that triggered it, small enough for a chart.
 
+The rules about what the policy writes (importance weights, entropy, length) live in
+jobs/alerts/outputs.py, ThroughputRegression in jobs/alerts/throughput.py.
+
 Each rule declares what it reads (``@reads``, jobs/alerts/inputs.py). On an external run
 (TRL, veRL, ...) a rule whose inputs the run lacks is skipped, and the pages say so
 (jobs/alerts/coverage.py); one that has them runs as on a native run, with a runbook
@@ -22,26 +25,20 @@ from collections.abc import Callable
 from engine.api import metrics as M
 from engine.config import FRAMEWORK_LABELS
 from jobs.alerts import levers
+from jobs.alerts.evidence import chart, slope
 from jobs.alerts.history import Finding, RunFacts, RunHistory, Thresholds
 from jobs.alerts.inputs import missing, reads
 from jobs.alerts.knobs import lever
+from jobs.alerts.outputs import (
+    entropy_collapse,
+    importance_weight_collapse,
+    length_blowup,
+    non_termination,
+)
+from jobs.alerts.throughput import throughput_regression
 from jobs.alerts.whatif import planner_advice
 
 Rule = Callable[[RunHistory, RunFacts, Thresholds, float], list[Finding]]
-CHART_POINTS = 30  # points of a series kept as evidence
-
-
-def chart(h: RunHistory, name: str) -> dict:
-    pts = h.last(name, CHART_POINTS)
-    return {"name": name, "steps": [s for s, _ in pts], "values": [v for _, v in pts]}
-
-
-def slope(points: list[tuple[int, float]]) -> float:
-    """Least-squares slope of value over step."""
-    xs, ys = [s for s, _ in points], [v for _, v in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
 
 
 @reads(events=("weight_sync.report",))
@@ -700,6 +697,11 @@ RULES: dict[str, Rule] = {
     "RunLost": run_lost,
     "RewardErrors": reward_errors,
     "RewardOverOptimization": reward_over_optimization,
+    "ImportanceWeightCollapse": importance_weight_collapse,
+    "EntropyCollapse": entropy_collapse,
+    "LengthBlowup": length_blowup,
+    "NonTermination": non_termination,
+    "ThroughputRegression": throughput_regression,
 }
 KINDS = list(RULES)
 

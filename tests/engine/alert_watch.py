@@ -91,9 +91,12 @@ class AlertWatch:
 
 # Judging a healthy run (tests/engine/test_no_false_alarms.py and the preset runs it shares
 # with the learning tests). Thresholds no healthy run passes: StuckReward on any 20-step
-# window, BubbleHigh on any two steps whose devices were ever idle.
+# window, BubbleHigh on any two steps whose devices were ever idle, EntropyCollapse on any
+# entropy once the early steps are past (every entropy is under 100 nats/token, and no
+# reward gains 1000).
 TOO_TIGHT = Thresholds(stuck_slope=1.0, stuck_std=10.0, stuck_zero_std_frac=0.0,
-                       bubble_max=1e-6)
+                       bubble_max=1e-6, entropy_floor=100.0, entropy_factor=1.0,
+                       entropy_reward_gain=1000.0)
 
 
 def assert_quiet(watch: AlertWatch, name: str, steps: int, capsys,
@@ -114,4 +117,4 @@ def assert_long_enough_to_fire(watch: AlertWatch) -> None:
     """The same run under TOO_TIGHT raises the rule with the longest window: what a
     no-false-alarm test shows is that the defaults stay quiet where a rule could have fired."""
     tight = watch.replay(TOO_TIGHT).kinds()
-    assert {"StuckReward", "BubbleHigh"} <= tight, tight
+    assert {"StuckReward", "BubbleHigh", "EntropyCollapse"} <= tight, tight

@@ -174,6 +174,9 @@ def test_a_straggler_is_caught_as_rollout_bound_steps(tmp_path):
     runbook = watch.first("BubbleHigh")[1].runbook
     assert "placement.ray = true" in runbook and '"partial_rollout"' in runbook  # in process
     assert step <= ONSET + 2
+    # the same run against its own first healthy step: throughput fell, in rollout
+    _, slowed = watch.first("ThroughputRegression")
+    assert slowed.step <= ONSET + 2 and "most of it in rollout" in slowed.cause, slowed.cause
 
 
 @pytest.mark.slow
@@ -181,6 +184,7 @@ def test_a_slow_reward_stage_is_caught(tmp_path):
     watch = fault_run(tmp_path, {"slow_reward": {"from_step": ONSET, "seconds": 10.0}},
                       steps=ONSET + 2)
     assert_caught(watch, "BubbleHigh", "the reward stage takes")
+    assert_caught(watch, "ThroughputRegression", "most of it in reward")
 
 
 @pytest.mark.slow
@@ -235,3 +239,26 @@ def test_a_straggler_is_one_late_sample_that_the_step_metrics_show(tiny_dir):
     assert times[-1] >= times[-2] + seconds      # the last one waited the straggler's delay
     m = sample_metrics(samples, [0] * len(samples))
     assert m["rollout/gen_s_max"] == times[-1] and m["rollout/gen_s_p50"] < m["rollout/gen_s_p99"]
+
+
+@pytest.mark.slow
+def test_output_faults_are_caught_each_by_its_rule_with_its_cause(tmp_path):
+    """One run for the faults in what the policy writes (the CI budget has room for one):
+    inflated behaviour logprobs on most tokens, a policy sharpened 20x, generation that
+    never stops. Each rule names its own fault; the rule-level tests
+    (tests/jobs/test_alerts_outputs.py) show each apart from the others."""
+    # the update of step ONSET - 1 sharpens the policy: ONSET's rollouts are the first
+    # it writes, and learner/entropy shows it from ONSET on
+    watch = fault_run(tmp_path, {"importance_collapse": {"from_step": ONSET},
+                                 "entropy_collapse": {"at_step": ONSET - 1, "factor": 50.0},
+                                 "no_stop": {"from_step": ONSET}},
+                      steps=ONSET + 2, rollout={"max_new_tokens": 8})
+    assert_caught(watch, "ImportanceWeightCollapse", "the importance ratio")
+    assert_caught(watch, "EntropyCollapse", "Policy entropy collapsed")
+    assert_caught(watch, "LengthBlowup", "growing into the cap")
+    _, cut = watch.first("NonTermination")
+    assert_caught(watch, "NonTermination", "never emitted the stop token")
+    assert cut.evidence["samples"]["step"] >= ONSET
+    assert watch.first("ImportanceWeightCollapse")[1].key == "ImportanceWeightCollapse:ratio"
+    before = [f.kind for s, f in watch.fired if s < ONSET]
+    assert before == [], before
