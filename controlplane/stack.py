@@ -455,7 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "status":
         return status(config)
-    return Supervisor(config).run()
+    try:
+        supervisor = Supervisor(config)
+    except StartupError as exc:     # a bad RLPLANE_RESTART_* setting
+        print(f"rlplane: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return supervisor.run()
 
 
 if __name__ == "__main__":

@@ -45,13 +45,24 @@ class RestartPolicy:
     def from_environment(cls, env=os.environ) -> RestartPolicy:
         """RLPLANE_RESTART_BUDGET, RLPLANE_RESTART_WINDOW_S, RLPLANE_RESTART_DELAY_S."""
         default = cls()
-        try:
-            return cls(budget=int(env.get("RLPLANE_RESTART_BUDGET", default.budget)),
-                       window_s=float(env.get("RLPLANE_RESTART_WINDOW_S", default.window_s)),
-                       first_delay_s=float(env.get("RLPLANE_RESTART_DELAY_S",
-                                                   default.first_delay_s)))
-        except ValueError as exc:
-            raise proc.StartupError(f"RLPLANE_RESTART_*: {exc} (numbers expected)") from None
+
+        def number(name: str, kind, fallback, low):
+            raw = env.get(name, "")
+            if not raw:
+                return fallback
+            try:
+                value = kind(raw)
+            except ValueError:
+                value = None
+            if value is None or value < low:
+                what = "a whole number" if kind is int else "a number"
+                raise proc.StartupError(f"{name}={raw!r}: expected {what} >= {low:g}")
+            return value
+
+        return cls(budget=number("RLPLANE_RESTART_BUDGET", int, default.budget, 0),
+                   window_s=number("RLPLANE_RESTART_WINDOW_S", float, default.window_s, 1),
+                   first_delay_s=number("RLPLANE_RESTART_DELAY_S", float,
+                                        default.first_delay_s, 0))
 
 
 class RestartBudget:

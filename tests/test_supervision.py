@@ -55,6 +55,16 @@ def test_the_backoff_doubles_and_the_budget_refills_as_the_window_slides():
     assert later == 3
 
 
+def test_the_restart_policy_comes_from_the_environment_and_a_bad_value_is_named():
+    policy = RestartPolicy.from_environment({"RLPLANE_RESTART_BUDGET": "2",
+                                             "RLPLANE_RESTART_DELAY_S": "0.5"})
+
+    assert (policy.budget, policy.first_delay_s, policy.window_s) == (2, 0.5, 600)
+    with pytest.raises(proc.StartupError, match=r"RLPLANE_RESTART_WINDOW_S='0': expected a "
+                                                r"number >= 1"):
+        RestartPolicy.from_environment({"RLPLANE_RESTART_WINDOW_S": "0"})
+
+
 def test_a_child_that_keeps_exiting_is_restarted_until_its_budget_is_spent(tmp_path):
     sup = supervisor(tmp_path)
     sup.spawn("steady", ["sleep", "60"], dict(os.environ))
