@@ -15,7 +15,8 @@ own final status, if it wrote one, wins); the stack's start (manage.py reconcile
 the control plane was down, the drivers were not); a restarted Ray head (manage.py
 reconcile_runs --ray-head-died-at: its runs are then marked lost with that cause).
 Idempotent: ingest keys on (run, seq) and checkpoints on (run, step), so a second
-reconcile stores nothing.
+reconcile stores nothing; and cheap when there is nothing to do (no spool, and the last
+line of events.jsonl already stored: the file is not read through).
 
 The files are the driver's, as untrusted as its ingest token: every event passes ingest's
 validation; a line over MAX_LINE_BYTES, not JSON or invalid is skipped and counted; no
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 EVENT_FILES = ("events.jsonl", "ingest-spool.jsonl")   # engine.ray_job's names
 MAX_LINE_BYTES = 8 * 2**20       # a samples event at its bounds is well under this
 MAX_STATE_BYTES = 64 * 2**10
+TAIL_BYTES = 2**20               # where events.jsonl's last event is looked for
 STEP_DIR = re.compile(r"step_(\d{6,12})")
 
 
@@ -62,6 +64,15 @@ def do_reconcile_run(run: Run) -> Reconciled:
     directory = run_directory(run.pk)
     if run.is_external or not directory.is_dir() or directory.is_symlink():
         return Reconciled()
+    events = skipped = 0
+    if not nothing_new(directory, RunEvent.highest_seq(run)):
+        events, skipped = ingest_event_files(run, directory)
+    checkpoints, bad = checkpoints_on_disk(run, directory / "checkpoints")
+    return Reconciled(events=events, checkpoints=checkpoints, skipped=skipped + bad)
+
+
+def ingest_event_files(run: Run, directory: Path) -> tuple[int, int]:
+    """The events of EVENT_FILES the run has not stored, ingested: (stored, skipped)."""
     stored = set(RunEvent.objects.filter(run=run, seq__gt=0).values_list("seq", flat=True))
     found: dict[int, dict] = {}
     skipped = 0
@@ -85,8 +96,33 @@ def do_reconcile_run(run: Run) -> Reconciled:
                 logger.warning("run %s: reconcile skips seq %s: %s", run.pk, seq, exc)
         if batch:
             events += do_ingest_events(run, batch).stored
-    checkpoints, bad = checkpoints_on_disk(run, directory / "checkpoints")
-    return Reconciled(events=events, checkpoints=checkpoints, skipped=skipped + bad)
+    return events, skipped
+
+
+def nothing_new(directory: Path, highest_seq: int) -> bool:
+    """No spool, and events.jsonl's last event is one the run stored: the common case of a
+    run that ended while the control plane listened, told without reading the whole file
+    (the driver delivers in seq order, so what it stored has no holes below its highest)."""
+    if (directory / EVENT_FILES[1]).exists():
+        return False
+    try:
+        fd = os.open(directory / EVENT_FILES[0], os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - TAIL_BYTES))
+        tail = f.read().splitlines()
+    for line in reversed(tail[1:] if size > TAIL_BYTES else tail):
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue                     # a torn last line
+        seq = item.get("seq") if isinstance(item, dict) else None
+        return type(seq) is int and seq <= highest_seq
+    return size == 0
 
 
 def json_lines(path: Path) -> Iterator[object]:

@@ -8,7 +8,7 @@ from django.conf import settings
 
 from jobs.ingest.store import do_ingest_events
 from jobs.models import Checkpoint, RunEvent, RunStatus
-from jobs.runs.reconcile import do_mark_runs_lost_with_ray_head, do_reconcile_run
+from jobs.runs.reconcile import do_mark_runs_lost_with_ray_head, do_reconcile_run, nothing_new
 
 from .helpers import checkpoint, metrics, status
 
@@ -69,3 +69,15 @@ def test_a_dead_ray_head_marks_its_runs_lost_with_the_cause_unless_they_had_fini
         "the Ray head died at 2026-12-03T05:00:00+00:00 (killed by signal 9)")
     assert [c.step for c in Checkpoint.forkable(cut_off)] == [1]
     assert finished.status == RunStatus.SUCCEEDED
+
+
+def test_a_run_directory_whose_last_event_is_stored_is_not_read_again(tmp_path):
+    (tmp_path / "events.jsonl").write_text(
+        "".join(json.dumps(e.to_dict()) + "\n" for e in (status(1, "running"),
+                                                         metrics(2, 1)))
+        + '{"type": "log", "seq": 3')              # torn: the driver died mid-line
+
+    assert nothing_new(tmp_path, highest_seq=2)
+    assert not nothing_new(tmp_path, highest_seq=1)
+    (tmp_path / "ingest-spool.jsonl").write_text("")  # undelivered events: always read
+    assert not nothing_new(tmp_path, highest_seq=2)
