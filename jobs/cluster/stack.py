@@ -24,6 +24,7 @@ class StackChild:
 
 @dataclass
 class StackView:
+    supervised: bool = True   # its supervisor is alive (else nothing restarts a dead child)
     children: list[StackChild] = field(default_factory=list)
     restarts: list[dict] = field(default_factory=list)   # newest first
 
@@ -40,6 +41,7 @@ def stack_view(environ=os.environ) -> StackView | None:
     for note in record.restarts:
         counts[note.get("child", "")] = counts.get(note.get("child", ""), 0) + 1
     return StackView(
+        supervised=proc.is_alive(record.supervisor_pid, record.supervisor_create_time),
         children=[StackChild(c.name, c.pid, proc.is_alive(c.pid, c.create_time),
                              counts.get(c.name, 0)) for c in record.children],
         restarts=list(reversed(record.restarts)))
