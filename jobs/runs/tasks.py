@@ -2,8 +2,10 @@
 outlives any worker; submitting it is jobs/runs/submit.py.
 
     sync_runs()       beat, every 10 s: each live run vs its Ray job's status;
-                      a job Ray no longer knows, or whose driver was killed by a
-                      signal -> lost; a run never submitted -> again; the queue
+                      a job that ended -> first what its driver wrote to the run's
+                      directory (jobs/runs/reconcile.py), then a job Ray no longer
+                      knows, or whose driver was killed by a signal -> lost;
+                      a run never submitted -> again; the queue
                       (jobs/runs/queue.py) admits what now fits; then a launched
                       command's new output -> its log panel (jobs/runs/job_logs.py)
     stop_run(id)      running -> stopping + the flag the driver polls; enforce_stop later
@@ -24,6 +26,7 @@ from jobs.cluster.ray import job_not_found, ray_jobs
 from jobs.models import LIVE, InvalidTransition, Run, RunStatus
 from jobs.runs.job_logs import follow_job_logs
 from jobs.runs.queue import do_schedule_runs
+from jobs.runs.reconcile import do_reconcile_run
 from jobs.runs.submit import submit_run
 
 logger = logging.getLogger(__name__)
@@ -53,9 +56,14 @@ def follow_ray_jobs() -> None:
         except RuntimeError as exc:
             if not job_not_found(exc):
                 raise
+            do_reconcile_run(run)
             follow(run, RunStatus.LOST, f"Ray has no job {run.ray_submission_id} any more "
                                         "(the cluster restarted, or the job was deleted)")
             continue
+        if info.status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            # What the driver could not deliver (its spool, its last checkpoint, its final
+            # status) comes first: the engine's own word beats what the job says.
+            do_reconcile_run(run)
         if info.status == JobStatus.RUNNING and run.is_external:
             # The engine says "running" itself; a command may never say anything.
             if run.status == RunStatus.SUBMITTING:

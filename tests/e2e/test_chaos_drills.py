@@ -16,8 +16,9 @@ plane fails under it. Each drill prints its figure for the closing note.
                 the beat's sync_runs queues the submit again (resubmit_stuck_runs) and
                 the run is submitted once and finishes
 
-The control plane is started piece by piece rather than as controlplane.stack, whose
-supervisor ends the whole stack (Ray and the run with it) when any child dies.
+The control plane is started piece by piece rather than as controlplane.stack, so that
+each drill kills and restarts the piece it names by hand; the stack's supervisor, which
+restarts a dead child itself, is tested in tests/test_supervision.py.
 """
 
 from __future__ import annotations

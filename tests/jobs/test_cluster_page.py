@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from controlplane import processes as proc
+from controlplane.processes import ChildRecord, StackRecord
 from jobs.cluster import status as cluster
 from jobs.cluster.ray import submission_id
 
@@ -87,6 +89,30 @@ def test_the_htmx_fragment_is_the_live_part_only(viewer, fake_ray):
     assert response.status_code == 200
     assert "<html" not in html
     assert 'id="cluster"' in html and 'hx-trigger="every 3s"' in html and "gpu-box" in html
+
+
+def test_the_embedded_stacks_processes_and_their_restarts_are_listed(
+        viewer, fake_ray, monkeypatch, tmp_path):
+    note = {"child": "redis", "pid": 41, "exit": "killed by signal 9",
+            "died_at": "2026-12-03T05:00:00+00:00", "delay_s": 1.0, "in_window": 1,
+            "budget": 5, "window_s": 600.0, "new_pid": 42,
+            "restarted_at": "2026-12-03T05:00:01+00:00"}
+    proc.write_pid_file(tmp_path / "stack.json", StackRecord(
+        supervisor_pid=1, supervisor_create_time=0.0, state_dir=str(tmp_path),
+        children=[ChildRecord(name="redis", pid=42, create_time=0.0)], restarts=[note]))
+    monkeypatch.setenv(proc.STACK_MARKER, str(tmp_path))
+
+    html = viewer.get("/cluster", headers=HTMX).content.decode()
+
+    assert 'id="stack-child-redis"' in html
+    assert "<strong>redis</strong> (pid 41) killed by signal 9 at 2026-12-03T05:00:00" in html
+    assert "restarted after 1.0 s as pid 42 (1 of 5 restarts allowed within 600 s)" in html
+
+
+def test_outside_the_embedded_stack_there_is_no_stack_panel(viewer, fake_ray, monkeypatch):
+    monkeypatch.delenv(proc.STACK_MARKER, raising=False)
+
+    assert 'id="stack-processes"' not in viewer.get("/cluster", headers=HTMX).content.decode()
 
 
 def test_without_gpus_utilization_is_cpu_per_core_clearly_labelled(viewer, fake_ray):
