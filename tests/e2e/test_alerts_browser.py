@@ -46,6 +46,8 @@ def test_a_desync_alert_appears_live_and_is_acknowledged(stack, browser):  # noq
 
         alert.locator("button.alert-ack").click()
         expect(alert).to_have_attribute("data-state", "acknowledged")
+        expect(page.locator('#run-health [data-family="systems"]')).to_have_attribute(
+            "data-colour", "amber")                   # the health strip follows, live
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / "alert_acknowledged.png"
         page.screenshot(path=str(shot), full_page=True)
