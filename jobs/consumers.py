@@ -4,9 +4,10 @@
                     server -> {"last_seq", "events", "charts", "swap", "append", "marks",
                                "progress"}, ...  (progress: the header's step and the
                               clock its elapsed and ETA tick from, after metrics or a
-                              status; else null)
-                              {"alerts": {"alert-<id>": html}}  (after the backfill, the
-                              run's alerts; then each alert whose state changed)
+                              status, else null; then swap holds the health strip too)
+                              {"alerts": {"alert-<id>": html}, "swap": {"run-health":
+                              html}}  (after the backfill, the run's alerts; then each
+                              alert whose state changed; with the health strip)
                               {"logs": {"run-logs": html}}  a launched command's new output
                               lines (jobs/runs/job_logs.py: seqs below 0, not in the stream)
     ws/runs/        server -> {"run_id", "status", "step", "reward_mean", "step_s", "held_out",
@@ -33,7 +34,7 @@ from django.template.loader import render_to_string
 from redis.exceptions import RedisError
 
 from jobs import charts
-from jobs.alerts.views import run_alerts
+from jobs.alerts.views import render_health, run_alerts
 from jobs.auth import is_operator
 from jobs.groups import RUNS_GROUP, run_group, session_group
 from jobs.models import Alert, Run, RunEvent
@@ -194,7 +195,11 @@ class RunConsumer(SessionBoundConsumer):
             return
         alerts = await database_sync_to_async(self.render_alerts)(message["alert_ids"])
         if alerts:
-            await self.send_json({"alerts": alerts})
+            health = await database_sync_to_async(self.render_health)()
+            await self.send_json({"alerts": alerts, "swap": {"run-health": health}})
+
+    def render_health(self) -> str:
+        return render_health(Run.objects.get(pk=self.run_id))
 
     def render_alerts(self, alert_ids: list[int] | None) -> dict[str, str]:
         alerts = Alert.objects.filter(run_id=self.run_id)
@@ -217,17 +222,22 @@ class RunConsumer(SessionBoundConsumer):
         return list(rows[:BACKFILL_CHUNK])
 
     async def send_events(self, events: list[dict]):
-        status = progress = None
+        status = progress = health = None
         if any(e["type"] in ("run.status", "control.applied") for e in events):
             status = await database_sync_to_async(self.current_status)()
         if any(e["type"] in ("run.status", "metrics.append") for e in events):
-            progress = await database_sync_to_async(self.progress_clock)()
-        await self.send_json(run_update(events, status, self.external, progress))
+            progress, health = await database_sync_to_async(self.progress_clock)()
+        update = run_update(events, status, self.external, progress)
+        if health is not None:
+            update["swap"]["run-health"] = health
+        await self.send_json(update)
         self.last_sent = events[-1]["seq"]
 
-    def progress_clock(self) -> dict:
-        """Read after the events committed, so a final status stops the page's clock."""
-        return run_progress(Run.objects.get(pk=self.run_id))["clock"]
+    def progress_clock(self) -> tuple[dict, str]:
+        """Read after the events committed, so a final status stops the page's clock; and
+        the health strip as the evaluation of those events left it."""
+        run = Run.objects.get(pk=self.run_id)
+        return run_progress(run)["clock"], render_health(run)
 
     def current_status(self) -> tuple[str, str]:
         """The control plane's status (what the badge shows: "paused" while the driver

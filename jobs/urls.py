@@ -32,6 +32,7 @@ urlpatterns = [
          name="alert-resolve"),
     path("presets/<int:preset_id>/alerts", preset_thresholds, name="preset-thresholds"),
     path("runs/<int:run_id>/priority", launch.run_priority, name="run-priority"),
+    path("runs/<int:run_id>/baseline", launch.run_baseline, name="run-baseline"),
     path("settings/tokens", tokens.tokens_page, name="tokens"),
     path("settings/tokens/<int:token_id>/revoke", tokens.token_revoke, name="token-revoke"),
     path("metrics", prometheus.metrics, name="metrics"),

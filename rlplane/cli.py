@@ -7,6 +7,7 @@
     rlplane stop RUN                       a queued run is cancelled
     rlplane fork RUN [CONFIG.toml] [--checkpoint ID] [--set key=value ...] [-q]
     rlplane priority RUN N                 a queued run's place in the queue
+    rlplane baseline RUN OTHER|none        mark run OTHER as RUN's throughput baseline
     rlplane checkpoint|pause|resume RUN    live controls of a running run, applied after
     rlplane set-lr RUN LR                  the step in progress (`set-eval-every RUN N`:
                                            held-out eval cadence, 0 = none mid-run)
@@ -232,6 +233,23 @@ def cmd_priority(args, console: Console, client: Client) -> int:
     return EXIT_OK
 
 
+def cmd_baseline(args, console: Console, client: Client) -> int:
+    run = client.post(f"/runs/{args.run}/baseline", {"baseline_run": args.baseline})
+    what = f"run #{run['baseline_run']}" if run["baseline_run"] is not None else "the default"
+    console.print(plain(f"run #{run['id']}: throughput baseline {what}"), highlight=False,
+                  markup=False)
+    return EXIT_OK
+
+
+def baseline_arg(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a run id or none, got {text!r}") from None
+
+
 def cmd_control(args, console: Console, client: Client) -> int:
     body: dict = {"kind": args.command.replace("-", "_")}
     if getattr(args, "value", None) is not None:   # the commands that take one declare it
@@ -408,6 +426,10 @@ def parser() -> argparse.ArgumentParser:
     prio = sub.add_parser("priority", help="change a queued run's priority")
     prio.add_argument("run", type=int)
     prio.add_argument("priority", type=int)
+    base = sub.add_parser("baseline", help="mark the run ThroughputRegression compares "
+                                           "a run with (none: back to the default)")
+    base.add_argument("run", type=int)
+    base.add_argument("baseline", type=baseline_arg, metavar="OTHER|none")
     for name, what in (("checkpoint", "write a checkpoint now"),
                        ("pause", "hold after the step in progress"),
                        ("resume", "go on after a pause")):
@@ -442,7 +464,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {"runs": cmd_runs, "launch": cmd_launch, "watch": cmd_watch, "stop": cmd_stop,
-            "fork": cmd_fork, "priority": cmd_priority, "logs": cmd_logs,
+            "fork": cmd_fork, "priority": cmd_priority, "baseline": cmd_baseline, "logs": cmd_logs,
             "alerts": cmd_alerts, "checkpoint": cmd_control, "pause": cmd_control,
             "resume": cmd_control, "set-lr": cmd_control, "set-eval-every": cmd_control,
             "launch-command": cmd_launch_command, "track-run": cmd_track_run}

@@ -124,11 +124,15 @@ def test_a_queued_run_is_reprioritized_and_watch_returns_once_the_run_ended(logg
                                  status_reason="waits for 1 run slot; 0 of 1 free")
 
     assert main(["priority", str(waiting.pk), "4"]) == c.EXIT_OK
+    assert main(["baseline", str(waiting.pk), str(waiting.pk)]) == c.EXIT_USAGE
+    early = capsys.readouterr()
+    assert "baseline_run: run #" in early.err and "priority 4" in early.out
+    assert main(["baseline", str(waiting.pk), "none"]) == c.EXIT_OK
     Run.objects.filter(pk=waiting.pk).update(status=RunStatus.STOPPED)
     assert main(["watch", str(waiting.pk), "--interval", "0.01"]) == c.EXIT_OK
 
     out = capsys.readouterr().out
-    assert "priority 4" in out and f"run={waiting.pk} status=stopped" in out
+    assert "throughput baseline the default" in out and f"run={waiting.pk} status=stopped" in out
     assert Run.objects.get(pk=waiting.pk).priority == 4
 
 

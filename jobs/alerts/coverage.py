@@ -10,6 +10,10 @@ what it lacks and what the run's framework would have to log to feed it:
 The same declarations (``rule.needs``) decide what rules.evaluate skips on an external run,
 so the page never lists a rule as evaluated that was skipped, or the other way round. On a
 native run the engine reports every input, so the pages do not show coverage there.
+
+    checked(history, facts) -> {"StuckReward": 41, "RunLost": 41, ...}
+    the rules the history feeds, each with the step its inputs reach: what an evaluation
+    over this history checked (lifecycle stores it on the run for the health strip).
 """
 
 from __future__ import annotations
@@ -56,3 +60,25 @@ def coverage(h: RunHistory, f: RunFacts) -> tuple[list[str], list[NotEvaluated]]
             + tuple(f"the run's {x.replace('_', ' ')} ({FACTS[x]})" for x in lack.facts),
             engine_only=ENGINE_ONLY in lack.events))
     return evaluated, gaps
+
+
+def checked(h: RunHistory, f: RunFacts) -> dict[str, int | None]:
+    """{kind: the last step every metric the rule reads reached} for each rule the
+    history feeds (``coverage``'s evaluated, on native runs too: a rule whose inputs have
+    not come yet checked nothing). A rule that reads no metric: the history's last step
+    (None before the first)."""
+    last_any = max((max(series) for series in h.metrics.values() if series), default=None)
+
+    def last(name: str) -> int | None:
+        series = h.metrics.get(name)
+        return max(series) if series else None
+
+    out: dict[str, int | None] = {}
+    for kind, rule in RULES.items():
+        if missing(rule.needs, h, f):
+            continue
+        reach = [last(n) for n in rule.needs.metrics]
+        if rule.needs.any_of:
+            reach.append(max(s for n in rule.needs.any_of if (s := last(n)) is not None))
+        out[kind] = min(reach) if reach else last_any
+    return out

@@ -88,7 +88,8 @@ class Baseline:
     step_s: float
     phases: dict[str, float]           # time/<phase>_s -> seconds
     length: float | None               # response_length/mean, or None if not logged
-    source: str                        # "steps 1-3 of this run", "run #12's steps 1-3"
+    source: str                        # "steps 1-3 of this run", "run #12's steps 1-3",
+                                       # "the marked baseline, run #9's steps 1-3"
 
 
 def _number(params: dict, keys: tuple[str, ...]) -> float | None:
@@ -112,8 +113,9 @@ class RunFacts:
     framework: str = "rlplane"           # who trains the run: its engine, or an external one
     params: dict = field(default_factory=dict)   # an external run's own parameters
     max_new_tokens: int | None = None    # the completion cap (LengthBlowup)
-    # ThroughputRegression's baseline as stored (the run's first steps, a fork's parent's:
-    # jobs/alerts/lifecycle.py); None: from the history's first steps
+    # ThroughputRegression's baseline as stored (a run an operator marked, a fork's
+    # parent's, the run's first steps: lifecycle.baseline_for); None: from the history's
+    # first steps
     baseline: Baseline | None = None
 
     @property

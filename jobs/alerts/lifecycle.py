@@ -1,8 +1,10 @@
 """Findings -> Alert rows, as events arrive (ingest) and periodically (beat).
 
-    do_evaluate_alerts(run)      history from RunEvents (and the throughput baseline from
-                                 the run's first steps, a fork's from its parent's)
-                                 -> rules.evaluate -> rows:
+    do_evaluate_alerts(run)      history from RunEvents (and the throughput baseline:
+                                 the run an operator marked, else a fork's parent's, else
+                                 the run's own first steps: baseline_for)
+                                 -> rules.evaluate -> rows, and what it checked
+                                 (coverage.checked) -> Run.rules_checked:
         new key                   -> Alert(open) + a Notification per channel ("open")
         key already unresolved    -> evidence, cause and last_step refreshed (one row)
         unresolved key not found  -> resolved "the condition cleared" + "resolved" notices
@@ -18,6 +20,7 @@ evaluations of one run never race to open the same key.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from functools import partial
 
@@ -26,6 +29,8 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.urls import reverse
 
+from engine.api import metrics as M
+from jobs.alerts.coverage import checked
 from jobs.alerts.delivery import deliver_notification
 from jobs.alerts.history import (
     HISTORY_EVENTS,
@@ -55,6 +60,8 @@ from jobs.models.controls import display_status
 ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.STOPPED, RunStatus.FAILED})
 HISTORY_LIMIT = 4000  # recent events the rules look at (hundreds of steps)
 
+logger = logging.getLogger(__name__)
+
 
 def thresholds_for(run: Run) -> Thresholds:
     """The preset's overrides (the preset named like the run's config), else defaults."""
@@ -79,13 +86,63 @@ def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
     # "paused" while the driver holds: a paused run makes no progress on purpose
     thresholds = thresholds_for(run)
     facts = RunFacts.of(run, display_status(run))
-    baseline = (stored_baseline(run.parent, thresholds, f"run #{run.parent_id}'s")
-                if run.parent_id is not None else
-                stored_baseline(run, thresholds, "this run's"))
-    facts = dataclasses.replace(facts, baseline=baseline)
-    findings = evaluate(load_history(run), facts, thresholds,
-                        time.time() if now is None else now)
+    facts = dataclasses.replace(facts, baseline=baseline_for(run, thresholds))
+    history = load_history(run)
+    findings = evaluate(history, facts, thresholds, time.time() if now is None else now)
+    rules_checked = checked(history, facts)
+    if rules_checked != run.rules_checked:   # a new step, mostly: one small UPDATE
+        run.rules_checked = rules_checked
+        Run.objects.filter(pk=run.pk).update(rules_checked=rules_checked)
     return do_apply_findings(run, findings)
+
+
+def baseline_for(run: Run, t: Thresholds) -> Baseline | None:
+    """ThroughputRegression's baseline: the run an operator marked (Run.baseline_run),
+    else a fork's parent's, else the run's own first steps as stored. A marked run
+    whose timed steps are gone (deleted events) falls through to the next."""
+    if run.baseline_run_id is not None:
+        marked = stored_baseline(run.baseline_run, t,
+                                 f"the marked baseline, run #{run.baseline_run_id}'s")
+        if marked is not None:
+            return marked
+    if run.parent_id is not None:
+        return stored_baseline(run.parent, t, f"run #{run.parent_id}'s")
+    return stored_baseline(run, t, "this run's")
+
+
+class BaselineProblem(ValueError):
+    """Why a run cannot be marked as another's baseline; ``field`` names the input."""
+    field = "baseline_run"
+
+
+def check_baseline(run: Run, baseline_id: int | None) -> Run | None:
+    """The run with pk ``baseline_id`` if it can be ``run``'s throughput baseline (None
+    clears the mark); else BaselineProblem saying why: the run itself, no such run, or
+    one with no timed steps past its first (its samples/s and step time) to compare with."""
+    if baseline_id is None:
+        return None
+    if baseline_id == run.pk:
+        raise BaselineProblem(f"run #{run.pk} cannot be its own baseline; name another "
+                              "run, or clear the mark (its own first steps are the default)")
+    baseline = Run.objects.filter(pk=baseline_id).first()
+    if baseline is None:
+        raise BaselineProblem(f"there is no run #{baseline_id}")
+    t = thresholds_for(run)
+    if stored_baseline(baseline, t, "") is None:
+        raise BaselineProblem(
+            f"run #{baseline_id} has no timed steps to compare with: a baseline needs steps "
+            f"after its first that report {M.THROUGHPUT_SAMPLES_PER_S} and {M.TIME_STEP_S}")
+    return baseline
+
+
+def do_set_baseline(user, run: Run, baseline_id: int | None) -> None:
+    """Mark run ``baseline_id`` as ``run``'s throughput baseline (None: clear it);
+    BaselineProblem for a bad one. The next evaluation compares against it."""
+    baseline = check_baseline(run, baseline_id)
+    Run.objects.filter(pk=run.pk).update(baseline_run=baseline)
+    run.baseline_run = baseline
+    logger.info("run %s: throughput baseline %s set by %s", run.pk,
+                f"#{baseline_id}" if baseline else "cleared", user)
 
 
 def stored_baseline(run: Run, t: Thresholds, whose: str) -> Baseline | None:

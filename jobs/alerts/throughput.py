@@ -1,6 +1,7 @@
 """ThroughputRegression: samples/s against a baseline, naming the phase that slowed.
 
-    baseline = f.baseline                      a fork's parent's (lifecycle.parent_baseline)
+    baseline = f.baseline                      the run an operator marked, else a fork's
+                                               parent's (lifecycle.baseline_for)
             or baseline_of(h, steps 1..3)      the run's own first healthy steps
     fires when each of the last throughput_window steps generates more than
         throughput_tolerance fewer samples/s than the baseline, and takes

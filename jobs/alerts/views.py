@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET, require_POST
 
 from engine.config import FRAMEWORK_LABELS
 from jobs.alerts.coverage import coverage
+from jobs.alerts.health import strip
 from jobs.alerts.history import RunFacts
 from jobs.alerts.lifecycle import load_history
 from jobs.alerts.rules import KINDS
@@ -47,6 +49,19 @@ def run_coverage(run: Run) -> dict | None:
                       "any_of": names(g.any_of, g.to_log), "other": g.other}
                      for g in gaps if not g.engine_only],
             "engine_only": [g.kind for g in gaps if g.engine_only]}
+
+
+def run_health(run: Run) -> list:
+    """The health strip's lines (jobs/alerts/health.py): what the last evaluation checked
+    (Run.rules_checked, stored by the lifecycle) and the run's live alerts."""
+    live = Alert.objects.filter(run=run).exclude(state=AlertState.RESOLVED)
+    return strip(run.rules_checked, live.values_list("kind", "state"))
+
+
+def render_health(run: Run) -> str:
+    """The strip as the page shows it, for the websocket to swap in (id run-health)."""
+    return render_to_string("jobs/alerts/_health_strip.html",
+                            {"health": run_health(run), "run": run})
 
 
 @require_GET

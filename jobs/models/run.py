@@ -82,6 +82,15 @@ class Run(models.Model):
         MinValueValidator(-PRIORITY_BOUND), MaxValueValidator(PRIORITY_BOUND)])
     # Archived runs leave the runs list and the API's default listing; nothing else changes.
     archived_at = models.DateTimeField(null=True, blank=True)
+    # ThroughputRegression's reference, marked by an operator (jobs.alerts.lifecycle
+    # baseline_problem checks it): ahead of a fork's parent and the run's own first steps.
+    baseline_run = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="baseline_for"
+    )
+    # What the last alert evaluation checked: {rule kind: the step its inputs reached}
+    # for each rule the history fed (jobs.alerts.coverage.checked); the run page's
+    # health strip reads it. A kind absent was not evaluated (its inputs are missing).
+    rules_checked = models.JSONField(default=dict, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]

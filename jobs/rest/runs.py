@@ -13,6 +13,8 @@
     POST /api/v1/runs/<id>/archive         a finished run leaves the list
     POST /api/v1/runs/<id>/restore         an archived run is back on the list
     POST /api/v1/runs/<id>/priority        {priority}: a queued run's place in the queue
+    POST /api/v1/runs/<id>/baseline        {baseline_run: id | null}: the run its
+                                           ThroughputRegression compares with
     GET  /api/v1/runs/<id>/metrics         ?name=reward/mean&name=bubble &start= &end= &points=
     GET  /api/v1/runs/<id>/metric-names
     GET  /api/v1/runs/<id>/events          ?after_seq= &type=log &limit=
@@ -36,6 +38,7 @@ from rest_framework.response import Response
 
 from engine.api import validate_control
 from engine.config import RunConfig, is_external, validate_config, validate_external
+from jobs.alerts.lifecycle import BaselineProblem, do_set_baseline
 from jobs.charts import downsample
 from jobs.models import (
     LIVE_STATES,
@@ -332,6 +335,22 @@ def priority(request, run_id: int):
     target = get_object_or_404(Run, pk=run_id)
     do_set_priority(request.user, target, valid(s.PrioritySerializer, request)["priority"])
     target.refresh_from_db()
+    return Response(s.RunSerializer(target).data)
+
+
+@extend_schema(request=s.BaselineSerializer,
+               responses={200: s.RunSerializer, 400: s.ErrorSerializer})
+@api_view(["POST"])
+def baseline(request, run_id: int):
+    """Mark another run as this one's throughput baseline (ThroughputRegression compares
+    its samples/s and phase times with that run's first timed steps, ahead of a fork's
+    parent's); null clears the mark. 400 naming baseline_run for the run itself, an
+    unknown run, or one with no timed steps past its first."""
+    target = get_object_or_404(Run, pk=run_id)
+    try:
+        do_set_baseline(request.user, target, valid(s.BaselineSerializer, request)["baseline_run"])
+    except BaselineProblem as exc:
+        raise ValidationError({exc.field: str(exc)}) from None
     return Response(s.RunSerializer(target).data)
 
 

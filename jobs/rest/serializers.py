@@ -19,8 +19,11 @@ class RunSerializer(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = ["id", "name", "framework", "status", "status_reason", "priority", "parent",
-                  "source_checkpoint", "created_by", "created_at", "started_at",
-                  "finished_at", "archived"]
+                  "baseline_run", "source_checkpoint", "created_by", "created_at",
+                  "started_at", "finished_at", "archived"]
+        extra_kwargs = {"baseline_run": {"help_text": (
+            "the run ThroughputRegression compares with, marked by an operator (POST "
+            ".../baseline); null: the parent's first steps for a fork, else its own")}}
 
     def get_archived(self, run) -> bool:
         return run.archived_at is not None
@@ -105,6 +108,13 @@ class ForkSerializer(ConfigInput):
         if "toml" in attrs and "config" in attrs:
             raise serializers.ValidationError({"toml": "send either toml or config"})
         return attrs
+
+
+class BaselineSerializer(serializers.Serializer):
+    baseline_run = serializers.IntegerField(
+        allow_null=True, min_value=0, max_value=2**63 - 1,
+        help_text="a run id whose timed steps (after its first) become this run's "
+                  "throughput baseline; null clears the mark")
 
 
 class PrioritySerializer(serializers.Serializer):

@@ -13,6 +13,7 @@ urlpatterns = [
     path("runs/<int:run_id>/archive", runs.archive, name="api-run-archive"),
     path("runs/<int:run_id>/restore", runs.restore, name="api-run-restore"),
     path("runs/<int:run_id>/priority", runs.priority, name="api-run-priority"),
+    path("runs/<int:run_id>/baseline", runs.baseline, name="api-run-baseline"),
     path("runs/<int:run_id>/metrics", runs.metrics, name="api-run-metrics"),
     path("runs/<int:run_id>/metric-names", runs.metric_names, name="api-run-metric-names"),
     path("runs/<int:run_id>/events", runs.events, name="api-run-events"),

@@ -6,6 +6,8 @@
                                          lines, or the placement preview; nothing saved
     POST /runs/<id>/stop                 do_stop_run -> the run page (a queued run: cancelled)
     POST /runs/<id>/priority             do_set_priority (a queued run) -> the run page
+    POST /runs/<id>/baseline             {baseline_run | clear}: do_set_baseline, the run
+                                         ThroughputRegression compares with -> the run page
     POST /runs/<id>/controls             {kind, value?}: do_request_control (a live
                                          control of a running run) -> the run page
     GET  /runs/<id>/fork[?checkpoint=ID] the run form from the parent's config
@@ -20,6 +22,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from engine.api import ControlError, placement_bundles, validate_control
 from engine.config import RunConfig, validate_config
+from jobs.alerts.lifecycle import BaselineProblem, do_set_baseline
 from jobs.auth import operator_required
 from jobs.models import Checkpoint, InvalidTransition, NotNative, Preset, Run
 from jobs.models.validators import parse_pk
@@ -114,6 +117,26 @@ def run_priority(request, run_id: int):
         messages.error(request, f"Priority not changed: {exc}")
     else:
         messages.info(request, f"Priority set to {run.priority}.")
+    return redirect("run-detail", run_id=run.pk)
+
+
+@operator_required
+@require_POST
+def run_baseline(request, run_id: int):
+    run = get_object_or_404(Run, pk=run_id)
+    raw = request.POST.get("baseline_run", "").strip()
+    baseline_id = None if request.POST.get("clear") else parse_pk(raw)
+    if baseline_id is None and not request.POST.get("clear"):
+        messages.error(request, f"Baseline not changed: baseline_run must be a run id, got "
+                                f"{raw!r}.")
+        return redirect("run-detail", run_id=run.pk)
+    try:
+        do_set_baseline(request.user, run, baseline_id)
+    except BaselineProblem as exc:
+        messages.error(request, f"Baseline not changed: {exc}.")
+    else:
+        messages.info(request, f"Throughput baseline: run #{baseline_id}." if baseline_id
+                      else "Throughput baseline cleared: back to the default.")
     return redirect("run-detail", run_id=run.pk)
 
 

@@ -6,7 +6,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from jobs.alerts.views import run_alerts, run_coverage
+from jobs.alerts.views import run_alerts, run_coverage, run_health
 from jobs.auth import is_operator
 from jobs.models import Run
 from jobs.models.controls import display_status
@@ -36,5 +36,6 @@ def run_detail(request, run_id: int):
     if request.htmx:
         return render(request, "jobs/_run_panels.html", context)
     context["coverage"] = run_coverage(run)
+    context["health"] = run_health(run)
     context["data"] = {**run_page.chart_data(run), "progress": context["progress"]["clock"]}
     return render(request, "jobs/run_detail.html", context)

@@ -145,7 +145,11 @@
 
   function apply(msg) {
     if (msg.error) { console.error("run socket:", msg.error); return; }
-    if (msg.alerts) { window.rlplaneAlerts.upsert(msg.alerts); return; }  // run_alerts.js
+    if (msg.alerts) {  // run_alerts.js; the health strip comes with them
+      window.rlplaneAlerts.upsert(msg.alerts);
+      swap(msg.swap || {});
+      return;
+    }
     if (msg.logs) { appendLines(msg.logs); return; }  // a launched command's output
     if (msg.last_seq <= lastSeq) return;  // the server never resends; belt and braces
     followProgress(msg.events);
@@ -161,15 +165,19 @@
       }
     }
     addMarks(msg.marks);
-    for (const [id, html] of Object.entries(msg.swap)) {
-      const el = document.getElementById(id);
-      if (el) el.outerHTML = html;
-    }
+    swap(msg.swap);
     const badge = document.getElementById("run-status");
     if (badge) fitActions(badge.textContent.trim());
     if (msg.progress) setClock(msg.progress);
     appendLines(msg.append);
     lastSeq = msg.last_seq;
+  }
+
+  function swap(fragments) {  // {id: html}: each element replaced whole
+    for (const [id, html] of Object.entries(fragments)) {
+      const el = document.getElementById(id);
+      if (el) el.outerHTML = html;
+    }
   }
 
   function appendLines(fragments) {

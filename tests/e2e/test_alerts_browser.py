@@ -39,6 +39,8 @@ def test_a_desync_alert_appears_live_and_is_acknowledged(stack, browser):  # noq
 
         alert = page.locator('#run-alerts [data-kind="WeightSyncDesync"]')
         expect(alert).to_be_visible(timeout=90_000)
+        expect(page.locator('#run-health [data-family="systems"]')).to_have_attribute(
+            "data-colour", "red")                     # the health strip follows, live
         assert page.evaluate("window.__sameDocument === true"), "the page was reloaded"
         expect(alert.locator(".alert-cause")).to_contain_text(
             "the generator is not receiving new weights")

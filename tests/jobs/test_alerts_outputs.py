@@ -242,6 +242,29 @@ def test_a_fork_slower_than_its_parent_fires_against_the_parents_first_steps(mak
     assert [a.kind for a in do_evaluate_alerts(parent)] == []   # against its own first steps
 
 
+def test_a_baseline_an_operator_marks_comes_before_the_parents(make_run):
+    from jobs.alerts.lifecycle import do_evaluate_alerts, do_set_baseline
+
+    parent, fast = make_run(name="parent"), make_run(name="fast")
+    for step in range(6):
+        stored_step(parent, step, 5.0)     # as slow as the fork: no regression against it
+        stored_step(fast, step, 1.0)
+    fork = make_run(name="fork", parent=parent)
+    for step in range(3):
+        stored_step(fork, step, 5.0)
+    def regressions():      # (its rollout takes 90 % of the step: BubbleHigh fires too)
+        return [a for a in do_evaluate_alerts(fork) if a.kind == "ThroughputRegression"]
+    assert regressions() == []
+
+    do_set_baseline(None, fork, fast.pk)
+    [alert] = regressions()
+
+    source = f"the marked baseline, run #{fast.pk}'s steps 1-3"
+    assert f"in {source}" in alert.cause and alert.evidence["values"]["baseline"] == source
+    fork.refresh_from_db()
+    assert fork.rules_checked["ThroughputRegression"] == 2    # what the health strip reads
+
+
 def test_a_finding_about_samples_links_the_inspector_at_its_step(make_run):
     from jobs.alerts.history import Finding
     from jobs.alerts.lifecycle import do_apply_findings

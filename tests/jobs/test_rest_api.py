@@ -102,6 +102,7 @@ WRITES = [
     ("fork", lambda t: (f"/runs/{t['parent'].pk}/fork", {})),
     ("archive", lambda t: (f"/runs/{t['parent'].pk}/archive", {})),
     ("priority", lambda t: (f"/runs/{t['queued'].pk}/priority", {"priority": 5})),
+    ("baseline", lambda t: (f"/runs/{t['queued'].pk}/baseline", {"baseline_run": None})),
     ("acknowledge", lambda t: (f"/alerts/{t['alert'].pk}/acknowledge", {})),
     ("resolve", lambda t: (f"/alerts/{t['alert'].pk}/resolve", {})),
     ("control", lambda t: (f"/runs/{t['running'].pk}/controls", {"kind": "pause"})),
@@ -423,3 +424,30 @@ def test_an_archived_run_leaves_the_runs_page(api, client, make_run):
     client.force_login(User.objects.get(username="olga"))
     page = client.get("/").content.decode()
     assert f'id="run-{kept.pk}"' in page and "gone-to-archive" not in page
+
+
+# --- throughput baseline ---------------------------------------------------------------------
+
+def test_a_baseline_is_marked_and_cleared_and_a_bad_one_is_400_naming_the_field(api, make_run):
+    from .test_alerts_outputs import stored_step
+
+    run, timed, untimed = make_run(), make_run(name="timed"), make_run(name="untimed")
+    for step in range(3):
+        stored_step(timed, step, 1.0)
+    stored_step(untimed, 0, 1.0)             # only its first step: nothing to compare with
+    path = f"/runs/{run.pk}/baseline"
+
+    for bad, words in ((run.pk, f"run #{run.pk} cannot be its own baseline"),
+                       (999_999, "there is no run #999999"),
+                       (untimed.pk, f"run #{untimed.pk} has no timed steps"),
+                       ("seven", "valid integer")):
+        response = api("post", path, {"baseline_run": bad})
+        assert response.status_code == 400, bad
+        [error] = response.json()["errors"]
+        assert error["field"] == "baseline_run" and words in error["message"], error
+
+    response = api("post", path, {"baseline_run": timed.pk})
+    assert response.status_code == 200 and response.json()["baseline_run"] == timed.pk
+    assert api("get", f"/runs/{run.pk}").json()["baseline_run"] == timed.pk
+    assert api("post", path, {"baseline_run": None}).json()["baseline_run"] is None
+    assert Run.objects.get(pk=run.pk).baseline_run is None

@@ -14,6 +14,7 @@ code and the JSON error shape:
                                                   engine validates across fields (a 400
                                                   naming each field)
     GET  /runs/{id}/samples                       reward_min <= reward_max
+    POST /runs/{id}/baseline                      another run, with timed steps
 Phases: examples and fuzzing (positive and negative data). The coverage phase (every
 boundary value of every parameter, ~1,200 examples a role, ~65 s a role here) passed
 too when this was written, but does not fit the suite's budget; turn it on in
@@ -44,7 +45,8 @@ EXAMPLES = 5   # per operation, fuzzed: both roles take 20-30 s on two shared co
 GENERATION = {"max-examples": EXAMPLES, "database": "none", "deterministic": True}
 NO_POSITIVE_ACCEPTANCE = {("POST", "/api/v1/runs"), ("POST", "/api/v1/runs/external"),
                           ("POST", "/api/v1/runs/{run_id}/fork"),
-                          ("GET", "/api/v1/runs/{run_id}/samples")}
+                          ("GET", "/api/v1/runs/{run_id}/samples"),
+                          ("POST", "/api/v1/runs/{run_id}/baseline")}
 
 
 @pytest.fixture
