@@ -7,6 +7,8 @@ fixed held-out split.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from engine import metrics as M
 from engine.rollout.base import RolloutEngine, SamplingParams
 from engine.tasks import Task
@@ -25,8 +27,19 @@ def evaluate(engine: RolloutEngine, task: Task, tokenizer, temperature: float,
         comps = engine.generate(prompts, SamplingParams(
             temperature=temp, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids),
             seed)
-        rewards = [task.score(p, tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                              c.finished) for p, c in zip(problems, comps, strict=True)]
+        texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in comps]
+        finished = [c.finished for c in comps]
+        rewards = _scores(task, problems, texts, finished)
         out[reward_mean] = sum(rewards) / len(rewards)
         out[accuracy] = sum(r == 1.0 for r in rewards) / len(rewards)
     return out
+
+
+def _scores(task: Task, problems, texts, finished) -> list[float]:
+    """Each completion's score, in order; a task whose scores wait on processes (sandboxed
+    programs) is scored on ``task.score_threads`` threads, the others here (math-verify's
+    timeouts are signals, which only the main thread receives)."""
+    if task.score_threads <= 1:
+        return list(map(task.score, problems, texts, finished))
+    with ThreadPoolExecutor(task.score_threads) as pool:
+        return list(pool.map(task.score, problems, texts, finished))

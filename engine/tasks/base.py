@@ -23,6 +23,9 @@ class Task(ABC):
     seed: int
     eval_size: int
     format_penalty: float
+    # Threads held-out evaluation scores with: 1 where scoring is Python arithmetic, more
+    # where each score waits on a process of its own (a sandboxed program).
+    score_threads: int = 1
 
     def __init__(self) -> None:
         self._eval: list[Problem] | None = None

@@ -34,6 +34,7 @@ def spec_value(spec: str, x: int) -> int:
 
 class CodeTask(Task):
     name = "code"
+    score_threads = 4          # a score is a sandbox's run: its setup waits, not computes
 
     def __init__(self, cfg: CodeTaskConfig):
         super().__init__()
