@@ -139,6 +139,17 @@ class DataLedger:
                    resumed=pending)
 
 
+def epoch_size(task: Task) -> int | None:
+    """Training prompts in one of the task's epochs; None: an endless stream (a
+    synthetic task, or a stand-in that only has train_problems)."""
+    return getattr(task, "epoch_size", None)
+
+
+def prompt_id(task: Task, position: int) -> int:
+    """The id the ledger hashes for ``position``: the task's, else the position."""
+    return task.prompt_id(position) if hasattr(task, "prompt_id") else position
+
+
 class DataStream:
     """The run's training prompts by position (module docstring), from ``start`` on, the
     ``requeue`` positions first."""
@@ -146,7 +157,7 @@ class DataStream:
     def __init__(self, task: Task, block: int, ledger: DataLedger | None = None,
                  start: int | None = None, requeue: list[int] | tuple[int, ...] = ()):
         self.task, self.block = task, block
-        self.ledger = ledger or DataLedger(task.epoch_size)
+        self.ledger = ledger or DataLedger(epoch_size(task))
         self.next = self.ledger.position if start is None else start
         self.requeue = list(requeue)
         self._block: tuple[int, list[Problem]] = (-1, [])
@@ -164,7 +175,7 @@ class DataStream:
                 position = self.requeue.pop(0)
             else:
                 position, self.next = self.next, self.next + 1
-            self.ledger.serve(position, self.task.prompt_id(position))
+            self.ledger.serve(position, prompt_id(self.task, position))
             out.append(self.problem_at(position))
         return out
 
@@ -180,7 +191,7 @@ def resume_stream(task: Task, block: int, ckpt: Path | None, skip: int = 0,
     if not path.exists():
         # A checkpoint from before the ledger: its data position is the sync policy's rule.
         step = json.loads((ckpt / "state.json").read_text())["step"]
-        ledger = DataLedger(task.epoch_size, position=step * block, served=step * block)
+        ledger = DataLedger(epoch_size(task), position=step * block, served=step * block)
         if log is not None:
             log(f"checkpoint {ckpt.name} holds no {DATA_FILE}: the data position is taken "
                 f"as step {step} x {block} prompts, and the ledger starts there",
@@ -188,11 +199,11 @@ def resume_stream(task: Task, block: int, ckpt: Path | None, skip: int = 0,
         return DataStream(task, block, ledger)
     state = json.loads(path.read_text())
     ledger = DataLedger.from_state(state)
-    if ledger.epoch_size != task.epoch_size:
+    if ledger.epoch_size != epoch_size(task):
         # A fork onto other data: the checkpoint's position means nothing in it.
         if log is not None:
             log(f"checkpoint {ckpt.name}'s data ledger is of {ledger.epoch_size} training "
-                f"rows, the run's task has {task.epoch_size}: its data starts at the "
+                f"rows, the run's task has {epoch_size(task)}: its data starts at the "
                 "beginning, with a new ledger", level="warning")
         return DataStream(task, block)
     if state["hash"] != HASH and log is not None:

@@ -36,11 +36,6 @@ N, G = 4, 2          # groups per step, samples per group
 
 
 class FakeTask:
-    epoch_size = None                     # an endless stream, like a synthetic task
-
-    def prompt_id(self, position):
-        return position
-
     def train_problems(self, step, n, stream="rl"):
         tag = "" if stream == "rl" else f"{stream}:"
         return [Problem(prompt=f"{tag}{step}:{i}", answer="x") for i in range(n)]

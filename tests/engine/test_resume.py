@@ -66,7 +66,6 @@ PAIRS = ((1, 2), (3, 4), (5, 1), (2, 2), (6, 3), (4, 1))
 ROWS = [f"{a}+{b}=" for a, b in PAIRS]
 
 
-@pytest.mark.slow
 def test_resumed_twice_a_run_trains_each_dataset_prompt_once_an_epoch_and_a_skip_is_a_gap(
         tmp_path, model_cache):
     """one_step_off draws a step ahead, so each stop leaves prompts in flight: the resumed
