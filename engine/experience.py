@@ -13,6 +13,7 @@ of one prompt) enter and leave the buffer whole: GRPO normalizes advantages in a
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,6 +111,8 @@ class ExperienceBuffer:
         self.max_staleness = max_staleness
         self._groups: deque[list[Sample]] = deque()
         self.dropped_stale = 0
+        # told of each group dropped for staleness (the data ledger: Experience sets it)
+        self.on_drop: Callable[[list[Sample]], None] | None = None
 
     def put(self, group: list[Sample]) -> None:
         self._groups.append(group)
@@ -126,6 +129,8 @@ class ExperienceBuffer:
             stale = learner_version - g[0].version
             if self.max_staleness is not None and stale > self.max_staleness:
                 self.dropped_stale += 1
+                if self.on_drop is not None:
+                    self.on_drop(g)
                 continue
             out.append(g)
         return out

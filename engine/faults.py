@@ -10,6 +10,8 @@ actually did, so the alerts see only what an operator would.
     sharpen_policy(policy, faults, step)                entropy_collapse (the learner's head)
     reward    = wrap_reward(reward, faults, step)       slow_reward
     buffer    = wrap_buffer(buffer, faults, step)       staleness_overrun
+    skipped_on_resume(faults)                           skip_on_resume (the data position a
+                                                        resumed run starts from)
 
 The wrappers sit in the rollout worker (engine/orchestration/workers.py) and the loop,
 so a fault behaves the same in process and on Ray, with every transport. ``step``
@@ -238,3 +240,11 @@ class OverrunBuffer:
 def wrap_buffer(buffer: ExperienceBuffer, faults: FaultsConfig, step: StepFn):
     over = faults.staleness_overrun
     return buffer if over is None else OverrunBuffer(buffer, over.from_step, over.lag, step)
+
+
+# --------------------------------------------------------------------------- data
+
+def skipped_on_resume(faults: FaultsConfig) -> int:
+    """skip_on_resume: prompts a resumed run's data stream passes over (0: none); the
+    ledger restored from the checkpoint sees the gap (engine.orchestration.ledger)."""
+    return 0 if faults.skip_on_resume is None else faults.skip_on_resume.prompts

@@ -264,6 +264,23 @@ REWARD_OUTCOMES = _family("reward/{kind}/{reason}", "count",
                           "samples of a reward kind scored with that reason (sandbox: "
                           "timeout, memory, ...)")
 
+# --- the data ledger (engine/orchestration/ledger.py): counts so far in the run --------------
+DATA_SERVED = _metric("data/served", "prompts",
+                      "training prompts drawn for generation (each data position once; "
+                      "a resume continues the checkpoint's count)")
+DATA_TRAINED = _metric("data/trained", "prompts", "prompts whose group the learner trained on")
+DATA_DROPPED = _metric("data/dropped", "prompts",
+                       "prompts whose group was dropped (data/dropped/<reason>)")
+DATA_DROPPED_BY = _family("data/dropped/{reason}", "prompts",
+                          "prompts dropped for one reason: filter (dynamic sampling's flat "
+                          "groups), stale (over the staleness bound), error")
+DATA_EPOCH = _metric("data/epoch", "epoch",
+                     "epoch of the latest prompt served (0-based; 0 for a synthetic task)")
+DATA_SKIPPED = _metric("data/skipped", "prompts",
+                       "data positions passed over without being served: a gap")
+DATA_REPEATED = _metric("data/repeated", "prompts",
+                        "prompts served or trained again after they were trained or dropped")
+
 # --- runs reported by rlplane.track -----------------------------------------------------------
 TRACK_DROPPED_NONFINITE = _metric(
     "track/dropped_nonfinite", "count",

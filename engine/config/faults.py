@@ -116,6 +116,15 @@ class NoStopFault(_Section):
     """First step whose completions never stop."""
 
 
+class SkipOnResumeFault(_Section):
+    """A resumed run loses its place in the data (NeMo-RL #3599, OpenRLHF #1322): its
+    prompts start ``prompts`` past the checkpoint's data position, which are never
+    served. The data ledger, restored from the checkpoint, shows the gap."""
+
+    prompts: int = Field(default=4, ge=1, le=1_000_000)
+    """How many prompts the resumed run skips."""
+
+
 class FaultsConfig(_Section):
     """Fault injection, to rehearse the failure modes the alerts must name. Every fault is
     off (None) unless its table is present; each makes the real loop misbehave."""
@@ -142,3 +151,5 @@ class FaultsConfig(_Section):
     """The policy's distribution collapses onto its most likely tokens."""
     no_stop: NoStopFault | None = None
     """Completions never stop before max_new_tokens."""
+    skip_on_resume: SkipOnResumeFault | None = None
+    """A resumed run skips prompts of its data."""

@@ -5,17 +5,22 @@
     for step:
         live controls (engine.orchestration.live_controls): apply, or hold while paused
         groups  = policy.next_batch(step, version)  rollout + reward on the workers [spans]
-                                                    (dynamic sampling: no flat groups)
+                                                    (dynamic sampling: no flat groups); the
+                                                    problems from the run's data stream,
+                                                    each served, trained or dropped in its
+                                                    ledger (engine.orchestration.ledger)
         check staleness <= the policy's bound       (negative: error event, run fails)
         adv     = GRPO's advantages                 (engine.learner.advantages; PPO's come
                                                     from its critic: Deployment.update)
         metrics = d.update(samples)                 version += 1   [spans: critic, learner]
         sync.send(step) -> every rollout worker     each reports (version, fp)     [spans]
         emit metrics.append (engine.telemetry.step_metrics; every actor's spans and
-                             the device/* its DeviceSampler measured)
+                             the device/* its DeviceSampler measured; data/* the ledger's)
         emit samples        (telemetry.sample_groups groups, with the learner's
                              per-token logprobs: engine.telemetry.samples)
     eval -> final checkpoint -> run.status
+    (each checkpoint: the learner's, then data.json, the data position and ledger that a
+    resumed run's stream continues: each training prompt once an epoch across resumes)
 
 RunLoop is the run from its first status to its last; StepLoop, made once the run is
 deployed, the steps on that deployment. Every policy runs on every placement; only on Ray
@@ -48,12 +53,13 @@ from engine.experience import (
     check_staleness,
     over_bound,
 )
-from engine.faults import wrap_buffer
+from engine.faults import skipped_on_resume, wrap_buffer
 from engine.learner.advantages import assign_advantages
 from engine.learner.checkpoint import latest_checkpoint
 from engine.learner.warmstart import ensure_warm_start
 from engine.model import load_tokenizer
 from engine.orchestration.deployment import Deployment, deploy
+from engine.orchestration.ledger import resume_stream, write_data_state
 from engine.orchestration.live_controls import LiveControls, StopSignal
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import Experience, buffer_bound, build_policy
@@ -158,11 +164,14 @@ class StepLoop:
                                   cfg.faults, lambda: self.step)
         self.tokenizer = load_tokenizer(policy_dir, cfg.model.trust_remote_code)
         task = task_for(cfg, self.tokenizer, log=self.tel.log)
+        data = resume_stream(task, cfg.rollout.prompts_per_step, ckpt,
+                             skipped_on_resume(cfg.faults), log=self.tel.log)
         self.experience = Experience(d.workers, task, self.buffer,
                                      cfg.rollout.prompts_per_step, cfg.algorithm.group_size,
                                      cfg.model.seed, resumed_at=self.step,
                                      algorithm=cfg.algorithm,
-                                     max_new_tokens=cfg.rollout.max_new_tokens)
+                                     max_new_tokens=cfg.rollout.max_new_tokens, data=data)
+        self.ledger = data.ledger
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
         self.last_sync: SyncResult | None = None
         self.ended_by = ""                      # why steps() returned: the final status's reason
@@ -244,6 +253,7 @@ class StepLoop:
         m |= {k: v for values in d.each(Telemetered.sample_devices) for k, v in values.items()}
         m[M.BUFFER_DROPPED_STALE] = float(self.buffer.dropped_stale)
         m[M.BUFFER_RECYCLED] = float(self.experience.recycled)
+        m |= self.ledger.metrics()
         self.tel.emit(MetricsEvent(step=step, values=m))
         self._emit_samples(step, groups, samples, staleness)
         self._drain_logs()
@@ -296,6 +306,10 @@ class StepLoop:
     def checkpoint(self) -> None:
         path, step, version, fp = self.d.save_checkpoint(
             self.ckpt_root, self.cfg.checkpoint.keep_last, self.step)
+        # The data position and ledger beside the weights: the resumed run's data goes on
+        # from here (a crash before this write leaves the sync policy's position, step x
+        # prompts_per_step, and a log line saying so).
+        write_data_state(Path(path), self.ledger)
         self.tel.emit(CheckpointEvent(step=step, version=version, path=path, fingerprint=fp))
 
     def set_lr(self, lr: float) -> float:

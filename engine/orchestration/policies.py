@@ -40,11 +40,12 @@ from engine.config import (
 )
 from engine.experience import ExperienceBuffer, Sample, apply_overlong, zero_variance
 from engine.orchestration.actors import wait_any
+from engine.orchestration.ledger import DataStream
 from engine.orchestration.partial import PartialGroup, Row
 from engine.orchestration.producer import split
 from engine.orchestration.workers import RolloutWorker
 from engine.seeds import resample_seed, worker_seed
-from engine.tasks import Task
+from engine.tasks import Problem, Task
 
 
 class AsyncPolicy(Protocol):
@@ -62,19 +63,27 @@ DRAWS_PER_RESUME = 1_000_000
 
 
 class Experience:
-    """What every policy draws on: the workers, the task's problem stream, the buffer.
+    """What every policy draws on: the workers, the run's data stream, the buffer.
 
-    The sync policy indexes problems and seeds by step, so a run resumed at step k goes
-    on as the uninterrupted run would have. The streaming policies index them by draw
-    (their k-th generation call), which a resume cannot reconstruct; a run resumed at step
-    k starts its draws at k * DRAWS_PER_RESUME instead, so it never replays the problems
-    and seeds the run it resumes trained on."""
+    Problems come from one DataStream (engine.orchestration.ledger) in order, whatever
+    the policy: a resumed run's stream continues from its checkpoint's data position
+    (the prompts pending there first), so each training prompt is served once an epoch
+    across resumes, and its ledger counts each one trained or dropped. Seeds: the sync
+    policy's by step, so a resumed sync run goes on as the uninterrupted one would have;
+    the streaming policies' by draw (their k-th generation call), which a resume cannot
+    reconstruct: a run resumed at step k starts its draws' seeds at k * DRAWS_PER_RESUME,
+    so it never repeats the seeds of the run it resumes."""
 
     def __init__(self, workers: list, task: Task, buffer: ExperienceBuffer,
                  n_prompts: int, group_size: int, seed: int, resumed_at: int = 0,
-                 algorithm: AlgorithmConfig | None = None, max_new_tokens: int = 0):
+                 algorithm: AlgorithmConfig | None = None, max_new_tokens: int = 0,
+                 data: DataStream | None = None):
         self.workers, self.task, self.buffer = workers, task, buffer
         self.n_prompts, self.group_size, self.seed = n_prompts, group_size, seed
+        self.data = data or DataStream(task, n_prompts)
+        self.ledger = self.data.ledger
+        # the buffer's staleness drops reach the ledger (through a fault's wrapper too)
+        getattr(buffer, "inner", buffer).on_drop = self._dropped_stale
         self.first_draw = resumed_at * DRAWS_PER_RESUME
         self.recycled = 0                 # groups carried into a later step unfinished
         self.algorithm, self.max_new_tokens = algorithm, max_new_tokens
@@ -84,6 +93,37 @@ class Experience:
 
     def seed_for(self, index: int, worker: int) -> int:
         return worker_seed(self.seed, index, worker)
+
+    def draw(self, n: int) -> list[Problem]:
+        """The data stream's next ``n`` problems."""
+        return self.data.draw(n)
+
+    def take(self, n: int, learner_version: int) -> list[list[Sample]]:
+        """Up to ``n`` groups from the buffer for the learner: counted trained."""
+        groups = self.buffer.take(n, learner_version)
+        for g in groups:
+            self._resolve(g[0].problem)
+        return groups
+
+    def keep_fresh(self, carry: list[PartialGroup], trains_at: int,
+                   eta: int) -> list[PartialGroup]:
+        """The carried groups that may still train at version ``trains_at``; the rest are
+        dropped for staleness (counted) before they cost more generation."""
+        keep = []
+        for g in carry:
+            if g.oldest is None or trains_at - g.oldest <= eta:
+                keep.append(g)
+            else:
+                self.buffer.dropped_stale += 1
+                self._resolve(g.problem, "stale")
+        return keep
+
+    def _dropped_stale(self, group: list[Sample]) -> None:
+        self._resolve(group[0].problem, "stale")
+
+    def _resolve(self, problem: Problem, dropped: str | None = None) -> None:
+        if problem.position is not None:
+            self.ledger.resolve(problem.position, dropped)
 
     def begin_step(self) -> None:
         """A policy's next_batch starts: the step's dynamic-sampling count restarts."""
@@ -96,6 +136,7 @@ class Experience:
             apply_overlong(group, self.algorithm.overlong, self.max_new_tokens)
         if self.filtering and zero_variance(group):
             self.dropped += 1
+            self._resolve(group[0].problem, "filter")
             return False
         self.buffer.put(group)
         return True
@@ -122,8 +163,9 @@ class Experience:
         return f"step {step}: {why}; trained on {len(groups)} of {n} groups"
 
     def submit(self, worker: int, index: int, n: int, step: int):
-        """Worker ``worker`` generates ``n`` groups: the task's problems for ``index``."""
-        problems = self.task.train_problems(index, n)
+        """Worker ``worker`` generates ``n`` groups: the data stream's next ``n`` problems,
+        seeded by draw ``index``."""
+        problems = self.draw(n)
         return self.workers[worker].call(RolloutWorker.produce, step, problems,
                                          self.seed_for(index, worker))
 
@@ -136,11 +178,12 @@ class SyncPolicy:
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
         """Round 0 draws the step's problems; each later round (dynamic sampling) draws as
-        many fresh ones as groups are missing, indexed by (step, round) like round 0, so a
-        resumed run draws what the uninterrupted one did."""
+        many fresh ones as groups are missing, seeded by (step, round) like round 0, so a
+        resumed run (its data stream continuing the checkpoint's) draws what the
+        uninterrupted one did."""
         exp, n, out, rounds = self.exp, self.exp.n_prompts, [], 0
         exp.begin_step()
-        problems = exp.task.train_problems(step, n)
+        problems = exp.draw(n)
         while True:
             futures = []
             for w, mine in enumerate(split(problems, len(exp.workers))):
@@ -151,11 +194,11 @@ class SyncPolicy:
             for f in futures:
                 for group in f.result():
                     exp.admit(group)
-            out += exp.buffer.take(n - len(out), learner_version)
+            out += exp.take(n - len(out), learner_version)
             if len(out) == n or not exp.filtering or exp.exhausted():
                 return out
             rounds += 1
-            problems = exp.task.train_problems(step, n - len(out), stream=f"resample{rounds}")
+            problems = exp.draw(n - len(out))
 
     def weights_sent(self, version: int) -> None:
         pass
@@ -203,11 +246,8 @@ class StreamingPolicy:
             return exp.submit(w, self.calls, self.per_call, step)
         # Interruptible: start more groups than needed, stop at per_call complete, and
         # continue the unfinished tail in this worker's next call (under newer weights).
-        keep = [g for g in self.carry[w]
-                if g.oldest is None or trains_at - g.oldest <= self.eta]
-        exp.buffer.dropped_stale += len(self.carry[w]) - len(keep)
-        fresh = exp.task.train_problems(self.calls,
-                                        max(0, math.ceil(self.per_call * self.over) - len(keep)))
+        keep = exp.keep_fresh(self.carry[w], trains_at, self.eta)
+        fresh = exp.draw(max(0, math.ceil(self.per_call * self.over) - len(keep)))
         groups = keep + [PartialGroup(p, [Row() for _ in range(exp.group_size)]) for p in fresh]
         self.carry[w] = []
         return exp.workers[w].call(RolloutWorker.continue_groups, step, groups, self.per_call,
@@ -231,7 +271,7 @@ class StreamingPolicy:
         self.exp.begin_step()
         while len(out) < n:
             self._feed(step)
-            out += self.exp.buffer.take(n - len(out), learner_version)
+            out += self.exp.take(n - len(out), learner_version)
             if len(out) < n:
                 if self.exp.exhausted():
                     # A short step: the groups planned after it train one step earlier
@@ -267,10 +307,8 @@ class PartialRolloutPolicy:
         exp, n, out = self.exp, self.exp.n_prompts, []
         exp.begin_step()
         while len(out) < n and not exp.exhausted():
-            keep = [g for g in self.carry if g.oldest is None
-                    or learner_version - g.oldest <= self.eta]
-            exp.buffer.dropped_stale += len(self.carry) - len(keep)
-            fresh = exp.task.train_problems(self.draws, max(0, self.started - len(keep)))
+            keep = exp.keep_fresh(self.carry, learner_version, self.eta)
+            fresh = exp.draw(max(0, self.started - len(keep)))
             groups = keep + [PartialGroup(p, [Row() for _ in range(exp.group_size)])
                              for p in fresh]
             self.carry = []
@@ -289,7 +327,7 @@ class PartialRolloutPolicy:
                 self.carry += carry
             exp.recycled += len(self.carry)
             self.draws += 1
-            out += exp.buffer.take(n - len(out), learner_version)
+            out += exp.take(n - len(out), learner_version)
         return out
 
     def weights_sent(self, version: int) -> None:

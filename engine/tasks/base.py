@@ -14,6 +14,9 @@ class Problem:
     answer: str        # the exact completion that earns reward 1 (EOS not included)
     # a dataset's row (every column), handed to a user's reward function as keywords
     row: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # its place in the run's stream of training prompts (engine.orchestration.ledger);
+    # None for a problem not drawn from it (eval, warm start, preflight)
+    position: int | None = field(default=None, compare=False)
 
 
 class Task(ABC):
@@ -40,6 +43,16 @@ class Task(ABC):
     def demonstration(self, problem: Problem) -> str:
         """What the supervised warm start imitates after the prompt."""
         return problem.answer
+
+    @property
+    def epoch_size(self) -> int | None:
+        """Training problems in one epoch; None: an endless stream (a synthetic task)."""
+        return None
+
+    def prompt_id(self, position: int) -> int:
+        """The id of the training prompt at ``position`` of the "rl" stream (the data
+        ledger hashes it): a synthetic problem is a function of its position."""
+        return position
 
     def identity(self) -> dict:
         """What, besides the task's config, defines its problems (a cache key part)."""

@@ -184,6 +184,16 @@ class DatasetTask(Task):
             out.append(self.train[self._order(stream, epoch)[offset]])
         return out
 
+    @property
+    def epoch_size(self) -> int:
+        return len(self.train)
+
+    def prompt_id(self, position: int) -> int:
+        """The training row's index at ``position``: epoch ``position // size`` in its
+        shuffled order."""
+        epoch, offset = divmod(position, len(self.train))
+        return self._order("rl", epoch)[offset]
+
     def demonstration(self, problem: Problem) -> str:
         if self.cfg.sft_key is None:
             return problem.answer

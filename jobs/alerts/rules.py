@@ -9,7 +9,8 @@ evaluates them even when no event arrives. Every finding carries its evidence: t
 and the series that triggered it, small enough for a chart.
 
 The rules about what the policy writes (importance weights, entropy, length) live in
-jobs/alerts/outputs.py, ThroughputRegression in jobs/alerts/throughput.py.
+jobs/alerts/outputs.py, ThroughputRegression in jobs/alerts/throughput.py, DataIntegrity
+(the data ledger's gaps and repeats) in jobs/alerts/data.py.
 
 Each rule declares what it reads (``@reads``, jobs/alerts/inputs.py). On an external run
 (TRL, veRL, ...) a rule whose inputs the run lacks is skipped, and the pages say so
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from engine.api import metrics as M
 from engine.config import FRAMEWORK_LABELS
 from jobs.alerts import levers
+from jobs.alerts.data import data_integrity
 from jobs.alerts.evidence import chart, slope
 from jobs.alerts.history import Finding, RunFacts, RunHistory, Thresholds
 from jobs.alerts.inputs import missing, reads
@@ -702,6 +704,7 @@ RULES: dict[str, Rule] = {
     "LengthBlowup": length_blowup,
     "NonTermination": non_termination,
     "ThroughputRegression": throughput_regression,
+    "DataIntegrity": data_integrity,
 }
 KINDS = list(RULES)
 

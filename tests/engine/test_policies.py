@@ -19,6 +19,7 @@ from engine.experience import (
     zero_variance,
 )
 from engine.orchestration.actors import LocalActor
+from engine.orchestration.ledger import resume_stream, write_data_state
 from engine.orchestration.partial import PartialGroup, Row, continue_groups
 from engine.orchestration.policies import Experience, SyncPolicy, build_policy
 from engine.orchestration.producer import RolloutProducer, split
@@ -233,22 +234,30 @@ def test_a_sample_newer_than_the_learner_is_an_error_event(tmp_path, model_cache
 
 @pytest.mark.parametrize("policy_cfg", [OneStepOffPolicyConfig(), FullyAsyncPolicyConfig(),
                                         PartialRolloutPolicyConfig(over_provision=1.5)])
-def test_a_resumed_streaming_run_never_replays_the_problems_it_trained_on(policy_cfg):
-    def trained_prompts(resumed_at, steps):
+def test_a_resumed_streaming_run_continues_its_data_and_trains_each_prompt_once(
+        policy_cfg, tmp_path):
+    def trained_positions(resumed_at, steps):
+        ckpt = tmp_path if resumed_at else None
+        data = resume_stream(FakeTask(), N, ckpt)
         exp = Experience([LocalActor(VersionedWorker())], FakeTask(), ExperienceBuffer(), N, G,
-                         seed=0, resumed_at=resumed_at)
+                         seed=0, resumed_at=resumed_at, data=data)
         policy = build_policy(policy_cfg, exp, start_version=resumed_at)
-        prompts = set()
+        positions = []
         for step in range(resumed_at, resumed_at + steps):
-            prompts |= {g[0].problem.prompt for g in policy.next_batch(step, step)}
+            positions += [g[0].problem.position for g in policy.next_batch(step, step)]
             policy.weights_sent(step + 1)
-        policy.close()
-        return prompts
+        policy.close()                    # what is still in flight is lost, and pending
+        write_data_state(tmp_path, exp.ledger)
+        return positions, exp.ledger
 
-    first = trained_prompts(0, 3)
-    resumed = trained_prompts(3, 3)
+    first, _ = trained_positions(0, 3)
+    resumed, ledger = trained_positions(3, 3)
 
-    assert len(first) == len(resumed) == 3 * N and not first & resumed
+    trained = first + resumed
+    assert len(trained) == 6 * N and len(set(trained)) == 6 * N
+    # every prompt served is trained once or still pending: none skipped, none repeated
+    assert sorted(trained + sorted(ledger.pending)) == list(range(ledger.position))
+    assert (ledger.skipped, ledger.repeated, ledger.trained) == (0, 0, 6 * N)
 
 
 # --------------------------------------------------------------------------- dynamic sampling
