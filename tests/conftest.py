@@ -39,17 +39,41 @@ def pytest_collection_modifyitems(items):
         if item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.db)
     shared.group_users(items)
-    # Under pytest-xdist, files with the most slow tests first, in a stable sort (within a
-    # file, and among the rest, the order stays pytest-django's, whose hook runs before
-    # this one): xdist hands out files in this order, so the long ones start early and
-    # the many quick ones fill the end on both workers. One process keeps the plain order.
+    # Under pytest-xdist, the longest files first, in a stable sort (within a file, and
+    # among files of equal weight, the order stays pytest-django's, whose hook runs before
+    # this one): xdist hands out files in this order, so no long file starts last while the
+    # other worker idles, and the many quick ones fill the end on both workers. One
+    # process keeps the plain order.
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    slow: dict[str, int] = {}
+    weight: dict[str, float] = {}
     for item in items:
-        slow[file_of(item.nodeid)] = (slow.get(file_of(item.nodeid), 0)
-                                        + bool(item.get_closest_marker("slow")))
-    items.sort(key=lambda item: -slow[file_of(item.nodeid)])
+        f = file_of(item.nodeid)
+        weight[f] = weight.get(f, 0.0) + SLOW_TEST_S * bool(item.get_closest_marker("slow"))
+    weight.update({f: s for f, s in CI_FILE_SECONDS.items() if f in weight})
+    items.sort(key=lambda item: -weight[file_of(item.nodeid)])
+
+
+# What the longest files took in CI's two-worker pass (setup included; 2026-12-03, the
+# "time per test file" section each pass prints). Ordering by the count of slow tests
+# started the sandbox learning module (2 slow tests, 250 s) among the last and left one
+# worker ~90 s alone at the end. A file not named weighs SLOW_TEST_S per slow test; a
+# stale figure only reorders, it cannot fail a test.
+SLOW_TEST_S = 8.0
+CI_FILE_SECONDS = {
+    "tests/engine/test_reward_learning.py": 250,
+    "tests/engine/test_learning.py": 240,
+    "tests/engine/test_bench_smoke.py": 190,
+    "tests/engine/test_no_false_alarms.py": 170,
+    "tests/engine/test_reward_overopt.py": 145,
+    "tests/engine/test_faults.py": 140,
+    "tests/engine/test_no_false_alarms_presets.py": 130,
+    "tests/engine/test_sharded_ray.py": 130,
+    "tests/engine/test_gsm8k_sample.py": 115,
+    "tests/engine/test_async_ray.py": 110,
+    "tests/engine/test_faults_async.py": 95,
+    "tests/engine/test_resume.py": 90,
+}
 
 
 def pytest_collection_finish(session):
@@ -114,9 +138,14 @@ _seconds_by_dir: dict[str, float] = {}
 _tests_by_dir: dict[str, int] = {}
 
 
+_seconds_by_file: dict[str, float] = {}
+
+
 def pytest_runtest_logreport(report):
     directory = file_of(report.nodeid).rsplit("/", 1)[0]
     _seconds_by_dir[directory] = _seconds_by_dir.get(directory, 0.0) + report.duration
+    f = file_of(report.nodeid)
+    _seconds_by_file[f] = _seconds_by_file.get(f, 0.0) + report.duration
     if report.when == "call" or (report.when == "setup" and report.skipped):
         _tests_by_dir[directory] = _tests_by_dir.get(directory, 0) + 1
 
@@ -129,3 +158,6 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"{seconds:8.1f}s  {_tests_by_dir.get(directory, 0):5d} tests  {directory}")
     terminalreporter.write_line(f"{sum(_seconds_by_dir.values()):8.1f}s  in all")
+    terminalreporter.section("time per test file (the 20 longest: CI_FILE_SECONDS)")
+    for f, seconds in sorted(_seconds_by_file.items(), key=lambda kv: -kv[1])[:20]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {f}")
