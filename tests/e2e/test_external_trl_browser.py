@@ -27,6 +27,9 @@ from .test_browser import (  # noqa: F401 (fixtures)
     stop_from_page,
 )
 
+EXAMPLE_PROMPTS = ["12+34=", "7*8=", "99-100=", "3+4=", "Add 5 and 6:", "Twice 21 is",
+                   "The answer is", "def f(x): return"]     # examples/trl_grpo.py's
+
 # StuckReward fits its slope over stuck_window (20) steps; 400 is room to stop it.
 ENTRYPOINT = f"{sys.executable} {REPO / 'examples' / 'trl_grpo.py'} --steps 400 --constant-reward"
 
@@ -66,7 +69,9 @@ def test_a_trl_run_launched_as_a_command_is_watched_alerted_and_stopped(stack, b
 
         page.goto(run_url + "/samples")
         inspector = page.locator("main").inner_text()
-        assert "12+34=" in inspector or "7*8=" in inspector, inspector[:500]
+        # the latest step's groups draw any of the example's prompts (at step 66 in one CI
+        # run: "The answer is" and another), not always the two arithmetic ones
+        assert any(p in inspector for p in EXAMPLE_PROMPTS), inspector[:500]
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "trl_samples.png"), full_page=True)
         print(f"log panel at stop:\n{logs[-800:]}")
