@@ -10,7 +10,8 @@ and the series that triggered it, small enough for a chart.
 
 The rules about what the policy writes (importance weights, entropy, length) live in
 jobs/alerts/outputs.py, ThroughputRegression in jobs/alerts/throughput.py, DataIntegrity
-(the data ledger's gaps and repeats) in jobs/alerts/data.py.
+(the data ledger's gaps and repeats) in jobs/alerts/data.py, the reward rules in
+jobs/alerts/rewards.py.
 
 Each rule declares what it reads (``@reads``, jobs/alerts/inputs.py). On an external run
 (TRL, veRL, ...) a rule whose inputs the run lacks is skipped, and the pages say so
