@@ -13,6 +13,7 @@ and print predicted vs measured per policy with the ratio; the goal is within +-
 
     .venv/bin/python bench/planner_accuracy.py [--steps 6] [--recipes NAME ...]
     .venv/bin/python bench/planner_accuracy.py --quick     # smoke: toy sizes, 3 steps
+    .venv/bin/python bench/planner_accuracy.py --policies sync fully_async   # fewer runs
     .venv/bin/python bench/planner_accuracy.py --save runs.json    # keep what was measured
     .venv/bin/python bench/planner_accuracy.py --replay runs.json  # predict again from it
 """
@@ -67,9 +68,11 @@ def plan_cost(fit, cfg, devices: int = 1024) -> float:
     return time.process_time() - t0
 
 
-def bench(recipe: str, steps: int, threads: int, quick: bool, saved: dict) -> list[tuple]:
-    """``saved``: {policy: (step metrics, spans)} measured before (--replay), filled
-    with what this call measures (--save)."""
+def bench(recipe: str, steps: int, threads: int, quick: bool, saved: dict,
+          policies: tuple[str, ...] = POLICIES) -> list[tuple]:
+    """``policies``: those to predict and measure (the fit is always on a sync run);
+    ``saved``: {policy: (step metrics, spans)} measured before (--replay), filled with
+    what this call measures (--save)."""
     if "sync" not in saved:
         _, rows, spans = run("sync", steps, threads, quick, recipe)
         saved["sync"] = rows, [s.to_dict() for s in spans]
@@ -86,7 +89,7 @@ def bench(recipe: str, steps: int, threads: int, quick: bool, saved: dict) -> li
           f"{i.lengths.quantiles}, group_corr {i.lengths.group_corr}; the whole table at "
           f"1024 devices: {plan_cost(fit, cfg):.2f} s CPU", flush=True)
     out = []
-    for policy in POLICIES:
+    for policy in policies:
         pcfg = config(policy, steps, threads, quick, recipe)
         preds = [simulate(fit.inputs, fit.shape, pcfg.async_policy, fit.loop_overhead_s,
                           steps=steps, seed=s) for s in range(SEEDS)]
@@ -108,6 +111,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per actor")
     ap.add_argument("--recipes", nargs="+", default=["longtail_reverse", "demo_arithmetic"])
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     ap.add_argument("--quick", action="store_true", help="toy sizes: a smoke test")
     ap.add_argument("--save", type=Path, help="write the measured runs here (JSON)")
     ap.add_argument("--replay", type=Path, help="predict from runs measured before")
@@ -122,7 +126,7 @@ def main() -> None:
     try:
         rows = [r for recipe in args.recipes
                 for r in bench(recipe, steps, args.threads, args.quick,
-                               saved.setdefault(recipe, {}))]
+                               saved.setdefault(recipe, {}), tuple(args.policies))]
     finally:
         if ray.is_initialized():
             ray.shutdown()

@@ -20,7 +20,7 @@ The worker's fingerprint is then split, in the same rounds: "recover" (the HF te
 read back from vLLM's modules; on CPU through its GEMM kernels), "xxh3" (the engine's
 hash of them) and "sha256" (the hash it used before), and each one's share of a sync.
 
-    .venv/bin/python bench/vllm_sync.py [--sizes tiny small] [--rounds 7]
+    .venv/bin/python bench/vllm_sync.py [--sizes tiny small] [--rounds 7] [--paths ...]
 """
 
 from __future__ import annotations
@@ -75,19 +75,23 @@ def _fingerprint_parts(worker) -> tuple[float, float, float]:
     return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
-def bench(size: str, rounds: int) -> None:
+def bench(size: str, rounds: int, paths: list[str]) -> None:
+    """``paths``: broadcast (the reference every ratio is to) and those given."""
+    paths = ["broadcast", *(p for p in paths if p != "broadcast")]
     model_dir = ensure_base_model(size, 0)
     named = [(n, p.detach()) for n, p in load_policy(model_dir).named_parameters()]
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     sources, sessions, hosts = {}, {}, {}
-    for path, spec in PATHS.items():
-        cfg = validate_config({"rollout": {"type": "vllm"}, "weight_sync": spec}).weight_sync
+    for path in paths:
+        cfg = validate_config({"rollout": {"type": "vllm"},
+                               "weight_sync": PATHS[path]}).weight_sync
         sources[path] = TensorSource(named)
         hosts[path] = VllmHost.remote(str(model_dir), path == "vllm_native")
         sessions[path] = WeightSyncSession(LocalActor(sources[path]), [RayActor(hosts[path])],
                                            cfg)
         sessions[path].connect()
-    times: dict[str, list[float]] = {p: [] for p in PATHS}
+    times: dict[str, list[float]] = {p: [] for p in paths}
+    split = "shm" if "shm" in paths else paths[-1]      # whose fingerprint is split
     parts: list[tuple[float, float, float]] = []
     gen = torch.Generator().manual_seed(0)
     for r in range(rounds + 1):                       # round 0 warms up
@@ -102,30 +106,32 @@ def bench(size: str, rounds: int) -> None:
             if r:
                 times[path].append(res.latency_s)
         if r:
-            parts.append(ray.get(hosts["shm"].fingerprint_parts.remote()))
+            parts.append(ray.get(hosts[split].fingerprint_parts.remote()))
     for source in sources.values():
         source.close_sender()
     med = {p: statistics.median(v) for p, v in times.items()}
     print(f"{size}: {nbytes / 1e6:.1f} MB, 1 vLLM worker, {rounds} rounds (medians)")
-    for path in PATHS:
+    for path in paths:
         print(f"  {path:12s} {med[path] * 1e3:8.1f} ms per sync   "
               f"{med[path] / med['broadcast']:5.2f}x broadcast")
-    print("  the worker's fingerprint (shm worker), share of the shm sync:")
+    print(f"  the worker's fingerprint ({split} worker), share of the {split} sync:")
     for i, part in enumerate(("recover", "xxh3", "sha256")):
         ms = statistics.median(p[i] for p in parts)
-        print(f"    {part:10s} {ms * 1e3:8.1f} ms   {ms / med['shm']:5.2f} of a sync")
+        print(f"    {part:10s} {ms * 1e3:8.1f} ms   {ms / med[split]:5.2f} of a sync")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=["tiny", "small"])
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS),
+                    help="broadcast always runs: the ratios are to it")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         for size in args.sizes:
-            bench(size, args.rounds)
+            bench(size, args.rounds, args.paths)
     finally:
         ray.shutdown()
 
