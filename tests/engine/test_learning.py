@@ -20,7 +20,7 @@ import pytest
 from engine.api import SpanEvent
 
 from .alert_watch import assert_quiet
-from .preset_runs import PresetRun, preset_run
+from .preset_runs import PresetRun, preset_run, resume_last_step, step_values
 
 # each preset's learning run: (preset, steps)
 RUNS = {"demo_arithmetic.toml": 40, "demo_arithmetic_vllm.toml": 40, "ppo_arithmetic.toml": 30}
@@ -68,16 +68,25 @@ def test_ppo_learns_with_its_critic_on_a_ray_bundle_of_its_own(tmp_path, model_c
                                                                ray_gpus):
     """The same recipe with the critic as its own actor (placement.critic_devices = 1)
     beside a colocated rollout worker + learner on Ray: the critic's values give the
-    advantages, then its value update runs while the learner trains the policy."""
+    advantages, then its value update runs while the learner trains the policy. Resumed
+    from its checkpoint a step before the end (the critic's state saved by its own actor),
+    it takes the same last step, actor and critic, as the run that went on."""
     run = trained_from_the_warm_start(
-        "ppo_arithmetic.toml", 30, tmp_path,
+        "ppo_arithmetic.toml", 30, tmp_path / "run",
         placement={"type": "colocated", "ray": True, "critic_devices": 1},
-        weight_sync={"type": "shm"})
+        weight_sync={"type": "shm"}, checkpoint={"every_steps": 29, "keep_last": 2})
     assert all("critic/value_loss" in m and "device/utilization/gpu:1" in m
                for m in run.metrics())
     spans = run.of_type(SpanEvent)
     assert {s.phase for s in spans if s.device == "gpu:1"} == {"critic", "waiting"}
     assert "critic" not in {s.phase for s in spans if s.device == "gpu:0"}
+
+    assert (run.out / "checkpoints" / "step_000029" / "critic").is_dir()
+    resumed = resume_last_step(run, tmp_path / "resumed")
+    for name in ("learner/loss", "critic/value_loss", "critic/value_mean"):
+        assert list(step_values(resumed, name)) == [29], name
+        assert step_values(resumed, name)[29] == step_values(run.watch, name)[29], name
+    assert step_values(run.watch, "critic/value_mean")[29] != 0.0   # a trained critic
 
 
 @pytest.mark.slow

@@ -36,17 +36,12 @@ def test_resumed_step_matches_the_uninterrupted_run(tmp_path, model_cache):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["with_the_learner", "on_its_own_ray_bundle"])
 def test_a_resumed_ppo_run_continues_actor_and_critic_as_if_uninterrupted(tmp_path,
-                                                                          model_cache,
-                                                                          request, where):
-    placement = {}
-    if where == "on_its_own_ray_bundle":        # its state saved by the critic's actor
-        request.getfixturevalue("ray_gpus")
-        placement = {"placement": {"type": "colocated", "ray": True, "critic_devices": 1},
-                     "weight_sync": {"type": "shm"}}
+                                                                          model_cache):
+    """The critic with the learner; on a Ray bundle of its own, its state saved by its
+    actor: tests/engine/test_learning.py resumes that learning run's last step."""
     cfg = small_run(steps=2, algorithm={"type": "ppo"},
-                    checkpoint={"every_steps": 1, "keep_last": 5}, **placement)
+                    checkpoint={"every_steps": 1, "keep_last": 5})
 
     straight = MemorySink()
     run_local(cfg, tmp_path / "straight", sink=straight)
