@@ -26,11 +26,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 @ray.remote(num_cpus=0)
 class VllmWorker(EngineHost):
-    def __init__(self, model_dir, tp=1):
+    def __init__(self, model_dir):
         from engine.rollout.vllm_backend import VllmRollout
 
-        super().__init__(VllmRollout(model_dir, VllmRolloutConfig(tensor_parallel_size=tp),
-                                     "float32", seed=0))
+        super().__init__(VllmRollout(model_dir, VllmRolloutConfig(), "float32", seed=0))
 
 
 @ray.remote(num_cpus=0)
@@ -61,13 +60,11 @@ def cluster():
         ray.shutdown()
 
 
-# TP = 2 wants a core per rank: serial, where vLLM may bind both (pytest -m serial)
-@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.serial)],
-                ids=["tp1", "tp2"])
-def worker(cluster, tiny_dir, request):
-    """A vLLM engine in an actor, on one rank or (TP = 2) on two child processes of it,
-    each rank loading its shard of the full tensors sent."""
-    w = VllmWorker.remote(str(tiny_dir), request.param)
+@pytest.fixture(scope="module")
+def worker(cluster, tiny_dir):
+    """A vLLM engine in an actor (TP = 2, each rank loading its shard of the full tensors
+    sent: tests/engine/test_vllm_tp.py, whose GRPO run syncs by broadcast)."""
+    w = VllmWorker.remote(str(tiny_dir))
     yield w
     ray.kill(w)
 

@@ -26,13 +26,16 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.serial]
 
 
 def test_a_grpo_run_from_a_sharded_learner_into_tp2_rollout_completes(tmp_path, ray_gpus):
-    """Disaggregated: a two-rank FSDP learner gathers the full weights, shm carries them to
-    a rollout actor whose vLLM engine spans two ranks (its child processes, in its
-    two-device bundle), and every sync's reassembled fingerprint matches."""
+    """Disaggregated: a two-rank FSDP learner gathers the full weights, a gloo broadcast
+    carries them to a rollout actor whose vLLM engine spans two ranks (its child
+    processes, in its two-device bundle; the broadcast's group beside vLLM's own), and
+    every sync's reassembled fingerprint matches. (Each transport's receive ends in the
+    same reload_weights that cuts a rank's shard, which the test below checks rank by
+    rank; tests/engine/test_transports_vllm.py sends every transport into TP = 1.)"""
     cfg = small_run(rollout={"type": "vllm", "tensor_parallel_size": 2},
                     placement={"type": "disaggregated", "devices_per_worker": 2,
                                "learner_devices": 2},
-                    weight_sync={"type": "shm"}, steps=2)
+                    weight_sync={"type": "broadcast", "bucket_mb": 1}, steps=2)
     summary = run_local(cfg, tmp_path)
     assert summary.steps_done == 2 and summary.status == "succeeded"
     assert summary.last_metrics["weight_sync/matched"] == 1.0
