@@ -5,17 +5,32 @@
         optimizer.pt                                       AdamW state
         rng.pt                                             python, numpy, torch RNG states
         state.json                                         step, weight version, fingerprint
+        data.json ...                                      the driver's ``files`` (its data
+                                                           ledger: engine.orchestration.ledger)
         critic/ critic_optimizer.pt                        PPO: the value model and its AdamW
 
-A directory is written under a temp name and renamed, so a crash never leaves a half
-checkpoint that looks complete.
+A checkpoint counts once it is complete, and a kill (SIGKILL, OOM, a lost node) at any
+instant leaves the latest complete one for a resume to take:
+
+    .step_000012.<tmp>/   written in full, the driver's files too   (hidden: never read)
+    step_000012/          renamed into place: complete as it appears
+    step_000012.replaced/ the step's previous save, moved aside while the step is saved
+                          again (the run's last checkpoint after that step's periodic
+                          one); read when step_000012/ is not there yet
+
+Only names of that shape are checkpoints (latest_checkpoint); a directory is removed by
+renaming it to a hidden name first, so a kill in the middle of removing one leaves nothing
+that reads as a checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -23,34 +38,66 @@ import torch
 
 from engine.learner.ppo import PpoLearner, move_critic_state
 from engine.model import load_tokenizer
-from engine.tinymodel import atomic_dir
+
+# The names a checkpoint goes by (module docstring): step_N, and step_N.replaced.
+REPLACED = ".replaced"
+CHECKPOINT_DIR = re.compile(rf"step_(\d{{6,12}})({re.escape(REPLACED)})?")
 
 
 def save_checkpoint(root: Path, learner, model_dir: Path, keep_last: int,
-                    critic_state: Path | None = None) -> Path:
+                    critic_state: Path | None = None,
+                    files: dict[str, str] | None = None) -> Path:
     """``critic_state``: where a critic on its own bundle saved its state for this step
-    (critic/, critic_optimizer.pt), moved into the checkpoint as it is written."""
+    (critic/, critic_optimizer.pt), moved into the checkpoint as it is written.
+    ``files``: the driver's, by name (data.json), written in before it counts."""
     final = root / f"step_{learner.step:06d}"
-    if final.exists():
-        shutil.rmtree(final)
-
-    def write(d: Path) -> None:
-        learner.policy.save_pretrained(d, safe_serialization=True)
-        torch.save(learner.optimizer.state_dict(), d / "optimizer.pt")
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=f".{final.name}."))
+    try:
+        learner.policy.save_pretrained(staging, safe_serialization=True)
+        torch.save(learner.optimizer.state_dict(), staging / "optimizer.pt")
         if isinstance(learner, PpoLearner):
-            learner.critic.save(d)
+            learner.critic.save(staging)
         if critic_state is not None:
-            move_critic_state(critic_state, d)
-        write_run_state(d, learner, model_dir, learner.fingerprint())
-
-    atomic_dir(final, write)
+            move_critic_state(critic_state, staging)
+        write_run_state(staging, learner, model_dir, learner.fingerprint(), files)
+        publish(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)     # there only if writing it failed
     prune_checkpoints(root, keep_last)
     return final
 
 
-def write_run_state(d: Path, learner, model_dir: Path, fp: str) -> None:
+def publish(staging: Path, final: Path) -> None:
+    """Rename the complete ``staging`` directory to ``final``. A step saved again moves
+    its previous save aside (``step_N.replaced``, which latest_checkpoint reads while
+    ``step_N`` is missing) rather than deleting it first, so at every instant a complete
+    checkpoint of the step is there to resume from, even with keep_last = 1."""
+    aside = final.with_name(final.name + REPLACED)
+    if final.exists():
+        discard(aside)                 # an older aside a kill left: final supersedes it
+        os.rename(final, aside)
+    os.rename(staging, final)
+    discard(aside)
+
+
+def discard(d: Path) -> None:
+    """Remove ``d``: renamed to a hidden name first, so a kill while its files are being
+    deleted leaves nothing that reads as a checkpoint (prune_checkpoints sweeps it)."""
+    if not d.exists():
+        return
+    trash = d.with_name(f".{d.name}.trash")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.rename(d, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def write_run_state(d: Path, learner, model_dir: Path, fp: str,
+                    files: dict[str, str] | None = None) -> None:
     """What every checkpoint holds besides weights and optimizer: the tokenizer, the RNG
-    states, and step / weight version / fingerprint."""
+    states, step / weight version / fingerprint, and the driver's ``files``."""
+    for name, text in (files or {}).items():
+        (d / name).write_text(text)
     load_tokenizer(model_dir).save_pretrained(d)
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     # Plain lists and numbers only, so a resume loads it with weights_only=True.
@@ -61,14 +108,41 @@ def write_run_state(d: Path, learner, model_dir: Path, fp: str) -> None:
         "step": learner.step, "version": learner.version, "fingerprint": fp}))
 
 
-def prune_checkpoints(root: Path, keep_last: int) -> None:
-    for old in sorted(root.glob("step_*"))[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+def checkpoint_dirs(root: Path) -> list[Path]:
+    """The directories under ``root`` named as checkpoints, oldest first (a step's
+    ``.replaced`` save just before the step's own), complete or not."""
+    found = []
+    for p in root.glob("step_*"):
+        if (m := CHECKPOINT_DIR.fullmatch(p.name)) and p.is_dir():
+            found.append(((int(m[1]), m[2] is None), p))
+    return [p for _, p in sorted(found)]
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The checkpoints a resume may take, oldest first: those with state.json (every one
+    this engine renamed into place), a step's ``.replaced`` save only while the step's own
+    is missing."""
+    done = [p for p in checkpoint_dirs(root) if (p / "state.json").exists()]
+    names = {p.name for p in done}
+    return [p for p in done if p.name.removesuffix(REPLACED) == p.name
+            or p.name.removesuffix(REPLACED) not in names]
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    done = sorted(p for p in root.glob("step_*") if (p / "state.json").exists())
+    done = complete_checkpoints(root)
     return done[-1] if done else None
+
+
+def prune_checkpoints(root: Path, keep_last: int) -> None:
+    """Keep the last ``keep_last`` complete checkpoints; remove the rest and sweep what
+    killed saves and removals left (hidden ``.step_*``: the run's one saver is past its
+    own by now)."""
+    keep = complete_checkpoints(root)[-keep_last:]
+    for old in checkpoint_dirs(root):
+        if old not in keep:
+            discard(old)
+    for left in root.glob(".step_*"):
+        shutil.rmtree(left, ignore_errors=True)
 
 
 def restore_checkpoint(path: Path, learner) -> dict:

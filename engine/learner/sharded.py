@@ -33,7 +33,12 @@ from torch.distributed.tensor import DTensor
 
 from engine.config import AlgorithmConfig, LearnerConfig
 from engine.learner.batch import PackedBatch
-from engine.learner.checkpoint import prune_checkpoints, read_run_state, write_run_state
+from engine.learner.checkpoint import (
+    prune_checkpoints,
+    publish,
+    read_run_state,
+    write_run_state,
+)
 from engine.learner.learner import Learner
 from engine.weightsync.fingerprint import fingerprint
 
@@ -121,9 +126,10 @@ class ShardedLearner(Learner):
 # run directory's filesystem, which the staging directory and the rename rely on.
 
 def save_sharded_checkpoint(root: Path, learner: ShardedLearner, model_dir: Path,
-                            keep_last: int) -> tuple[Path, str]:
+                            keep_last: int,
+                            files: dict[str, str] | None = None) -> tuple[Path, str]:
     """Every rank calls this (it gathers weights and writes optimizer shards); returns the
-    checkpoint and the fingerprint of its weights."""
+    checkpoint and the fingerprint of its weights. ``files``: the driver's (rank 0's)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -140,10 +146,8 @@ def save_sharded_checkpoint(root: Path, learner: ShardedLearner, model_dir: Path
     if learner.rank == 0:
         full = {n: t.cpu() for n, t in named}
         learner.policy.save_pretrained(staging, state_dict=full, safe_serialization=True)
-        write_run_state(staging, learner, model_dir, fp)
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
+        write_run_state(staging, learner, model_dir, fp, files)
+        publish(staging, final)
         prune_checkpoints(root, keep_last)
     dist.barrier()
     return final, fp

@@ -8,7 +8,7 @@
         d.each(Telemetered.drain_spans)          # one call on every actor, results in order
         d.each(RolloutWorker.drain_logs, actors=d.workers)         # ... or on some of them
         d.update(samples, step, version)         # colocated engines asleep meanwhile; a
-        d.save_checkpoint(root, keep, step)      # critic on its own bundle takes part
+        d.save_checkpoint(root, keep, step, files)   # critic on its own bundle takes part
     # gone: transports closed, actors killed, placement group removed, Ray shut down
     # (only when this run started it)
 
@@ -73,14 +73,15 @@ class Deployment:
             w.call(RolloutWorker.wake_up)
         return metrics
 
-    def save_checkpoint(self, root: Path, keep_last: int,
-                        step: int) -> tuple[str, int, int, str]:
-        """The learner's checkpoint (path, step, version, fingerprint); a critic on its own
-        bundle saves its state first and the learner moves it in."""
+    def save_checkpoint(self, root: Path, keep_last: int, step: int,
+                        files: dict[str, str]) -> tuple[str, int, int, str]:
+        """The learner's checkpoint (path, step, version, fingerprint) holding the driver's
+        ``files``; a critic on its own bundle saves its state first and the learner moves
+        it in."""
         critic_state = None if self.critic is None else self.critic.call(
             CriticWorker.save_state, root, step)
         return self.learner.call(LearnerWorker.save_checkpoint, root, keep_last,
-                                 critic_state).result()
+                                 critic_state, files).result()
 
 
 @contextmanager

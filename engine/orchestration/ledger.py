@@ -5,7 +5,7 @@ dropped, so a resumed run continues its data where the checkpoint left it.
     problems = stream.draw(n)           # the next n prompts; each Problem.position set
     stream.ledger.resolve(p, None)      # its group trained ("filter", "stale": dropped)
     stream.ledger.metrics()             # data/served, data/trained, data/dropped, ...
-    write_data_state(ckpt, stream)      # data.json beside the learner's checkpoint
+    checkpoint_files(ledger)            # {data.json: ...}, in the learner's checkpoint
 
 Position p is the p-th prompt of the run's one stream of training prompts: a dataset's
 epoch ``p // size`` in that epoch's shuffled order (engine/tasks/dataset.py), a synthetic
@@ -29,7 +29,6 @@ task's position) in order: xxh64 when ``xxhash`` is installed, else blake2b-64
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -219,8 +218,8 @@ def resume_stream(task: Task, block: int, ckpt: Path | None, skip: int = 0,
     return stream
 
 
-def write_data_state(ckpt: Path, ledger: DataLedger) -> None:
-    """``ledger``'s state into the checkpoint directory, atomically."""
-    tmp = ckpt / f".{DATA_FILE}.tmp"
-    tmp.write_text(json.dumps(ledger.state()))
-    os.replace(tmp, ckpt / DATA_FILE)
+def checkpoint_files(ledger: DataLedger) -> dict[str, str]:
+    """What a checkpoint keeps of ``ledger``, by file name: the learner writes them into
+    the checkpoint before it is renamed into place (engine.learner.checkpoint), so every
+    checkpoint a resume can take holds them."""
+    return {DATA_FILE: json.dumps(ledger.state())}

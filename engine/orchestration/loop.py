@@ -19,8 +19,8 @@
         emit samples        (telemetry.sample_groups groups, with the learner's
                              per-token logprobs: engine.telemetry.samples)
     eval -> final checkpoint -> run.status
-    (each checkpoint: the learner's, then data.json, the data position and ledger that a
-    resumed run's stream continues: each training prompt once an epoch across resumes)
+    (each checkpoint: the learner's, holding data.json, the data position and ledger that
+    a resumed run's stream continues: each training prompt once an epoch across resumes)
 
 RunLoop is the run from its first status to its last; StepLoop, made once the run is
 deployed, the steps on that deployment. Every policy runs on every placement; only on Ray
@@ -59,7 +59,7 @@ from engine.learner.checkpoint import latest_checkpoint
 from engine.learner.warmstart import ensure_warm_start
 from engine.model import load_tokenizer
 from engine.orchestration.deployment import Deployment, deploy
-from engine.orchestration.ledger import resume_stream, write_data_state
+from engine.orchestration.ledger import checkpoint_files, resume_stream
 from engine.orchestration.live_controls import LiveControls, StopSignal
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import Experience, buffer_bound, build_policy
@@ -304,12 +304,11 @@ class StepLoop:
         return values
 
     def checkpoint(self) -> None:
+        # The data position and ledger go in with the weights, before the checkpoint is
+        # renamed into place: one a resume can find holds them, whenever a kill lands.
         path, step, version, fp = self.d.save_checkpoint(
-            self.ckpt_root, self.cfg.checkpoint.keep_last, self.step)
-        # The data position and ledger beside the weights: the resumed run's data goes on
-        # from here (a crash before this write leaves the sync policy's position, step x
-        # prompts_per_step, and a log line saying so).
-        write_data_state(Path(path), self.ledger)
+            self.ckpt_root, self.cfg.checkpoint.keep_last, self.step,
+            checkpoint_files(self.ledger))
         self.tel.emit(CheckpointEvent(step=step, version=version, path=path, fingerprint=fp))
 
     def set_lr(self, lr: float) -> float:

@@ -15,7 +15,7 @@
         .setup_sender(...); .connect(); .prepare(step) -> ticket; .transfer();
         .sent_fingerprint(step) -> WeightMeta
                                                            [span: weight_sync]
-        .save_checkpoint(root, keep, critic_state)
+        .save_checkpoint(root, keep, critic_state, files)   files: the driver's (data.json)
     CriticWorker(cfg, policy_dir, model_dir, devices, checkpoint)  PPO, critic_devices = 1
         .estimate(samples, step, version) -> advantages    [span: critic]   values, GAE
         .train(step, version) -> critic/*                  [span: critic]   beside the
@@ -266,19 +266,21 @@ class LearnerWorker(Telemetered, WeightSenderHost):
         """A peer's part of rank 0's gather of the full weights."""
         self.learner.named_tensors()
 
-    def save_checkpoint(self, root: Path, keep_last: int,
-                        critic_state: Path | None = None) -> tuple[str, int, int, str]:
-        """``critic_state``: a CriticWorker's save_state for this step (moved in)."""
+    def save_checkpoint(self, root: Path, keep_last: int, critic_state: Path | None = None,
+                        files: dict[str, str] | None = None) -> tuple[str, int, int, str]:
+        """``critic_state``: a CriticWorker's save_state for this step (moved in);
+        ``files``: the driver's, written into the checkpoint before it counts."""
         if self.world > 1:
             from engine.learner.sharded import save_sharded_checkpoint
 
             peers = self._with_peers(LearnerWorker.save_checkpoint, root, keep_last)
-            path, fp = save_sharded_checkpoint(root, self.learner, self.model_dir, keep_last)
+            path, fp = save_sharded_checkpoint(root, self.learner, self.model_dir, keep_last,
+                                               files)
             for f in peers:
                 f.result()
         else:
             path = save_checkpoint(root, self.learner, self.model_dir, keep_last,
-                                   critic_state)
+                                   critic_state, files)
             fp = self.learner.fingerprint()
         return str(path), self.learner.step, self.learner.version, fp
 

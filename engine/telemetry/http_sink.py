@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.events import Event
+from engine.telemetry.sinks import end_torn_line
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class HttpSink:
         self._reasons_logged: set[str] = set()
         self._failing = False      # in an outage: its first failure was logged
         self._flushes: list[threading.Event] = []   # flush() callers waiting on an attempt
-        self._repair_spool()
+        end_torn_line(self.spool_path)   # the partial line is skipped on replay
         self._thread = threading.Thread(target=self._run, name="http-sink", daemon=True)
         self._thread.start()
 
@@ -354,15 +355,6 @@ class HttpSink:
             return exc.code, _json_object(exc.read())
 
     # --- spool ----------------------------------------------------------------------------
-
-    def _repair_spool(self) -> None:
-        """A process that died mid-write may leave a partial last line; end it, so the
-        next append starts a line of its own (the partial one is skipped on replay)."""
-        if self.spool_path.exists() and self.spool_path.stat().st_size:
-            with self.spool_path.open("rb+") as f:
-                f.seek(-1, 2)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
 
     def _append_to_spool(self, events: list[dict]) -> None:
         if not events:

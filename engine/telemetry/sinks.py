@@ -26,10 +26,13 @@ class MemorySink:
 
 
 class JsonlSink:
-    """One JSON object per line, flushed per event so a crash loses at most one line."""
+    """One JSON object per line, flushed per event so a crash loses at most one line: a
+    writer killed mid-line leaves it torn, which the next sink on the file ends (readers
+    skip it) so that its own first event starts a line of its own."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
+        end_torn_line(path)
         self._f = path.open("a", encoding="utf-8")
 
     def emit(self, event: Event) -> None:
@@ -53,9 +56,27 @@ class FanoutSink:
             s.close()
 
 
+def end_torn_line(path: Path) -> None:
+    """End the partial last line a process killed mid-write may leave in a JSON-lines file,
+    so the next append starts a line of its own (the torn one is skipped when read)."""
+    if path.exists() and path.stat().st_size:
+        with path.open("rb+") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
 def read_jsonl(path: Path) -> list[Event]:
-    with path.open(encoding="utf-8") as f:
-        return [event_from_dict(json.loads(line)) for line in f if line.strip()]
+    """The events of a JSON-lines file, less the lines a killed writer tore."""
+    events = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                item = json.loads(line)
+            except ValueError:               # torn (end_torn_line), or blank
+                continue
+            events.append(event_from_dict(item))
+    return events
 
 
 def last_seq(path: Path) -> int:

@@ -110,6 +110,6 @@ def _runbook(f: RunFacts, key: str, step: int | None) -> str:
                    "the [faults.staleness_overrun] table")
     if key in ("gap", "restart"):
         out.append("resume only from a checkpoint that holds data.json (one without it, "
-                   "written before the ledger or cut off by a crash, resumes the data at "
+                   "written by an engine from before the ledger, resumes the data at "
                    "step x rollout.prompts_per_step)")
     return listed(out, lead) if out else lead

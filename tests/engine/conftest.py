@@ -57,6 +57,14 @@ def small_run(**overrides) -> RunConfig:
     return validate_config(data)
 
 
+def checkpointed(d, ledger) -> None:
+    """``d`` as a checkpoint holding ``ledger``'s files, as the learner writes them."""
+    from engine.orchestration.ledger import checkpoint_files
+
+    for name, text in checkpoint_files(ledger).items():
+        (d / name).write_text(text)
+
+
 @pytest.fixture(scope="module")
 def ray_gpus():
     """A private local Ray instance with 4 logical GPUs (never another user's cluster)."""

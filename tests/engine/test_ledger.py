@@ -12,9 +12,10 @@ from engine.orchestration.ledger import (
     DataStream,
     resume_stream,
     running_hash,
-    write_data_state,
 )
 from engine.tasks.base import Problem
+
+from .conftest import checkpointed
 
 SIZE, BLOCK = 5, 2
 
@@ -67,7 +68,7 @@ def test_a_resumed_stream_serves_the_pending_first_and_continues_without_gap_or_
         if p.position < 6:
             first.ledger.resolve(p.position)   # 6, 7, 8 in flight at the checkpoint
     (tmp_path / "state.json").write_text(json.dumps({"step": 3}))
-    write_data_state(tmp_path, first.ledger)
+    checkpointed(tmp_path, first.ledger)
     logged = []
     resumed = resume_stream(EpochTask(), BLOCK, tmp_path, log=lambda m, **k: logged.append(m))
     assert "position 9 (epoch 1)" in logged[0] and "3 pending" in logged[0]
@@ -79,7 +80,7 @@ def test_a_resumed_stream_serves_the_pending_first_and_continues_without_gap_or_
     assert (ledger.served, ledger.trained, ledger.skipped, ledger.repeated) == (14, 14, 0, 0)
     assert ledger.digest == straight.ledger.digest and not ledger.pending
     # a second resume, from a checkpoint with nothing pending
-    write_data_state(tmp_path, ledger)
+    checkpointed(tmp_path, ledger)
     third = resume_stream(EpochTask(), BLOCK, tmp_path)
     assert [p.position for p in third.draw(2)] == [14, 15] and third.ledger.skipped == 0
 
@@ -88,7 +89,7 @@ def test_a_resume_that_skips_prompts_leaves_a_gap_the_ledger_counts(tmp_path):
     first = DataStream(EpochTask(), BLOCK)
     for p in first.draw(4):
         first.ledger.resolve(p.position)
-    write_data_state(tmp_path, first.ledger)
+    checkpointed(tmp_path, first.ledger)
     skipped = resume_stream(EpochTask(), BLOCK, tmp_path, skip=3)
     assert [p.position for p in skipped.draw(2)] == [7, 8]
     m = skipped.ledger.metrics()

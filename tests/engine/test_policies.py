@@ -19,7 +19,7 @@ from engine.experience import (
     zero_variance,
 )
 from engine.orchestration.actors import LocalActor
-from engine.orchestration.ledger import resume_stream, write_data_state
+from engine.orchestration.ledger import resume_stream
 from engine.orchestration.partial import PartialGroup, Row, continue_groups
 from engine.orchestration.policies import Experience, SyncPolicy, build_policy
 from engine.orchestration.producer import RolloutProducer, split
@@ -30,7 +30,7 @@ from engine.telemetry.recorder import SpanRecorder
 from engine.telemetry.sinks import MemorySink
 from engine.telemetry.step_metrics import group_metrics
 
-from .conftest import small_run
+from .conftest import checkpointed, small_run
 
 N, G = 4, 2          # groups per step, samples per group
 
@@ -247,7 +247,7 @@ def test_a_resumed_streaming_run_continues_its_data_and_trains_each_prompt_once(
             positions += [g[0].problem.position for g in policy.next_batch(step, step)]
             policy.weights_sent(step + 1)
         policy.close()                    # what is still in flight is lost, and pending
-        write_data_state(tmp_path, exp.ledger)
+        checkpointed(tmp_path, exp.ledger)
         return positions, exp.ledger
 
     first, _ = trained_positions(0, 3)
