@@ -12,6 +12,11 @@ of at run time. Dispatch is by the method's name on the actor, so a class that p
 the same method (a test's worker) is called the same way. A Ray actor runs its calls one
 at a time, in order, except methods marked ``@concurrent(group)``, which run in that
 concurrency group (the driver reads a worker's running spans while it generates).
+
+An actor that dies (its process killed, its node gone) fails its calls with ActorLost,
+whose ``cause`` says why in one line, and so does one that does not answer within
+``result(timeout_s)``: the loop replaces a lost rollout worker
+(engine.orchestration.replacement); a lost learner fails the run.
 """
 
 from __future__ import annotations
@@ -34,13 +39,29 @@ def concurrency_groups(cls: type) -> dict[str, int]:
             if hasattr(fn, "concurrency_group")}
 
 
+class ActorLost(RuntimeError):
+    """A call's actor died before it answered (Ray's RayActorError, said in one line)."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause
+
+
+def death_cause(error_msg: str) -> str:
+    """Ray's account of an actor's death in one line: its untabbed lines (what died and
+    why; the tabbed ones are ids and addresses), cut at the first 300 characters."""
+    text = " ".join(line.strip() for line in error_msg.splitlines()
+                    if line.strip() and not line.startswith("\t"))
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 class Done:
     """A value computed in this process."""
 
     def __init__(self, value: Any):
         self.value = value
 
-    def result(self) -> Any:
+    def result(self, timeout_s: float | None = None) -> Any:
         return self.value
 
     def done(self) -> bool:
@@ -51,10 +72,15 @@ class RayFuture:
     def __init__(self, ref):
         self.ref = ref
 
-    def result(self) -> Any:
+    def result(self, timeout_s: float | None = None) -> Any:
         import ray
 
-        return ray.get(self.ref)
+        try:
+            return ray.get(self.ref, timeout=timeout_s)
+        except ray.exceptions.RayActorError as exc:
+            raise ActorLost(death_cause(str(exc))) from exc
+        except ray.exceptions.GetTimeoutError as exc:
+            raise ActorLost(f"it did not answer within {timeout_s:g} s") from exc
 
     def done(self) -> bool:
         import ray

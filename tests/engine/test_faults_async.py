@@ -1,5 +1,6 @@
-"""Faults under fully async on Ray: the rules name the cause the run's own config and
-spans show, not the one a sync loop would suggest (one real run on logical GPUs).
+"""Faults on Ray: under fully async the rules name the cause the run's own config and
+spans show, not the one a sync loop would suggest (one real run on logical GPUs); a
+rollout worker SIGKILLed mid-run is replaced and the run finishes.
 
     rollout worker gpu:0   [gen ........ straggler 8 s][recv]     [gen ........ ][recv]
     learner        gpu:1        [learn][send ---- waits for the call ----->]
@@ -7,7 +8,9 @@ spans show, not the one a sync loop would suggest (one real run on logical GPUs)
 
 import pytest
 
-from engine.api import run_local
+from engine.api import MetricsEvent, WeightSyncEvent, WorkerReplacedEvent, run_local
+from engine.api import metrics as M
+from engine.telemetry.sinks import MemorySink
 from jobs.alerts.history import RunFacts
 
 from .alert_watch import AlertWatch
@@ -74,3 +77,30 @@ def test_a_slow_receive_under_fully_async_is_named_as_the_transport(ray_gpus, tm
     assert "the transport was slow" in f.cause and "Check the transport" in f.runbook
     assert f.evidence["values"]["generation_wait_s"] < 0.5 * f.evidence["values"]["latency_s"]
     print(f"\nResyncSlow at step {step}: {f.cause}")
+
+
+def test_a_rollout_worker_killed_mid_run_is_replaced_with_verified_weights_and_its_prompts_counted(
+        ray_gpus, tmp_path, model_cache):
+    # Step 1's generation call SIGKILLs the worker's process while it holds the step's
+    # prompts; the sync policy draws new ones for the replacement.
+    cfg = small_run(steps=3, placement={"type": "disaggregated"},
+                    weight_sync={"type": "object_store"},
+                    faults={"kill_rollout_worker": {"at_step": 1}})
+    sink = MemorySink()
+
+    summary = run_local(cfg, tmp_path, sink=sink)
+
+    assert (summary.status, summary.steps_done) == ("succeeded", 3), summary
+    [replaced] = sink.of_type(WorkerReplacedEvent)
+    print(f"\nreplaced: {replaced}")
+    assert (replaced.step, replaced.worker, replaced.replacements) == (1, 0, 1)
+    assert "died" in replaced.cause
+    assert replaced.matched and replaced.version == 1
+    assert replaced.fingerprint_worker == replaced.fingerprint_learner != ""
+    syncs = sink.of_type(WeightSyncEvent)          # the later ones reach the new worker
+    assert [s.version_learner for s in syncs] == [0, 1, 2, 3]
+    assert all(s.matched and s.verified for s in syncs)
+    last = [e.values for e in sink.of_type(MetricsEvent) if M.DATA_SERVED in e.values][-1]
+    n = cfg.rollout.prompts_per_step
+    assert last[M.DATA_DROPPED_BY.of(reason="error")] == n        # the dead worker's
+    assert (last[M.DATA_SERVED], last[M.DATA_TRAINED], last[M.DATA_DROPPED]) == (4 * n, 3 * n, n)
