@@ -47,11 +47,19 @@ class ActorLost(RuntimeError):
         self.cause = cause
 
 
+RAY_DEATH_PREAMBLE = "The actor died unexpectedly before finishing this task."
+RAY_ADVICE = (" Some common causes", " There are some potential root causes")
+
+
 def death_cause(error_msg: str) -> str:
     """Ray's account of an actor's death in one line: its untabbed lines (what died and
-    why; the tabbed ones are ids and addresses), cut at the first 300 characters."""
+    why; the tabbed ones are ids and addresses) without the preamble every death shares
+    or the generic advice after them, cut at 300 characters."""
     text = " ".join(line.strip() for line in error_msg.splitlines()
                     if line.strip() and not line.startswith("\t"))
+    text = text.removeprefix(RAY_DEATH_PREAMBLE).strip() or RAY_DEATH_PREAMBLE
+    for advice in RAY_ADVICE:
+        text = text.split(advice)[0]
     return text if len(text) <= 300 else text[:297] + "..."
 
 

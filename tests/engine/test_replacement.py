@@ -5,6 +5,7 @@ the learner's weights fails the run. The real death, on Ray: test_faults_async.p
 import pytest
 
 from engine.events import LogEvent, WorkerReplacedEvent
+from engine.orchestration.actors import death_cause
 from engine.orchestration.replacement import Replacements, WorkerLostError, check_budget
 from engine.rollout.base import WeightReport
 from engine.telemetry.recorder import Telemetry
@@ -53,7 +54,7 @@ def test_past_its_bound_a_lost_worker_fails_the_run_naming_the_bound():
 
     with pytest.raises(WorkerLostError, match=r"already replaced 1 worker\(s\).*"
                                               r"placement.max_worker_replacements = 1"):
-        r.replace(0, "w0'", "its process died", step=5)
+        r.replace(0, r.d.workers[0], "its process died", step=5)   # the replacement
     with pytest.raises(WorkerLostError, match="replacing workers is off"):
         check_budget(0, 0, 0, 1, "its process died")
 
@@ -65,3 +66,13 @@ def test_a_replacement_that_does_not_serve_the_learners_weights_fails_the_run():
         r.replace(0, "w0", "its process died", step=2)
     [event] = sink.of_type(WorkerReplacedEvent)
     assert not event.matched
+
+
+def test_rays_account_of_a_death_is_kept_to_its_cause_in_one_line():
+    ray_says = ("The actor died unexpectedly before finishing this task.\n"
+                "\tclass_name: RolloutWorker\n\tpid: 9376\n"
+                "The actor is dead because its worker process has died. Worker exit type: "
+                "SYSTEM_ERROR End of file. Some common causes include: (1) the OOM killer")
+
+    assert death_cause(ray_says) == ("The actor is dead because its worker process has died. "
+                                     "Worker exit type: SYSTEM_ERROR End of file.")
