@@ -72,7 +72,7 @@ class Done:
     def result(self, timeout_s: float | None = None) -> Any:
         return self.value
 
-    def done(self) -> bool:
+    def done(self, timeout_s: float = 0) -> bool:
         return True
 
 
@@ -90,10 +90,11 @@ class RayFuture:
         except ray.exceptions.GetTimeoutError as exc:
             raise ActorLost(f"it did not answer within {timeout_s:g} s") from exc
 
-    def done(self) -> bool:
+    def done(self, timeout_s: float = 0) -> bool:
+        """Whether it answered (or failed), waiting up to ``timeout_s`` for it."""
         import ray
 
-        return bool(ray.wait([self.ref], timeout=0)[0])
+        return bool(ray.wait([self.ref], timeout=timeout_s)[0])
 
 
 def wait_any(futures: list) -> list:

@@ -25,9 +25,11 @@ policies settle later; the others wait). One sync is in flight at a time: ``send
 settles the previous one, since a sender may reuse its buffers and the learner must not
 change the tensors a transfer still reads.
 
-A rollout worker that dies during a sync (its call fails with ActorLost) is left out of
-that sync's result and handed to ``on_lost`` (the loop replaces it); without ``on_lost``
-the error is the sync's. ``rejoin(i, worker, step)`` puts a new worker in place i and
+A rollout worker that dies during a sync (its call fails with ActorLost), or is still
+loading the weights ``cfg.timeout_s`` after it began (it says how long, on its telemetry
+group: ``loading_for``), is left out of that sync's result and handed to ``on_lost``
+(the loop kills and replaces it); without ``on_lost`` the error is the sync's and a
+wedged sync is waited for. ``rejoin(i, worker, step)`` puts a new worker in place i and
 sends it the learner's current weights alone, verified: a point-to-point transport takes
 a new receiver at any time; a collective one (its world fixed at connect) cannot.
 
@@ -45,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.orchestration.actors import ActorLost
+from engine.orchestration.actors import ActorLost, concurrent
 from engine.rollout.base import WeightReport
 from engine.telemetry.recorder import SpanRecorder
 from engine.weightsync import build_receiver, build_sender
@@ -133,15 +135,27 @@ class WeightReceiverHost:
     engine) and ``rec`` (a SpanRecorder)."""
 
     rec: SpanRecorder
+    loading_since: float | None = None    # time.time() the sync being loaded began
 
     def setup_weight_receiver(self, cfg, join_info: object, rank: int) -> None:
         self.receiver = build_receiver(cfg, join_info, rank, self.engine)
 
     def receive_weights(self, ticket: Ticket, step: int) -> Served:
         self.step = step                  # the step in progress, which faults key on
-        with self.rec.phase("weight_sync", step, ticket.version):
-            report = self.receiver.receive(ticket, self.engine)
+        self.loading_since = time.time()
+        try:
+            with self.rec.phase("weight_sync", step, ticket.version):
+                report = self.receiver.receive(ticket, self.engine)
+        finally:
+            self.loading_since = None
         return Served(report, time.time())
+
+    @concurrent("telemetry")      # answers while receive_weights runs (or hangs)
+    def loading_for(self) -> float | None:
+        """Seconds this worker has been loading a sync's weights (None: it loads none), by
+        its own clock."""
+        since = self.loading_since
+        return None if since is None else time.time() - since
 
     def close_receiver(self) -> None:
         if hasattr(self, "receiver"):
@@ -269,9 +283,23 @@ class WeightSyncSession:
                 verified=ticket.verify, wire_bytes=ticket.wire_bytes, delta=ticket.delta)
             self._settled.append(self._last)
 
+    def _await(self, served, worker) -> None:
+        """Wait for ``served``; ActorLost once ``worker`` has been loading the weights for
+        longer than cfg.timeout_s (a wedged sync: verl #3873)."""
+        limit = self.cfg.timeout_s
+        check = min(1.0, limit / 4)             # how often it asks the worker
+        while not served.done(check):
+            loading = worker.call(WeightReceiverHost.loading_for).result(10 * check + 5)
+            if loading is not None and loading > limit:
+                raise ActorLost(f"its weight sync ran past weight_sync.timeout_s = "
+                                f"{limit:g} s")
+
     def _served(self, p: _Pending, i: int) -> Served | None:
-        """Worker i's answer to sync ``p``; None when it died meanwhile (on_lost has it)."""
+        """Worker i's answer to sync ``p``; None when it died meanwhile or was still loading
+        it ``cfg.timeout_s`` after it began (on_lost has it)."""
         try:
+            if self.on_lost is not None:
+                self._await(p.served[i], p.workers[i])
             return p.served[i].result()
         except ActorLost as exc:
             if self.on_lost is None:
