@@ -47,6 +47,7 @@ from engine.events import (
     SamplesEvent,
     SpanEvent,
     WeightSyncEvent,
+    WorkerReplacedEvent,
     event_from_dict,
 )
 from engine.frameworks import (
@@ -64,7 +65,8 @@ __all__ = [
     "ConfigError", "Control", "ControlAppliedEvent", "ControlError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
     "PlanError", "RolloutSample", "RunSummary", "SamplesEvent", "SpanEvent",
-    "WeightSyncEvent", "event_from_dict", "load_config", "placement_bundles",
+    "WeightSyncEvent", "WorkerReplacedEvent", "event_from_dict", "load_config",
+    "placement_bundles",
     "canonical_metrics", "control_label", "metrics", "placement_demand", "plan_run",
     "run_local", "their_names", "validate", "validate_control",
 ]

@@ -5,8 +5,9 @@
 
 Events are typed dataclasses with a per-run sequence number and a dotted ``type``
 (``run.status``, ``metrics.append``, ``span``, ``weight_sync.report``, ``checkpoint.saved``,
-``control.applied``, ``samples``, ``log``). Sinks (engine.telemetry.sinks, http_sink) implement
-EventSink. Standard library only: the web process reads these through engine.api.
+``control.applied``, ``worker.replaced``, ``samples``, ``log``). Sinks (engine.telemetry.sinks,
+http_sink) implement EventSink. Standard library only: the web process reads these through
+engine.api.
 """
 
 from __future__ import annotations
@@ -114,6 +115,25 @@ class ControlAppliedEvent(Event):
     message: str = ""
 
 
+@dataclass
+class WorkerReplacedEvent(Event):
+    """A rollout worker that died (or stopped answering) was replaced during ``step``: the
+    new one on its bundle serves the learner's weights, by both ends' fingerprints, before
+    it generates. ``replacements``: how many this run has made, this one included."""
+    type: ClassVar[str] = "worker.replaced"
+    step: int = 0
+    worker: int = 0               # its place among the run's rollout workers
+    cause: str = ""
+    version: int = 0
+    fingerprint_learner: str = ""
+    fingerprint_worker: str = ""
+    matched: bool = True
+    replacements: int = 1
+
+    def __post_init__(self) -> None:
+        self.cause = storable_text(self.cause)       # ingest's bound on a text field
+
+
 SAMPLES_PER_EVENT = 32      # rollouts one samples event carries at most
 SAMPLE_TEXT_LIMIT = 4096    # characters of a prompt or completion kept (the head)
 SAMPLE_TOKEN_LIMIT = 1024   # per-token entries kept (rollout.max_new_tokens' bound)
@@ -183,7 +203,8 @@ class LogEvent(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     c.type: c for c in (RunStatusEvent, MetricsEvent, SpanEvent, WeightSyncEvent,
-                        CheckpointEvent, ControlAppliedEvent, SamplesEvent, LogEvent)
+                        CheckpointEvent, ControlAppliedEvent, WorkerReplacedEvent,
+                        SamplesEvent, LogEvent)
 }
 
 

@@ -12,6 +12,9 @@ actually did, so the alerts see only what an operator would.
     buffer    = wrap_buffer(buffer, faults, step)       staleness_overrun
     skipped_on_resume(faults)                           skip_on_resume (the data position a
                                                         resumed run starts from)
+    dies_at(faults, step)                               kill_rollout_worker (the rollout
+                                                        worker's process, SIGKILL)
+    for_replacement(cfg)                                the config a replacement worker gets
 
 The wrappers sit in the rollout worker (engine/orchestration/workers.py) and the loop,
 so a fault behaves the same in process and on Ray, with every transport. ``step``
@@ -22,13 +25,15 @@ step s. With no fault configured every wrap_* returns its argument unchanged.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import signal
 import time
 from collections.abc import Callable, Iterable
 
 import torch
 
-from engine.config import FaultsConfig
+from engine.config import FaultsConfig, RunConfig
 from engine.experience import ExperienceBuffer, Sample
 from engine.rollout.base import (
     Completion,
@@ -248,3 +253,22 @@ def skipped_on_resume(faults: FaultsConfig) -> int:
     """skip_on_resume: prompts a resumed run's data stream passes over (0: none); the
     ledger restored from the checkpoint sees the gap (engine.orchestration.ledger)."""
     return 0 if faults.skip_on_resume is None else faults.skip_on_resume.prompts
+
+
+# --------------------------------------------------------------------------- workers
+
+def dies_at(faults: FaultsConfig, step: int) -> None:
+    """kill_rollout_worker: a rollout worker taking a generation call of its step SIGKILLs
+    its own process (no cleanup, no reply: Ray reports the actor dead to its callers)."""
+    kill = faults.kill_rollout_worker
+    if kill is not None and step == kill.at_step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def for_replacement(cfg: RunConfig) -> RunConfig:
+    """The config of a worker that replaces a dead one: a fault rehearses one death, so
+    the replacement runs without kill_rollout_worker."""
+    if cfg.faults.kill_rollout_worker is None:
+        return cfg
+    faults = cfg.faults.model_copy(update={"kill_rollout_worker": None})
+    return cfg.model_copy(update={"faults": faults})

@@ -14,6 +14,8 @@ MetricPoint / PhaseSpan rows) and the live updates (from events), so the traces 
     timeline_figure(spans) / timeline_update(spans)  the device Gantt, bars per phase
     control_marks(applied) -> [{step, label}]   a vertical line per live control applied,
                                                 drawn on every metric chart (page + socket)
+    replacement_marks(replaced) -> [{step, label, color}]   one per rollout worker replaced
+                                                (worker.replaced events), in red
     compare_figures(runs)  -> one chart per COMPARE_METRICS, a trace per run, x by step;
                               each figure's "wall" holds the same points' x in wall seconds
 
@@ -344,6 +346,15 @@ def compare_figures(runs: list[tuple[str, dict[str, list], dict[int, float]]]) -
                         "title": title, "traces": traces, "wall": walls,
                         "layout": {**BASE_LAYOUT, "title": {"text": title}}})
     return figures
+
+
+REPLACED_COLOR = "#e45756"
+
+
+def replacement_marks(replaced: Iterable[dict]) -> list[dict]:
+    """worker.replaced events' payloads -> a red mark at the step of each replacement."""
+    return [{"step": e["step"], "label": f"worker {e['worker']} replaced",
+             "color": REPLACED_COLOR} for e in replaced]
 
 
 def control_marks(applied: Iterable[tuple[int, str, float | None]]) -> list[dict]:

@@ -39,7 +39,7 @@ from jobs.auth import is_operator
 from jobs.groups import RUNS_GROUP, run_group, session_group
 from jobs.models import Alert, Run, RunEvent
 from jobs.models.controls import display_status
-from jobs.queries.run_page import log_lines, run_progress
+from jobs.queries.run_page import REPLACED, log_lines, run_progress
 
 BACKFILL_CHUNK = 500  # events per message while catching up
 SESSION_CHECK_S = 10.0  # how stale "the login still exists" may be before a message goes
@@ -76,6 +76,7 @@ def run_update(events: list[dict], status: tuple[str, str] | None,
             "jobs/_status_reason.html", {"status": status[0], "reason": status[1]})
     marks = charts.control_marks((e["step"], e["kind"], e["value"]) for e in events
                                  if e["type"] == "control.applied")
+    marks += charts.replacement_marks(e for e in events if e["type"] == REPLACED)
     return {"last_seq": events[-1]["seq"], "events": events, "charts": updates,
             "append": append, "swap": swap, "marks": marks, "progress": progress}
 

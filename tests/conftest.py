@@ -71,7 +71,7 @@ CI_FILE_SECONDS = {
     "tests/engine/test_sharded_ray.py": 130,
     "tests/engine/test_gsm8k_sample.py": 115,
     "tests/engine/test_async_ray.py": 110,
-    "tests/engine/test_faults_async.py": 95,
+    "tests/engine/test_faults_async.py": 140,
     "tests/engine/test_resume.py": 90,
 }
 

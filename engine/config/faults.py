@@ -125,6 +125,15 @@ class SkipOnResumeFault(_Section):
     """How many prompts the resumed run skips."""
 
 
+class KillRolloutWorkerFault(_Section):
+    """A rollout worker's process is SIGKILLed while it holds a step's prompts (an OOM
+    kill, a lost node; OpenRLHF #331): the run replaces the worker (placement.
+    max_worker_replacements). Ray placements only; the worker that replaces it is spared."""
+
+    at_step: int = Field(default=1, ge=1, le=1_000_000)
+    """The step whose generation call kills every rollout worker that takes one."""
+
+
 class FaultsConfig(_Section):
     """Fault injection, to rehearse the failure modes the alerts must name. Every fault is
     off (None) unless its table is present; each makes the real loop misbehave."""
@@ -153,3 +162,5 @@ class FaultsConfig(_Section):
     """Completions never stop before max_new_tokens."""
     skip_on_resume: SkipOnResumeFault | None = None
     """A resumed run skips prompts of its data."""
+    kill_rollout_worker: KillRolloutWorkerFault | None = None
+    """A rollout worker's process dies mid-run."""

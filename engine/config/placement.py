@@ -23,6 +23,14 @@ class _PlacementCommon(_Section):
     ready_timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0)
     """Longest wait for Ray to grant the placement group before the run fails (a
     placement that cannot fit the cluster is refused at once, before this wait)."""
+    max_worker_replacements: int = Field(default=3, ge=0, le=1000)
+    """On Ray: how many rollout workers the run replaces (one that dies is restarted on
+    its bundle and given the current weights; the prompts it held are dropped, counted)
+    before the next loss fails the run. 0: the first lost worker fails it."""
+    health_check_s: float = Field(default=120.0, gt=0.0, le=86_400.0)
+    """On Ray: a rollout worker that does not answer the loop's per-step telemetry call
+    (which runs beside generation, so a busy worker answers at once) within this many
+    seconds is taken for hung: killed and replaced as a dead one."""
     critic_devices: int = Field(default=0, ge=0, le=1024)
     """PPO's critic: 0 = with the learner, on its devices, in turn with it (the default);
     1 = a critic actor on a bundle of its own, which trains its values while the learner

@@ -288,6 +288,25 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _worker_kill_needs_ray(self) -> RunConfig:
+        if self.faults.kill_rollout_worker is None:
+            return self
+        p = self.placement
+        if isinstance(p, ColocatedPlacementConfig) and not p.ray:
+            raise FieldError("faults.kill_rollout_worker",
+                             "faults.kill_rollout_worker=this placement runs the rollout "
+                             "worker in the driver's own process, which the fault would "
+                             "kill with the run; set placement.ray = true or placement.type "
+                             '= "disaggregated" (a rollout worker is then a Ray actor)')
+        if self.weight_sync.type in ("broadcast", "vllm_native"):
+            raise FieldError("faults.kill_rollout_worker",
+                             f'faults.kill_rollout_worker=weight_sync.type = '
+                             f'"{self.weight_sync.type}" joins every rollout worker in one '
+                             f'process group fixed at start, which a new worker cannot '
+                             f'join; use weight_sync.type = "object_store" or "shm"')
+        return self
+
+    @model_validator(mode="after")
     def _native_sync_needs_vllm(self) -> RunConfig:
         if self.weight_sync.type != "vllm_native":
             return self

@@ -28,6 +28,12 @@ class _SyncSection(_Section):
     rollout workers serve, compressed with zstd; a worker that is not at that version (a
     version gap, a fresh worker) gets the full weights. Byte transports only ("shm",
     "object_store", "broadcast")."""
+    timeout_s: float = Field(default=300.0, gt=0.0, le=86400.0)
+    """Longest a rollout worker may spend loading one sync's weights (counted from when it
+    starts: a sync queued behind a generation call waits its turn first). On Ray a worker
+    still loading after this long is abandoned: killed and replaced like a dead one
+    (placement.max_worker_replacements), and the run goes on. Collective transports
+    ("broadcast", "vllm_native") also bound each rank's wait for the others by it."""
 
     @model_validator(mode="after")
     def _delta_needs_a_byte_transport(self):
@@ -74,9 +80,6 @@ class BroadcastSyncConfig(_SyncSection):
     larger than a bucket spans several."""
     double_buffer: bool = True
     """Pack bucket i+1 into a second buffer while bucket i is on the wire."""
-    timeout_s: float = Field(default=300.0, gt=0.0, le=86400.0)
-    """How long a rank waits for the others (group setup and each collective) before it
-    fails instead of hanging."""
 
 
 class CheckpointFileSyncConfig(_SyncSection):
@@ -112,8 +115,6 @@ class VllmNativeSyncConfig(_SyncSection):
     same GPU)."""
     bucket_mb: int = Field(default=32, ge=1, le=4096)
     """Bytes per broadcast bucket (gloo) or packed buffer (nccl), in MiB."""
-    timeout_s: float = Field(default=300.0, gt=0.0, le=86400.0)
-    """How long a rank waits for the others (gloo) before it fails instead of hanging."""
 
 
 WeightSyncConfig = _choice(InPlaceSyncConfig, ShmSyncConfig, ObjectStoreSyncConfig,

@@ -12,6 +12,11 @@ of at run time. Dispatch is by the method's name on the actor, so a class that p
 the same method (a test's worker) is called the same way. A Ray actor runs its calls one
 at a time, in order, except methods marked ``@concurrent(group)``, which run in that
 concurrency group (the driver reads a worker's running spans while it generates).
+
+An actor that dies (its process killed, its node gone) fails its calls with ActorLost,
+whose ``cause`` says why in one line, and so does one that does not answer within
+``result(timeout_s)``: the loop replaces a lost rollout worker
+(engine.orchestration.replacement); a lost learner fails the run.
 """
 
 from __future__ import annotations
@@ -34,16 +39,40 @@ def concurrency_groups(cls: type) -> dict[str, int]:
             if hasattr(fn, "concurrency_group")}
 
 
+class ActorLost(RuntimeError):
+    """A call's actor died before it answered (Ray's RayActorError, said in one line)."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause
+
+
+RAY_DEATH_PREAMBLE = "The actor died unexpectedly before finishing this task."
+RAY_ADVICE = (" Some common causes", " There are some potential root causes")
+
+
+def death_cause(error_msg: str) -> str:
+    """Ray's account of an actor's death in one line: its untabbed lines (what died and
+    why; the tabbed ones are ids and addresses) without the preamble every death shares
+    or the generic advice after them, cut at 300 characters."""
+    text = " ".join(line.strip() for line in error_msg.splitlines()
+                    if line.strip() and not line.startswith("\t"))
+    text = text.removeprefix(RAY_DEATH_PREAMBLE).strip() or RAY_DEATH_PREAMBLE
+    for advice in RAY_ADVICE:
+        text = text.split(advice)[0]
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 class Done:
     """A value computed in this process."""
 
     def __init__(self, value: Any):
         self.value = value
 
-    def result(self) -> Any:
+    def result(self, timeout_s: float | None = None) -> Any:
         return self.value
 
-    def done(self) -> bool:
+    def done(self, timeout_s: float = 0) -> bool:
         return True
 
 
@@ -51,15 +80,21 @@ class RayFuture:
     def __init__(self, ref):
         self.ref = ref
 
-    def result(self) -> Any:
+    def result(self, timeout_s: float | None = None) -> Any:
         import ray
 
-        return ray.get(self.ref)
+        try:
+            return ray.get(self.ref, timeout=timeout_s)
+        except ray.exceptions.RayActorError as exc:
+            raise ActorLost(death_cause(str(exc))) from exc
+        except ray.exceptions.GetTimeoutError as exc:
+            raise ActorLost(f"it did not answer within {timeout_s:g} s") from exc
 
-    def done(self) -> bool:
+    def done(self, timeout_s: float = 0) -> bool:
+        """Whether it answered (or failed), waiting up to ``timeout_s`` for it."""
         import ray
 
-        return bool(ray.wait([self.ref], timeout=0)[0])
+        return bool(ray.wait([self.ref], timeout=timeout_s)[0])
 
 
 def wait_any(futures: list) -> list:

@@ -7,8 +7,12 @@
         d.sync                      # the connected WeightSyncSession
         d.each(Telemetered.drain_spans)          # one call on every actor, results in order
         d.each(RolloutWorker.drain_logs, actors=d.workers)         # ... or on some of them
+        d.each(Telemetered.drain_spans, lost=([], []), answer_s=60)   # a rollout worker
+                                    # dead, or silent for 60 s: noted in d.lost, ([], [])
         d.update(samples, step, version)         # colocated engines asleep meanwhile; a
         d.save_checkpoint(root, keep, step, files)   # critic on its own bundle takes part
+        d.replace_worker(i, step)                # on Ray: a new rollout worker in place i,
+                                                 # synced (engine.orchestration.replacement)
     # gone: transports closed, actors killed, placement group removed, Ray shut down
     # (only when this run started it)
 
@@ -21,19 +25,24 @@ bundle, joined by the configured two-sided transport.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.config import InPlaceSyncConfig, RunConfig
 from engine.experience import Sample
-from engine.orchestration.actors import LocalActor, RayActor
+from engine.faults import for_replacement
+from engine.orchestration.actors import ActorLost, LocalActor, RayActor
 from engine.orchestration.placement import Layout, reserve
 from engine.orchestration.workers import CriticWorker, LearnerWorker, RolloutWorker
+from engine.weightsync.base import SyncResult
 from engine.weightsync.session import WeightSyncSession
+
+RAISE = object()     # Deployment.each: a dead actor's error propagates
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,10 @@ class Deployment:
     sharing: list[LocalActor | RayActor]
     sync: WeightSyncSession
     critic: LocalActor | RayActor | None = None
+    # place i -> a new rollout worker actor on that worker's bundle (None: not on Ray)
+    start_worker: Callable[[int], RayActor] | None = None
+    # place -> (handle, cause) of rollout workers found dead, not yet replaced
+    lost: dict[int, tuple[Any, str]] = field(default_factory=dict)
 
     @property
     def actors(self) -> list[LocalActor | RayActor]:
@@ -50,11 +63,50 @@ class Deployment:
         critic on its own bundle if there is one."""
         return [self.learner, *self.workers, *([] if self.critic is None else [self.critic])]
 
-    def each(self, method: Callable, *args: Any, actors: list | None = None) -> list:
+    def each(self, method: Callable, *args: Any, actors: list | None = None,
+             lost: Any = RAISE, answer_s: float | None = None) -> list:
         """``method`` called on every actor (or on ``actors``, such as the rollout workers)
-        at once; their results, in that order."""
-        calls = [a.call(method, *args) for a in (self.actors if actors is None else actors)]
-        return [f.result() for f in calls]
+        at once; their results, in that order. With ``lost``, a rollout worker that died
+        answers that instead, and is noted for replacement (``note_lost``); with
+        ``answer_s`` too, so is one that has not answered that long after the call (a
+        health check, for the telemetry group's methods, which answer while a worker
+        generates)."""
+        calls = [(a, a.call(method, *args)) for a in (self.actors if actors is None else actors)]
+        deadline = None if answer_s is None or lost is RAISE else time.monotonic() + answer_s
+        out = []
+        for a, f in calls:
+            place = next((i for i, w in enumerate(self.workers) if w is a), None)
+            wait = (None if deadline is None or place is None
+                    else max(0.0, deadline - time.monotonic()))
+            try:
+                out.append(f.result(wait))
+            except ActorLost as exc:
+                if lost is RAISE or place is None:
+                    raise
+                self.note_lost(place, a, exc.cause)
+                out.append(lost)
+        return out
+
+    def note_lost(self, index: int, handle: Any, cause: str) -> None:
+        """Rollout worker ``handle`` (in place ``index`` when it was called) died, or hung:
+        killed now, so that no call queued on it (a sync) waits for it."""
+        if self.workers[index] is handle and index not in self.lost:
+            handle.kill()
+            self.lost[index] = (handle, cause)
+
+    def replace_worker(self, index: int, step: int) -> SyncResult:
+        """A new rollout worker in place ``index``, on the old one's bundle (killed first:
+        a hung one must go, and a dead one frees its bundle), serving the learner's
+        current weights before anything else is asked of it; returns that sync."""
+        if self.start_worker is None:
+            raise RuntimeError("a rollout worker in the driver's process cannot be replaced")
+        old = self.workers[index]
+        self.lost.pop(index, None)
+        old.kill()
+        new = self.start_worker(index)
+        self.workers[index] = new
+        self.sharing[:] = [new if h is old else h for h in self.sharing]
+        return self.sync.rejoin(index, new, step)
 
     def update(self, samples: list[Sample], step: int, version: int) -> dict[str, float]:
         """The learner's update of ``step``, colocated rollout engines asleep meanwhile (they
@@ -125,17 +177,23 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
                                                        checkpoint, threads),
                                         layout.critic.gpus, pg, layout.critic.bundle)
                 started.append((critic, CriticWorker))
-            workers = []
-            for w in layout.workers:
-                workers.append(RayActor.start(
-                    RolloutWorker, (cfg, policy_dir, model_dir, w.devices, threads),
-                    w.gpus, pg, w.bundle))
-                started.append((workers[-1], RolloutWorker))
+            spared = for_replacement(cfg)       # a replacement runs without the kill fault
+
+            def start_worker(i: int, worker_cfg: RunConfig = spared) -> RayActor:
+                w = layout.workers[i]
+                h = RayActor.start(RolloutWorker, (worker_cfg, policy_dir, model_dir,
+                                                   w.devices, threads), w.gpus, pg, w.bundle)
+                started.append((h, RolloutWorker))
+                return h
+
+            workers = [start_worker(i, cfg) for i in range(len(layout.workers))]
             sharing = [h for h, w in zip(workers, layout.workers, strict=True)
                        if set(w.devices) & set(layout.learner.devices)]
             sync_cfg = cfg.weight_sync
         d = Deployment(learner, workers, sharing, WeightSyncSession(learner, workers, sync_cfg),
-                       critic)
+                       critic, start_worker if layout.on_ray else None)
+        if layout.on_ray:
+            d.sync.on_lost = d.note_lost
         for lines in d.each(RolloutWorker.drain_logs, actors=workers):
             for level, line in lines:         # what their parts said (a reward model's fit)
                 log(line, level=level)

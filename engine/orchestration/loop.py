@@ -18,6 +18,9 @@
                              the device/* its DeviceSampler measured; data/* the ledger's)
         emit samples        (telemetry.sample_groups groups, with the learner's
                              per-token logprobs: engine.telemetry.samples)
+        a rollout worker found dead (a generation call, a sync, a telemetry call):
+                            replaced once the learner's version is the one sent, the
+                            prompts it held dropped (engine.orchestration.replacement)
     eval -> final checkpoint -> run.status
     (each checkpoint: the learner's, holding data.json, the data position and ledger that
     a resumed run's stream continues: each training prompt once an epoch across resumes)
@@ -58,11 +61,13 @@ from engine.learner.advantages import assign_advantages
 from engine.learner.checkpoint import latest_checkpoint
 from engine.learner.warmstart import ensure_warm_start
 from engine.model import load_tokenizer
+from engine.orchestration.actors import ActorLost
 from engine.orchestration.deployment import Deployment, deploy
 from engine.orchestration.ledger import checkpoint_files, resume_stream
 from engine.orchestration.live_controls import LiveControls, StopSignal
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import Experience, buffer_bound, build_policy
+from engine.orchestration.replacement import Replacements
 from engine.orchestration.workers import LearnerWorker, RolloutWorker, Telemetered
 from engine.reward import reward_metrics
 from engine.rollout.preflight import preflight_verdict
@@ -172,6 +177,11 @@ class StepLoop:
                                      algorithm=cfg.algorithm,
                                      max_new_tokens=cfg.rollout.max_new_tokens, data=data)
         self.ledger = data.ledger
+        # A replacement receives the learner's current weights: it runs where they are the
+        # weights last sent (a generation call, after a sync), never between an update and
+        # its sync (the next sync would offer the new worker the version it holds).
+        self.replacements = Replacements(d, self.tel, cfg.placement.max_worker_replacements)
+        self.experience.on_lost = self.replacements.replace
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
         self.last_sync: SyncResult | None = None
         self.ended_by = ""                      # why steps() returned: the final status's reason
@@ -246,17 +256,20 @@ class StepLoop:
         self._settle(wait=not self.policy.overlaps)
         self._drain_spans()
         m |= self.tel.step_metrics(t0, time.time())
-        m |= reward_metrics(d.each(RolloutWorker.reward_metrics, actors=d.workers), m)
+        m |= reward_metrics(d.each(RolloutWorker.reward_metrics, actors=d.workers, lost={}),
+                            m)
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
         m |= group_metrics(groups, self.experience.dropped) | group_length_metrics(groups)
         m |= sync_metrics(self.last_sync)
-        m |= {k: v for values in d.each(Telemetered.sample_devices) for k, v in values.items()}
+        m |= {k: v for values in d.each(Telemetered.sample_devices, lost={})
+              for k, v in values.items()}
         m[M.BUFFER_DROPPED_STALE] = float(self.buffer.dropped_stale)
         m[M.BUFFER_RECYCLED] = float(self.experience.recycled)
         m |= self.ledger.metrics()
         self.tel.emit(MetricsEvent(step=step, values=m))
         self._emit_samples(step, groups, samples, staleness)
         self._drain_logs()
+        self.replacements.replace_lost(self.step)
         return m
 
     def _emit_samples(self, step: int, groups: list[list[Sample]], samples: list[Sample],
@@ -273,7 +286,7 @@ class StepLoop:
     def _drain_logs(self) -> None:
         """What the workers said during the step (a reward function's traceback, once per
         distinct error); several workers hitting one error log it once."""
-        for lines in self.d.each(RolloutWorker.drain_logs, actors=self.d.workers):
+        for lines in self.d.each(RolloutWorker.drain_logs, actors=self.d.workers, lost=[]):
             for level, line in lines:
                 if line not in self._logged:
                     self._logged.add(line)
@@ -289,17 +302,24 @@ class StepLoop:
             self.tel.emit(res.event())
             if not res.matched:
                 self.tel.log(res.mismatch(), level="error")
+        self.replacements.replace_lost(self.step)
 
     def _drain_spans(self) -> None:
-        for closed, running in self.d.each(Telemetered.drain_spans):
+        for closed, running in self.d.each(Telemetered.drain_spans, lost=([], []),
+                                           answer_s=self.cfg.placement.health_check_s):
             self.tel.ingest(closed, running)
 
     def evaluate(self, step: int) -> dict[str, float]:
         t = self.cfg.telemetry.eval_temperature
         temp = self.cfg.rollout.temperature if t is None else t
-        values = self.d.workers[0].call(RolloutWorker.evaluate, temp,
-                                        step_seed(self.cfg.model.seed, -1),
-                                        self.cfg.telemetry.eval_samples).result()
+        args = (temp, step_seed(self.cfg.model.seed, -1), self.cfg.telemetry.eval_samples)
+        worker = self.d.workers[0]
+        try:
+            values = worker.call(RolloutWorker.evaluate, *args).result()
+        except ActorLost as exc:              # it died: its replacement evaluates
+            self.d.note_lost(0, worker, exc.cause)
+            self.replacements.replace_lost(self.step)
+            values = self.d.workers[0].call(RolloutWorker.evaluate, *args).result()
         self.tel.emit(MetricsEvent(step=step, values=values))
         return values
 

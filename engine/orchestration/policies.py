@@ -24,12 +24,19 @@ Workers are handles (engine.orchestration.actors): in the driver's process a cal
 when submitted, so the schedules hold (same staleness) without overlap; on Ray they run
 concurrently with the learner. Calls to one worker run in submit order, so a weight
 sync queued before a produce call is what that call generates with.
+
+A worker that dies during a generation call (Experience.finish) loses the groups it held:
+their prompts are dropped, counted under "error" in the data ledger, the loop replaces the
+worker (``Experience.on_lost``: engine.orchestration.replacement) and the policy draws on
+as for any missing group -- sync in another round, the streaming ones by generating on.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from engine.config import (
     AlgorithmConfig,
@@ -39,7 +46,7 @@ from engine.config import (
     PartialRolloutPolicyConfig,
 )
 from engine.experience import ExperienceBuffer, Sample, apply_overlong, zero_variance
-from engine.orchestration.actors import wait_any
+from engine.orchestration.actors import ActorLost, wait_any
 from engine.orchestration.ledger import DataStream
 from engine.orchestration.partial import PartialGroup, Row
 from engine.orchestration.producer import split
@@ -60,6 +67,17 @@ class AsyncPolicy(Protocol):
 
 
 DRAWS_PER_RESUME = 1_000_000
+
+
+@dataclass
+class Generation:
+    """A generation call in flight: the worker (its place and handle) and the problems
+    it holds until it answers."""
+    worker: int
+    handle: Any
+    future: Any
+    problems: list[Problem]
+    step: int
 
 
 class Experience:
@@ -90,6 +108,9 @@ class Experience:
         self.filtering = algorithm is not None and algorithm.dynamic_sampling
         self.drop_budget = algorithm.max_resample_rounds * n_prompts if self.filtering else 0
         self.dropped = 0                  # zero-variance groups dropped in this step
+        # (place, handle, cause, step) of a worker that died in a generation call: the
+        # loop replaces it (None: its error is the run's)
+        self.on_lost: Callable[[int, Any, str, int], None] | None = None
 
     def seed_for(self, index: int, worker: int) -> int:
         return worker_seed(self.seed, index, worker)
@@ -162,12 +183,33 @@ class Experience:
                                f"task's difficulty)")
         return f"step {step}: {why}; trained on {len(groups)} of {n} groups"
 
-    def submit(self, worker: int, index: int, n: int, step: int):
+    def submit(self, worker: int, index: int, n: int, step: int) -> Generation:
         """Worker ``worker`` generates ``n`` groups: the data stream's next ``n`` problems,
         seeded by draw ``index``."""
-        problems = self.draw(n)
-        return self.workers[worker].call(RolloutWorker.produce, step, problems,
-                                         self.seed_for(index, worker))
+        return self.generate(worker, RolloutWorker.produce, step, self.draw(n),
+                             self.seed_for(index, worker))
+
+    def generate(self, worker: int, method: Callable, step: int, work: list,
+                 *args: Any) -> Generation:
+        """``method`` (produce or continue_groups) of worker ``worker`` on ``work``
+        (problems, or partial groups)."""
+        handle = self.workers[worker]
+        problems = [g.problem if isinstance(g, PartialGroup) else g for g in work]
+        return Generation(worker, handle, handle.call(method, step, work, *args), problems,
+                          step)
+
+    def finish(self, gen: Generation) -> Any | None:
+        """What ``gen`` returned; None when its worker died: the problems it held are
+        dropped (counted under "error") and the worker replaced (``on_lost``)."""
+        try:
+            return gen.future.result()
+        except ActorLost as exc:
+            if self.on_lost is None:
+                raise
+            for p in gen.problems:
+                self._resolve(p, "error")
+            self.on_lost(gen.worker, gen.handle, exc.cause, gen.step)
+            return None
 
 
 class SyncPolicy:
@@ -185,17 +227,20 @@ class SyncPolicy:
         exp.begin_step()
         problems = exp.draw(n)
         while True:
-            futures = []
+            calls = []
             for w, mine in enumerate(split(problems, len(exp.workers))):
                 if mine:
                     seed = (exp.seed_for(step, w) if rounds == 0
                             else resample_seed(exp.seed, step, rounds, w))
-                    futures.append(exp.workers[w].call(RolloutWorker.produce, step, mine, seed))
-            for f in futures:
-                for group in f.result():
+                    calls.append(exp.generate(w, RolloutWorker.produce, step, mine, seed))
+            lost = False
+            for call in calls:
+                groups = exp.finish(call)
+                lost = lost or groups is None
+                for group in groups or []:
                     exp.admit(group)
             out += exp.take(n - len(out), learner_version)
-            if len(out) == n or not exp.filtering or exp.exhausted():
+            if len(out) == n or exp.exhausted() or not (exp.filtering or lost):
                 return out
             rounds += 1
             problems = exp.draw(n - len(out))
@@ -224,7 +269,7 @@ class StreamingPolicy:
         self.per_call, self.over = per_call, over_provision
         self.start = start_version
         self.sent = [start_version] * len(exp.workers)   # version each worker will serve
-        self.inflight: dict[int, object] = {}             # worker -> its produce future
+        self.inflight: dict[int, Generation] = {}         # worker -> its call
         self.carry: list[list[PartialGroup]] = [[] for _ in exp.workers]
         self.calls = exp.first_draw                        # draw index of the next call
         self.planned = 0                                   # groups asked for so far
@@ -240,7 +285,7 @@ class StreamingPolicy:
             self.calls += 1
             self.planned += self.per_call
 
-    def _start(self, w: int, trains_at: int, step: int):
+    def _start(self, w: int, trains_at: int, step: int) -> Generation:
         exp = self.exp
         if self.over == 1.0:
             return exp.submit(w, self.calls, self.per_call, step)
@@ -250,15 +295,18 @@ class StreamingPolicy:
         fresh = exp.draw(max(0, math.ceil(self.per_call * self.over) - len(keep)))
         groups = keep + [PartialGroup(p, [Row() for _ in range(exp.group_size)]) for p in fresh]
         self.carry[w] = []
-        return exp.workers[w].call(RolloutWorker.continue_groups, step, groups, self.per_call,
-                                   exp.seed_for(self.calls, w))
+        return exp.generate(w, RolloutWorker.continue_groups, step, groups, self.per_call,
+                            exp.seed_for(self.calls, w))
 
     def _collect(self) -> None:
-        done = wait_any(list(self.inflight.values()))
-        for w, f in list(self.inflight.items()):
-            if f in done:
+        done = wait_any([g.future for g in self.inflight.values()])
+        for w, call in list(self.inflight.items()):
+            if call.future in done:
                 del self.inflight[w]
-                groups = f.result()
+                groups = self.exp.finish(call)
+                if groups is None:
+                    self.planned -= self.per_call   # its groups take no training slots
+                    continue
                 if self.over != 1.0:
                     groups, self.carry[w] = groups
                     self.exp.recycled += len(self.carry[w])
@@ -289,8 +337,8 @@ class StreamingPolicy:
         self.sent = [version] * len(self.sent)
 
     def close(self) -> None:
-        for f in self.inflight.values():
-            f.result()                # let the workers finish before they are torn down
+        for call in self.inflight.values():
+            self.exp.finish(call)     # let the workers finish before they are torn down
         self.inflight.clear()
 
 
@@ -312,16 +360,18 @@ class PartialRolloutPolicy:
             groups = keep + [PartialGroup(p, [Row() for _ in range(exp.group_size)])
                              for p in fresh]
             self.carry = []
-            futures = []
+            calls = []
             shares = split(groups, len(exp.workers))
             targets = split(list(range(n - len(out))), len(exp.workers))
             for w, (mine, tgt) in enumerate(zip(shares, targets, strict=True)):
                 if mine:
-                    futures.append(exp.workers[w].call(RolloutWorker.continue_groups, step, mine,
-                                                       min(len(tgt), len(mine)),
-                                                       exp.seed_for(self.draws, w)))
-            for f in futures:
-                complete, carry = f.result()
+                    calls.append(exp.generate(w, RolloutWorker.continue_groups, step, mine,
+                                              min(len(tgt), len(mine)),
+                                              exp.seed_for(self.draws, w)))
+            for call in calls:
+                if (res := exp.finish(call)) is None:
+                    continue
+                complete, carry = res
                 for group in complete:
                     exp.admit(group)
                 self.carry += carry

@@ -41,7 +41,7 @@ import torch
 
 from engine.config import RunConfig
 from engine.experience import Sample
-from engine.faults import resets_version, sharpen_policy, wrap_reward, wrap_rollout
+from engine.faults import dies_at, resets_version, sharpen_policy, wrap_reward, wrap_rollout
 from engine.learner.batch import pack
 from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
 from engine.learner.learner import Learner
@@ -114,11 +114,13 @@ class RolloutWorker(Telemetered, WeightReceiverHost):
 
     def produce(self, step: int, problems: list[Problem], seed: int) -> list[list[Sample]]:
         self.step = step
+        dies_at(self.cfg.faults, step)
         return self.producer.produce(step, problems, seed)
 
     def continue_groups(self, step: int, groups: list[PartialGroup], target: int,
                         seed: int) -> tuple[list[list[Sample]], list[PartialGroup]]:
         self.step = step
+        dies_at(self.cfg.faults, step)
         return continue_groups(self.engine, self.reward, self.tok, self.params, groups,
                                target, seed, step, self.rec)
 

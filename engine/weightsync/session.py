@@ -25,6 +25,14 @@ policies settle later; the others wait). One sync is in flight at a time: ``send
 settles the previous one, since a sender may reuse its buffers and the learner must not
 change the tensors a transfer still reads.
 
+A rollout worker that dies during a sync (its call fails with ActorLost), or is still
+loading the weights ``cfg.timeout_s`` after it began (it says how long, on its telemetry
+group: ``loading_for``), is left out of that sync's result and handed to ``on_lost``
+(the loop kills and replaces it); without ``on_lost`` the error is the sync's and a
+wedged sync is waited for. ``rejoin(i, worker, step)`` puts a new worker in place i and
+sends it the learner's current weights alone, verified: a point-to-point transport takes
+a new receiver at any time; a collective one (its world fixed at connect) cannot.
+
 One definition of the numbers a sync reports (SyncResult): ``bytes`` is the payload each
 worker receives; ``latency_s`` runs from ``send`` (the learner's new version exists) to
 the last worker serving it; ``gb_per_s`` is gigabytes (1e9 bytes) per second of that.
@@ -34,11 +42,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from engine.orchestration.actors import ActorLost, concurrent
 from engine.rollout.base import WeightReport
 from engine.telemetry.recorder import SpanRecorder
 from engine.weightsync import build_receiver, build_sender
@@ -126,15 +135,27 @@ class WeightReceiverHost:
     engine) and ``rec`` (a SpanRecorder)."""
 
     rec: SpanRecorder
+    loading_since: float | None = None    # time.time() the sync being loaded began
 
     def setup_weight_receiver(self, cfg, join_info: object, rank: int) -> None:
         self.receiver = build_receiver(cfg, join_info, rank, self.engine)
 
     def receive_weights(self, ticket: Ticket, step: int) -> Served:
         self.step = step                  # the step in progress, which faults key on
-        with self.rec.phase("weight_sync", step, ticket.version):
-            report = self.receiver.receive(ticket, self.engine)
+        self.loading_since = time.time()
+        try:
+            with self.rec.phase("weight_sync", step, ticket.version):
+                report = self.receiver.receive(ticket, self.engine)
+        finally:
+            self.loading_since = None
         return Served(report, time.time())
+
+    @concurrent("telemetry")      # answers while receive_weights runs (or hangs)
+    def loading_for(self) -> float | None:
+        """Seconds this worker has been loading a sync's weights (None: it loads none), by
+        its own clock."""
+        since = self.loading_since
+        return None if since is None else time.time() - since
 
     def close_receiver(self) -> None:
         if hasattr(self, "receiver"):
@@ -148,6 +169,7 @@ class _Pending:
     meta: object          # future -> WeightMeta
     ticket: object        # future -> Ticket
     served: list          # futures -> Served, one per worker
+    workers: list         # the handles they were sent to (a replaced one may be gone)
 
 
 class WeightSyncSession:
@@ -156,8 +178,13 @@ class WeightSyncSession:
     a sync is sent as an XOR against the version every worker reported serving after the
     last sync, and in full after a version gap or a mismatch (engine/weightsync/delta.py)."""
 
-    def __init__(self, learner, workers: Sequence, cfg):
+    COLLECTIVE = ("broadcast", "vllm_native")   # one process group, its world fixed
+
+    def __init__(self, learner, workers: Sequence, cfg,
+                 on_lost: Callable[[int, object, str], None] | None = None):
         self.learner, self.workers, self.cfg = learner, list(workers), cfg
+        self.on_lost = on_lost           # (index, handle, cause) of a worker that died
+        self._join_info: object = None
         self._pending: list[_Pending] = []
         self._settled: list[SyncResult] = []
         self._sends = 0
@@ -172,8 +199,8 @@ class WeightSyncSession:
         return versions.pop() if len(versions) == 1 else None
 
     def connect(self) -> None:
-        info = self.learner.call(WeightSenderHost.setup_sender, self.cfg,
-                                 1 + len(self.workers)).result()
+        info = self._join_info = self.learner.call(WeightSenderHost.setup_sender, self.cfg,
+                                                   1 + len(self.workers)).result()
         setups = [w.call(WeightReceiverHost.setup_weight_receiver, self.cfg, info, rank)
                   for rank, w in enumerate(self.workers, start=1)]
         self.learner.call(WeightSenderHost.connect)    # collective for a broadcast: concurrent
@@ -193,7 +220,35 @@ class WeightSyncSession:
                   for w in self.workers]
         self.learner.call(WeightSenderHost.transfer, step)
         meta = self.learner.call(WeightSenderHost.sent_fingerprint, step)
-        self._pending.append(_Pending(step, sent_at, meta, ticket, served))
+        self._pending.append(_Pending(step, sent_at, meta, ticket, served, list(self.workers)))
+
+    def rejoin(self, index: int, worker, step: int) -> SyncResult:
+        """``worker`` takes place ``index`` (a dead worker's): it joins the transport and
+        receives the learner's current weights, fingerprinted on both ends; the result
+        is that one worker's (SyncResult.matched: it serves what the learner sent)."""
+        if self.cfg.type in self.COLLECTIVE:
+            raise RuntimeError(
+                f'weight_sync.type = "{self.cfg.type}" joins the learner and every rollout '
+                f"worker in one process group, fixed when the run starts, so no new worker "
+                f'can join it; a run that must survive a lost worker needs "object_store" '
+                f'or "shm"')
+        self._collect(wait=True)                 # no sync in flight: the sender is free
+        self.workers[index] = worker
+        worker.call(WeightReceiverHost.setup_weight_receiver, self.cfg, self._join_info,
+                    index + 1).result()
+        sent_at = time.time()
+        ticket = self.learner.call(WeightSenderHost.prepare, step, True, True, None)
+        served = worker.call(WeightReceiverHost.receive_weights, ticket, step)
+        self.learner.call(WeightSenderHost.transfer, step)
+        meta = self.learner.call(WeightSenderHost.sent_fingerprint, step).result()
+        ticket, served = ticket.result(), served.result()
+        self._last = None        # the others' delta base is not the new worker's: go full
+        return SyncResult(
+            transport=ticket.transport, step=step, version_learner=meta.version,
+            version_rollout=served.report.version, fingerprint_learner=meta.fingerprint,
+            fingerprint_rollout=served.report.fingerprint, bytes=ticket.layout.payload_bytes,
+            latency_s=served.at - sent_at, verify_latency_s=max(meta.at, served.at) - sent_at,
+            workers=(served.report,), wire_bytes=ticket.wire_bytes)
 
     def settle(self, wait: bool) -> list[SyncResult]:
         """The syncs whose every worker has answered, oldest first (all when ``wait``)."""
@@ -206,10 +261,14 @@ class WeightSyncSession:
             p = self._pending.pop(0)
             try:
                 ticket, meta = p.ticket.result(), p.meta.result()   # prepare's error first
-                served = [f.result() for f in p.served]
+                served = [s for s in (self._served(p, i) for i in range(len(p.served)))
+                          if s is not None]
             except BaseException:
                 self._last = None        # workers may hold any version: the next is full
                 raise
+            if not served:               # every worker died during it: no one to report
+                self._last = None
+                continue
             reports = tuple(s.report for s in served)
             differing = [r for r in reports if r.fingerprint != meta.fingerprint]
             self._last = SyncResult(
@@ -223,6 +282,30 @@ class WeightSyncSession:
                 workers=reports,
                 verified=ticket.verify, wire_bytes=ticket.wire_bytes, delta=ticket.delta)
             self._settled.append(self._last)
+
+    def _await(self, served, worker) -> None:
+        """Wait for ``served``; ActorLost once ``worker`` has been loading the weights for
+        longer than cfg.timeout_s (a wedged sync: verl #3873)."""
+        limit = self.cfg.timeout_s
+        check = min(1.0, limit / 4)             # how often it asks the worker
+        while not served.done(check):
+            loading = worker.call(WeightReceiverHost.loading_for).result(10 * check + 5)
+            if loading is not None and loading > limit:
+                raise ActorLost(f"its weight sync ran past weight_sync.timeout_s = "
+                                f"{limit:g} s")
+
+    def _served(self, p: _Pending, i: int) -> Served | None:
+        """Worker i's answer to sync ``p``; None when it died meanwhile or was still loading
+        it ``cfg.timeout_s`` after it began (on_lost has it)."""
+        try:
+            if self.on_lost is not None:
+                self._await(p.served[i], p.workers[i])
+            return p.served[i].result()
+        except ActorLost as exc:
+            if self.on_lost is None:
+                raise
+            self.on_lost(i, p.workers[i], exc.cause)
+            return None
 
 
 class TensorSource(WeightSenderHost):

@@ -27,6 +27,7 @@ from jobs.models import (
 )
 
 LOG_LINES = 200  # the newest log lines a page starts with
+REPLACED = "worker.replaced"  # a rollout worker the engine replaced: a mark on the charts
 
 
 @contextmanager
@@ -123,7 +124,9 @@ def chart_data(run: Run) -> dict:
         figures.append(charts.timeline_figure(recent_spans(run), algorithm))
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
                    .order_by("id").values_list("applied_step", "kind", "value"))
-        marks = charts.control_marks(applied)
+        replaced = (RunEvent.objects.filter(run=run, type=REPLACED).order_by("seq")
+                    .values_list("payload", flat=True))
+        marks = charts.control_marks(applied) + charts.replacement_marks(replaced)
         # Only the steps some chart draws (thinned on long runs); live steps bring their own.
         drawn = {x for figure in figures if figure["id"] != "timeline"
                  for trace in figure["traces"] for x in trace["x"]}

@@ -33,15 +33,16 @@
     Plotly.newPlot("chart-" + fig.id, fig.traces, fig.layout, plotConfig);
   }
 
-  const marks = [];  // jobs/charts.py control_marks: {step, label}
+  const marks = [];  // jobs/charts.py control_marks, replacement_marks: {step, label[, color]}
   function drawMarks() {
     const xs = toX(marks.map((m) => m.step));
     const shapes = marks.map((m, i) => ({
       type: "line", xref: "x", yref: "paper", x0: xs[i], x1: xs[i], y0: 0, y1: 1,
-      line: {color: "#4b2e9c", width: 1, dash: "dot"}}));
+      line: {color: m.color || "#4b2e9c", width: 1, dash: "dot"}}));
     const annotations = marks.map((m, i) => ({
       x: xs[i], xref: "x", y: 1, yref: "paper", text: m.label, showarrow: false,
-      textangle: -90, xanchor: "right", yanchor: "top", font: {size: 10, color: "#4b2e9c"}}));
+      textangle: -90, xanchor: "right", yanchor: "top",
+      font: {size: 10, color: m.color || "#4b2e9c"}}));
     for (const id of Object.keys(stepXs)) {  // the timeline has a time axis of its own
       Plotly.relayout("chart-" + id, {shapes: shapes, annotations: annotations});
     }

@@ -130,3 +130,14 @@ def test_every_reward_file_the_readme_names_exists():
     repo = Path(__file__).parents[2]
     named = re.findall(r'function = "([^":]+\.py):\w+"', (repo / "README.md").read_text())
     assert named and [p for p in named if not (repo / p).is_file()] == []
+
+
+def test_a_worker_kill_is_refused_where_no_worker_could_replace_the_dead_one():
+    kill = {"kill_rollout_worker": {"at_step": 2}}
+    [(path, msg)] = errors_of({"faults": kill})                      # in the driver's process
+    assert path == "faults.kill_rollout_worker" and "placement.ray = true" in msg
+    [(path, msg)] = errors_of({"faults": kill, "placement": {"type": "disaggregated"},
+                               "weight_sync": {"type": "broadcast"}})
+    assert path == "faults.kill_rollout_worker" and '"object_store" or "shm"' in msg
+    validate_config({"faults": kill, "placement": {"type": "disaggregated"},
+                     "weight_sync": {"type": "object_store"}})

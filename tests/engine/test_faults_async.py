@@ -1,5 +1,7 @@
-"""Faults under fully async on Ray: the rules name the cause the run's own config and
-spans show, not the one a sync loop would suggest (one real run on logical GPUs).
+"""Faults on Ray: under fully async the rules name the cause the run's own config and
+spans show, not the one a sync loop would suggest (one real run on logical GPUs); a
+rollout worker SIGKILLed mid-run, and one whose sync wedges past weight_sync.timeout_s,
+are replaced and the run finishes.
 
     rollout worker gpu:0   [gen ........ straggler 4 s][recv]     [gen ........ ][recv]
     learner        gpu:1        [learn][send ---- waits for the call ----->]
@@ -7,7 +9,9 @@ spans show, not the one a sync loop would suggest (one real run on logical GPUs)
 
 import pytest
 
-from engine.api import run_local
+from engine.api import MetricsEvent, WeightSyncEvent, WorkerReplacedEvent, run_local
+from engine.api import metrics as M
+from engine.telemetry.sinks import MemorySink
 from jobs.alerts.history import RunFacts, Thresholds
 
 from .alert_watch import AlertWatch
@@ -75,3 +79,39 @@ def test_a_slow_receive_under_fully_async_is_named_as_the_transport(ray_gpus, tm
     assert "the transport was slow" in f.cause and "Check the transport" in f.runbook
     assert f.evidence["values"]["generation_wait_s"] < 0.5 * f.evidence["values"]["latency_s"]
     print(f"\nResyncSlow at step {step}: {f.cause}")
+
+
+def test_a_killed_rollout_worker_and_a_wedged_sync_are_replaced_and_every_prompt_is_counted(
+        ray_gpus, tmp_path, model_cache):
+    # Step 1's generation call SIGKILLs the worker's process while it holds the step's
+    # prompts (the sync policy draws new ones for its replacement); the sync that ends
+    # step 2 wedges that replacement, and weight_sync.timeout_s cuts it off. Weight decay
+    # moves every weight each step (a random-init policy's flat rewards give no gradient),
+    # so a replacement serving its own starting weights would not match.
+    cfg = small_run(steps=4, placement={"type": "disaggregated"},
+                    algorithm={"weight_decay": 0.1},
+                    weight_sync={"type": "object_store", "timeout_s": 5.0},
+                    faults={"kill_rollout_worker": {"at_step": 1},
+                            "sync_hang": {"at_step": 2, "seconds": 600.0}})
+    sink = MemorySink()
+
+    summary = run_local(cfg, tmp_path, sink=sink)
+
+    assert (summary.status, summary.steps_done) == ("succeeded", 4), summary
+    killed, wedged = sink.of_type(WorkerReplacedEvent)
+    print(f"\nreplaced: {killed}\n{wedged}")
+    assert (killed.step, killed.worker, killed.version, killed.replacements) == (1, 0, 1, 1)
+    assert "died" in killed.cause
+    assert (wedged.step, wedged.version, wedged.replacements) == (3, 3, 2)
+    assert wedged.cause == "its weight sync ran past weight_sync.timeout_s = 5 s"
+    for r in (killed, wedged):              # each serves the learner's weights, verified
+        assert r.matched and r.fingerprint_worker == r.fingerprint_learner != ""
+    syncs = sink.of_type(WeightSyncEvent)   # v3's was cut off: no worker ever served it
+    assert [s.version_learner for s in syncs] == [0, 1, 2, 4]
+    assert all(s.matched and s.verified for s in syncs)
+    versions = [s.fingerprint_learner for s in syncs] + [wedged.fingerprint_learner]
+    assert len(set(versions)) == 5 and killed.fingerprint_learner == syncs[1].fingerprint_learner
+    last = [e.values for e in sink.of_type(MetricsEvent) if M.DATA_SERVED in e.values][-1]
+    n = cfg.rollout.prompts_per_step
+    assert last[M.DATA_DROPPED_BY.of(reason="error")] == n        # the killed worker's
+    assert (last[M.DATA_SERVED], last[M.DATA_TRAINED], last[M.DATA_DROPPED]) == (5 * n, 4 * n, n)

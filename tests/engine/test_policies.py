@@ -335,7 +335,7 @@ def test_every_policy_hands_the_learner_no_flat_group_within_its_staleness_bound
         worker.version = step + 1
         policy.weights_sent(step + 1)
     # every group drawn is trained, dropped (and counted), buffered or still in flight
-    in_flight = sum(len(f.result()) for f in getattr(policy, "inflight", {}).values())
+    in_flight = sum(len(g.future.result()) for g in getattr(policy, "inflight", {}).values())
     assert worker.produced == trained + dropped + len(exp.buffer) + in_flight
     assert dropped > 0
     policy.close()

@@ -5,9 +5,12 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import Client
 
-from engine.api import RUN_STATUSES
+from engine.api import RUN_STATUSES, WorkerReplacedEvent
+from jobs.charts import REPLACED_COLOR
+from jobs.consumers import run_update
 from jobs.ingest.store import ENGINE_STATUS
 from jobs.models import Checkpoint, MetricPoint, PhaseSpan, Run, RunEvent, RunStatus
+from jobs.queries.run_page import chart_data
 
 from .helpers import checkpoint, log, metrics, post_body, post_events, span, status
 
@@ -203,6 +206,17 @@ def test_a_saved_checkpoint_is_listed_for_the_run(client, run, token):
     c = Checkpoint.objects.get(run=run)
     assert (c.step, c.version, c.path, c.fingerprint) == (10, 10, "/ckpt/step_000010", "fp10")
     assert c.created_at.timestamp() == 1001.0
+
+
+def test_a_replaced_worker_is_marked_on_the_charts_at_load_and_live(client, run, token):
+    event = WorkerReplacedEvent(seq=1, ts=1001.0, step=3, worker=1, cause="its process died",
+                                version=3, fingerprint_learner="fp3", fingerprint_worker="fp3")
+
+    post_events(client, run, token, [event])
+
+    mark = {"step": 3, "label": "worker 1 replaced", "color": REPLACED_COLOR}
+    assert chart_data(run)["marks"] == [mark]
+    assert run_update([event.to_dict()], status=None)["marks"] == [mark]
 
 
 def test_every_event_is_kept_verbatim_as_a_run_event(client, run, token):
