@@ -58,6 +58,7 @@ def timed_get(client, url: str) -> tuple[float, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.postgres
 def test_the_run_and_compare_pages_of_a_10000_step_run_send_a_bounded_payload(
         client, admin_user):
     client.force_login(admin_user)
