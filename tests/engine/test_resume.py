@@ -15,10 +15,11 @@ from engine.config import dump_config
 from engine.telemetry.sinks import MemorySink, read_jsonl
 
 from .conftest import small_run
+from .preset_runs import step_values
 
 
 def _losses(sink: MemorySink, name: str = "learner/loss") -> dict[int, float]:
-    return {e.step: e.values[name] for e in sink.of_type(MetricsEvent) if name in e.values}
+    return step_values(sink, name)
 
 
 @pytest.mark.slow
