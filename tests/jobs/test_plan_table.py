@@ -100,11 +100,11 @@ def test_bubble_high_fits_the_planner_again_only_when_its_inputs_change(monkeypa
     """evaluate() runs at every event; the what-if (a fit and a simulated table, ~60 ms)
     is kept while the timed steps' metrics and spans are what they were."""
     from engine.api import WeightSyncEvent
-    from jobs.alerts import rules
+    from jobs.alerts import bubble
 
     fits = []
-    real = rules.planner_advice
-    monkeypatch.setattr(rules, "planner_advice", lambda *a: fits.append(1) or real(*a))
+    real = bubble.planner_advice
+    monkeypatch.setattr(bubble, "planner_advice", lambda *a: fits.append(1) or real(*a))
     h, facts = generation_bound()
 
     def runbook() -> str:
