@@ -6,6 +6,8 @@ the environment:
     RLPLANE_ALLOWED_HOSTS  comma-separated; default localhost,127.0.0.1
     DATABASE_URL           postgres://...; default SQLite (WAL) at ./db.sqlite3
     REDIS_URL              channel layer; default redis://127.0.0.1:6379/0
+    RLPLANE_RAY_JOB_PREFIX its runs' Ray job ids; default rlplane-run- (one per control
+                           plane when two share a Ray cluster)
 
 Behind TLS (the deploy switches; `manage.py check --deploy` is clean with them on):
 
@@ -19,8 +21,11 @@ Behind TLS (the deploy switches; `manage.py check --deploy` is clean with them o
 """
 
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.database import parse_database_url, sqlite_database
 from controlplane.secret import load_or_create_secret_key
@@ -193,6 +198,15 @@ RLPLANE_STOP_TIMEOUT_S = float(os.environ.get("RLPLANE_STOP_TIMEOUT_S", "120"))
 # An admitted run that no submission reached after this long (its submit_run lost with the
 # broker or a worker) is queued for submission again by sync_runs.
 RLPLANE_RESUBMIT_AFTER_S = float(os.environ.get("RLPLANE_RESUBMIT_AFTER_S", "120"))
+# The prefix of this control plane's Ray job ids ("<prefix><run id>"): two control planes
+# submitting to one Ray cluster (staging beside production) give each its own, or their
+# run ids collide and each would mark the other's runs lost.
+RLPLANE_RAY_JOB_PREFIX = os.environ.get("RLPLANE_RAY_JOB_PREFIX", "rlplane-run-")
+if not re.fullmatch(r"[A-Za-z]([A-Za-z0-9_-]{0,39}[A-Za-z_-])?", RLPLANE_RAY_JOB_PREFIX):
+    raise ImproperlyConfigured(
+        f"RLPLANE_RAY_JOB_PREFIX={RLPLANE_RAY_JOB_PREFIX!r}: up to 41 letters, digits, '-' or "
+        "'_', from a letter to a non-digit (it starts a Ray job id, the run id follows); "
+        "unset it for 'rlplane-run-'")
 # The rollout inspector keeps each run's samples of its last this many sampled steps
 # (older ones are deleted at ingest); at least 1.
 RLPLANE_SAMPLE_STEPS = max(1, int(os.environ.get("RLPLANE_SAMPLE_STEPS", "200")))

@@ -1,7 +1,8 @@
 """The control plane's side of the Ray cluster, shared by the Celery tasks (jobs/runs/tasks.py)
 and the cluster page (jobs/cluster/status.py):
 
-    submission_id(run_id)  "rlplane-run-<id>": a run's Ray job; run_id_of() reads it back
+    submission_id(run_id)  "rlplane-run-<id>" (RLPLANE_RAY_JOB_PREFIX): a run's Ray job;
+                           run_id_of() reads it back, None for another control plane's
     ray_auth_headers()     the cluster's bearer token, as Ray looks it up
     ray_jobs()             a JobSubmissionClient with that token
     job_not_found(exc)     the client's "no such job" error, told from the others
@@ -16,7 +17,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-SUBMISSION_PREFIX = "rlplane-run-"
+# RLPLANE_RAY_JOB_PREFIX: one per control plane sharing a Ray cluster
+SUBMISSION_PREFIX = settings.RLPLANE_RAY_JOB_PREFIX
 
 
 def submission_id(run_id: int) -> str:

@@ -3,7 +3,9 @@ submit_run, a Ray job on a real local head, ingest over HTTP) while a part of th
 plane fails under it. Each drill prints its figure for the closing note.
 
     RayHead (tests/ray_head.py, its own session) <---- Ray job: python -m engine.ray_job
-                                                        (a head per drill: run ids repeat)
+                                                        (one head; each drill's control
+                                                        plane its own RLPLANE_RAY_JOB_PREFIX,
+                                                        as its run ids start at 1 again)
     ControlPlane: redis-server, celery worker, celery beat, uvicorn, one SQLite file,
                   each in its own session (setsid), killed by process group
 
@@ -23,6 +25,7 @@ restarts a dead child itself, is tested in tests/test_supervision.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -34,7 +37,6 @@ import psutil
 import pytest
 
 from controlplane import processes as proc
-from jobs.cluster.ray import submission_id
 
 from ..ray_head import RayHead
 from .local_processes import (
@@ -75,7 +77,7 @@ class ControlPlane:
     """redis, celery worker + beat, uvicorn over one SQLite file; parts killed and
     started again by name."""
 
-    def __init__(self, root: Path, head: RayHead):
+    def __init__(self, root: Path, head: RayHead, job_prefix: str):
         self.root, self.logs, self.head = root, root / "logs", head
         self.logs.mkdir()
         self.db, self.runs_dir = root / "db.sqlite3", root / "runs"
@@ -85,7 +87,8 @@ class ControlPlane:
             self.db, self.redis_port, RLPLANE_URL=self.url, RLPLANE_RUNS_DIR=str(self.runs_dir),
             RAY_DASHBOARD_ADDRESS=head.dashboard, RAY_AUTH_TOKEN_PATH=str(head.token_path),
             RLPLANE_CACHE=os.environ.get("RLPLANE_CACHE", str(root / "cache")),
-            RLPLANE_RESUBMIT_AFTER_S=str(RESUBMIT_AFTER_S))
+            RLPLANE_RESUBMIT_AFTER_S=str(RESUBMIT_AFTER_S), RLPLANE_RAY_JOB_PREFIX=job_prefix)
+        self.job_prefix = job_prefix
         self.env.pop("RAY_AUTH_TOKEN", None)
         self.children: dict[str, object] = {}
         self.argv = {
@@ -129,10 +132,10 @@ class ControlPlane:
             else []
 
     def driver(self, run_id: int) -> psutil.Process | None:
-        marker = f"run-{run_id}"
+        run_dir = str(self.runs_dir / f"run-{run_id}")     # this drill's, on the shared head
         for p in psutil.process_iter(["cmdline"]):
             cmd = p.info["cmdline"] or []
-            if "engine.ray_job" in cmd and any(marker in arg for arg in cmd):
+            if "engine.ray_job" in cmd and run_dir in cmd:
                 return p
         return None
 
@@ -155,13 +158,28 @@ class ControlPlane:
         return n
 
 
-@pytest.fixture
-def plane(tmp_path_factory):
-    """A Ray head and a control plane of the drill's own: run ids start at 1 in each
-    drill's database, and so do the Ray submission ids derived from them."""
+DRILLS = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """One Ray head for the drills (starting one took ~10 s a drill); each drill's jobs
+    are stopped after it."""
     head = RayHead()
-    head.wait_ready()
-    cp = ControlPlane(tmp_path_factory.mktemp("cp"), head)
+    try:
+        head.wait_ready()
+        yield head
+    finally:
+        head.stop()
+
+
+@pytest.fixture
+def plane(ray_head, tmp_path_factory):
+    """A control plane of the drill's own on the shared head: run ids start at 1 in each
+    drill's database, so its Ray job ids carry a prefix of its own (RLPLANE_RAY_JOB_PREFIX,
+    what two control planes on one cluster set)."""
+    prefix = f"drill{next(DRILLS)}-"
+    cp = ControlPlane(tmp_path_factory.mktemp("cp"), ray_head, prefix)
     try:
         cp.start("redis")
         manage(cp.env, "migrate", "--noinput")
@@ -169,11 +187,10 @@ def plane(tmp_path_factory):
         yield cp
     finally:
         cp.kill()
-        client = head.client()
+        client = ray_head.client()
         for job in client.list_jobs():
             if job.status in ("PENDING", "RUNNING"):
                 client.stop_job(job.submission_id)
-        head.stop()
 
 
 def wait_status(cp: ControlPlane, run_id: int, status: str, timeout_s: float = 300) -> float:
@@ -256,7 +273,7 @@ def test_killing_the_worker_mid_submit_still_submits_the_run_once(plane):
              lambda: log.read_text().count("jobs.runs.submit.submit_run") > received, 120, log)
     plane.kill("worker")
     killed = time.monotonic()
-    sid = submission_id(run_id)
+    sid = f"{plane.job_prefix}{run_id}"
     taken = log.read_text().count("jobs.runs.submit.submit_run")
     plane.start("worker")
     wait_status(plane, run_id, "running", 400)
