@@ -39,6 +39,11 @@ def pytest_collection_modifyitems(items):
         if item.get_closest_marker("django_db") or DB_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.db)
     shared.group_users(items)
+    misplaced = misplaced_by_pass(items)
+    if misplaced:
+        raise pytest.UsageError(
+            "scripts/test runs the e2e tests from tests/e2e and the serial ones from the files "
+            "that say pytest.mark.serial; these would run in no pass: " + ", ".join(misplaced))
     # Under pytest-xdist, the longest files first, in a stable sort (within a file, and
     # among files of equal weight, the order stays pytest-django's, whose hook runs before
     # this one): xdist hands out files in this order, so no long file starts last while the
@@ -78,6 +83,14 @@ CI_FILE_SECONDS = {
     "tests/engine/test_vllm_backend.py": 75,
     "tests/engine/test_transports_vllm.py": 65,
     "tests/jobs/test_tasks.py": 55,
+    # the e2e pass (its own two workers; alone, 2026-12-03)
+    "tests/e2e/test_chaos_drills.py": 140,
+    "tests/e2e/test_browser.py": 81,
+    "tests/e2e/test_operate_remotely.py": 66,
+    "tests/e2e/test_compare_browser.py": 32,
+    "tests/e2e/test_alerts_browser.py": 30,
+    "tests/e2e/test_inspector_browser.py": 25,
+    "tests/e2e/test_external_trl_browser.py": 25,
 }
 
 
@@ -129,6 +142,23 @@ def shared_stack():
     yield url
     if shared.unfinished_runs(state):
         shared.BROWSER_STACK.stop()
+
+
+def misplaced_by_pass(items) -> list[str]:
+    """The tests scripts/test's later passes would not collect: an e2e test outside
+    tests/e2e, a serial test whose file does not name the marker (a conftest marked it)."""
+    text: dict[str, str] = {}
+    out = []
+    for item in items:
+        f = file_of(item.nodeid)
+        if item.get_closest_marker("e2e") and not f.startswith("tests/e2e/"):
+            out.append(item.nodeid)
+        elif item.get_closest_marker("serial"):
+            if f not in text:
+                text[f] = item.path.read_text()
+            if "pytest.mark.serial" not in text[f]:
+                out.append(item.nodeid)
+    return out
 
 
 def file_of(nodeid: str) -> str:
