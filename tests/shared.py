@@ -1,6 +1,8 @@
 """What many tests only read, built once per test session and handed to each of them:
 
     RAY_HEAD       a local Ray head (tests/ray_head.py): 2 CPUs, 2 logical GPUs, token auth
+    LOCAL_RAY      Ray started in the test process (fixture ray_gpus, tests/engine): 2 CPUs,
+                   4 logical GPUs, for the in-process runs, actors and reward pools
     BROWSER_STACK  the embedded control-plane stack the browser tests drive
                    (tests/stack_helpers.py): an operator account, 2 logical GPUs on its Ray
 
@@ -142,6 +144,37 @@ def browser_stack():
 
 
 BROWSER_STACK = Shared("shared_stack", browser_stack, group=True)
+
+
+@contextmanager
+def local_ray():
+    import ray
+
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False,
+             log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+# One per test process, not one per module: ten modules each started and stopped their
+# own (5-9 s a start on 2 cores).
+LOCAL_RAY = Shared("ray_gpus", local_ray)
+
+
+def ray_released(ray, timeout_s: float = 10.0) -> bool:
+    """Whether every CPU and GPU of the local instance is free again (a module's actors
+    killed, its placement groups removed); False when not within ``timeout_s``."""
+    total = ray.cluster_resources()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free = ray.available_resources()
+        if all(free.get(k, 0.0) == total.get(k, 0.0) for k in ("CPU", "GPU")):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 def unfinished_runs(state: Path) -> int:

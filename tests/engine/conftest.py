@@ -1,9 +1,12 @@
 import os
 import sys
+import warnings
 
 import pytest
 
 from engine.config import RunConfig, validate_config
+
+from .. import shared
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -67,8 +70,25 @@ def checkpointed(d, ledger) -> None:
 
 @pytest.fixture(scope="module")
 def ray_gpus():
-    """A private local Ray instance with 4 logical GPUs (never another user's cluster)."""
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False)
+    """The test process's private local Ray (tests/shared.py LOCAL_RAY: 2 CPUs, 4 logical
+    GPUs; never another user's cluster), shared by the modules that use it. A module that
+    leaves a CPU or GPU held (an actor alive, a placement group) gets it started anew."""
+    pytest.importorskip("ray")
+    ray = shared.LOCAL_RAY.get()
+    if not ray.is_initialized():        # shut down behind its back
+        shared.LOCAL_RAY.stop()
+        ray = shared.LOCAL_RAY.get()
     yield ray
-    ray.shutdown()
+    if shared.LOCAL_RAY.value is ray and not shared.ray_released(ray):
+        # a warning, so the summary names the module (the rest of the session is unhurt)
+        warnings.warn(f"ray_gpus: resources still held after the module: "
+                      f"{ray.available_resources()} of {ray.cluster_resources()}; "
+                      "starting Ray anew", stacklevel=1)
+        shared.LOCAL_RAY.stop()
+
+
+@pytest.fixture
+def no_local_ray():
+    """For a test that joins a Ray cluster of its own (one Ray per process): the local
+    instance is stopped first, and started again by the next module that asks for it."""
+    shared.LOCAL_RAY.stop()

@@ -93,7 +93,7 @@ def test_the_transport_must_match_where_the_rollout_engine_lives():
 # --------------------------------------------------------------------------- real Ray
 
 @pytest.mark.slow
-def test_spread_places_bundles_on_two_nodes_of_a_multi_node_cluster():
+def test_spread_places_bundles_on_two_nodes_of_a_multi_node_cluster(no_local_ray):
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
     from ray.util.placement_group import placement_group_table, remove_placement_group

@@ -32,17 +32,12 @@ PRESET = "code_sandbox.toml"
 
 
 @pytest.fixture(scope="module")
-def sandbox_run(tmp_path_factory, model_cache) -> PresetRun:
-    """The preset for STEPS steps, its reward workers on a local Ray of its own; run once
-    for this module's tests (Ray too: a second test that started one only to read the
-    first one's run paid 10-15 s for it)."""
+def sandbox_run(tmp_path_factory, model_cache, ray_gpus) -> PresetRun:
+    """The preset for STEPS steps, its reward workers on the test process's local Ray;
+    run once for this module's tests."""
     telemetry = load_config(CONFIGS_DIR / PRESET).telemetry.model_dump(mode="json")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        return preset_run(PRESET, STEPS, tmp_path_factory.mktemp("code_sandbox"),
-                          telemetry=telemetry | {"eval_samples": EVAL_SAMPLES})
-    finally:
-        ray.shutdown()
+    return preset_run(PRESET, STEPS, tmp_path_factory.mktemp("code_sandbox"),
+                      telemetry=telemetry | {"eval_samples": EVAL_SAMPLES})
 
 
 @pytest.mark.slow

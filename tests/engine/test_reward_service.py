@@ -21,10 +21,9 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def cluster(ray_gpus):
+    """The test process's local Ray (tests/engine/conftest.py)."""
+    return ray_gpus
 
 
 def test_a_pool_scores_streamed_completions_in_index_order(cluster):

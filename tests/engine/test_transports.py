@@ -43,12 +43,11 @@ class RolloutWorker(EngineHost):
 
 
 @pytest.fixture(scope="module")
-def workers(tiny_dir):
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield [RolloutWorker.remote(str(tiny_dir)) for _ in range(2)]
-    finally:
-        ray.shutdown()
+def workers(tiny_dir, ray_gpus):
+    actors = [RolloutWorker.remote(str(tiny_dir)) for _ in range(2)]
+    yield actors
+    for actor in actors:
+        ray.kill(actor)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from engine.rollout.torch_backend import TorchRollout
 from engine.weightsync.fingerprint import fingerprint
 from engine.weightsync.session import EngineHost
 
+from .. import shared
 from .sync_session import connect, push
 
 pytestmark = pytest.mark.slow
@@ -32,6 +33,7 @@ class RolloutWorker(EngineHost):
 
 @pytest.fixture(scope="module")
 def remote_worker(tiny_dir):
+    shared.LOCAL_RAY.stop()      # one Ray per process: this one joins a cluster of its own
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     other = cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=False)

@@ -52,12 +52,9 @@ class NativeWorker(EngineHost):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+def cluster(ray_gpus):
+    """The test process's local Ray (tests/engine/conftest.py)."""
+    return ray_gpus
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +76,7 @@ def native(cluster, tiny_dir):
     sync = connect(cfg, [w])
     yield sync, w
     sync[1].close_sender()
+    ray.kill(w)
 
 
 def perturb(named, scale, seed):
