@@ -1,12 +1,15 @@
 """End to end in a real browser: Playwright drives Debian's chromium against the stack the
 main command starts (controlplane.stack --no-demo, free port, temp state dir), one stack
-for this module and the other browser modules (test_alerts_browser, test_compare_browser,
-test_inspector_browser).
+for this module and the other browser modules (test_alerts_browser,
+test_inspector_browser, test_external_trl_browser).
 
     log in -> new run form -> run page: the reward chart grows without a reload
     -> Stop -> badge "stopped", a checkpoint listed (screenshot) -> Fork from it with a
     changed config -> review the diff -> Launch fork -> the fork's badge reaches "running"
-    -> the runs list shows the fork's steps live -> Stop it too
+    -> the runs list shows the fork's steps live -> Stop it too -> the finished fork's
+    page against wall time -> Compare with parent: both runs' traces in every chart, by
+    step and by wall time (screenshot: artifacts/compare.png; once a test of its own that
+    launched, stopped and forked a run of its own, 31 s of CI)
 
 No browser is ever downloaded: chromium comes from Debian (scripts/setup installs it as
 root). Without it this test fails, saying how to install it; it is never skipped.
@@ -403,4 +406,66 @@ def operate(page, stack: str) -> None:
                            timeout=60_000)
     page.goto(fork_url)
     stop_from_page(page)
+
+    # 8. The finished fork's page draws against wall time too; compared with its parent,
+    # both runs' traces are in every chart, by step and by wall time.
+    compare_with_parent(page, run_url.rsplit("/", 1)[1], fork_url.rsplit("/", 1)[1])
+
+
+def compare_with_parent(page, run_id: str, fork_id: str) -> None:
+    from playwright.sync_api import expect
+
+    page.reload()        # finished: its page no longer streams
+    expect(page.locator("#run-progress")).to_contain_text("of 5000")
+    run_page_wall_axis(page)
+    page.click("a.compare-parent")
+    page.wait_for_url(re.compile(rf"/runs/compare\?ids={run_id},{fork_id}$"))
+    expect(page.locator("#compare-config")).to_contain_text("one_step_off")
+    points = trace_points(page)
+    print(f"compare, points per trace (parent, fork) by chart: {points}")
+    assert all(len(traces) == 2 for traces in points.values()), points
+    # Held-out eval too: with eval_every_steps = 0 it runs before and after each run.
+    assert all(min(traces) > 0 for traces in points.values()), points
+
+    page.check('#axis-switch input[value="wall"]')   # the same traces, by wall time
+    expect(page.locator("#chart-compare-reward-mean .xtitle")).to_have_text("wall time (s)")
+    assert trace_points(page) == points
+    expect(page.locator("#compare-summary")).to_contain_text("resync latency p50")
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "compare.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"compare screenshot: {shot}")
+
+
+def trace_points(page) -> dict[str, list[int]]:
+    """Per compare chart (its metric), the points of each trace as Plotly holds them."""
+    return page.evaluate("""() => {
+        const data = JSON.parse(document.getElementById("compare-data").textContent);
+        const out = {};
+        for (const fig of data.charts) {
+            const div = document.getElementById("chart-" + fig.id);
+            out[fig.metric] = (div.data || []).map(t => t.x.filter(x => x !== null).length);
+        }
+        return out;
+    }""")
+
+
+def run_page_wall_axis(page) -> None:
+    """The run page's switch redraws the reward chart's traces against wall time: the
+    same number of points, x in seconds from the first step (so not the step numbers)."""
+    from playwright.sync_api import expect
+
+    def mean_x():
+        return page.evaluate("""() => document.getElementById("chart-reward").data
+                                .find(t => t.name === "mean").x""")
+
+    by_step = mean_x()
+    page.check('#axis-switch input[value="wall"]')
+    expect(page.locator("#chart-reward .xtitle")).to_have_text("wall time (s)")
+    by_wall = mean_x()
+    assert len(by_wall) == len(by_step) > 0 and by_wall[0] is not None, (by_step, by_wall)
+    assert by_wall != by_step and by_wall == sorted(by_wall), (by_step, by_wall)
+    page.check('#axis-switch input[value="step"]')
+    expect(page.locator("#chart-reward .xtitle")).to_have_text("step")
+    assert mean_x() == by_step
 
