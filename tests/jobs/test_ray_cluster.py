@@ -1,6 +1,13 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from jobs.cluster.ray import job_not_found, ray_auth_headers, run_id_of, submission_id
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_runs_submission_id_reads_back_as_its_run_id():
@@ -30,3 +37,14 @@ def test_only_the_clients_no_such_job_error_counts_as_not_found():
     assert job_not_found(RuntimeError("Job rlplane-run-1 does not exist"))
     assert not job_not_found(RuntimeError("connection refused"))
     assert not job_not_found(ValueError("does not exist"))
+
+
+def test_a_job_prefix_ending_in_a_digit_is_refused_naming_the_variable():
+    """"run-1" would read job "run-12" back as run 2 of this control plane, where it is
+    run 12 of another's (RLPLANE_RAY_JOB_PREFIX, one per control plane on a cluster)."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=REPO, text=True,
+                          capture_output=True, timeout=120,
+                          env={**env, "RLPLANE_RAY_JOB_PREFIX": "run-1"})
+    assert done.returncode != 0
+    assert "RLPLANE_RAY_JOB_PREFIX='run-1'" in done.stderr and "non-digit" in done.stderr
