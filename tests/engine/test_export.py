@@ -3,6 +3,7 @@ metrics to TensorBoard, MLflow and W&B too, read back here with each tool's own 
 
 import json
 import struct
+import time
 
 import pytest
 
@@ -76,10 +77,22 @@ def wandb_history(path) -> list[dict]:
     return rows
 
 
+def reward_rows(out, wait_s: float = 60.0) -> list[dict]:
+    """The history rows with the reward, once wandb-core has written them: run.finish()
+    returns when the service acknowledges it, and its stream closes the file a moment later
+    (a CI run under load read the file in between: no row yet). Waits up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        (run_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+        rows = [r for r in wandb_history(run_file) if M.REWARD_MEAN in r]
+        if len(rows) >= 2 or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.5)
+
+
 def test_wandb_offline_run_holds_every_step(exported):
     out, summary = exported
-    (run_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
-    rows = [r for r in wandb_history(run_file) if M.REWARD_MEAN in r]
+    rows = reward_rows(out)
 
     assert [r["_step"] for r in rows] == [0, 1]
     assert rows[-1][M.REWARD_MEAN] == pytest.approx(summary.last_metrics[M.REWARD_MEAN])
