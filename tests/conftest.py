@@ -46,9 +46,9 @@ def pytest_collection_modifyitems(items):
             "that say pytest.mark.serial; these would run in no pass: " + ", ".join(misplaced))
     # Under pytest-xdist, the longest files first, in a stable sort (within a file, and
     # among files of equal weight, the order stays pytest-django's, whose hook runs before
-    # this one): xdist hands out files in this order, so no long file starts last while the
-    # other worker idles, and the many quick ones fill the end on both workers. One
-    # process keeps the plain order.
+    # this one): xdist hands out files in this order (scripts/test: --no-loadscope-reorder),
+    # so no long file starts last while the other worker idles, and the many quick ones
+    # fill the end on both workers. One process keeps the plain order.
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     weight: dict[str, float] = {}
