@@ -73,7 +73,6 @@ def ray_gpus():
     """The test process's private local Ray (tests/shared.py LOCAL_RAY: 2 CPUs, 4 logical
     GPUs; never another user's cluster), shared by the modules that use it. A module that
     leaves a CPU or GPU held (an actor alive, a placement group) gets it started anew."""
-    pytest.importorskip("ray")
     ray = shared.LOCAL_RAY.get()
     if not ray.is_initialized():        # shut down behind its back
         shared.LOCAL_RAY.stop()

@@ -21,8 +21,6 @@ from engine.config import load_config
 from .alert_watch import assert_quiet
 from .preset_runs import CONFIGS_DIR, PresetRun, preset_run
 
-ray = pytest.importorskip("ray")
-
 STEPS = 24          # 30 cost CI ~200 s; 20 measured +0.148 (below)
 EVAL_SAMPLES = 4       # per held-out problem (the preset evaluates 2)
 MARGIN = 0.05
