@@ -16,6 +16,7 @@ MetricPoint / PhaseSpan rows) and the live updates (from events), so the traces 
                                                 drawn on every metric chart (page + socket)
     replacement_marks(replaced) -> [{step, label, color}]   one per rollout worker replaced
                                                 (worker.replaced events), in red
+    restart_marks(run.restarts) -> [{step, label, color}]  one per driver restart, in red
     compare_figures(runs)  -> one chart per COMPARE_METRICS, a trace per run, x by step;
                               each figure's "wall" holds the same points' x in wall seconds
 
@@ -355,6 +356,12 @@ def replacement_marks(replaced: Iterable[dict]) -> list[dict]:
     """worker.replaced events' payloads -> a red mark at the step of each replacement."""
     return [{"step": e["step"], "label": f"worker {e['worker']} replaced",
              "color": REPLACED_COLOR} for e in replaced]
+
+
+def restart_marks(restarts: Iterable[dict]) -> list[dict]:
+    """Run.restarts -> a red mark at the last step stored before each driver restart."""
+    return [{"step": r["step"], "label": "driver restarted", "color": REPLACED_COLOR}
+            for r in restarts if r.get("step") is not None]
 
 
 def control_marks(applied: Iterable[tuple[int, str, float | None]]) -> list[dict]:

@@ -92,6 +92,11 @@ class RunConfig(_Section):
     """RL steps (learner updates) to run."""
     max_seconds: float | None = Field(default=None, gt=0.0)
     """Optional wall-clock bound on the RL phase; the run stops after the step in progress."""
+    max_restarts: int = Field(default=1, ge=0, le=10)
+    """A run the control plane submitted to Ray: how many times a driver that dies without
+    saying why (killed by a signal, a crash before its final status) is submitted again,
+    resuming from its latest checkpoint (weights, version, data position). 0: such a run
+    is marked lost. A local ``python -m engine run`` is not restarted."""
     model: ModelConfig = ModelConfig()
     """The policy: the built-in size preset or a Hugging Face directory, dtype, seed."""
     task: TaskConfig = ArithmeticTaskConfig()

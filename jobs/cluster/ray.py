@@ -1,8 +1,9 @@
 """The control plane's side of the Ray cluster, shared by the Celery tasks (jobs/runs/tasks.py)
 and the cluster page (jobs/cluster/status.py):
 
-    submission_id(run_id)  "rlplane-run-<id>" (RLPLANE_RAY_JOB_PREFIX): a run's Ray job;
-                           run_id_of() reads it back, None for another control plane's
+    submission_id(id, n)   "rlplane-run-<id>" (RLPLANE_RAY_JOB_PREFIX): a run's Ray job,
+                           "rlplane-run-<id>-restart-<n>" its n-th restart (max_restarts);
+                           run_id_of() reads either back, None for another control plane's
     ray_auth_headers()     the cluster's bearer token, as Ray looks it up
     ray_jobs()             a JobSubmissionClient with that token
     job_not_found(exc)     the client's "no such job" error, told from the others
@@ -21,16 +22,26 @@ from django.conf import settings
 SUBMISSION_PREFIX = settings.RLPLANE_RAY_JOB_PREFIX
 
 
-def submission_id(run_id: int) -> str:
-    """The Ray job of a run. Derived from the run id, so a retried submission finds the
-    job it already started instead of starting a second copy."""
-    return f"{SUBMISSION_PREFIX}{run_id}"
+def submission_id(run_id: int, attempt: int = 0) -> str:
+    """The Ray job of a run's driver: its first, or its ``attempt``-th restart
+    (``run.max_restarts``). Derived from the run id and the attempt, so a retried
+    submission finds the job it already started instead of starting a second copy."""
+    sid = f"{SUBMISSION_PREFIX}{run_id}"
+    return f"{sid}{RESTART_SEPARATOR}{attempt}" if attempt else sid
+
+
+RESTART_SEPARATOR = "-restart-"
 
 
 def run_id_of(sid: str) -> int | None:
-    """The run whose Ray job this is, or None for a job of someone else."""
+    """The run whose Ray job this is (a restart's too), or None for a job of someone else."""
     rest = sid.removeprefix(SUBMISSION_PREFIX)
-    return int(rest) if rest != sid and rest.isascii() and rest.isdigit() else None
+    run, _, attempt = rest.partition(RESTART_SEPARATOR)
+    if rest == sid or not (run.isascii() and run.isdigit()):
+        return None
+    if _ and not (attempt.isascii() and attempt.isdigit()):
+        return None
+    return int(run)
 
 
 def ray_auth_headers() -> dict[str, str]:

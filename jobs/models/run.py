@@ -87,6 +87,10 @@ class Run(models.Model):
     baseline_run = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="baseline_for"
     )
+    # The driver's restarts (run.max_restarts, jobs/runs/restart.py), oldest first:
+    # {"at": ISO time, "cause": why the driver ended, "job": the Ray job that ended,
+    # "step": the last step stored then}. The run page lists them and marks their steps.
+    restarts = models.JSONField(default=list, blank=True, editable=False)
     # What the last alert evaluation checked: {rule kind: the step its inputs reached}
     # for each rule the history fed (jobs.alerts.coverage.checked); the run page's
     # health strip reads it. A kind absent was not evaluated (its inputs are missing).
@@ -154,6 +158,13 @@ class Run(models.Model):
         if cached is None or cached[0] is not self.config:
             self._run_config = (self.config, validate_config(self.config, check_files=False))
         return self._run_config[1]
+
+    @property
+    def max_restarts(self) -> int:
+        """How many times sync_runs submits a driver that died without saying why again
+        (run.max_restarts, jobs/runs/restart.py); 0 for an external run, whose command
+        rlplane does not resume."""
+        return 0 if self.is_external else self.run_config.max_restarts
 
     def fork_config(self, from_step: int | None = None) -> RunConfig:
         """What a fork of this run from its checkpoint at ``from_step`` launches unless

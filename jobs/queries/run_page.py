@@ -126,7 +126,8 @@ def chart_data(run: Run) -> dict:
                    .order_by("id").values_list("applied_step", "kind", "value"))
         replaced = (RunEvent.objects.filter(run=run, type=REPLACED).order_by("seq")
                     .values_list("payload", flat=True))
-        marks = charts.control_marks(applied) + charts.replacement_marks(replaced)
+        marks = (charts.control_marks(applied) + charts.replacement_marks(replaced)
+                 + charts.restart_marks(run.restarts))
         # Only the steps some chart draws (thinned on long runs); live steps bring their own.
         drawn = {x for figure in figures if figure["id"] != "timeline"
                  for trace in figure["traces"] for x in trace["x"]}

@@ -44,15 +44,27 @@ class AlertSerializer(serializers.ModelSerializer):
                   "resolved_reason"]
 
 
+class DriverRestartSerializer(serializers.Serializer):
+    at = serializers.CharField(help_text="when the driver was submitted again (ISO 8601)")
+    cause = serializers.CharField(help_text="why the driver before it ended")
+    job = serializers.CharField(help_text="the Ray job that ended")
+    step = serializers.IntegerField(allow_null=True,
+                                    help_text="the last step stored when it ended")
+
+
 class RunDetailSerializer(RunSerializer):
     latest = serializers.DictField(child=LatestMetricSerializer(), read_only=True,
                                    help_text="each metric at its last reported step")
+    restarts = DriverRestartSerializer(
+        many=True, read_only=True, help_text="the driver's restarts (the config's "
+        "max_restarts), oldest first: each resumed from the latest checkpoint")
     open_alerts = AlertSerializer(many=True, read_only=True)
     paused = serializers.BooleanField(read_only=True,
                                       help_text="the driver holds after a pause control")
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "config", "latest", "open_alerts", "paused"]
+        fields = [*RunSerializer.Meta.fields, "config", "latest", "open_alerts", "paused",
+                  "restarts"]
 
 
 class ConfigInput(serializers.Serializer):

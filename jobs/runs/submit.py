@@ -85,21 +85,29 @@ def submit_run(self, run_id: int) -> None:
 
 
 def submit_once(run: Run, client) -> None:
-    """Submit the run's driver unless its job exists. A job that exists (a retry after a
-    crash, a lost acknowledgement, a racing twin) holds the token minted back then:
-    minting another would lock that driver out of ingest."""
+    """Submit the run's driver unless its job exists, and record the job."""
     sid = submission_id(run.pk)
+    if ensure_job(run, client, sid):
+        # Recorded only once Ray has the job: sync_runs takes a recorded id that Ray does
+        # not know for a lost job.
+        Run.objects.filter(pk=run.pk).update(ray_submission_id=sid)
+
+
+def ensure_job(run: Run, client, sid: str) -> bool:
+    """Submit the run's driver as Ray job ``sid`` unless that job exists; False when a
+    racing twin is the one submitting it. A job that exists (a retry after a crash, a lost
+    acknowledgement, a racing twin) holds the token minted back then: minting another
+    would lock that driver out of ingest."""
     try:
         client.get_job_info(sid)
-        Run.objects.filter(pk=run.pk).update(ray_submission_id=sid)
-        return
+        return True
     except RuntimeError as exc:
         if not job_not_found(exc):
             raise
     token = run.claim_ingest_token()
     if token is None:            # a twin read the same state and minted first: it submits
         logger.info("submit_run: a racing twin is submitting run %s", run.pk)
-        return
+        return False
     try:
         client.submit_job(
             **ray_submission(run, token), submission_id=sid,
@@ -112,6 +120,4 @@ def submit_once(run: Run, client) -> None:
         # A twin that claimed before this one reached Ray first and its driver holds the
         # token this claim replaced: put that one back.
         run.release_ingest_token()
-    # Recorded only once Ray has the job: sync_runs takes a recorded id that Ray does
-    # not know for a lost job.
-    Run.objects.filter(pk=run.pk).update(ray_submission_id=sid)
+    return True

@@ -3,8 +3,10 @@ outlives any worker; submitting it is jobs/runs/submit.py.
 
     sync_runs()       beat, every 10 s: each live run vs its Ray job's status;
                       a job that ended -> first what its driver wrote to the run's
-                      directory (jobs/runs/reconcile.py), then a job Ray no longer
-                      knows, or whose driver was killed by a signal -> lost;
+                      directory (jobs/runs/reconcile.py), then a driver killed by a
+                      signal or failed with no final status -> submitted again while
+                      run.max_restarts allows (jobs/runs/restart.py), else lost
+                      (killed) or failed; a job Ray no longer knows -> lost;
                       a run never submitted -> again; the queue
                       (jobs/runs/queue.py) admits what now fits; then a launched
                       command's new output -> its log panel (jobs/runs/job_logs.py)
@@ -27,6 +29,7 @@ from jobs.models import LIVE, InvalidTransition, Run, RunStatus
 from jobs.runs.job_logs import follow_job_logs
 from jobs.runs.queue import do_schedule_runs
 from jobs.runs.reconcile import do_reconcile_run
+from jobs.runs.restart import restart_driver, restarts_left
 from jobs.runs.submit import submit_run
 
 logger = logging.getLogger(__name__)
@@ -76,13 +79,34 @@ def follow_ray_jobs() -> None:
             follow(run, RunStatus.STOPPED if stopped else RunStatus.SUCCEEDED,
                    f"the Ray job {run.ray_submission_id} exited 0")
         elif info.status == JobStatus.FAILED and (killer := killed_by(info)):
-            follow(run, RunStatus.LOST, f"the run's driver was killed ({killer}) before it "
-                                        "could report; its Ray job "
-                                        f"{run.ray_submission_id} is gone")
+            cause = (f"the run's driver was killed ({killer}) before it could report; its "
+                     f"Ray job {run.ray_submission_id} is gone")
+            if not restarted(run, client, cause):
+                follow(run, RunStatus.LOST, cause)
         elif info.status == JobStatus.FAILED:
-            follow(run, RunStatus.FAILED, f"the Ray job failed: {info.message}")
+            cause = f"the Ray job failed: {info.message}"
+            if info.driver_exit_code == BAD_ARGUMENTS or not restarted(run, client, cause):
+                follow(run, RunStatus.FAILED, cause)
         elif info.status == JobStatus.STOPPED:
             follow(run, RunStatus.STOPPED, f"the Ray job was stopped: {info.message}")
+
+
+BAD_ARGUMENTS = 2  # engine.ray_job's exit status for a bad config: a restart fails again
+
+
+def restarted(run: Run, client, cause: str) -> bool:
+    """Whether the run's driver, ended by ``cause`` with the run still live after
+    reconciling, was submitted again (run.max_restarts, jobs/runs/restart.py) or its
+    restart failed and the run is lost for it; False: no restart is left."""
+    run.refresh_from_db()
+    if run.status not in LIVE or not restarts_left(run):
+        return False
+    try:
+        restart_driver(run, client, cause)
+    except (RuntimeError, OSError) as exc:     # the job client's errors
+        logger.warning("sync_runs: restarting run %s failed: %s", run.pk, exc)
+        follow(run, RunStatus.LOST, f"{cause}; submitting its driver again failed: {exc}")
+    return True
 
 
 def killed_by(info) -> str | None:

@@ -219,6 +219,26 @@ def test_a_replaced_worker_is_marked_on_the_charts_at_load_and_live(client, run,
     assert run_update([event.to_dict()], status=None)["marks"] == [mark]
 
 
+def test_a_restarted_driver_is_listed_and_marked_and_its_statuses_keep_the_run_running(
+        client, operator, make_run):
+    run = make_run(S.RUNNING, status_reason="driver restarted (1 of 1, run.max_restarts): "
+                   "the run's driver was killed (SIGKILL)", restarts=[
+                       {"at": "2026-12-03T16:00:00+00:00", "job": "rlplane-run-1", "step": 19,
+                        "cause": "the run's driver was killed (SIGKILL) before it could report"}])
+    token = run.issue_ingest_token()
+
+    # the resumed driver says what a first start says, after the events it continues
+    post_events(client, run, token, [status(1, "starting"), status(2, "warm_start"),
+                                     status(3, "running")])
+
+    run.refresh_from_db()
+    assert run.status == S.RUNNING and run.status_reason.startswith("driver restarted")
+    assert chart_data(run)["marks"] == [{"step": 19, "label": "driver restarted",
+                                         "color": REPLACED_COLOR}]
+    page = operator.get(f"/runs/{run.pk}").content.decode()
+    assert "Driver restarted (1 of 1) after step 19: the run&#x27;s driver was killed" in page
+
+
 def test_every_event_is_kept_verbatim_as_a_run_event(client, run, token):
     event = log(1, "warm start done")
 

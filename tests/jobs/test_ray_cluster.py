@@ -13,9 +13,12 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_runs_submission_id_reads_back_as_its_run_id():
     assert submission_id(42) == "rlplane-run-42"
     assert run_id_of(submission_id(42)) == 42
+    assert submission_id(42, 2) == "rlplane-run-42-restart-2"     # its driver's 2nd restart
+    assert run_id_of(submission_id(42, 2)) == 42
 
 
-@pytest.mark.parametrize("sid", ["someone-else", "rlplane-run-", "rlplane-run-4x", "42"])
+@pytest.mark.parametrize("sid", ["someone-else", "rlplane-run-", "rlplane-run-4x", "42",
+                                 "rlplane-run-4-restart-x", "rlplane-run--restart-1"])
 def test_a_job_of_someone_else_belongs_to_no_run(sid):
     assert run_id_of(sid) is None
 

@@ -260,6 +260,7 @@ def test_sync_runs_marks_a_run_whose_job_vanished_lost(cluster, make_run):
 def test_sync_runs_marks_a_run_failed_when_its_job_failed(cluster, make_run):
     sid = submit_raw(cluster, "echo engine exploded; exit 3")
     run = make_run(RunStatus.SUBMITTING, ray_submission_id=sid)
+    Run.objects.filter(pk=run.pk).update(config={**run.config, "max_restarts": 0})
     wait_for(lambda: cluster.get_job_status(sid) in TERMINAL_JOB, 60, what="the job to end")
 
     tasks.sync_runs()
@@ -269,17 +270,74 @@ def test_sync_runs_marks_a_run_failed_when_its_job_failed(cluster, make_run):
     assert "the Ray job failed" in run.status_reason and "exit code 3" in run.status_reason
 
 
-@pytest.mark.django_db
-def test_sync_runs_marks_a_run_lost_when_its_driver_was_killed(cluster, make_run):
-    sid = submit_raw(cluster, "kill -9 $$")     # the OOM killer, a lost node, an operator
-    run = make_run(RunStatus.RUNNING, ray_submission_id=sid)
+def killed_driver(cluster, make_run, max_restarts: int, **fields) -> Run:
+    """A live run whose Ray job's driver was SIGKILLed (the OOM killer, a lost node, an
+    operator), allowed ``max_restarts``."""
+    sid = submit_raw(cluster, "kill -9 $$")
+    run = make_run(RunStatus.RUNNING, ray_submission_id=sid, **fields)
+    Run.objects.filter(pk=run.pk).update(config={**run.config, "max_restarts": max_restarts})
+    run.refresh_from_db()
     wait_for(lambda: cluster.get_job_status(sid) in TERMINAL_JOB, 60, what="the job to end")
+    return run
+
+
+@pytest.fixture
+def restarted_driver(monkeypatch):
+    """A restart's driver (submit.ray_submission, the seam) is killed as it starts, as its
+    first was, so the test sees it submitted without training a model; the entrypoints it
+    was given."""
+    given: list[str] = []
+
+    def killed(run, token):
+        given.append(submit.driver_entrypoint(run))
+        return {"entrypoint": "kill -9 $$",
+                "runtime_env": {"env_vars": submit.driver_env(token)}}
+    monkeypatch.setattr(submit, "ray_submission", killed)
+    return given
+
+
+@pytest.mark.django_db
+def test_a_killed_driver_is_submitted_again_to_resume_and_only_max_restarts_times(
+        cluster, make_run, restarted_driver):
+    run = killed_driver(cluster, make_run, max_restarts=1)
+    first = run.ray_submission_id
+    token_hash = run.ingest_token_hash
 
     tasks.sync_runs()
 
     run.refresh_from_db()
-    assert run.status == RunStatus.LOST
-    assert "driver was killed (SIGKILL)" in run.status_reason
+    again = submission_id(run.pk, 1)
+    assert run.status == RunStatus.RUNNING and run.ray_submission_id == again
+    assert [r["job"] for r in run.restarts] == [first]
+    assert "killed (SIGKILL)" in run.restarts[0]["cause"]
+    assert "driver restarted (1 of 1" in run.status_reason
+    assert run.ingest_token_hash != token_hash      # the dead driver's token is revoked
+    assert len(restarted_driver) == 1 and "--resume" in restarted_driver[0]
+    wait_for(lambda: cluster.get_job_status(again) in TERMINAL_JOB, 60, what="the job to end")
+
+    tasks.sync_runs()                                # killed again: its one restart is spent
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.LOST and f"Ray job {again} is gone" in run.status_reason
+    assert len(run.restarts) == 1 and len(restarted_driver) == 1
+    assert [j.submission_id for j in cluster.list_jobs()].count(again) == 1
+
+
+@pytest.mark.django_db
+def test_a_driver_is_not_restarted_after_a_stop_request_or_the_engines_own_failure(
+        cluster, make_run, restarted_driver):
+    stopping = killed_driver(cluster, make_run, max_restarts=1,
+                             stop_requested_at=timezone.now())
+    bad_config = submit_raw(cluster, "exit 2")       # engine.ray_job's bad-arguments exit
+    refused = make_run(RunStatus.SUBMITTING, ray_submission_id=bad_config)
+    wait_for(lambda: cluster.get_job_status(bad_config) in TERMINAL_JOB, 60, what="the end")
+
+    tasks.sync_runs()
+
+    stopping.refresh_from_db()
+    refused.refresh_from_db()
+    assert stopping.status == RunStatus.LOST and refused.status == RunStatus.FAILED
+    assert stopping.restarts == refused.restarts == [] and restarted_driver == []
 
 
 @pytest.mark.django_db
