@@ -135,13 +135,14 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def prune_checkpoints(root: Path, keep_last: int) -> None:
     """Keep the last ``keep_last`` complete checkpoints; remove the rest and sweep what
-    killed saves and removals left (hidden ``.step_*``: the run's one saver is past its
-    own by now)."""
+    killed saves and removals left (hidden ``.step_*``, and ``.critic_step_*``, the state
+    a critic on its own bundle saved for a save that was killed before moving it in: the
+    run's one saver is past its own by now)."""
     keep = complete_checkpoints(root)[-keep_last:]
     for old in checkpoint_dirs(root):
         if old not in keep:
             discard(old)
-    for left in root.glob(".step_*"):
+    for left in (*root.glob(".step_*"), *root.glob(".critic_step_*")):
         shutil.rmtree(left, ignore_errors=True)
 
 

@@ -184,6 +184,7 @@ def test_a_resume_takes_the_latest_complete_checkpoint_wherever_a_kill_landed(tm
     complete(tmp_path / "step_000001", 1)
     complete(tmp_path / ".step_000002.k3x9", 2)      # a save killed before its rename
     complete(tmp_path / "step_000002.partial", 2)    # a fork's copy cut off (engine.ray_job)
+    (tmp_path / ".critic_step_000002").mkdir()       # a PPO critic's, its save then killed
     (tmp_path / "step_000003").mkdir()               # no state.json: never renamed in whole
     assert ck.latest_checkpoint(tmp_path) == tmp_path / "step_000001"
 
