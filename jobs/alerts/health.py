@@ -30,8 +30,8 @@ FAMILY = {
     **{kind: "systems" for kind in (
         "WeightSyncDesync", "StuckReward", "TemperatureLogprobs", "LogprobGapHigh",
         "LogprobGapDrift", "StalenessOverBound", "VersionRegression", "PhaseHang",
-        "StoppedReporting", "BubbleHigh", "ResyncSlow", "RunLost", "RewardErrors",
-        "RewardOverOptimization")},
+        "StoppedReporting", "BubbleHigh", "ResyncSlow", "RunLost", "DriverRestarted",
+        "RewardErrors", "RewardOverOptimization")},
     **{kind: "outputs" for kind in (
         "ImportanceWeightCollapse", "EntropyCollapse", "LengthBlowup", "NonTermination")},
     "DataIntegrity": "data",

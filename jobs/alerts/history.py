@@ -13,7 +13,7 @@ the same payloads, the same evaluation. Nothing here touches the database.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -117,6 +117,10 @@ class RunFacts:
     # parent's, the run's first steps: lifecycle.baseline_for); None: from the history's
     # first steps
     baseline: Baseline | None = None
+    # The driver's restarts as Run.restarts keeps them (jobs/runs/restart.py), and how
+    # many the config allows: DriverRestarted reads them
+    restarts: tuple[dict, ...] = ()
+    max_restarts: int = 0
 
     @property
     def is_external(self) -> bool:
@@ -128,7 +132,8 @@ class RunFacts:
     def of(cls, run, status: str) -> RunFacts:
         """The facts of a jobs Run (native or external) in ``status``."""
         if not run.is_external:
-            return cls.from_config(run.run_config, status)
+            return replace(cls.from_config(run.run_config, status),
+                           restarts=tuple(run.restarts), max_restarts=run.max_restarts)
         params = run.external_config.params
         temperature = _number(params, ("temperature",))
         bound = _number(params, STALENESS_PARAMS)

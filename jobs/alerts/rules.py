@@ -366,6 +366,33 @@ def run_lost(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Find
 
 
 
+@reads()
+def driver_restarted(h: RunHistory, f: RunFacts, t: Thresholds,
+                     now: float) -> list[Finding]:
+    """The restart's own notice: open from the restart until the resumed driver trains
+    past the step its predecessor reached (then it clears)."""
+    if not f.restarts:
+        return []
+    n, last = len(f.restarts), f.restarts[-1]
+    reached = last.get("step")
+    if h.steps and h.steps[-1] > (-1 if reached is None else reached):
+        return []
+    after = "before its first step" if reached is None else f"after step {reached}"
+    return [Finding(
+        kind="DriverRestarted", key=f"DriverRestarted-{n}", step=reached,
+        cause=(f"The run's driver ended {after} ({last.get('cause', '')}) and was submitted "
+               f"again, restart {n} of {f.max_restarts} (max_restarts): it resumes from its "
+               "latest checkpoint and trains the steps after it again."),
+        runbook=("Nothing to do once this clears (the resumed driver trained past the step "
+                 "its predecessor reached). If drivers keep dying, read the ended Ray job's "
+                 f"log ({last.get('job', '')}, on the cluster page) and the node's kernel "
+                 "log (the OOM killer); checkpoint.every_steps bounds the steps a restart "
+                 "trains again, max_restarts how many restarts come before the run is "
+                 "marked lost."),
+        evidence={"values": {"restart": n, "max_restarts": f.max_restarts,
+                             "last_step": reached},
+                  "series": chart(h, M.REWARD_MEAN)})]
+
 
 # Each alert kind and the rule whose findings carry it, in evaluation order.
 RULES: dict[str, Rule] = {
@@ -381,6 +408,7 @@ RULES: dict[str, Rule] = {
     "BubbleHigh": bubble_high,
     "ResyncSlow": resync_slow,
     "RunLost": run_lost,
+    "DriverRestarted": driver_restarted,
     "RewardErrors": reward_errors,
     "RewardOverOptimization": reward_over_optimization,
     "ImportanceWeightCollapse": importance_weight_collapse,

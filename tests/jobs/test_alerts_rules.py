@@ -54,7 +54,7 @@ def kinds(h, facts=FACTS, t=None, now=None) -> set[str]:
 
 
 def test_every_rule_has_a_kind_and_a_healthy_history_raises_nothing():
-    assert len(RULES) == len(KINDS) == 20
+    assert len(RULES) == len(KINDS) == 21
     assert kinds(healthy(30)) == set()
 
 
@@ -173,6 +173,19 @@ def test_resync_slow_against_the_runs_own_median():
 
 def test_a_lost_run_raises_run_lost():
     assert kinds(healthy(), facts=RunFacts(status="lost")) == {"RunLost"}
+
+
+def test_a_restarted_driver_raises_its_notice_until_the_resumed_one_trains_past_its_step():
+    restart = {"cause": "the run's driver was killed (SIGKILL)", "job": "rlplane-run-7",
+               "step": 5, "at": "2026-12-03T16:00:00+00:00"}
+    facts = RunFacts(temperature=0.7, restarts=(restart,), max_restarts=1)
+
+    [f] = [f for f in evaluate(healthy(6), facts, Thresholds(), 0) if f.kind ==
+           "DriverRestarted"]              # steps 0-5 stored: the resumed one is not past 5
+    assert f.key == "DriverRestarted-1" and f.step == 5
+    assert "after step 5 (the run's driver was killed (SIGKILL))" in f.cause
+    assert "restart 1 of 1" in f.cause and "rlplane-run-7" in f.runbook
+    assert "DriverRestarted" not in kinds(healthy(7), facts)       # step 6: cleared
 
 
 def test_slope_is_least_squares():
