@@ -126,6 +126,13 @@ def seed_checkpoint(source: Path, run_dir: Path) -> Path:
     return target
 
 
+def own_checkpoint(run_dir: Path) -> Path | None:
+    """The run directory's latest complete checkpoint, None before its first."""
+    from engine.learner.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(run_dir / "checkpoints")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.ray_job")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -174,7 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     run_dir: Path = args.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     resume = args.resume
-    if args.from_checkpoint is not None:
+    if args.from_checkpoint is not None and own_checkpoint(run_dir) is not None:
+        # A fork's driver restarted (run.max_restarts) after saving checkpoints of its own:
+        # it resumes from those, and the parent's (pruned since, or deleted with the parent)
+        # is not needed again.
+        logger.info("resuming from this run's own checkpoints, not %s", args.from_checkpoint)
+        resume = True
+    elif args.from_checkpoint is not None:
         try:
             seeded = seed_checkpoint(args.from_checkpoint, run_dir)
         except OSError as exc:

@@ -3,6 +3,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -141,6 +142,13 @@ def test_a_stop_request_checkpoints_and_a_fork_resumes_from_that_checkpoint(
     assert (fork_dir / "checkpoints" / f"step_{checkpoint['step']:06d}").is_dir()
     assert not (fork_dir / "ingest-spool.jsonl").exists()
 
+    # The fork's driver restarted (run.max_restarts) with the same argv after the parent
+    # was deleted: it resumes from its own checkpoint instead of failing on the parent's.
+    shutil.rmtree(parent_dir)
+    assert main(driver_args(fork_plane, fork_dir, cfg,
+                            "--from-checkpoint", checkpoint["path"])) == 0
+    assert fork_plane.statuses()[-1] == "succeeded"
+
 
 def test_the_control_poller_treats_an_unreachable_control_plane_as_no(plane):
     cp = plane()
@@ -199,3 +207,4 @@ def test_a_fork_from_a_directory_that_is_no_checkpoint_exits_2(tmp_path, plane, 
     argv = driver_args(cp, tmp_path / "run", small_run(), "--from-checkpoint",
                        str(tmp_path / "nothing"))
     assert main(argv) == 2
+
