@@ -70,7 +70,8 @@ __all__ = [
     "WeightSyncEvent", "WorkerReplacedEvent", "WorkersResizedEvent", "check_control",
     "event_from_dict", "load_config",
     "placement_bundles",
-    "canonical_metrics", "control_label", "metrics", "placement_demand", "plan_run",
+    "canonical_metrics", "control_label", "launch_rollout_workers", "metrics",
+    "placement_demand", "plan_run",
     "run_local", "their_names", "validate", "validate_control",
 ]
 
@@ -131,6 +132,13 @@ def placement_bundles(cfg: RunConfig,
     if rollout_workers is None:
         return list(layout.bundles)
     return grown_bundles(layout, rollout_workers)
+
+
+def launch_rollout_workers(cfg: RunConfig) -> int:
+    """How many rollout workers the run's placement starts with."""
+    from engine.orchestration.placement import layout_for
+
+    return len(layout_for(cfg.placement).workers)
 
 
 def placement_demand(cfg: RunConfig, rollout_workers: int | None = None) -> dict[str, float]:
