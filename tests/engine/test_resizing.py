@@ -24,7 +24,12 @@ from engine.api import (
 )
 from engine.api import metrics as M
 from engine.controls import SetRolloutWorkersControl
-from engine.orchestration.placement import PlacementError
+from engine.orchestration.placement import (
+    PlacementError,
+    RolloutPlaces,
+    grown_bundles,
+    layout_for,
+)
 from engine.orchestration.resizing import Resizing
 from engine.rollout.base import WeightReport
 from engine.telemetry.recorder import Telemetry
@@ -201,3 +206,29 @@ def test_shrinking_retires_the_last_workers_after_their_work_and_reports_it():
     grown, shrunk = sink.of_type(WorkersResizedEvent)
     assert grown.fingerprints == ["fp-2", "fp-2"] and shrunk.fingerprints == []
     assert r.resize(1, step=6, version=3) == "already 1 rollout worker(s)"
+
+
+def test_a_run_holds_its_launch_bundles_and_one_per_worker_beyond_them():
+    split = layout_for(small_run(placement={
+        "type": "disaggregated", "rollout_workers": 2, "devices_per_worker": 2},
+        weight_sync={"type": "object_store"}).placement)
+    colocated = layout_for(small_run(placement={"type": "colocated", "ray": True,
+                                                "devices": 2},
+                                     weight_sync={"type": "shm"}).placement)
+
+    assert grown_bundles(split, 1) == grown_bundles(split, 2) == [{"GPU": 2.0}] * 2 + [
+        {"GPU": 1.0}]
+    assert grown_bundles(split, 4) == [*split.bundles, {"GPU": 2.0}, {"GPU": 2.0}]
+    assert grown_bundles(colocated, 3) == [{"GPU": 1.0}] * 3
+
+
+def test_a_launch_workers_bundle_stays_reserved_and_the_next_worker_takes_it_first():
+    layout = layout_for(small_run(placement={"type": "disaggregated", "rollout_workers": 2},
+                                  weight_sync={"type": "object_store"}).placement)
+    places = RolloutPlaces(layout, pg="the run's group", timeout_s=1.0)
+
+    left = places.give_back()                  # worker 1 leaves: no group to remove
+
+    assert (left.slot.devices, left.own) == (["gpu:1"], False)
+    assert places.devices == ["gpu:0", "gpu:1", "gpu:2"]     # still held, idle
+    assert places.take() is left and [p.slot.bundle for p in places.used] == [0, 1]
