@@ -181,9 +181,11 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
         placement += (f" ({cfg.placement.rollout_workers} rollout x "
                       f"{cfg.placement.devices_per_worker}, learner "
                       f"{cfg.placement.learner_devices})")
+    resized = ([] if run.rollout_workers is None
+               else [("rollout workers", f"{run.rollout_workers} (resized live)")])
     return [("model", str(cfg.model.path) if cfg.model.path else cfg.model.size),
             ("task", task), ("reward", cfg.reward.type),
-            ("algorithm", cfg.algorithm.type), ("placement", placement),
+            ("algorithm", cfg.algorithm.type), ("placement", placement), *resized,
             ("async policy", cfg.async_policy.type), ("steps", str(cfg.steps))]
 
 

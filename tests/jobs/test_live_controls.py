@@ -282,3 +282,4 @@ def test_the_page_offers_the_worker_count_of_a_run_on_ray_from_its_latest_resize
 
     page = operator.get(f"/runs/{ray_run.pk}").content.decode()
     assert 'id="control-workers"' in page and 'placeholder="2" required' in page
+    assert "<dt>rollout workers</dt><dd>2 (resized live)</dd>" in page
