@@ -198,7 +198,8 @@ def fits_now(asked: Resources) -> tuple[bool | None, str]:
     total, ray_used, ray_error = capacity(bool(set(asked) - {RUN_SLOT}))
     if ray_error:
         return None, f"the Ray cluster did not answer: {ray_error}"
-    free = free_of(total, ray_used, list(Run.objects.filter(status__in=LIVE).only("config")))
+    live = Run.objects.filter(status__in=LIVE).only("config", "rollout_workers")
+    free = free_of(total, ray_used, list(live))
     if all(amount <= free.get(name, 0.0) for name, amount in asked.items()):
         return True, ", ".join(
             f"{max(free.get(name, 0.0), 0.0):g} of {total.get(name, 0.0):g} "
