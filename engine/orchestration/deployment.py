@@ -41,7 +41,12 @@ from engine.experience import Sample
 from engine.faults import for_replacement
 from engine.orchestration.actors import ActorLost, LocalActor, RayActor
 from engine.orchestration.placement import Layout, Place, RolloutPlaces, reserve
-from engine.orchestration.workers import CriticWorker, LearnerWorker, RolloutWorker
+from engine.orchestration.workers import (
+    CriticWorker,
+    LearnerWorker,
+    RolloutWorker,
+    Telemetered,
+)
 from engine.weightsync.base import SyncResult
 from engine.weightsync.session import WeightSyncSession
 
@@ -132,22 +137,26 @@ class Deployment:
         self.workers.append(new)
         return res
 
-    def retire_worker(self, close_s: float = 30.0) -> Place:
+    def retire_worker(self, close_s: float = 30.0) -> list:
         """The last rollout worker leaves (its work in flight done: the policy's
         ``retire``): out of the weight sync, its transport end and reward closed (within
-        ``close_s``), its actor killed, its place given back; returns that place."""
+        ``close_s``), its actor killed, its place given back. Returns the spans it closed
+        since the loop last drained them (none, if it died), which would go with it."""
         index = len(self.workers) - 1
         handle = self.workers[index]
         self.sync.leave(index)
         self.workers.pop()
         self.lost.pop(index, None)          # a loss seen while it left: not to replace
         self.sharing[:] = [h for h in self.sharing if h is not handle]
+        spans = []
         try:
+            spans, _ = handle.call(Telemetered.drain_spans).result(close_s)
             handle.call(RolloutWorker.close).result(close_s)
         except ActorLost:
             pass                            # dead or wedged: the kill ends it either way
         handle.kill()
-        return self.places.give_back()
+        self.places.give_back()
+        return spans
 
     def update(self, samples: list[Sample], step: int, version: int) -> dict[str, float]:
         """The learner's update of ``step``, colocated rollout engines asleep meanwhile (they

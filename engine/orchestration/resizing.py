@@ -15,7 +15,8 @@
               refused (a warning), the run goes on with the workers it had
     n < now:  for each, the last first  policy.retire: its call in flight finishes, its
                                        groups go to the buffer; d.retire_worker: out of
-                                       the sync, closed, killed, its place given back
+                                       the sync, its last spans drained, closed, killed,
+                                       its place given back
     -> workers.resized {step, previous, workers, version, fingerprints, devices}
        + rollout/workers in each step's metrics (the dashboard's and the queue's count)
 
@@ -85,7 +86,7 @@ class Resizing:
     def _shrink_to(self, n: int) -> None:
         while len(self.d.workers) > n:
             self.policy.retire(len(self.d.workers) - 1)
-            self.d.retire_worker()
+            self.tel.ingest(self.d.retire_worker())     # its last spans count too
 
     def _refuse(self, n: int, before: int, why: str) -> str:
         message = (f"refused: set_rollout_workers {n}: {why}; the run goes on with "

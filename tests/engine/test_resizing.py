@@ -155,6 +155,7 @@ class Deployment:
 
     def retire_worker(self):
         self.workers.pop()
+        return []
 
 
 class Policy:
