@@ -23,7 +23,9 @@ from engine.api import (
     validate_control,
 )
 from engine.api import metrics as M
+from engine.config import validate_config
 from engine.controls import SetRolloutWorkersControl
+from engine.orchestration.actors import LocalActor
 from engine.orchestration.placement import (
     PlacementError,
     RolloutPlaces,
@@ -35,9 +37,13 @@ from engine.rollout.base import WeightReport
 from engine.telemetry.recorder import Telemetry
 from engine.telemetry.sinks import MemorySink
 from engine.weightsync.base import SyncResult
+from engine.weightsync.fingerprint import fingerprint
+from engine.weightsync.session import EngineHost, WeightSyncSession
 
 from .. import shared
 from .conftest import small_run
+from .test_delta_sync import _push, _serves, _session, _shm, _step, _weights
+from .test_transports_units import _Tensors
 
 PLAN = {1: 2, 2: 9, 3: 1}      # before step k: set_rollout_workers n
 
@@ -233,3 +239,32 @@ def test_a_launch_workers_bundle_stays_reserved_and_the_next_worker_takes_it_fir
     assert (left.slot.devices, left.own) == (["gpu:1"], False)
     assert places.devices == ["gpu:0", "gpu:1", "gpu:2"]     # still held, idle
     assert places.take() is left and [p.slot.bundle for p in places.used] == [0, 1]
+
+
+def test_a_joining_worker_serves_the_learners_weights_and_a_leaving_one_leaves_its_sync(
+        tmp_path):
+    named = _weights()
+    session, source, engines, _ = _session(_shm(tmp_path, delta=True), named, workers=1)
+    _push(session, source, named, 0, initial=True)
+    later = _step(named, seed=1)
+    source.named, source.version = list(later), 1
+    newcomer = _Tensors(named)
+
+    joined = session.join(LocalActor(EngineHost(newcomer)), step=1)
+
+    assert joined.matched and joined.fingerprint_rollout == fingerprint(later)
+    assert _serves(newcomer, later) and len(session.workers) == 2
+    source.named, source.version = list(_step(later, seed=2)), 2
+    session.send(2)                                  # in flight to both, not settled
+    session.leave(1)
+    [res] = session.settle(wait=True)
+    assert res.matched and res.delta.base is None and len(res.workers) == 1   # sent full
+    assert _serves(engines[0], source.named) and len(session.workers) == 1
+
+
+def test_a_collective_transport_takes_no_new_worker_naming_the_ones_that_do():
+    session = WeightSyncSession(None, [], validate_config(
+        {"weight_sync": {"type": "broadcast"}}).weight_sync)
+
+    with pytest.raises(RuntimeError, match='live needs "object_store" or "shm"'):
+        session.join(None, step=3)
