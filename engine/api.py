@@ -25,6 +25,7 @@ from engine.controls import (
     CONTROL_VALUE_TYPES,
     Control,
     ControlError,
+    check_control,
     control_label,
     validate_control,
 )
@@ -48,6 +49,7 @@ from engine.events import (
     SpanEvent,
     WeightSyncEvent,
     WorkerReplacedEvent,
+    WorkersResizedEvent,
     event_from_dict,
 )
 from engine.frameworks import (
@@ -65,9 +67,11 @@ __all__ = [
     "ConfigError", "Control", "ControlAppliedEvent", "ControlError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
     "PlanError", "RolloutSample", "RunSummary", "SamplesEvent", "SpanEvent",
-    "WeightSyncEvent", "WorkerReplacedEvent", "event_from_dict", "load_config",
+    "WeightSyncEvent", "WorkerReplacedEvent", "WorkersResizedEvent", "check_control",
+    "event_from_dict", "load_config",
     "placement_bundles",
-    "canonical_metrics", "control_label", "metrics", "placement_demand", "plan_run",
+    "canonical_metrics", "control_label", "launch_rollout_workers", "metrics",
+    "placement_demand", "plan_run",
     "run_local", "their_names", "validate", "validate_control",
 ]
 
@@ -117,19 +121,32 @@ def plan_run(cfg: RunConfig, metrics: Mapping[str, Mapping[int, float]], spans: 
     return plan_table(fit, cfg, devices)
 
 
-def placement_bundles(cfg: RunConfig) -> list[dict[str, float]]:
-    """The Ray placement group's bundles the run asks for ([{"GPU": 1.0}, ...]), or []
-    for the in-process default."""
-    from engine.orchestration.placement import layout_for  # keeps this module light
+def placement_bundles(cfg: RunConfig,
+                      rollout_workers: int | None = None) -> list[dict[str, float]]:
+    """The Ray bundles the run holds ([{"GPU": 1.0}, ...]), or [] for the in-process
+    default: its launch placement's, or with ``rollout_workers`` (a live resize's count)
+    one more per worker beyond the launch's (engine.orchestration.placement)."""
+    from engine.orchestration.placement import grown_bundles, layout_for  # kept light
 
-    return list(layout_for(cfg.placement).bundles)
+    layout = layout_for(cfg.placement)
+    if rollout_workers is None:
+        return list(layout.bundles)
+    return grown_bundles(layout, rollout_workers)
 
 
-def placement_demand(cfg: RunConfig) -> dict[str, float]:
+def launch_rollout_workers(cfg: RunConfig) -> int:
+    """How many rollout workers the run's placement starts with."""
+    from engine.orchestration.placement import layout_for
+
+    return len(layout_for(cfg.placement).workers)
+
+
+def placement_demand(cfg: RunConfig, rollout_workers: int | None = None) -> dict[str, float]:
     """What the run's placement reserves on Ray, summed over its bundles ({"GPU": 4.0}),
-    or {} for the in-process default, which reserves nothing on Ray."""
+    or {} for the in-process default, which reserves nothing on Ray; ``rollout_workers``
+    as in placement_bundles."""
     demand: dict[str, float] = {}
-    for bundle in placement_bundles(cfg):
+    for bundle in placement_bundles(cfg, rollout_workers):
         for name, amount in bundle.items():
             demand[name] = demand.get(name, 0.0) + amount
     return demand

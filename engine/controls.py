@@ -10,8 +10,12 @@ driver parses what it polls with the same models).
     {"kind": "pause"} / {"kind": "resume"}      hold before the next step / go on
     {"kind": "set_lr", "value": 5e-5}           every param group's lr, from the next step
     {"kind": "set_eval_every", "value": 10}     held-out eval cadence (0 = never mid-run)
+    {"kind": "set_rollout_workers", "value": 3} rollout workers from the next step (on Ray,
+                                                with a point-to-point weight sync:
+                                                ``check_control`` says when not)
 
-Standard library + pydantic only: the web process imports this through engine.api.
+Standard library, pydantic and engine.config only: the web process imports this through
+engine.api.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from engine.config import RunConfig
+from engine.config.placement import MAX_ROLLOUT_WORKERS
+from engine.config.weightsync import COLLECTIVE_TRANSPORTS
 
 
 class _Control(BaseModel):
@@ -54,8 +62,17 @@ class SetEvalEveryControl(_Control):
     """Run the held-out eval every this many steps from now on (0: only before and after)."""
 
 
+class SetRolloutWorkersControl(_Control):
+    kind: Literal["set_rollout_workers"] = "set_rollout_workers"
+    value: int = Field(ge=1, le=MAX_ROLLOUT_WORKERS, title="rollout workers")
+    """How many rollout workers generate from the next step on. An added one gets a bundle
+    of its own, like the others', and the learner's current weights (fingerprinted on both
+    ends) before it generates; a removed one finishes its work in flight first."""
+
+
 Control = Annotated[
-    CheckpointControl | PauseControl | ResumeControl | SetLrControl | SetEvalEveryControl,
+    CheckpointControl | PauseControl | ResumeControl | SetLrControl | SetEvalEveryControl
+    | SetRolloutWorkersControl,
     Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[Control] = TypeAdapter(Control)
@@ -96,6 +113,26 @@ def validate_control(data: Any) -> Control:
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:
         raise ControlError([_describe(e) for e in exc.errors()]) from None
+
+
+def check_control(control: Control, cfg: RunConfig) -> None:
+    """ControlError when ``control`` is valid but cannot apply to a run of ``cfg``: the
+    control plane asks before it stores one, and the loop refuses one the same way."""
+    if not isinstance(control, SetRolloutWorkersControl):
+        return
+    placement = cfg.placement
+    if placement.type == "colocated" and not placement.ray:
+        raise ControlError([("kind", (
+            "set_rollout_workers resizes rollout workers placed on Ray, and this run keeps "
+            "its one rollout worker in the driver's process (placement.ray = false); "
+            "launch it with placement.ray = true or a disaggregated placement to resize "
+            "it live"))])
+    if cfg.weight_sync.type in COLLECTIVE_TRANSPORTS:
+        raise ControlError([("kind", (
+            f'set_rollout_workers needs a weight sync a worker can join mid-run, and '
+            f'weight_sync.type = "{cfg.weight_sync.type}" fixes its process group when the '
+            f'run starts; launch with weight_sync.type = "object_store" or "shm" to '
+            f"resize it live"))])
 
 
 def _describe(err: dict[str, Any]) -> tuple[str, str]:

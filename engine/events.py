@@ -5,9 +5,9 @@
 
 Events are typed dataclasses with a per-run sequence number and a dotted ``type``
 (``run.status``, ``metrics.append``, ``span``, ``weight_sync.report``, ``checkpoint.saved``,
-``control.applied``, ``worker.replaced``, ``samples``, ``log``). Sinks (engine.telemetry.sinks,
-http_sink) implement EventSink. Standard library only: the web process reads these through
-engine.api.
+``control.applied``, ``worker.replaced``, ``workers.resized``, ``samples``, ``log``).
+Sinks (engine.telemetry.sinks, http_sink) implement EventSink. Standard library only: the
+web process reads these through engine.api.
 """
 
 from __future__ import annotations
@@ -134,6 +134,25 @@ class WorkerReplacedEvent(Event):
         self.cause = storable_text(self.cause)       # ingest's bound on a text field
 
 
+@dataclass
+class WorkersResizedEvent(Event):
+    """The run's rollout workers went from ``previous`` to ``workers`` at the boundary
+    before ``step`` (a set_rollout_workers control). Each added worker served the
+    learner's weights of ``version`` before it generated: ``fingerprints`` are theirs, one
+    per added worker, each checked against ``fingerprint_learner``. A removed worker
+    finished its work in flight first; ``devices`` are the devices the rollout workers
+    hold now (a removed launch worker's bundle stays reserved in the run's placement
+    group, idle, for a later resize to reuse)."""
+    type: ClassVar[str] = "workers.resized"
+    step: int = 0
+    previous: int = 0
+    workers: int = 0
+    version: int = 0
+    fingerprint_learner: str = ""
+    fingerprints: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+
+
 SAMPLES_PER_EVENT = 32      # rollouts one samples event carries at most
 SAMPLE_TEXT_LIMIT = 4096    # characters of a prompt or completion kept (the head)
 SAMPLE_TOKEN_LIMIT = 1024   # per-token entries kept (rollout.max_new_tokens' bound)
@@ -204,7 +223,7 @@ class LogEvent(Event):
 EVENT_TYPES: dict[str, type[Event]] = {
     c.type: c for c in (RunStatusEvent, MetricsEvent, SpanEvent, WeightSyncEvent,
                         CheckpointEvent, ControlAppliedEvent, WorkerReplacedEvent,
-                        SamplesEvent, LogEvent)
+                        WorkersResizedEvent, SamplesEvent, LogEvent)
 }
 
 

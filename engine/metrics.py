@@ -124,6 +124,9 @@ ROLLOUT_GEN_S_P50 = _metric("rollout/gen_s_p50", "s",
                             "median generation time of a sample (call start -> its completion)")
 ROLLOUT_GEN_S_P99 = _metric("rollout/gen_s_p99", "s", "p99 generation time of a sample")
 ROLLOUT_GEN_S_MAX = _metric("rollout/gen_s_max", "s", "slowest sample's generation time")
+ROLLOUT_WORKERS = _metric("rollout/workers", "workers",
+                          "rollout workers generating at the step's end (set_rollout_workers "
+                          "changes it live)")
 ROLLOUT_TOKENS_PER_S = _metric("rollout/tokens_per_s", "tokens/s",
                                "response tokens per second of rollout time")
 THROUGHPUT_TOKENS_PER_S = _metric("throughput/tokens_per_s", "tokens/s",

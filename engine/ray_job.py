@@ -9,7 +9,8 @@
     stop   <- STOP file in DIR, SIGTERM, or a poller thread: GET controls-url?after=ID
               every poll-s with the run's token -> {"stop": true} -> checkpoint, "stopped"
     live   <- the same answer's "controls" (checkpoint now, pause/resume, set_lr,
-              set_eval_every), applied by the loop at the next step boundary
+              set_eval_every, set_rollout_workers), applied by the loop at the next step
+              boundary
     fork   <- --from-checkpoint copies a parent's step_NNNNNN/ into DIR/checkpoints/ and
               resumes from it; a retried job (same DIR) resumes from its own latest one
 

@@ -10,7 +10,8 @@
     rlplane baseline RUN OTHER|none        mark run OTHER as RUN's throughput baseline
     rlplane checkpoint|pause|resume RUN    live controls of a running run, applied after
     rlplane set-lr RUN LR                  the step in progress (`set-eval-every RUN N`:
-                                           held-out eval cadence, 0 = none mid-run)
+                                           held-out eval cadence, 0 = none mid-run;
+                                           `set-rollout-workers RUN N`: on Ray)
     rlplane logs RUN [--follow]            what the run reported; a command's output ("job")
     rlplane alerts [--run RUN] [--state open|acknowledged|resolved] [--ack ID] [--resolve ID]
     rlplane watch-files --run ID --token T [--url U] [--framework F] PATH...
@@ -441,6 +442,10 @@ def parser() -> argparse.ArgumentParser:
     set_eval = sub.add_parser("set-eval-every", help="held-out eval every N steps (0: none)")
     set_eval.add_argument("run", type=int)
     set_eval.add_argument("value", type=int, metavar="N")
+    workers = sub.add_parser("set-rollout-workers",
+                             help="rollout workers from the next step (a run on Ray)")
+    workers.add_argument("run", type=int)
+    workers.add_argument("value", type=int, metavar="N")
     logs = sub.add_parser("logs", help="a run's log lines")
     logs.add_argument("run", type=int)
     logs.add_argument("-f", "--follow", action="store_true")
@@ -467,6 +472,7 @@ COMMANDS = {"runs": cmd_runs, "launch": cmd_launch, "watch": cmd_watch, "stop": 
             "fork": cmd_fork, "priority": cmd_priority, "baseline": cmd_baseline, "logs": cmd_logs,
             "alerts": cmd_alerts, "checkpoint": cmd_control, "pause": cmd_control,
             "resume": cmd_control, "set-lr": cmd_control, "set-eval-every": cmd_control,
+            "set-rollout-workers": cmd_control,
             "launch-command": cmd_launch_command, "track-run": cmd_track_run}
 
 

@@ -11,6 +11,7 @@ from engine.config._base import _choice, _Section
 # --------------------------------------------------------------------------- placement
 
 BundleStrategy = Literal["PACK", "SPREAD", "STRICT_PACK"]
+MAX_ROLLOUT_WORKERS = 1024   # at launch and live (engine.controls: set_rollout_workers)
 
 
 class _PlacementCommon(_Section):
@@ -56,7 +57,7 @@ class DisaggregatedPlacementConfig(_PlacementCommon):
     """Rollout workers and the learner on separate bundles, as Ray actors."""
 
     type: Literal["disaggregated"] = "disaggregated"
-    rollout_workers: int = Field(default=1, ge=1, le=1024)
+    rollout_workers: int = Field(default=1, ge=1, le=MAX_ROLLOUT_WORKERS)
     """Data-parallel rollout workers, each a Ray actor with its own bundle."""
     devices_per_worker: int = Field(default=1, ge=1, le=64)
     """Devices (GPUs; logical GPUs on a CPU box) in each rollout worker's bundle."""

@@ -11,6 +11,9 @@ from engine.config._base import _choice, _Section
 # --------------------------------------------------------------------------- weight sync
 
 DELTA_TRANSPORTS = ("shm", "object_store", "broadcast")
+# One process group for the learner and every rollout worker, its world fixed when the run
+# starts: no worker can join it later (a replacement, a live resize).
+COLLECTIVE_TRANSPORTS = ("broadcast", "vllm_native")
 
 
 class _SyncSection(_Section):

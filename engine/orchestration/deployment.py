@@ -13,6 +13,9 @@
         d.save_checkpoint(root, keep, step, files)   # critic on its own bundle takes part
         d.replace_worker(i, step)                # on Ray: a new rollout worker in place i,
                                                  # synced (engine.orchestration.replacement)
+        d.add_worker(step); d.retire_worker()    # on Ray: one more rollout worker, synced,
+                                                 # on a place of its own; the last one out
+                                                 # (engine.orchestration.resizing)
     # gone: transports closed, actors killed, placement group removed, Ray shut down
     # (only when this run started it)
 
@@ -37,8 +40,13 @@ from engine.config import InPlaceSyncConfig, RunConfig
 from engine.experience import Sample
 from engine.faults import for_replacement
 from engine.orchestration.actors import ActorLost, LocalActor, RayActor
-from engine.orchestration.placement import Layout, reserve
-from engine.orchestration.workers import CriticWorker, LearnerWorker, RolloutWorker
+from engine.orchestration.placement import Layout, Place, RolloutPlaces, reserve
+from engine.orchestration.workers import (
+    CriticWorker,
+    LearnerWorker,
+    RolloutWorker,
+    Telemetered,
+)
 from engine.weightsync.base import SyncResult
 from engine.weightsync.session import WeightSyncSession
 
@@ -52,8 +60,9 @@ class Deployment:
     sharing: list[LocalActor | RayActor]
     sync: WeightSyncSession
     critic: LocalActor | RayActor | None = None
-    # place i -> a new rollout worker actor on that worker's bundle (None: not on Ray)
-    start_worker: Callable[[int], RayActor] | None = None
+    # a place -> a new rollout worker actor on its bundle (None: not on Ray)
+    start_worker: Callable[[Place], RayActor] | None = None
+    places: RolloutPlaces | None = None       # the workers' places, in order (on Ray)
     # place -> (handle, cause) of rollout workers found dead, not yet replaced
     lost: dict[int, tuple[Any, str]] = field(default_factory=dict)
 
@@ -103,10 +112,51 @@ class Deployment:
         old = self.workers[index]
         self.lost.pop(index, None)
         old.kill()
-        new = self.start_worker(index)
+        new = self.start_worker(self.places.used[index])
         self.workers[index] = new
         self.sharing[:] = [new if h is old else h for h in self.sharing]
         return self.sync.rejoin(index, new, step)
+
+    def add_worker(self, step: int) -> SyncResult:
+        """One more rollout worker, last, on a place of its own (RolloutPlaces.take),
+        serving the learner's current weights before anything else is asked of it; returns
+        that sync. When it cannot be placed (PlacementError) or dies first (ActorLost),
+        nothing was added: its place is given back and the error propagates."""
+        if self.start_worker is None:
+            raise RuntimeError("a rollout worker in the driver's process cannot be added")
+        place = self.places.take()
+        new = None
+        try:
+            new = self.start_worker(place)
+            res = self.sync.join(new, step)
+        except BaseException:
+            if new is not None:
+                new.kill()
+            self.places.give_back()
+            raise
+        self.workers.append(new)
+        return res
+
+    def retire_worker(self, close_s: float = 30.0) -> list:
+        """The last rollout worker leaves (its work in flight done: the policy's
+        ``retire``): out of the weight sync, its transport end and reward closed (within
+        ``close_s``), its actor killed, its place given back. Returns the spans it closed
+        since the loop last drained them (none, if it died), which would go with it."""
+        index = len(self.workers) - 1
+        handle = self.workers[index]
+        self.sync.leave(index)
+        self.workers.pop()
+        self.lost.pop(index, None)          # a loss seen while it left: not to replace
+        self.sharing[:] = [h for h in self.sharing if h is not handle]
+        spans = []
+        try:
+            spans, _ = handle.call(Telemetered.drain_spans).result(close_s)
+            handle.call(RolloutWorker.close).result(close_s)
+        except ActorLost:
+            pass                            # dead or wedged: the kill ends it either way
+        handle.kill()
+        self.places.give_back()
+        return spans
 
     def update(self, samples: list[Sample], step: int, version: int) -> dict[str, float]:
         """The learner's update of ``step``, colocated rollout engines asleep meanwhile (they
@@ -141,7 +191,7 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
            checkpoint: Path | None, log: Callable[..., None]) -> Iterator[Deployment]:
     learner_args = (cfg, policy_dir, model_dir, layout.learner.devices, checkpoint)
     started: list[tuple[LocalActor | RayActor, type]] = []
-    pg, ray_started, critic = None, False, None
+    pg, ray_started, critic, places = None, False, None, None
     try:
         if not layout.on_ray:
             learner = LocalActor(LearnerWorker(*learner_args))
@@ -179,19 +229,22 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
                 started.append((critic, CriticWorker))
             spared = for_replacement(cfg)       # a replacement runs without the kill fault
 
-            def start_worker(i: int, worker_cfg: RunConfig = spared) -> RayActor:
-                w = layout.workers[i]
+            places = RolloutPlaces(layout, pg, cfg.placement.ready_timeout_s)
+
+            def start_worker(place: Place, worker_cfg: RunConfig = spared) -> RayActor:
+                w = place.slot
                 h = RayActor.start(RolloutWorker, (worker_cfg, policy_dir, model_dir,
-                                                   w.devices, threads), w.gpus, pg, w.bundle)
+                                                   w.devices, threads), w.gpus, place.pg,
+                                   w.bundle)
                 started.append((h, RolloutWorker))
                 return h
 
-            workers = [start_worker(i, cfg) for i in range(len(layout.workers))]
+            workers = [start_worker(p, cfg) for p in places.used]
             sharing = [h for h, w in zip(workers, layout.workers, strict=True)
                        if set(w.devices) & set(layout.learner.devices)]
             sync_cfg = cfg.weight_sync
         d = Deployment(learner, workers, sharing, WeightSyncSession(learner, workers, sync_cfg),
-                       critic, start_worker if layout.on_ray else None)
+                       critic, start_worker if layout.on_ray else None, places)
         if layout.on_ray:
             d.sync.on_lost = d.note_lost
         for lines in d.each(RolloutWorker.drain_logs, actors=workers):
@@ -200,7 +253,7 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
         d.sync.connect()
         yield d
     finally:
-        _teardown(started, layout.on_ray, pg, ray_started)
+        _teardown(started, layout.on_ray, pg, ray_started, places)
 
 
 def start_learner_ranks(layout: Layout, learner_args: tuple, threads: int,
@@ -220,7 +273,8 @@ def start_learner_ranks(layout: Layout, learner_args: tuple, threads: int,
     return ranks
 
 
-def _teardown(started: list, on_ray: bool, pg, ray_started: bool) -> None:
+def _teardown(started: list, on_ray: bool, pg, ray_started: bool,
+              places: RolloutPlaces | None) -> None:
     # Transports release what they hold (shared-memory files, process groups), reward
     # pools stop their actors; on Ray bounded, so a wedged actor cannot keep a run alive.
     closing = [h.call(cls.close) for h, cls in started]
@@ -235,5 +289,7 @@ def _teardown(started: list, on_ray: bool, pg, ray_started: bool) -> None:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(pg)
+        if places is not None:
+            places.close()
         if ray_started:
             ray.shutdown()

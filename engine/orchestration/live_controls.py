@@ -5,7 +5,8 @@
                   progress and ends "stopped"
     LiveControls  (engine.controls) from a take() callback, asked at every step boundary:
 
-    before step s:  take() -> checkpoint now | pause | resume | set_lr | set_eval_every
+    before step s:  take() -> checkpoint now | pause | resume | set_lr | set_eval_every |
+                              set_rollout_workers (engine.orchestration.resizing)
                     each applied in order, reported as a control.applied event at step s
                     paused: hold here (asking for controls and stop every HOLD_POLL_S)
                     until a resume, or a stop (the loop then ends without step s)
@@ -27,6 +28,7 @@ from engine.controls import (
     ResumeControl,
     SetEvalEveryControl,
     SetLrControl,
+    SetRolloutWorkersControl,
 )
 from engine.events import ControlAppliedEvent
 from engine.telemetry.recorder import Telemetry
@@ -74,6 +76,8 @@ class Steered(Protocol):
     def checkpoint(self) -> None: ...
 
     def set_lr(self, lr: float) -> float: ...  # returns the learning rate it replaced
+
+    def set_rollout_workers(self, n: int) -> str: ...  # what it did (or why it refused)
 
 
 class LiveControls:
@@ -127,6 +131,9 @@ class LiveControls:
                 message = (f"eval every {self.eval_every} -> {every} steps from step {step}"
                            if every else "eval only before and after the run from now on")
                 self.eval_every = every
+            case SetRolloutWorkersControl(value=n):
+                value = float(n)
+                message = loop.set_rollout_workers(n)
         who = control.requested_by or "the engine"
         self.tel.emit(ControlAppliedEvent(control_id=control.id, kind=control.kind,
                                           value=value, step=step,

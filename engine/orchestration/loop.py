@@ -4,6 +4,7 @@
     weight sync (version N) -> preflight -> eval (held-out)
     for step:
         live controls (engine.orchestration.live_controls): apply, or hold while paused
+                            (set_rollout_workers: engine.orchestration.resizing)
         groups  = policy.next_batch(step, version)  rollout + reward on the workers [spans]
                                                     (dynamic sampling: no flat groups); the
                                                     problems from the run's data stream,
@@ -68,6 +69,7 @@ from engine.orchestration.live_controls import LiveControls, StopSignal
 from engine.orchestration.placement import layout_for
 from engine.orchestration.policies import Experience, buffer_bound, build_policy
 from engine.orchestration.replacement import Replacements
+from engine.orchestration.resizing import Resizing
 from engine.orchestration.workers import LearnerWorker, RolloutWorker, Telemetered
 from engine.reward import reward_metrics
 from engine.rollout.preflight import preflight_verdict
@@ -183,6 +185,7 @@ class StepLoop:
         self.replacements = Replacements(d, self.tel, cfg.placement.max_worker_replacements)
         self.experience.on_lost = self.replacements.replace
         self.policy = build_policy(cfg.async_policy, self.experience, self.version)
+        self.resizing = Resizing(d, self.policy, self.tel, cfg)
         self.last_sync: SyncResult | None = None
         self.ended_by = ""                      # why steps() returned: the final status's reason
         self._logged: set[str] = set()          # worker log lines already logged
@@ -265,6 +268,7 @@ class StepLoop:
               for k, v in values.items()}
         m[M.BUFFER_DROPPED_STALE] = float(self.buffer.dropped_stale)
         m[M.BUFFER_RECYCLED] = float(self.experience.recycled)
+        m[M.ROLLOUT_WORKERS] = float(len(d.workers))
         m |= self.ledger.metrics()
         self.tel.emit(MetricsEvent(step=step, values=m))
         self._emit_samples(step, groups, samples, staleness)
@@ -333,3 +337,8 @@ class StepLoop:
 
     def set_lr(self, lr: float) -> float:
         return self.d.learner.call(LearnerWorker.set_lr, lr).result()
+
+    def set_rollout_workers(self, n: int) -> str:
+        # A worker that died is replaced first: places and handles are then all live.
+        self.replacements.replace_lost(self.step)
+        return self.resizing.resize(n, self.step, self.version)

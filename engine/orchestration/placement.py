@@ -15,6 +15,16 @@
         disaggregated, rollout_workers=1:   ... bundle 1 gpu:1 learner   bundle 2 gpu:2 critic
         colocated, devices=2, on Ray:       ... bundle 2 {GPU: 1}  gpu:2  critic
 
+A rollout worker added live (engine.orchestration.resizing) takes a placement group of its
+own, one bundle like the last launch worker's, numbered after every device so far:
+
+    disaggregated, rollout_workers=1, then set_rollout_workers 3:
+        run's group   bundle 0 gpu:0 worker 0   bundle 1 gpu:1 learner
+        own groups    gpu:2 worker 1            gpu:3 worker 2
+    then set_rollout_workers 1: workers 2 and 1 leave, their groups removed (freed). A
+    launch worker that leaves keeps its bundle (a placement group gives none back): idle,
+    the first place a later resize fills.
+
 Device names number the placement's devices (gpu:<k>), not the node's. Spans are recorded
 per logical device, so bubble and utilization mean the same on a CPU slot, a logical GPU
 (``ray.init(num_gpus=N)`` on a CPU box) or a real GPU. A placement that cannot fit the
@@ -24,6 +34,7 @@ cluster is refused before anything launches (PlacementError: asked vs available)
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from engine.config import ColocatedPlacementConfig, DisaggregatedPlacementConfig
 
@@ -93,15 +104,113 @@ def _roles_layout(cfg: ColocatedPlacementConfig | DisaggregatedPlacementConfig) 
                   cfg.strategy, on_ray=True)
 
 
-def check_fits(layout: Layout, nodes: list[dict[str, float]]) -> None:
+def worker_template(layout: Layout) -> tuple[dict[str, float], Slot]:
+    """The bundle and slot one more rollout worker takes: the last launch worker's."""
+    last = layout.workers[-1]
+    return layout.bundles[last.bundle], last
+
+
+def grown_bundles(layout: Layout, workers: int) -> list[dict[str, float]]:
+    """The bundles a run holds with ``workers`` rollout workers: its launch placement's,
+    and one of its own per worker beyond the launch's (fewer keep the launch's bundles)."""
+    if not layout.on_ray:
+        return list(layout.bundles)
+    bundle, _ = worker_template(layout)
+    return [*layout.bundles, *[bundle] * max(0, workers - len(layout.workers))]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one rollout worker runs: its slot, in ``pg`` (the run's placement group, or
+    one of its own, ``own``, removed when its worker leaves)."""
+    slot: Slot
+    pg: Any
+    own: bool = False
+
+
+class RolloutPlaces:
+    """The rollout workers' places on Ray, in worker order: the launch's, then those
+    added live (``take``), each given back when its worker leaves (``give_back``, the
+    last first). ``close`` removes the placement groups it made."""
+
+    def __init__(self, layout: Layout, pg, timeout_s: float):
+        self.layout, self.timeout_s = layout, timeout_s
+        self.used = [Place(slot, pg) for slot in layout.workers]
+        self.idle: list[Place] = []        # launch places whose worker left
+        self.next_device = len(layout.devices)
+        self._made: list[Any] = []         # the placement groups of places now used
+
+    @property
+    def devices(self) -> list[str]:
+        """The devices the run holds: the launch layout's and the added places'."""
+        added = [d for p in self.used if p.own for d in p.slot.devices]
+        return self.layout.devices + added
+
+    def check_room(self, more: int) -> None:
+        """PlacementError, at once, when the cluster could never hold ``more`` workers on
+        top of what the run holds (the idle launch bundles are taken first)."""
+        import ray
+
+        bundle, like = worker_template(self.layout)
+        new = max(0, more - len(self.idle))
+        held = sum(b.get("GPU", 0.0) for b in grown_bundles(self.layout, len(self.used)))
+        if new:
+            # each its own group of one bundle: no strategy binds them together
+            check_fits(Layout([like] * new, like, [bundle] * new, "PACK", on_ray=True),
+                       [n["Resources"] for n in ray.nodes() if n["Alive"]], held,
+                       what=f"{new} more rollout worker(s)")
+
+    def take(self) -> Place:
+        """A place for one more worker: an idle launch bundle, else a placement group of
+        its own (PlacementError when the cluster cannot hold it, at once, or when Ray has
+        not granted it within ``timeout_s``)."""
+        if self.idle:
+            place = self.idle.pop()
+        else:
+            bundle, like = worker_template(self.layout)
+            held = sum(b.get("GPU", 0.0) for b in grown_bundles(self.layout, len(self.used)))
+            pg = reserve(Layout([like], like, [bundle], self.layout.strategy, on_ray=True),
+                         self.timeout_s, held, what="one more rollout worker")
+            n = len(like.devices)
+            devices = [f"gpu:{self.next_device + j}" for j in range(n)]
+            self.next_device += n
+            place = Place(Slot(0, like.gpus, devices), pg, own=True)
+            self._made.append(pg)
+        self.used.append(place)
+        return place
+
+    def give_back(self) -> Place:
+        """The last place's worker left: its own group removed, a launch bundle kept idle."""
+        place = self.used.pop()
+        if place.own:
+            from ray.util.placement_group import remove_placement_group
+
+            self._made.remove(place.pg)
+            remove_placement_group(place.pg)
+        else:
+            self.idle.append(place)
+        return place
+
+    def close(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self._made:
+            remove_placement_group(pg)
+        self._made = []
+
+
+def check_fits(layout: Layout, nodes: list[dict[str, float]], held: float = 0.0,
+               what: str = "placement") -> None:
     """Refuse, naming what was asked and what is there, a layout no grant can satisfy.
-    ``nodes`` are the alive nodes' total resources."""
+    ``nodes`` are the alive nodes' total resources; ``held``: GPUs the run holds already
+    (a live resize's new bundle comes on top of them)."""
     asked = sum(b.get("GPU", 0.0) for b in layout.bundles)
-    have = sum(n.get("GPU", 0.0) for n in nodes)
+    have = sum(n.get("GPU", 0.0) for n in nodes) - held
     shape = " + ".join(f"{b['GPU']:g}" for b in layout.bundles)
     per_node = ", ".join(f"{n.get('GPU', 0.0):g}" for n in nodes) or "no nodes"
-    what = (f"placement asks for {asked:g} GPUs in {len(layout.bundles)} bundles ({shape}, "
-            f"{layout.strategy}); the cluster has {have:g} GPUs (per node: {per_node})")
+    besides = f" besides the {held:g} this run holds" if held else ""
+    what = (f"{what} asks for {asked:g} GPUs in {len(layout.bundles)} bundles ({shape}, "
+            f"{layout.strategy}); the cluster has {have:g} GPUs{besides} (per node: {per_node})")
     if asked > have:
         raise PlacementError(f"{what}. Lower the placement's devices or add GPUs.")
     biggest = max((n.get("GPU", 0.0) for n in nodes), default=0.0)
@@ -111,12 +220,12 @@ def check_fits(layout: Layout, nodes: list[dict[str, float]]) -> None:
         raise PlacementError(f"{what}: STRICT_PACK needs them all on one node; use PACK.")
 
 
-def reserve(layout: Layout, timeout_s: float):
+def reserve(layout: Layout, timeout_s: float, held: float = 0.0, what: str = "placement"):
     """A ready Ray placement group for ``layout`` (Ray must be initialized)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    check_fits(layout, [n["Resources"] for n in ray.nodes() if n["Alive"]])
+    check_fits(layout, [n["Resources"] for n in ray.nodes() if n["Alive"]], held, what)
     pg = placement_group(layout.bundles, strategy=layout.strategy)
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:

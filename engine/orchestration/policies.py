@@ -25,6 +25,11 @@ when submitted, so the schedules hold (same staleness) without overlap; on Ray t
 concurrently with the learner. Calls to one worker run in submit order, so a weight
 sync queued before a produce call is what that call generates with.
 
+Live resizing (engine.orchestration.resizing) adds a worker last, serving the learner's
+current weights (``joined``), or takes the last one out once the call it has in flight has
+finished and its groups are in the buffer (``retire``); a policy splits each call's work
+over the workers there are when it starts the call.
+
 A worker that dies during a generation call (Experience.finish) loses the groups it held:
 their prompts are dropped, counted under "error" in the data ledger, the loop replaces the
 worker (``Experience.on_lost``: engine.orchestration.replacement) and the policy draws on
@@ -62,6 +67,10 @@ class AsyncPolicy(Protocol):
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]: ...
 
     def weights_sent(self, version: int) -> None: ...
+
+    def joined(self, version: int) -> None: ...    # one more worker, last, serving version
+
+    def retire(self, worker: int) -> None: ...     # the last worker leaves: its work done
 
     def close(self) -> None: ...
 
@@ -248,6 +257,12 @@ class SyncPolicy:
     def weights_sent(self, version: int) -> None:
         pass
 
+    def joined(self, version: int) -> None:
+        pass                          # next_batch splits each round over the workers then
+
+    def retire(self, worker: int) -> None:
+        pass                          # no call outlives next_batch
+
     def close(self) -> None:
         pass
 
@@ -302,17 +317,21 @@ class StreamingPolicy:
         done = wait_any([g.future for g in self.inflight.values()])
         for w, call in list(self.inflight.items()):
             if call.future in done:
-                del self.inflight[w]
-                groups = self.exp.finish(call)
-                if groups is None:
-                    self.planned -= self.per_call   # its groups take no training slots
-                    continue
-                if self.over != 1.0:
-                    groups, self.carry[w] = groups
-                    self.exp.recycled += len(self.carry[w])
-                for group in groups:
-                    if not self.exp.admit(group):
-                        self.planned -= 1     # a dropped group takes no training slot
+                self._finish(w)
+
+    def _finish(self, w: int) -> None:
+        """Worker ``w``'s call in flight, waited for: its groups into the buffer."""
+        call = self.inflight.pop(w)
+        groups = self.exp.finish(call)
+        if groups is None:
+            self.planned -= self.per_call   # its groups take no training slots
+            return
+        if self.over != 1.0:
+            groups, self.carry[w] = groups
+            self.exp.recycled += len(self.carry[w])
+        for group in groups:
+            if not self.exp.admit(group):
+                self.planned -= 1     # a dropped group takes no training slot
 
     def next_batch(self, step: int, learner_version: int) -> list[list[Sample]]:
         n, out = self.exp.n_prompts, []
@@ -335,6 +354,18 @@ class StreamingPolicy:
 
     def weights_sent(self, version: int) -> None:
         self.sent = [version] * len(self.sent)
+
+    def joined(self, version: int) -> None:
+        self.sent.append(version)
+        self.carry.append([])
+
+    def retire(self, worker: int) -> None:
+        """Its call in flight finishes (its groups train like any others); the groups it
+        carries unfinished go on in worker 0's next call."""
+        if worker in self.inflight:
+            self._finish(worker)
+        self.carry[0] += self.carry.pop(worker)
+        self.sent.pop(worker)
 
     def close(self) -> None:
         for call in self.inflight.values():
@@ -382,6 +413,12 @@ class PartialRolloutPolicy:
 
     def weights_sent(self, version: int) -> None:
         pass
+
+    def joined(self, version: int) -> None:
+        pass                          # next_batch splits each round over the workers then
+
+    def retire(self, worker: int) -> None:
+        pass                          # no call outlives next_batch
 
     def close(self) -> None:
         pass

@@ -30,8 +30,10 @@ loading the weights ``cfg.timeout_s`` after it began (it says how long, on its t
 group: ``loading_for``), is left out of that sync's result and handed to ``on_lost``
 (the loop kills and replaces it); without ``on_lost`` the error is the sync's and a
 wedged sync is waited for. ``rejoin(i, worker, step)`` puts a new worker in place i and
-sends it the learner's current weights alone, verified: a point-to-point transport takes
-a new receiver at any time; a collective one (its world fixed at connect) cannot.
+sends it the learner's current weights alone, verified, and ``join(worker, step)`` adds
+one in a new last place the same way: a point-to-point transport takes a new receiver at
+any time; a collective one (its world fixed at connect) cannot. ``leave(i)`` takes the
+last worker out (its answer to a sync in flight awaited first).
 
 One definition of the numbers a sync reports (SyncResult): ``bytes`` is the payload each
 worker receives; ``latency_s`` runs from ``send`` (the learner's new version exists) to
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.config.weightsync import COLLECTIVE_TRANSPORTS
 from engine.orchestration.actors import ActorLost, concurrent
 from engine.rollout.base import WeightReport
 from engine.telemetry.recorder import SpanRecorder
@@ -178,8 +181,6 @@ class WeightSyncSession:
     a sync is sent as an XOR against the version every worker reported serving after the
     last sync, and in full after a version gap or a mismatch (engine/weightsync/delta.py)."""
 
-    COLLECTIVE = ("broadcast", "vllm_native")   # one process group, its world fixed
-
     def __init__(self, learner, workers: Sequence, cfg,
                  on_lost: Callable[[int, object, str], None] | None = None):
         self.learner, self.workers, self.cfg = learner, list(workers), cfg
@@ -226,14 +227,42 @@ class WeightSyncSession:
         """``worker`` takes place ``index`` (a dead worker's): it joins the transport and
         receives the learner's current weights, fingerprinted on both ends; the result
         is that one worker's (SyncResult.matched: it serves what the learner sent)."""
-        if self.cfg.type in self.COLLECTIVE:
+        self._refuse_collective("a run that must survive a lost worker")
+        self._collect(wait=True)                 # no sync in flight: the sender is free
+        self.workers[index] = worker
+        return self._welcome(index, worker, step)
+
+    def join(self, worker, step: int) -> SyncResult:
+        """``worker`` joins as one more, in the last place, once it has received the
+        learner's current weights (fingerprinted on both ends, as ``rejoin``); a worker
+        whose setup or sync fails is not added (its error propagates)."""
+        self._refuse_collective("a run that resizes its rollout workers live")
+        self._collect(wait=True)
+        res = self._welcome(len(self.workers), worker, step)
+        self.workers.append(worker)
+        return res
+
+    def leave(self, index: int) -> None:
+        """The worker in place ``index``, the last, leaves: its answer to each sync in
+        flight is awaited (a lost one goes to ``on_lost``) and left out of that sync's
+        result, which the other workers' answers make."""
+        worker = self.workers[index]
+        for p in self._pending:
+            at = next((i for i, w in enumerate(p.workers) if w is worker), None)
+            if at is not None:
+                self._served(p, at)
+                del p.served[at], p.workers[at]
+        del self.workers[index]
+
+    def _refuse_collective(self, who: str) -> None:
+        if self.cfg.type in COLLECTIVE_TRANSPORTS:
             raise RuntimeError(
                 f'weight_sync.type = "{self.cfg.type}" joins the learner and every rollout '
                 f"worker in one process group, fixed when the run starts, so no new worker "
-                f'can join it; a run that must survive a lost worker needs "object_store" '
-                f'or "shm"')
-        self._collect(wait=True)                 # no sync in flight: the sender is free
-        self.workers[index] = worker
+                f'can join it; {who} needs "object_store" or "shm"')
+
+    def _welcome(self, index: int, worker, step: int) -> SyncResult:
+        """The learner's current weights to ``worker`` (rank ``index`` + 1) alone, verified."""
         worker.call(WeightReceiverHost.setup_weight_receiver, self.cfg, self._join_info,
                     index + 1).result()
         sent_at = time.time()

@@ -25,6 +25,7 @@ from engine.api import (
     RunStatusEvent,
     SamplesEvent,
     SpanEvent,
+    WorkersResizedEvent,
     canonical_metrics,
 )
 from engine.api import metrics as M
@@ -178,6 +179,21 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
         update_fields=["version", "path", "fingerprint", "created_at"],
     )
     derive_samples(run, [e for e in events if isinstance(e, SamplesEvent)])
+    derive_rollout_workers(run, events)
+
+
+def derive_rollout_workers(run: Run, events: Sequence[Event]) -> None:
+    """The run's rollout workers after its newest live resize (Run.rollout_workers), or
+    None again once a driver starts (it places the launch config)."""
+    held = run.rollout_workers
+    for e in events:
+        if isinstance(e, WorkersResizedEvent):
+            held = e.workers
+        elif isinstance(e, RunStatusEvent) and e.status == "starting":
+            held = None
+    if held != run.rollout_workers:
+        run.rollout_workers = held
+        Run.objects.filter(pk=run.pk).update(rollout_workers=held)
 
 
 def apply_engine_status(run: Run, event: RunStatusEvent) -> None:

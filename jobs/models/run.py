@@ -95,6 +95,10 @@ class Run(models.Model):
     # for each rule the history fed (jobs.alerts.coverage.checked); the run page's
     # health strip reads it. A kind absent was not evaluated (its inputs are missing).
     rules_checked = models.JSONField(default=dict, blank=True, editable=False)
+    # The rollout workers after the driver's latest live resize (workers.resized, set by
+    # ingest), which the queue counts as held; None: the launch config's (no resize yet,
+    # or a driver that started again since: it places the launch config).
+    rollout_workers = models.PositiveIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]

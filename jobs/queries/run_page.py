@@ -11,6 +11,12 @@ from django.db.models import Count, Max, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from engine.api import (
+    ControlError,
+    check_control,
+    launch_rollout_workers,
+    validate_control,
+)
 from engine.api import metrics as M
 from engine.config import FRAMEWORK_LABELS, dump_config
 from jobs import charts
@@ -176,9 +182,11 @@ def run_facts(run: Run) -> list[tuple[str, str]]:
         placement += (f" ({cfg.placement.rollout_workers} rollout x "
                       f"{cfg.placement.devices_per_worker}, learner "
                       f"{cfg.placement.learner_devices})")
+    resized = ([] if run.rollout_workers is None
+               else [("rollout workers", f"{run.rollout_workers} (resized live)")])
     return [("model", str(cfg.model.path) if cfg.model.path else cfg.model.size),
             ("task", task), ("reward", cfg.reward.type),
-            ("algorithm", cfg.algorithm.type), ("placement", placement),
+            ("algorithm", cfg.algorithm.type), ("placement", placement), *resized,
             ("async policy", cfg.async_policy.type), ("steps", str(cfg.steps))]
 
 
@@ -202,6 +210,20 @@ def current_lr(run: Run) -> float | None:
     if latest is not None and latest[1] is not None:
         return latest[1]
     return None if run.is_external else run.run_config.algorithm.lr
+
+
+def rollout_workers(run: Run) -> int | None:
+    """The rollout workers a native run has now (its latest live resize, else its launch
+    placement's), when set_rollout_workers can change them (engine.api.check_control);
+    None when it cannot: the run page then offers no such control."""
+    if run.is_external:
+        return None
+    cfg = run.run_config
+    try:
+        check_control(validate_control({"kind": "set_rollout_workers", "value": 1}), cfg)
+    except ControlError:
+        return None
+    return launch_rollout_workers(cfg) if run.rollout_workers is None else run.rollout_workers
 
 
 def latest_point(run: Run, name: str) -> tuple[int, float | None] | None:

@@ -55,7 +55,7 @@ def control_request() -> dict:
             branch["properties"]["value"] = value
         branches.append(branch)
     return {"oneOf": branches, "description": "a live control: its kind and, for "
-            "set_lr and set_eval_every, the value (engine.api.Control)"}
+            "set_lr, set_eval_every and set_rollout_workers, the value (engine.api.Control)"}
 
 
 def declare_errors(result, generator, request, public):

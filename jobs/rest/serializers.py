@@ -140,7 +140,9 @@ class ControlRequestSerializer(serializers.Serializer):
     value = serializers.FloatField(
         required=False, allow_null=True,
         help_text="set_lr: the learning rate (0 < lr <= 1); set_eval_every: steps "
-                  "(an integer >= 0, 0 = no mid-run eval); none for the others")
+                  "(an integer >= 0, 0 = no mid-run eval); set_rollout_workers: rollout "
+                  "workers (an integer >= 1; a run on Ray with a point-to-point weight "
+                  "sync); none for the others")
 
     def validate(self, attrs):
         unknown = sorted(set(self.initial_data) - set(self.fields))

@@ -12,11 +12,11 @@ from pathlib import Path
 from django.db import transaction
 from django.utils import timezone
 
-from engine.api import Control
+from engine.api import Control, ControlError, check_control
 from engine.config import validate_config
 from jobs.models import Checkpoint, Run, RunControl, RunStatus
 from jobs.models.run import run_directory
-from jobs.runs.queue import demand_of, never_fits, schedule_on_commit
+from jobs.runs.queue import demand_of, never_fits, resize_refusal, schedule_on_commit
 from jobs.runs.tasks import stop_run
 
 logger = logging.getLogger(__name__)
@@ -111,11 +111,17 @@ def do_stop_run(user, run: Run) -> None:
 def do_request_control(user, run: Run, control: Control) -> RunControl:
     """Ask a running run's driver for a live control (validated: engine.controls); it
     polls it and applies it at the next step boundary. Raises Refused unless the run is
-    being submitted or running."""
+    being submitted or running, and ControlError when the control cannot apply to this
+    run (check_control) or asks for more rollout workers than the cluster could ever
+    hold."""
     with transaction.atomic():
         run.refresh_from_db(fields=["status"])
         if not run.accepts_controls:
             raise Refused(f"run {run.pk} is {run.status}; live controls need a running run")
+        check_control(control, run.run_config)
+        if control.kind == "set_rollout_workers" and \
+                (why := resize_refusal(run, control.value)) is not None:
+            raise ControlError([("value", why)])
         value = getattr(control, "value", None)
         row = RunControl.objects.create(run=run, kind=control.kind, requested_by=user,
                                         value=None if value is None else float(value))

@@ -7,7 +7,9 @@
             else  -> stays queued; status_reason "waits for 2 GPUs; 0 of 4 free"
 
 What a run asks for (``run_demand``):
-    a Ray placement  its placement bundles, summed (engine.api.placement_demand): {GPU: 4}
+    a Ray placement  its placement bundles, summed (engine.api.placement_demand): {GPU: 4};
+                     a live run resized (set_rollout_workers) holds its launch bundles and
+                     one per rollout worker beyond the launch's (Run.rollout_workers)
     a launched external run  its command's CPUs and GPUs (the Ray job's entrypoint)
     an external run reporting from elsewhere  nothing
     in process       one run slot; RLPLANE_MAX_LOCAL_RUNS of them (the default colocated
@@ -51,16 +53,17 @@ RUN_SLOT = "run slot"  # not a Ray resource: the in-process runs' share of this 
 Resources = dict[str, float]
 
 
-def demand_of(cfg: RunConfig) -> Resources:
-    return placement_demand(cfg) or {RUN_SLOT: 1.0}
+def demand_of(cfg: RunConfig, rollout_workers: int | None = None) -> Resources:
+    return placement_demand(cfg, rollout_workers) or {RUN_SLOT: 1.0}
 
 
 def run_demand(run: Run) -> Resources:
-    """What ``run`` asks for: its placement's, or for an external run its launch
-    command's CPUs and GPUs (reserved for the Ray job's entrypoint); an external run
-    that reports from its own process takes nothing here."""
+    """What ``run`` asks for: its placement's (with the rollout workers of its latest live
+    resize), or for an external run its launch command's CPUs and GPUs (reserved for the
+    Ray job's entrypoint); an external run that reports from its own process takes
+    nothing here."""
     if not run.is_external:
-        return demand_of(run.run_config)
+        return demand_of(run.run_config, run.rollout_workers)
     launch = run.external_config.launch
     if launch is None:
         return {}
@@ -171,6 +174,23 @@ def never_reason(asked: Resources, total: Resources) -> str | None:
             "or add nodes that have them")
 
 
+def resize_refusal(run: Run, workers: int) -> str | None:
+    """Why no state of the cluster could hold ``run`` with ``workers`` rollout workers (a
+    set_rollout_workers control); None when it could, and when Ray does not answer (the
+    engine then refuses what it cannot place, and the run goes on)."""
+    asked = placement_demand(run.run_config, workers)
+    total, _, ray_error = capacity(bool(asked))
+    if ray_error:
+        return None
+    short = [name for name in sorted(asked) if asked[name] > total.get(name, 0.0)]
+    if not short:
+        return None
+    return "; ".join(f"{workers} rollout workers with the rest of this run's placement ask "
+                     f"for {asked[name]:g} {plural(name, asked[name])} and the Ray cluster "
+                     f"has {total.get(name, 0.0):g} in all" for name in short) + \
+        "; ask for fewer"
+
+
 def fits_now(asked: Resources) -> tuple[bool | None, str]:
     """Could the cluster hold ``asked`` now, and the sentence that says so: (True, "2 of 4
     GPUs free"), (False, "waits for ..."), or (None, why Ray did not answer). Reads without
@@ -178,7 +198,8 @@ def fits_now(asked: Resources) -> tuple[bool | None, str]:
     total, ray_used, ray_error = capacity(bool(set(asked) - {RUN_SLOT}))
     if ray_error:
         return None, f"the Ray cluster did not answer: {ray_error}"
-    free = free_of(total, ray_used, list(Run.objects.filter(status__in=LIVE).only("config")))
+    live = Run.objects.filter(status__in=LIVE).only("config", "rollout_workers")
+    free = free_of(total, ray_used, list(live))
     if all(amount <= free.get(name, 0.0) for name, amount in asked.items()):
         return True, ", ".join(
             f"{max(free.get(name, 0.0), 0.0):g} of {total.get(name, 0.0):g} "

@@ -31,6 +31,7 @@ def run_detail(request, run_id: int):
         "controls": run.controls.select_related("requested_by").order_by("-id")[:50],
         "shown_status": display_status(run),
         "current_lr": run_page.current_lr(run),
+        "rollout_workers": run_page.rollout_workers(run),
         "progress": run_page.run_progress(run),
     }
     if request.htmx:

@@ -7,7 +7,7 @@ import json
 import pytest
 from django.contrib.auth.models import User
 
-from engine.api import ControlAppliedEvent
+from engine.api import ControlAppliedEvent, WorkersResizedEvent
 from jobs.consumers import run_update
 from jobs.models import Run, RunControl, RunStatus
 from jobs.models.controls import display_status
@@ -206,3 +206,80 @@ def test_applied_controls_are_marked_on_the_charts_at_load_and_live(run):
     assert update["marks"] == [{"step": 9, "label": "eval every 10"}]
     assert "eval every 0 -&gt; 10 steps (by olga)" in update["append"]["run-logs"]
     assert "log-control" in update["append"]["run-logs"]
+
+
+# --- set_rollout_workers: only where the engine can resize ----------------------------------
+
+ON_RAY = {"name": "t", "steps": 3, "weight_sync": {"type": "object_store"},
+          "placement": {"type": "disaggregated", "rollout_workers": 1}}
+
+
+@pytest.fixture
+def ray_run(run) -> Run:
+    Run.objects.filter(pk=run.pk).update(config=Run(config=ON_RAY).config)
+    run.refresh_from_db()
+    return run
+
+
+@pytest.fixture
+def four_gpus(monkeypatch):
+    """Ray's answer (fetch_json, the seam): 4 logical GPUs in all."""
+    from jobs.runs import queue
+
+    monkeypatch.setattr(queue, "fetch_json", lambda path: {"data": {"clusterStatus": {
+        "loadMetricsReport": {"usage": {"GPU": [2.0, 4.0]}}}}})
+
+
+def test_a_run_on_ray_takes_a_new_worker_count_and_the_driver_polls_it(
+        client, ray_run, operator_token, four_gpus):
+    sent = post_control(client, ray_run, operator_token,
+                        {"kind": "set_rollout_workers", "value": 3})
+
+    assert sent.status_code == 201, sent.json()
+    assert poll(client, ray_run, ray_run.issue_ingest_token()).json()["controls"] == [
+        {"id": sent.json()["id"], "kind": "set_rollout_workers", "value": 3,
+         "requested_by": "olga"}]
+
+
+@pytest.mark.parametrize("value,words", [
+    (4, "4 rollout workers with the rest of this run's placement ask for 5 GPUs and the "
+        "Ray cluster has 4 in all; ask for fewer"),
+    (0, "greater than or equal to 1"),
+    (2.5, "integer"),
+])
+def test_a_worker_count_the_cluster_could_never_hold_or_out_of_bounds_is_400(
+        client, ray_run, operator_token, four_gpus, value, words):
+    response = post_control(client, ray_run, operator_token,
+                            {"kind": "set_rollout_workers", "value": value})
+
+    assert response.status_code == 400
+    [error] = response.json()["errors"]
+    assert error["field"] == "value" and words in error["message"], error
+    assert not RunControl.objects.exists()
+
+
+def test_an_in_process_run_is_refused_a_worker_count_naming_the_placement_to_launch_with(
+        client, run, operator_token, operator):
+    response = post_control(client, run, operator_token,
+                            {"kind": "set_rollout_workers", "value": 2})
+    page = operator.post(f"/runs/{run.pk}/controls",
+                         {"kind": "set_rollout_workers", "value": "2"}, follow=True)
+
+    assert response.status_code == 400
+    [error] = response.json()["errors"]
+    assert error["field"] == "kind" and "placement.ray = true" in error["message"]
+    assert "Not sent: kind: set_rollout_workers resizes" in page.content.decode()
+    assert 'id="control-workers"' not in page.content.decode()
+    assert not RunControl.objects.exists()
+
+
+def test_the_page_offers_the_worker_count_of_a_run_on_ray_from_its_latest_resize(
+        operator, ray_run):
+    assert 'placeholder="1" required' in operator.get(f"/runs/{ray_run.pk}").content.decode()
+
+    post_events(operator, ray_run, ray_run.issue_ingest_token(), [WorkersResizedEvent(
+        seq=1, ts=1001.0, step=2, previous=1, workers=2)])
+
+    page = operator.get(f"/runs/{ray_run.pk}").content.decode()
+    assert 'id="control-workers"' in page and 'placeholder="2" required' in page
+    assert "<dt>rollout workers</dt><dd>2 (resized live)</dd>" in page

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from engine.api import WorkersResizedEvent
 from engine.config import validate_config
 from jobs.ingest.store import do_ingest_events
 from jobs.models import Run, RunStatus
@@ -111,6 +112,42 @@ def test_a_ray_placement_waits_while_ray_does_not_answer(settings, submitted, sc
     assert schedule() == [local.pk]
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED and "connection refused" in run.status_reason
+
+
+def a_cluster_of(monkeypatch, gpus: float) -> None:
+    """Ray's answer (fetch_json, the seam): ``gpus`` logical GPUs, none in use."""
+    usage = {"GPU": [0.0, gpus]}
+    monkeypatch.setattr(queue, "fetch_json", lambda path: {
+        "data": {"clusterStatus": {"loadMetricsReport": {"usage": usage}}}})
+
+
+def resized(seq: int, workers: int, previous: int) -> WorkersResizedEvent:
+    return WorkersResizedEvent(seq=seq, ts=1000.0 + seq, step=seq, previous=previous,
+                               workers=workers)
+
+
+def test_a_live_run_counts_the_workers_of_its_latest_resize_until_its_driver_starts_again(
+        submitted, schedule, make_run, monkeypatch):
+    a_cluster_of(monkeypatch, 4)
+    holder = make_run(RunStatus.RUNNING)      # 1 rollout worker + learner: 2 GPUs
+    Run.objects.filter(pk=holder.pk).update(config=Run(config={
+        "name": "holder", "steps": 9, "weight_sync": {"type": "object_store"},
+        "placement": {"type": "disaggregated"}}).config)
+    holder.refresh_from_db()
+    do_ingest_events(holder, [resized(1, workers=3, previous=1)])   # 2 more: 4 GPUs
+    waiting = queued(on_gpus(1, "waiting"))
+
+    assert schedule() == []
+    waiting.refresh_from_db()
+    assert waiting.status_reason == "waits for 1 GPU; 0 of 4 free"
+
+    do_ingest_events(holder, [resized(2, workers=2, previous=3)])   # one given back
+    assert schedule() == [waiting.pk]
+
+    do_ingest_events(holder, [status(3, "starting")])               # a driver restarted
+    holder.refresh_from_db()
+    assert holder.rollout_workers is None
+    assert queue.run_demand(holder) == {"GPU": 2.0}                   # the launch's
 
 
 # --- against the session's Ray head, with 2 logical GPUs -------------------------------------
