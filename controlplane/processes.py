@@ -208,6 +208,16 @@ def terminate(pids: Iterable[int], grace_s: float) -> set[int]:
     return left
 
 
+def kill_now(pids: Iterable[int]) -> set[int]:
+    """SIGKILL, no grace: for run drivers whose Ray head is gone. A SIGTERM asks a driver
+    to stop (engine.orchestration.live_controls): it would checkpoint and report "stopped
+    on request" into a run that nobody stopped and that is to be marked lost. Returns
+    what is still alive afterwards (normally nothing)."""
+    pids = set(pids)
+    send(pids, signal.SIGKILL)
+    return wait_gone(pids, 5.0)
+
+
 def send(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         try:
