@@ -229,11 +229,23 @@ def send(pids: Iterable[int], sig: int) -> None:
 def wait_gone(pids: set[int], timeout_s: float) -> set[int]:
     deadline = time.monotonic() + timeout_s
     while True:
-        reap_children()
+        reap(pids)
         left = {p for p in pids if is_alive(p)}
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.1)
+
+
+def reap(pids: Iterable[int]) -> None:
+    """Collect those of ``pids`` that are our children and exited; only those: a
+    supervisor's other children keep their exit status for its own poll() (two children
+    SIGKILLed together, the second was reaped while the first's session was stopped and
+    was noted as "exited with code 0")."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
 
 def reap_children() -> None:
