@@ -208,6 +208,16 @@ def terminate(pids: Iterable[int], grace_s: float) -> set[int]:
     return left
 
 
+def kill_now(pids: Iterable[int]) -> set[int]:
+    """SIGKILL, no grace: for run drivers whose Ray head is gone. A SIGTERM asks a driver
+    to stop (engine.orchestration.live_controls): it would checkpoint and report "stopped
+    on request" into a run that nobody stopped and that is to be marked lost. Returns
+    what is still alive afterwards (normally nothing)."""
+    pids = set(pids)
+    send(pids, signal.SIGKILL)
+    return wait_gone(pids, 5.0)
+
+
 def send(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         try:
@@ -219,11 +229,23 @@ def send(pids: Iterable[int], sig: int) -> None:
 def wait_gone(pids: set[int], timeout_s: float) -> set[int]:
     deadline = time.monotonic() + timeout_s
     while True:
-        reap_children()
+        reap(pids)
         left = {p for p in pids if is_alive(p)}
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.1)
+
+
+def reap(pids: Iterable[int]) -> None:
+    """Collect those of ``pids`` that are our children and exited; only those: a
+    supervisor's other children keep their exit status for its own poll() (two children
+    SIGKILLed together, the second was reaped while the first's session was stopped and
+    was noted as "exited with code 0")."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
 
 def reap_children() -> None:

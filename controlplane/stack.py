@@ -298,8 +298,8 @@ class Supervisor(ChildSupervisor):
                 if other.popen.poll() is None:
                     ours |= proc.session_members(other.popen.pid)
             if strays := proc.marked_processes(self.config.marker) - ours:
-                say(f"stopping {len(strays)} processes the Ray head left (its runs' drivers)")
-                proc.terminate(strays, self.config.grace_s)
+                say(f"killing {len(strays)} processes the Ray head left (its runs' drivers)")
+                proc.kill_now(strays)
         return reason
 
     def ray_head_restarted(self, note: dict) -> None:
@@ -361,6 +361,9 @@ def stop_stack(config: StackConfig) -> str:
         stopped.append(f"the stack of supervisor pid {record.supervisor_pid}")
     if hung:
         proc.terminate(hung, config.grace_s)
+    if strays := headless_drivers(record, config.marker):
+        proc.kill_now(strays)
+        stopped.append(f"{len(strays)} processes of run drivers whose Ray head was gone")
     leftovers = proc.stack_processes(record, config.marker)
     if leftovers:
         proc.sweep(record, config.marker, config.grace_s)
@@ -369,6 +372,24 @@ def stop_stack(config: StackConfig) -> str:
                                                record.supervisor_create_time):
         config.pid_file.unlink(missing_ok=True)
     return " and ".join(stopped)
+
+
+def headless_drivers(record: StackRecord | None, marker: str) -> set[int]:
+    """What a stack whose supervisor and Ray head both died left outside its children's
+    sessions: its runs' drivers (Ray's job entrypoints leave the session), which outlive
+    their head and train on. They are killed outright, as when the stack restarts a dead
+    Ray head (Supervisor.exited): their runs are lost (sync_runs: Ray has no such job),
+    and their last checkpoint on disk is reconciled and listed. While the head is alive,
+    the sweep's SIGTERM stops them as `stop` of a running stack does."""
+    if record is None or proc.is_alive(record.supervisor_pid, record.supervisor_create_time):
+        return set()
+    children = [c for c in record.children if proc.is_alive(c.pid, c.create_time)]
+    if any(c.name == "ray" for c in children):
+        return set()
+    sessions = set().union(*(proc.session_members(c.pid) for c in children))
+    me = os.getpid()
+    return {p for p in proc.marked_processes(marker) - sessions
+            if p != me and p not in proc.ancestors(me)}
 
 
 def redis_argv(conf: Path, port: int, data_dir: Path) -> list[str]:

@@ -89,6 +89,7 @@ CI_FILE_SECONDS = {
     # the e2e pass (its own two workers; alone, 2026-12-03)
     "tests/e2e/test_chaos_drills.py": 140,
     "tests/e2e/test_browser.py": 90,
+    "tests/e2e/test_stack_drills.py": 90,
     "tests/e2e/test_operate_remotely.py": 66,
     "tests/e2e/test_alerts_browser.py": 30,
     "tests/e2e/test_inspector_browser.py": 25,

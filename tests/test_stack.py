@@ -23,11 +23,14 @@ from controlplane.processes import ChildRecord, StackRecord, StartupError
 from controlplane.stack import (
     RAY_TEMP_DIR_MAX_LEN,
     StackConfig,
+    Supervisor,
     parse_args,
     private_dir,
     ray_environment,
+    stop_stack,
     tighten_files,
 )
+from controlplane.supervision import RestartPolicy
 
 from .stack_helpers import start_stack, wait_ready
 
@@ -171,6 +174,58 @@ def test_stopping_finds_the_session_and_the_marked_escapees(tmp_path):
         for child in (leader, escapee):
             child.kill()
             child.wait()
+
+
+def a_driver(marker: str, said: Path) -> subprocess.Popen:
+    """A run's driver as Ray starts it (a session of its own, the stack's marker): asked
+    to stop (SIGTERM), it would checkpoint and report "stopped on request". Its exit status
+    is lost: the stack's helpers reap every child of this process."""
+    return subprocess.Popen(
+        ["sh", "-c", f"trap 'echo stopped > {said}; exit 0' TERM; while :; do sleep 0.1; done"],
+        start_new_session=True, env={**os.environ, proc.STACK_MARKER: marker})
+
+
+def small_config(state_dir: Path) -> StackConfig:
+    return StackConfig(state_dir=state_dir, http_port=1, ray_cpus=1, ray_gpus=0,
+                       ray_object_store_mb=100, demo=False)
+
+
+def test_a_start_after_a_crash_kills_the_drivers_whose_ray_head_died_without_asking(
+        tmp_path):
+    config = small_config(tmp_path)
+    driver = a_driver(config.marker, tmp_path / "said")
+    gone = subprocess.Popen(["true"])       # the supervisor and the Ray head: SIGKILLed
+    gone.wait()
+    proc.write_pid_file(config.pid_file, StackRecord(
+        supervisor_pid=gone.pid, supervisor_create_time=0.0, state_dir=config.marker,
+        children=[ChildRecord("ray", gone.pid, 0.0)]))
+    try:
+        stopped = stop_stack(config)
+
+        assert "processes of run drivers whose Ray head was gone" in stopped
+        assert not proc.is_alive(driver.pid)
+        assert not (tmp_path / "said").exists()     # its run is lost, not "stopped"
+    finally:
+        driver.kill()
+        driver.wait()
+
+
+def test_drivers_left_by_a_ray_head_that_exited_are_killed_without_asking(tmp_path):
+    config = small_config(tmp_path)
+    config.log_dir.mkdir(parents=True)
+    supervisor = Supervisor(config, RestartPolicy(first_delay_s=60))
+    driver = a_driver(config.marker, tmp_path / "said")
+    try:
+        supervisor.spawn("ray", ["true"], {**os.environ, proc.STACK_MARKER: config.marker})
+        supervisor.children["ray"].popen.wait()
+
+        assert supervisor.check() is None
+
+        assert not proc.is_alive(driver.pid)
+        assert not (tmp_path / "said").exists()
+    finally:
+        driver.kill()
+        driver.wait()
 
 
 # -- the real stack ---------------------------------------------------------------------

@@ -124,3 +124,26 @@ def test_a_killed_redis_comes_back_on_the_same_address_with_the_same_password(tm
     assert sup.children["redis"].popen.pid != first
     note = proc.read_pid_file(tmp_path / "stack.json").restarts[0]
     assert note["child"] == "redis" and note["exit"] == "killed by signal 9"
+
+
+def test_children_killed_together_are_each_noted_as_killed(tmp_path):
+    sup = supervisor(tmp_path)
+    # The first leaves a member in its session, which its exit stops (as `ray start` leaves
+    # its GCS); the second dies in the meantime.
+    sup.spawn("first", ["sh", "-c", "sleep 60 & wait"], dict(os.environ))
+    sup.spawn("second", ["sleep", "60"], dict(os.environ))
+    pids = [sup.children[name].popen.pid for name in ("first", "second")]
+    try:
+        deadline = time.monotonic() + 10
+        while len(proc.session_members(pids[0])) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        while any(proc.is_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+        assert sup.check() is None
+    finally:
+        stop_all(sup)
+
+    assert [c.exit_note["exit"] for c in sup.children.values()] == ["killed by signal 9"] * 2
