@@ -87,7 +87,7 @@ CI_FILE_SECONDS = {
     "tests/engine/test_no_false_alarms_presets.py": 30,
     "tests/engine/test_resizing.py": 25,   # one Ray run that starts a worker (14-28 s here)
     # the e2e pass (its own two workers; alone, 2026-12-03)
-    "tests/e2e/test_chaos_drills.py": 140,
+    "tests/e2e/test_chaos_drills.py": 80,
     "tests/e2e/test_browser.py": 90,
     "tests/e2e/test_stack_drills.py": 90,
     "tests/e2e/test_operate_remotely.py": 66,

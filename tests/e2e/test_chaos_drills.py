@@ -9,21 +9,18 @@ plane fails under it. Each drill prints its figure for the closing note.
     ControlPlane: redis-server, celery worker, celery beat, uvicorn, one SQLite file,
                   each in its own session (setsid), killed by process group
 
-    restart     SIGKILL every control-plane process mid-run, start them again: the run
-                goes on (its HttpSink spools) and every event is stored once
     driver      SIGKILL the run's driver past its first checkpoint: sync_runs submits it
                 again (run.max_restarts), it resumes from the checkpoint, serves each
                 prompt once, stores every event once, and no alert but the restart's
                 own (DriverRestarted, cleared once past the step of the kill) fires
-    redis       SIGKILL Redis mid-run, start it again: the run finishes, every event
-                stored once, and the worker and beat are back at work
     worker      SIGKILL the Celery worker as it takes the run's submit_run, start another:
                 the beat's sync_runs queues the submit again (resubmit_stuck_runs) and
                 the run is submitted once and finishes
 
 The control plane is started piece by piece rather than as controlplane.stack, so that
-each drill kills and restarts the piece it names by hand; the stack's supervisor, which
-restarts a dead child itself, is tested in tests/test_supervision.py.
+each drill kills and restarts the piece it names by hand. The drills of the real stack,
+whose supervisor restarts a dead child itself (Redis, the worker, uvicorn, all of them
+at once; the whole stack at a checkpoint), are tests/e2e/test_stack_drills.py.
 """
 
 from __future__ import annotations
@@ -58,7 +55,6 @@ from .local_processes import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-DOWN_S = 4.0   # how long a killed part stays down
 # sync_runs queues an unsubmitted run's submit again after this (120 s by default): long
 # enough that a live worker's submit (a few seconds) is not twinned, short enough that the
 # worker drill does not idle two minutes for it.
@@ -206,27 +202,6 @@ def wait_status(cp: ControlPlane, run_id: int, status: str, timeout_s: float = 3
 
 
 @pytest.mark.timeout(600)
-def test_restarting_the_whole_control_plane_mid_run_loses_and_repeats_no_event(plane):
-    run_id = plane.launch()
-    plane.wait_running(run_id)
-
-    plane.kill()
-    before = len(stored_seqs(plane.db, run_id))
-    time.sleep(DOWN_S)
-    restart_s = plane.start()
-    first_new = time.monotonic()
-    wait_for("an event stored after the restart",
-             lambda: len(stored_seqs(plane.db, run_id)) > before, 120)
-    resumed_s = time.monotonic() - first_new + restart_s
-    wait_status(plane, run_id, "succeeded")
-
-    n = plane.assert_every_event_stored_once(run_id)
-    print(f"\ncontrol plane restart: {n} events, {before} stored before the kill; "
-          f"0 lost, 0 twice; events flowing again {resumed_s:.1f}s after the restart "
-          f"began ({DOWN_S:.0f}s down)")
-
-
-@pytest.mark.timeout(600)
 def test_a_sigkilled_driver_resumes_from_its_checkpoint_serving_each_prompt_once(plane):
     run_id = plane.launch(RESTART_CONFIG)
     wait_for("the first checkpoint stored", lambda: query(
@@ -271,27 +246,6 @@ def test_a_sigkilled_driver_resumes_from_its_checkpoint_serving_each_prompt_once
           f"{restart_s:.1f}s, {resumed[0]}; succeeded with {n} events, 0 lost, 0 twice; "
           f"{prompts} prompts served once, 0 skipped, 0 repeated; DriverRestarted "
           f"resolved ({alerts[0][2]}), no other alert")
-
-
-@pytest.mark.timeout(600)
-def test_killing_redis_mid_run_loses_no_event_and_the_workers_reconnect(plane):
-    run_id = plane.launch()
-    plane.wait_running(run_id)
-
-    plane.kill("redis")
-    time.sleep(DOWN_S)
-    plane.start("redis")
-    back = time.monotonic()
-    wait_status(plane, run_id, "succeeded")
-
-    n = plane.assert_every_event_stored_once(run_id)
-    # The worker and beat are at work again: a second run goes through the queue's
-    # Celery submit_run, which needs both Redis and the worker.
-    second = plane.launch()
-    submitted_s = wait_status(plane, second, "running", 240)
-    print(f"\nredis kill: {n} events, 0 lost, 0 twice; a new run submitted through "
-          f"Celery {submitted_s:.1f}s after launch ({time.monotonic() - back:.0f}s after "
-          "Redis came back)")
 
 
 @pytest.mark.timeout(900)
