@@ -28,7 +28,7 @@ import torch
 from engine.config import RunConfig
 from engine.experience import Sample
 from engine.learner.batch import PackedBatch, pack, packed_layout, response_logprobs
-from engine.model import base_model_dir, load_policy, load_tokenizer
+from engine.model import base_model_dir, end_of_turn_token_id, load_policy, load_tokenizer
 from engine.tasks import Problem, Task, task_for
 from engine.tinymodel import _key, atomic_dir, cache_root
 
@@ -37,12 +37,20 @@ def encode(tokenizer, problem_prompt: str) -> list[int]:
     return tokenizer(problem_prompt)["input_ids"]
 
 
+def demonstration_end(tok, task: Task) -> int:
+    """The token a demonstration ends with: after a chat-rendered prompt, the one the
+    template closes an assistant turn with (<|im_end|>, <end_of_turn>, <|end|>: what the
+    model's own turns end with, and a stop id of the sampler), else EOS."""
+    eot = end_of_turn_token_id(tok) if task.chat else None
+    return tok.eos_token_id if eot is None else eot
+
+
 def demonstration_sample(tok, task: Task, problem: Problem) -> Sample:
     """One supervised example: the prompt as the sampler sees it, then the task's
-    demonstration and the token that ends it, which are all the loss is taken over (the
-    prompt is context only)."""
+    demonstration and the token that ends it (demonstration_end), which are all the loss
+    is taken over (the prompt is context only)."""
     response = tok(task.demonstration(problem), add_special_tokens=False)["input_ids"]
-    response = response + [tok.eos_token_id]
+    response = response + [demonstration_end(tok, task)]
     return Sample(problem=problem, prompt_ids=encode(tok, problem.prompt),
                   response_ids=response, behaviour_logprobs=[0.0] * len(response),
                   finished=True, version=0, group=0)
@@ -68,8 +76,11 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
     remote = cfg.model.trust_remote_code
     tok = load_tokenizer(base, remote)
     task = task_for(cfg, tok)
+    # The demonstrations' end token is a key part where it is not EOS (a chat task's), so
+    # the warm starts that end with EOS keep their keys.
+    end = demonstration_end(tok, task)
     key = _key({"base": base_identity(base), "task": cfg.task.model_dump(mode="json"),
-                **task.identity(),
+                **task.identity(), **({"end": end} if end != tok.eos_token_id else {}),
                 "ws": {**ws.model_dump(mode="json", exclude={"max_seconds"}), "steps": steps},
                 "v": 2})
     final = cache_root() / "warmstart" / f"{base.name}-{key}"

@@ -112,6 +112,7 @@ class DatasetTask(Task):
         super().__init__()
         self.cfg, self.seed = cfg, seed
         self.eval_size, self.format_penalty = cfg.eval_size, cfg.format_penalty
+        self.chat = cfg.chat_template
         train, dropped = self._problems("task.path", cfg.path, tokenizer)
         if cfg.eval_path is not None:
             held, dropped_eval = self._problems("task.eval_path", cfg.eval_path, tokenizer)

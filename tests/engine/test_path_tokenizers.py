@@ -1,0 +1,54 @@
+"""What a real tokenizer does differently from the built-in character one, on the path a
+model.path checkpoint takes (tiny random models with a byte-level BPE tokenizer and a
+ChatML template, tests/engine/hf_models.py): the warm start's end token and loss mask,
+and batches that pad on either side computing what each sequence alone computes."""
+
+import pytest
+
+from engine.experience import Sample
+from engine.learner.batch import pack
+from engine.learner.warmstart import demonstration_sample
+from engine.model import load_tokenizer
+from engine.tasks import task_for
+
+from .hf_models import EOS, IM_END, build_hf_model
+from .test_dataset_task import ROWS, jsonl, run_cfg
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    """Its tokenizer's EOS is <|endoftext|>, its template ends a turn with <|im_end|>."""
+    return build_hf_model(tmp_path_factory.mktemp("hf") / "qwen2", "qwen2")
+
+
+def trained_text(tok, sample: Sample) -> str:
+    """The tokens the warm start's loss covers, as text (special tokens kept)."""
+    batch = pack([sample], tok.pad_token_id)
+    targets = batch.input_ids[0, batch.prompt_len:][batch.response_mask[0].bool()]
+    return tok.decode(targets, skip_special_tokens=False)
+
+
+def test_a_chat_rendered_demonstration_ends_with_the_templates_end_of_turn(qwen2, tmp_path):
+    # The sampler stops at either token, but a chat model's own turns end with <|im_end|>:
+    # a warm start ending them with EOS teaches the turn an ending the template never writes.
+    tok = load_tokenizer(qwen2)
+    task = task_for(run_cfg({"path": jsonl(tmp_path / "d.jsonl", ROWS), "sft_key": "solution",
+                             "chat_template": True}), tok)
+    p = task.train_problems(0, 1, stream="sft")[0]
+    sample = demonstration_sample(tok, task, p)
+    assert trained_text(tok, sample) == p.row["solution"] + IM_END
+    # prompt + trained tokens: the template's own rendering of the turn, up to its end
+    turn = tok.apply_chat_template([{"role": "user", "content": p.row["question"]},
+                                    {"role": "assistant", "content": p.row["solution"]}],
+                                   tokenize=False)
+    whole = tok(turn)["input_ids"]
+    assert sample.prompt_ids + sample.response_ids == whole[:whole.index(tok.convert_tokens_to_ids(
+        IM_END), len(sample.prompt_ids)) + 1]
+
+
+def test_a_raw_prompts_demonstration_ends_with_eos_and_only_it_is_trained(qwen2, tmp_path):
+    tok = load_tokenizer(qwen2)
+    task = task_for(run_cfg({"path": jsonl(tmp_path / "d.jsonl", ROWS), "sft_key": "solution"}),
+                    tok)
+    p = task.train_problems(0, 1, stream="sft")[0]
+    assert trained_text(tok, demonstration_sample(tok, task, p)) == p.row["solution"] + EOS
