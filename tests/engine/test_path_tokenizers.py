@@ -4,12 +4,15 @@ ChatML template, tests/engine/hf_models.py): the warm start's end token and loss
 and batches that pad on either side computing what each sequence alone computes."""
 
 import pytest
+import torch
 
 from engine.experience import Sample
-from engine.learner.batch import pack
+from engine.learner.batch import pack, response_logprobs
 from engine.learner.warmstart import demonstration_sample
-from engine.model import load_tokenizer
-from engine.tasks import task_for
+from engine.model import load_policy, load_tokenizer
+from engine.rollout.base import SamplingParams
+from engine.rollout.torch_backend import TorchRollout
+from engine.tasks import Problem, task_for
 
 from .hf_models import EOS, IM_END, build_hf_model
 from .test_dataset_task import ROWS, jsonl, run_cfg
@@ -52,3 +55,38 @@ def test_a_raw_prompts_demonstration_ends_with_eos_and_only_it_is_trained(qwen2,
                     tok)
     p = task.train_problems(0, 1, stream="sft")[0]
     assert trained_text(tok, demonstration_sample(tok, task, p)) == p.row["solution"] + EOS
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A <pad> token of its own (qwen2 pads with EOS)."""
+    return build_hf_model(tmp_path_factory.mktemp("hf") / "llama", "llama")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_left_and_right_padding_compute_what_each_sequence_alone_computes(arch, request):
+    # Prompts of 3-20 tokens, left-padded; completions of ragged lengths, right-padded;
+    # with qwen2 every pad is an EOS id, and completions end with EOS too.
+    path = request.getfixturevalue(arch)
+    tok, policy = load_tokenizer(path), load_policy(path).eval()
+    texts = ["12+34=", "Natalia sold clips to 48 of her friends in April.", "7*8=",
+             "How many clips did she sell? Let us think"]
+    prompts = [tok(t)["input_ids"] for t in texts]
+    outs = TorchRollout.from_pretrained(path).generate(
+        prompts, SamplingParams(temperature=1.0, max_new_tokens=10), seed=1)
+    outs[1].token_ids = outs[1].token_ids[:4] + [tok.eos_token_id]
+    outs[1].logprobs = outs[1].logprobs[:5]
+    samples = [Sample(Problem("", ""), p, o.token_ids, o.logprobs, True, 0, 0)
+               for p, o in zip(prompts, outs, strict=True)]
+    batch = pack(samples, tok.pad_token_id)
+    with torch.no_grad():
+        padded, _ = response_logprobs(policy, batch, 1.0)
+        packed, _ = response_logprobs(policy, batch, 1.0, packed=True)
+        for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
+            n = len(o.token_ids)
+            alone = policy(input_ids=torch.tensor([p + o.token_ids])).logits[0].log_softmax(-1)
+            alone = alone[len(p) - 1:-1].gather(-1, torch.tensor(o.token_ids)[:, None])[:, 0]
+            assert (padded[i, :n] - alone).abs().max() < 1e-5
+            assert (packed[i, :n] - alone).abs().max() < 1e-5
+            if i != 1:       # the sampler's own logprobs (row 1 was cut and given an EOS)
+                assert (torch.tensor(o.logprobs) - alone).abs().max() < 1e-5
