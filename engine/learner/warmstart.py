@@ -28,13 +28,15 @@ import torch
 from engine.config import RunConfig
 from engine.experience import Sample
 from engine.learner.batch import PackedBatch, pack, packed_layout, response_logprobs
-from engine.model import base_model_dir, end_of_turn_token_id, load_policy, load_tokenizer
+from engine.model import (
+    base_model_dir,
+    encode_prompt,
+    end_of_turn_token_id,
+    load_policy,
+    load_tokenizer,
+)
 from engine.tasks import Problem, Task, task_for
 from engine.tinymodel import _key, atomic_dir, cache_root
-
-
-def encode(tokenizer, problem_prompt: str) -> list[int]:
-    return tokenizer(problem_prompt)["input_ids"]
 
 
 def demonstration_end(tok, task: Task) -> int:
@@ -51,7 +53,7 @@ def demonstration_sample(tok, task: Task, problem: Problem) -> Sample:
     is taken over (the prompt is context only)."""
     response = tok(task.demonstration(problem), add_special_tokens=False)["input_ids"]
     response = response + [demonstration_end(tok, task)]
-    return Sample(problem=problem, prompt_ids=encode(tok, problem.prompt),
+    return Sample(problem=problem, prompt_ids=encode_prompt(tok, problem.prompt),
                   response_ids=response, behaviour_logprobs=[0.0] * len(response),
                   finished=True, version=0, group=0)
 

@@ -6,13 +6,15 @@ and batches that pad on either side computing what each sequence alone computes.
 import pytest
 import torch
 
+from engine.config import ArithmeticTaskConfig
 from engine.experience import Sample
 from engine.learner.batch import pack, response_logprobs
 from engine.learner.warmstart import demonstration_sample
 from engine.model import load_policy, load_tokenizer
-from engine.rollout.base import SamplingParams
+from engine.orchestration.evaluation import evaluate
+from engine.rollout.base import Completion, SamplingParams
 from engine.rollout.torch_backend import TorchRollout
-from engine.tasks import Problem, task_for
+from engine.tasks import Problem, build_task, task_for
 
 from .hf_models import EOS, IM_END, build_hf_model
 from .test_dataset_task import ROWS, jsonl, run_cfg
@@ -90,3 +92,36 @@ def test_left_and_right_padding_compute_what_each_sequence_alone_computes(arch, 
             assert (packed[i, :n] - alone).abs().max() < 1e-5
             if i != 1:       # the sampler's own logprobs (row 1 was cut and given an EOS)
                 assert (torch.tensor(o.logprobs) - alone).abs().max() < 1e-5
+
+
+class RecordingEngine:
+    """The rollout seam, recording the prompts it is asked to continue; every completion
+    is one EOS."""
+
+    def __init__(self, eos: int):
+        self.eos, self.prompts = eos, []
+
+    def generate(self, prompts, params, seed, on_complete=None, budgets=None):
+        self.prompts += prompts
+        return [Completion([self.eos], [0.0], True, 0) for _ in prompts]
+
+
+def appending_eos(path):
+    """The model's tokenizer as a supervised fine-tune often saves it: add_eos_token."""
+    tok = load_tokenizer(path)
+    tok.add_eos_token = True
+    assert tok("12+34=")["input_ids"][-1] == tok.eos_token_id
+    return tok
+
+
+def test_no_prompt_ends_with_the_eos_a_tokenizer_appends(qwen2, tmp_path):
+    # A prompt ending in EOS asks the model to go on after the end of the sequence: the
+    # warm start would teach answers there, and the sampler would sample them there.
+    tok = appending_eos(qwen2)
+    task = build_task(ArithmeticTaskConfig(type="arithmetic", eval_size=8))
+    p = task.train_problems(0, 1, stream="sft")[0]
+    assert demonstration_sample(tok, task, p).prompt_ids == \
+        tok(p.prompt, add_special_tokens=False)["input_ids"]
+    engine = RecordingEngine(tok.eos_token_id)
+    evaluate(engine, task, tok, temperature=1.0, max_new_tokens=4, seed=0)
+    assert engine.prompts and all(ids[-1] != tok.eos_token_id for ids in engine.prompts)
