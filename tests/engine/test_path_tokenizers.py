@@ -1,7 +1,18 @@
 """What a real tokenizer does differently from the built-in character one, on the path a
 model.path checkpoint takes (tiny random models with a byte-level BPE tokenizer and a
-ChatML template, tests/engine/hf_models.py): the warm start's end token and loss mask,
-and batches that pad on either side computing what each sequence alone computes."""
+ChatML template, tests/engine/hf_models.py). What was checked, and what was fixed:
+
+- prompt/completion boundary: every part (warm start, sampler, learner, evaluation)
+  encodes the prompt alone and continues it with ids, so what is trained is what is
+  sampled; on the shipped GSM8K-format sample (raw and chat-rendered) and arithmetic,
+  prompt + demonstration encoded jointly gives the same ids as encoded apart.
+- prompts ending in an EOS the tokenizer appends (add_eos_token): fixed, encode_prompt.
+- stop ids: EOS, generation_config's EOS list and the template's end of turn
+  (tests/engine/test_hf_models.py); the warm start ended chat turns with EOS instead of
+  the template's end of turn: fixed, demonstration_end.
+- the warm start's loss covers the demonstration and its end token, never the prompt.
+- padding: left-padded prompts and right-padded completions compute what each sequence
+  computes alone, in the sampler and in both learner layouts."""
 
 import pytest
 import torch
