@@ -104,9 +104,12 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     appends (add_eos_token, as tokenizers saved from supervised fine-tuning often have
     it): a prompt ending in EOS asks the model to go on after the end of the sequence."""
     ids = tokenizer(text)["input_ids"]
-    eos = tokenizer.eos_token_id
-    if len(ids) > 1 and ids[-1] == eos and not text.endswith(tokenizer.eos_token):
-        ids = ids[:-1]
+    if len(ids) > 1 and ids[-1] == tokenizer.eos_token_id:
+        # appended: the text's own tokens come right before it (an EOS the text writes
+        # itself is among them)
+        own = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > len(own) and ids[len(ids) - 1 - len(own):-1] == own:
+            ids = ids[:-1]
     return ids
 
 

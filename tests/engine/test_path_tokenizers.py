@@ -21,7 +21,7 @@ from engine.config import ArithmeticTaskConfig
 from engine.experience import Sample
 from engine.learner.batch import pack, response_logprobs
 from engine.learner.warmstart import demonstration_sample
-from engine.model import load_policy, load_tokenizer
+from engine.model import encode_prompt, load_policy, load_tokenizer
 from engine.orchestration.evaluation import evaluate
 from engine.rollout.base import Completion, SamplingParams
 from engine.rollout.torch_backend import TorchRollout
@@ -136,3 +136,14 @@ def test_no_prompt_ends_with_the_eos_a_tokenizer_appends(qwen2, tmp_path):
     engine = RecordingEngine(tok.eos_token_id)
     evaluate(engine, task, tok, temperature=1.0, max_new_tokens=4, seed=0)
     assert engine.prompts and all(ids[-1] != tok.eos_token_id for ids in engine.prompts)
+
+
+def test_a_prompt_keeps_its_bos_and_an_eos_written_in_its_own_text(qwen2):
+    from engine.tinymodel import build_tokenizer
+
+    chars = build_tokenizer()                       # prepends <bos>
+    assert encode_prompt(chars, "1+1=") == chars("1+1=")["input_ids"]
+    assert encode_prompt(chars, "1+1=")[0] == chars.bos_token_id
+    tok = appending_eos(qwen2)
+    assert encode_prompt(tok, "7*8=" + EOS) == tok("7*8=" + EOS, add_special_tokens=False)[
+        "input_ids"]
