@@ -38,8 +38,8 @@ from engine.config import LearnerConfig, RunConfig, load_config
 from engine.experience import Sample
 from engine.learner.batch import pack, packed_layout, padded_layout
 from engine.learner.learner import Learner
-from engine.learner.warmstart import encode, ensure_warm_start
-from engine.model import load_policy, load_tokenizer
+from engine.learner.warmstart import ensure_warm_start
+from engine.model import encode_prompt, load_policy, load_tokenizer
 from engine.rollout.base import SamplingParams
 from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import build_task
@@ -55,7 +55,7 @@ def recipe_batch(cfg: RunConfig, sampled: bool) -> list[Sample]:
     group = cfg.algorithm.group_size
     problems = [p for p in build_task(cfg.task).train_problems(0, cfg.rollout.prompts_per_step)
                 for _ in range(group)]
-    prompts = [encode(tok, p.prompt) for p in problems]
+    prompts = [encode_prompt(tok, p.prompt) for p in problems]
     if sampled:
         r = cfg.rollout
         outs = TorchRollout.from_pretrained(ensure_warm_start(cfg)).generate(

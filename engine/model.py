@@ -8,6 +8,7 @@
     load_critic(dir, dtype)       PPO's value model: AutoModelForTokenClassification with
                                   one label (the architecture's base model + a scalar head)
     load_tokenizer(dir)           AutoTokenizer, left padding, pad token -> EOS if unset
+    encode_prompt(tok, text)      the ids a prompt is generated from (no appended EOS)
     eos_token_ids(dir)            config.json + generation_config.json EOS ids
     stop_token_ids(tok, dir)      those + the chat template's end-of-turn token
 
@@ -95,6 +96,21 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
                              "set eos_token in its tokenizer_config.json")
         tok.pad_token = tok.eos_token
     return tok
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """The ids every part generates from, trains on and counts for ``text`` as a prompt:
+    the tokenizer's own encoding (its BOS included), less an EOS its post-processor
+    appends (add_eos_token, as tokenizers saved from supervised fine-tuning often have
+    it): a prompt ending in EOS asks the model to go on after the end of the sequence."""
+    ids = tokenizer(text)["input_ids"]
+    if len(ids) > 1 and ids[-1] == tokenizer.eos_token_id:
+        # appended: the text's own tokens come right before it (an EOS the text writes
+        # itself is among them)
+        own = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > len(own) and ids[len(ids) - 1 - len(own):-1] == own:
+            ids = ids[:-1]
+    return ids
 
 
 def _ids(value) -> list[int]:

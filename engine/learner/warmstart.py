@@ -28,13 +28,34 @@ import torch
 from engine.config import RunConfig
 from engine.experience import Sample
 from engine.learner.batch import PackedBatch, pack, packed_layout, response_logprobs
-from engine.model import base_model_dir, load_policy, load_tokenizer
-from engine.tasks import task_for
+from engine.model import (
+    base_model_dir,
+    encode_prompt,
+    end_of_turn_token_id,
+    load_policy,
+    load_tokenizer,
+)
+from engine.tasks import Problem, Task, task_for
 from engine.tinymodel import _key, atomic_dir, cache_root
 
 
-def encode(tokenizer, problem_prompt: str) -> list[int]:
-    return tokenizer(problem_prompt)["input_ids"]
+def demonstration_end(tok, task: Task) -> int:
+    """The token a demonstration ends with: after a chat-rendered prompt, the one the
+    template closes an assistant turn with (<|im_end|>, <end_of_turn>, <|end|>: what the
+    model's own turns end with, and a stop id of the sampler), else EOS."""
+    eot = end_of_turn_token_id(tok) if task.chat else None
+    return tok.eos_token_id if eot is None else eot
+
+
+def demonstration_sample(tok, task: Task, problem: Problem) -> Sample:
+    """One supervised example: the prompt as the sampler sees it, then the task's
+    demonstration and the token that ends it (demonstration_end), which are all the loss
+    is taken over (the prompt is context only)."""
+    response = tok(task.demonstration(problem), add_special_tokens=False)["input_ids"]
+    response = response + [demonstration_end(tok, task)]
+    return Sample(problem=problem, prompt_ids=encode_prompt(tok, problem.prompt),
+                  response_ids=response, behaviour_logprobs=[0.0] * len(response),
+                  finished=True, version=0, group=0)
 
 
 def base_identity(base: Path) -> str:
@@ -57,8 +78,11 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
     remote = cfg.model.trust_remote_code
     tok = load_tokenizer(base, remote)
     task = task_for(cfg, tok)
+    # The demonstrations' end token is a key part where it is not EOS (a chat task's), so
+    # the warm starts that end with EOS keep their keys.
+    end = demonstration_end(tok, task)
     key = _key({"base": base_identity(base), "task": cfg.task.model_dump(mode="json"),
-                **task.identity(),
+                **task.identity(), **({"end": end} if end != tok.eos_token_id else {}),
                 "ws": {**ws.model_dump(mode="json", exclude={"max_seconds"}), "steps": steps},
                 "v": 2})
     final = cache_root() / "warmstart" / f"{base.name}-{key}"
@@ -75,14 +99,8 @@ def ensure_warm_start(cfg: RunConfig, log=print) -> Path:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
         t0, done, loss = time.monotonic(), 0, float("nan")
         for step in range(steps):
-            samples = [Sample(problem=p, prompt_ids=encode(tok, p.prompt),
-                              response_ids=tok(task.demonstration(p),
-                                               add_special_tokens=False)["input_ids"]
-                              + [tok.eos_token_id],
-                              behaviour_logprobs=[], finished=True, version=0, group=0)
+            samples = [demonstration_sample(tok, task, p)
                        for p in task.train_problems(step, ws.batch_size, stream="sft")]
-            for s in samples:
-                s.behaviour_logprobs = [0.0] * len(s.response_ids)
             batch = pack(samples, tok.pad_token_id)
             logp, _ = response_logprobs(model, batch, temperature=1.0,
                                         packed=cfg.learner.packing and saves_slots(batch))

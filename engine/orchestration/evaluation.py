@@ -10,6 +10,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from engine import metrics as M
+from engine.model import encode_prompt
 from engine.rollout.base import RolloutEngine, SamplingParams
 from engine.tasks import Task
 
@@ -23,7 +24,7 @@ def evaluate(engine: RolloutEngine, task: Task, tokenizer, temperature: float,
             ((M.EVAL_REWARD_MEAN, M.EVAL_ACCURACY), temperature, samples),
             ((M.EVAL_GREEDY_REWARD_MEAN, M.EVAL_GREEDY_ACCURACY), 0.0, 1)):
         problems = [p for p in held_out for _ in range(n)]
-        prompts = [tokenizer(p.prompt)["input_ids"] for p in problems]
+        prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
         comps = engine.generate(prompts, SamplingParams(
             temperature=temp, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids),
             seed)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from engine.experience import Sample
+from engine.model import encode_prompt
 from engine.reward import RewardFn
 from engine.rollout.base import Completion, RolloutEngine, SamplingParams
 from engine.tasks.base import Problem
@@ -78,7 +79,7 @@ def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: Sampli
                     rec: SpanRecorder) -> tuple[list[list[Sample]], list[PartialGroup]]:
     """Generate until ``target`` groups are complete; returns (complete groups as samples,
     the unfinished groups to carry)."""
-    prompt = [tok(g.problem.prompt)["input_ids"] for g in groups]
+    prompt = [encode_prompt(tok, g.problem.prompt) for g in groups]
     todo = [(gi, ri) for gi, g in enumerate(groups) for ri, r in enumerate(g.rows) if not r.done]
     left = [sum(not r.done for r in g.rows) for g in groups]
     complete = sum(n == 0 for n in left)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from engine.experience import Sample
+from engine.model import encode_prompt
 from engine.reward import RewardFn
 from engine.rollout.base import RolloutEngine, SamplingParams
 from engine.tasks.base import Problem
@@ -39,7 +40,7 @@ class RolloutProducer:
     def produce(self, step: int, problems: list[Problem], seed: int) -> list[list[Sample]]:
         g = self.group_size
         owners = [p for p in problems for _ in range(g)]
-        batch = [self.tok(p.prompt)["input_ids"] for p in owners]
+        batch = [encode_prompt(self.tok, p.prompt) for p in owners]
         version = self.engine.weight_version()
         # A streaming reward (a pool) scores each completion while the rest still generate;
         # submit returns None, so the callback never stops generation.

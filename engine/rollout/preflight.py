@@ -21,6 +21,7 @@ import torch
 
 from engine.experience import Sample
 from engine.learner.batch import pack, response_logprobs
+from engine.model import encode_prompt
 from engine.rollout.base import SamplingParams
 from engine.tasks import Problem
 
@@ -44,7 +45,7 @@ def check_logprob_semantics(engine, policy: torch.nn.Module, tokenizer, prompts:
                             params: SamplingParams, pad_id: int, seed: int) -> PreflightResult:
     if params.temperature in (0.0, 1.0):
         return PreflightResult(skipped=True)
-    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    ids = [encode_prompt(tokenizer, p) for p in prompts]
     outs = engine.generate(ids, params, seed)
     samples = [Sample(Problem(p, ""), i, o.token_ids, o.logprobs, o.finished, o.version, 0)
                for p, i, o in zip(prompts, ids, outs, strict=True) if o.token_ids]

@@ -29,6 +29,10 @@ class Task(ABC):
     # Threads held-out evaluation scores with: 1 where scoring is Python arithmetic, more
     # where each score waits on a process of its own (a sandboxed program).
     score_threads: int = 1
+    # Whether prompts are rendered with the model's chat template (they end with its
+    # generation prompt): the warm start then ends a demonstration as the template ends
+    # a turn, not with EOS.
+    chat: bool = False
 
     def __init__(self) -> None:
         self._eval: list[Problem] | None = None

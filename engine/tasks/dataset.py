@@ -36,6 +36,7 @@ from engine.config.datafile import (
     lookup,
     probe,
 )
+from engine.model import encode_prompt
 from engine.tasks.base import Problem, Task
 
 
@@ -112,6 +113,7 @@ class DatasetTask(Task):
         super().__init__()
         self.cfg, self.seed = cfg, seed
         self.eval_size, self.format_penalty = cfg.eval_size, cfg.format_penalty
+        self.chat = cfg.chat_template
         train, dropped = self._problems("task.path", cfg.path, tokenizer)
         if cfg.eval_path is not None:
             held, dropped_eval = self._problems("task.eval_path", cfg.eval_path, tokenizer)
@@ -153,7 +155,7 @@ class DatasetTask(Task):
         cfg = self.cfg
         rows = read_rows(field, raw, cfg)
         texts = [render(cfg, lookup(r, cfg.prompt_key)[1], tokenizer) for r in rows]
-        lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+        lengths = [len(encode_prompt(tokenizer, t)) for t in texts]
         out = [Problem(prompt=t, answer=str(lookup(r, cfg.answer_key)[1]), row=r)
                for r, t, n in zip(rows, texts, lengths, strict=True)
                if n <= cfg.max_prompt_tokens]

@@ -137,6 +137,8 @@ class LengthEngine:
 
 
 class ByteTok:
+    eos_token_id = eos_token = None
+
     def __call__(self, text):
         return {"input_ids": [ord(text[1])]}
 
