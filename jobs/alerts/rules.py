@@ -126,7 +126,8 @@ def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[
                f"{f.config.rollout.temperature:g}) or task difficulty"
                + ("" if getattr(alg, "dynamic_sampling", False) else
                   ", or set algorithm.dynamic_sampling = true to train only on groups "
-                  "that differ"))
+                  "that differ")
+               + path_model_levers(f.config))
     else:
         return []   # rewards still vary: slow learning, not a stuck run
     values = {"slope": slope(pts), "window": len(pts)}
@@ -137,6 +138,19 @@ def stuck_reward(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[
         cause=f"Reward has been flat for {len(pts)} steps (slope {slope(pts):+.4f}/step): {why}.",
         runbook=fix[0].upper() + fix[1:] + ".",
         evidence={"values": values, "series": chart(h, M.REWARD_MEAN)})]
+
+
+def path_model_levers(cfg) -> str:
+    """What matters first for a model.path model whose signal is flat (the README's
+    recipe for one, measured): whether it writes answers the reward can tell apart at
+    all, then its learning rates."""
+    if cfg.model.path is None:
+        return ""
+    return (f"; for a model.path model first warm_start.steps (now {cfg.warm_start_steps}): "
+            "one that never writes a well-formed answer has nothing to reinforce (the "
+            "README's recipe: 120 steps at batch 32, warm_start.lr 1e-3, hotter for a "
+            f"smaller model), then algorithm.lr (now {cfg.algorithm.lr:g}; 1e-4 rose "
+            "steadily where 3e-4 fell on a small model)")
 
 
 def flat_signal(h: RunHistory, t: Thresholds) -> bool:

@@ -83,6 +83,18 @@ def test_stuck_reward_names_one_of_three_diagnoses(overrides, diagnosis):
     assert len(f.evidence["series"]["values"]) == 25
 
 
+def test_a_path_models_flat_signal_names_its_warm_start_and_learning_rate_first(tmp_path):
+    cfg = validate_config({"model": {"path": str(tmp_path)}, "algorithm": {"lr": 3e-4}},
+                          check_files=False)
+    h = healthy(25, **{"reward/mean": lambda s: -0.1})
+    [f] = [f for f in evaluate(h, RunFacts(temperature=0.7, config=cfg), Thresholds(),
+                               h.last_ts) if f.kind == "StuckReward"]
+    assert "warm_start.steps (now 0)" in f.runbook and "algorithm.lr (now 0.0003" in f.runbook
+    [built_in] = [f for f in evaluate(h, FACTS, Thresholds(), h.last_ts)
+                  if f.kind == "StuckReward"]
+    assert "model.path" not in built_in.runbook
+
+
 def test_a_flat_reward_that_still_varies_is_slow_learning_not_stuck():
     h = healthy(25, **{"reward/mean": lambda s: 0.3, "reward/std": lambda s: 0.4})
     assert "StuckReward" not in kinds(h)
