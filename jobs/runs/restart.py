@@ -6,6 +6,9 @@
                                           the same `python -m engine.ray_job --resume`:
                                           the driver resumes from its latest checkpoint
                                           (weights, weight version, data position)
+    carry_controls(run)                   what applied live controls set (lr, eval
+                                          cadence, rollout workers, a pause), asked of
+                                          the restarted driver again
 
 sync_runs (jobs/runs/tasks.py) restarts a live run whose job ended with no final status
 from the engine (a killed driver, a crash outside the loop) after reconciling what it
@@ -25,8 +28,9 @@ import logging
 from django.db.models import Max
 from django.utils import timezone
 
+from engine.api import CONTROL_VALUE_TYPES
 from jobs.cluster.ray import submission_id
-from jobs.models import LIVE, MetricPoint, Run
+from jobs.models import LIVE, MetricPoint, Run, RunControl
 from jobs.runs.submit import ensure_job
 
 logger = logging.getLogger(__name__)
@@ -55,9 +59,40 @@ def restart_driver(run: Run, client, cause: str) -> str:
                 status_reason=reason)
     if updated:
         logger.warning("run %s: %s (job %s)", run.pk, reason, sid)
+        carried = carry_controls(run)
+        if carried:
+            logger.info("run %s: asked its restarted driver again for %s", run.pk,
+                        ", ".join(c.label for c in carried))
     else:
         logger.info("run %s: a twin restarted it first, or it ended meanwhile", run.pk)
     run.refresh_from_db()
     if run.is_terminal and run.ray_submission_id != sid:
         client.stop_job(sid)           # the run ended meanwhile: its restart has no place
     return reason
+
+
+# What a live control sets holds until changed (the learning rate, the eval cadence, the
+# rollout workers, a pause), but lives in the driver: a restarted one starts from the
+# config and its checkpoint. Pause and resume set one thing between them.
+SETTING_OF = {**{kind: kind for kind in CONTROL_VALUE_TYPES}, "pause": "pause",
+              "resume": "pause"}
+
+
+def carry_controls(run: Run) -> list[RunControl]:
+    """Ask the restarted driver again for what the run's applied live controls set (the
+    last of each setting; a pause only if the run was paused), as new controls of the
+    same requester: it applies them at its first step boundary. A setting with a control
+    still pending is left to that one, which comes later and wins."""
+    controls = RunControl.objects.filter(run=run, kind__in=SETTING_OF).order_by("id")
+    last: dict[str, RunControl] = {}
+    pending: set[str] = set()
+    for c in controls:
+        if c.applied_at is None:
+            pending.add(SETTING_OF[c.kind])
+        else:
+            last[SETTING_OF[c.kind]] = c
+    carried = [c for setting, c in last.items()
+               if setting not in pending and c.kind != "resume"]
+    return RunControl.objects.bulk_create([
+        RunControl(run=run, kind=c.kind, value=c.value, requested_by_id=c.requested_by_id)
+        for c in sorted(carried, key=lambda c: c.pk)])

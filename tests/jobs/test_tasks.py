@@ -23,9 +23,10 @@ from ray.job_submission import JobStatus
 
 from controlplane.processes import free_port
 from jobs.cluster.ray import submission_id
-from jobs.models import Checkpoint, MetricPoint, Run, RunEvent, RunStatus
+from jobs.models import Checkpoint, MetricPoint, Run, RunControl, RunEvent, RunStatus
 from jobs.runs import submit, tasks
 from jobs.runs.actions import do_fork_run
+from jobs.runs.restart import carry_controls
 
 TERMINAL_JOB = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
 
@@ -321,6 +322,43 @@ def test_a_killed_driver_is_submitted_again_to_resume_and_only_max_restarts_time
     assert run.status == RunStatus.LOST and f"Ray job {again} is gone" in run.status_reason
     assert len(run.restarts) == 1 and len(restarted_driver) == 1
     assert [j.submission_id for j in cluster.list_jobs()].count(again) == 1
+
+
+@pytest.mark.django_db
+def test_a_restarted_driver_is_asked_again_for_what_live_controls_set(
+        cluster, make_run, restarted_driver):
+    run = killed_driver(cluster, make_run, max_restarts=1)
+    olga = User.objects.create_user("olga")
+    now = timezone.now()
+    for kind, value, applied in (("set_lr", 1e-4, now), ("set_eval_every", 5, now),
+                                 ("set_lr", 5e-5, now), ("pause", None, now),
+                                 ("resume", None, now), ("checkpoint", None, now),
+                                 ("set_eval_every", 10, None)):     # still pending
+        RunControl.objects.create(run=run, kind=kind, value=value, requested_by=olga,
+                                  applied_at=applied, applied_step=None if applied is None
+                                  else 12)
+    before = RunControl.objects.count()
+
+    tasks.sync_runs()
+
+    again = RunControl.objects.filter(run=run).order_by("id")[before:]
+    # the last learning rate only; the pending eval cadence comes later and wins; the
+    # run was resumed, not paused; a checkpoint is not a setting
+    assert [(c.kind, c.value, c.requested_by, c.applied_at) for c in again] == [
+        ("set_lr", 5e-5, olga, None)]
+    pending = RunControl.objects.filter(run=run, applied_at=None).values_list("kind", "value")
+    assert list(pending) == [("set_eval_every", 10.0), ("set_lr", 5e-5)]
+
+
+@pytest.mark.django_db
+def test_a_paused_runs_restarted_driver_is_paused_again(make_run):
+    run = make_run(RunStatus.RUNNING)
+    RunControl.objects.create(run=run, kind="set_rollout_workers", value=3,
+                              applied_at=timezone.now(), applied_step=4)
+    RunControl.objects.create(run=run, kind="pause", applied_at=timezone.now(), applied_step=5)
+
+    assert [(c.kind, c.value) for c in carry_controls(run)] == [
+        ("set_rollout_workers", 3.0), ("pause", None)]
 
 
 @pytest.mark.django_db
