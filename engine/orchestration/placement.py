@@ -146,6 +146,10 @@ class RolloutPlaces:
         added = [d for p in self.used if p.own for d in p.slot.devices]
         return self.layout.devices + added
 
+    def _held_gpus(self) -> float:
+        """The GPUs the run's bundles hold with its workers now (idle launch ones too)."""
+        return sum(b.get("GPU", 0.0) for b in grown_bundles(self.layout, len(self.used)))
+
     def check_room(self, more: int) -> None:
         """PlacementError, at once, when the cluster could never hold ``more`` workers on
         top of what the run holds (the idle launch bundles are taken first)."""
@@ -153,12 +157,11 @@ class RolloutPlaces:
 
         bundle, like = worker_template(self.layout)
         new = max(0, more - len(self.idle))
-        held = sum(b.get("GPU", 0.0) for b in grown_bundles(self.layout, len(self.used)))
         if new:
             # each its own group of one bundle: no strategy binds them together
             check_fits(Layout([like] * new, like, [bundle] * new, "PACK", on_ray=True),
-                       [n["Resources"] for n in ray.nodes() if n["Alive"]], held,
-                       what=f"{new} more rollout worker(s)")
+                       [n["Resources"] for n in ray.nodes() if n["Alive"]],
+                       self._held_gpus(), what=f"{new} more rollout worker(s)")
 
     def take(self) -> Place:
         """A place for one more worker: an idle launch bundle, else a placement group of
@@ -168,9 +171,8 @@ class RolloutPlaces:
             place = self.idle.pop()
         else:
             bundle, like = worker_template(self.layout)
-            held = sum(b.get("GPU", 0.0) for b in grown_bundles(self.layout, len(self.used)))
             pg = reserve(Layout([like], like, [bundle], self.layout.strategy, on_ray=True),
-                         self.timeout_s, held, what="one more rollout worker")
+                         self.timeout_s, self._held_gpus(), what="one more rollout worker")
             n = len(like.devices)
             devices = [f"gpu:{self.next_device + j}" for j in range(n)]
             self.next_device += n

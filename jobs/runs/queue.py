@@ -163,8 +163,7 @@ def never_reason(asked: Resources, total: Resources) -> str | None:
     """Why ``asked`` could never fit in ``total``: more of a Ray resource than all the
     cluster's nodes have together (2 GPUs on a CPU-only cluster). A launch is refused with
     it rather than queued forever."""
-    short = [name for name in sorted(asked)
-             if name != RUN_SLOT and asked[name] > total.get(name, 0.0)]
+    short = short_of(asked, total)
     if not short:
         return None
     missing = "; ".join(f"it asks for {asked[name]:g} {plural(name, asked[name])} and the "
@@ -174,15 +173,21 @@ def never_reason(asked: Resources, total: Resources) -> str | None:
             "or add nodes that have them")
 
 
+def short_of(asked: Resources, total: Resources) -> list[str]:
+    """The Ray resources ``asked`` holds more of than all the cluster's nodes together."""
+    return [name for name in sorted(asked)
+            if name != RUN_SLOT and asked[name] > total.get(name, 0.0)]
+
+
 def resize_refusal(run: Run, workers: int) -> str | None:
     """Why no state of the cluster could hold ``run`` with ``workers`` rollout workers (a
     set_rollout_workers control); None when it could, and when Ray does not answer (the
     engine then refuses what it cannot place, and the run goes on)."""
     asked = placement_demand(run.run_config, workers)
-    total, _, ray_error = capacity(bool(asked))
-    if ray_error:
+    if not asked:
         return None
-    short = [name for name in sorted(asked) if asked[name] > total.get(name, 0.0)]
+    total, _, ray_error = capacity(True)
+    short = [] if ray_error else short_of(asked, total)
     if not short:
         return None
     return "; ".join(f"{workers} rollout workers with the rest of this run's placement ask "

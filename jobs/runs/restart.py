@@ -42,9 +42,9 @@ def restarts_left(run: Run) -> int:
     return max(0, run.max_restarts - len(run.restarts))
 
 
-def restart_driver(run: Run, client, cause: str) -> str:
-    """Submit the run's driver again after ``cause`` ended it; the reason the run page
-    shows. Raises what submitting raises (the caller marks the run lost with it)."""
+def restart_driver(run: Run, client, cause: str) -> None:
+    """Submit the run's driver again after ``cause`` ended it. Raises what submitting
+    raises (the caller marks the run lost with it)."""
     ended = run.ray_submission_id
     attempt = len(run.restarts) + 1
     allowed = run.max_restarts
@@ -63,12 +63,11 @@ def restart_driver(run: Run, client, cause: str) -> str:
         if carried:
             logger.info("run %s: asked its restarted driver again for %s", run.pk,
                         ", ".join(c.label for c in carried))
-    else:
-        logger.info("run %s: a twin restarted it first, or it ended meanwhile", run.pk)
+        return
+    logger.info("run %s: a twin restarted it first, or it ended meanwhile", run.pk)
     run.refresh_from_db()
     if run.is_terminal and run.ray_submission_id != sid:
         client.stop_job(sid)           # the run ended meanwhile: its restart has no place
-    return reason
 
 
 # What a live control sets holds until changed (the learning rate, the eval cadence, the
