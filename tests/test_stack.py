@@ -160,8 +160,14 @@ def test_stopping_finds_the_session_and_the_marked_escapees(tmp_path):
         record = StackRecord(supervisor_pid=os.getpid(), supervisor_create_time=0.0,
                              state_dir=marker, children=[ChildRecord(
                                  "sh", leader.pid, proc.create_time(leader.pid))])
-        deadline = time.monotonic() + 5
-        while len(proc.session_members(leader.pid)) < 2 and time.monotonic() < deadline:
+        # Both in place first: the leader's child forked, and the escapee's marker readable
+        # in /proc. Popen returns when exec closes its close-on-exec pipe, which the kernel
+        # does before it lays out the new image's environment: a scan right after can read
+        # none (it did in a CI run of this tree, and missed the escapee).
+        deadline = time.monotonic() + 10
+        while (len(proc.session_members(leader.pid)) < 2
+               or escapee.pid not in proc.marked_processes(marker)) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
 
         found = proc.stack_processes(record, marker)
