@@ -17,6 +17,9 @@ The variants differ where the engine has to care:
              to EOS), <|im_end|> in generation_config's eos list
     qwen3    Qwen3ForCausalLM, q/k RMS norms, untied
     mistral  MistralForCausalLM, tied embeddings
+    gpt_neox GPTNeoXForCausalLM (Pythia's family): fused qkv, LayerNorm with biases,
+             parallel attention + MLP residual, rotary on a quarter of each head, no
+             grouped KV heads (num_key_value_heads is ignored)
 
 and the Mixture-of-Experts ones (MOE_ARCHITECTURES: 4 experts, top-2 per token, in
 every layer), whose routers differ in how they weigh the chosen experts:
@@ -35,6 +38,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     GenerationConfig,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -78,6 +83,8 @@ ARCH = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=False, head_dim=32)),
     "mistral": (MistralConfig, MistralForCausalLM, dict(tie_word_embeddings=True,
                                                         head_dim=32, sliding_window=None)),
+    "gpt_neox": (GPTNeoXConfig, GPTNeoXForCausalLM, dict(
+        tie_word_embeddings=False, rotary_pct=0.25, use_parallel_residual=True)),
     "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, dict(
         tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=64, shared_expert_intermediate_size=64, norm_topk_prob=False)),
@@ -87,8 +94,10 @@ ARCH = {
 }
 
 
-def build_bpe_tokenizer(with_pad: bool = True, vocab_size: int = 300) -> PreTrainedTokenizerFast:
-    """A byte-level BPE trained on CORPUS, with ChatML special tokens and a chat template."""
+def build_bpe_tokenizer(with_pad: bool = True, vocab_size: int = 300,
+                        corpus: list[str] = CORPUS) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on ``corpus``, with ChatML special tokens and a chat
+    template."""
     specials = [EOS, IM_START, IM_END] + ([PAD] if with_pad else [])
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -96,7 +105,7 @@ def build_bpe_tokenizer(with_pad: bool = True, vocab_size: int = 300) -> PreTrai
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS,
                                    pad_token=PAD if with_pad else None,
                                    additional_special_tokens=[IM_START, IM_END])
@@ -104,17 +113,20 @@ def build_bpe_tokenizer(with_pad: bool = True, vocab_size: int = 300) -> PreTrai
     return fast
 
 
-def build_hf_model(path: Path, arch: str, seed: int = 0, **config_overrides) -> Path:
-    """Write a random-weight ``arch`` model and its tokenizer to ``path``; returns it.
-    ``config_overrides`` change the architecture's config (e.g. tie_word_embeddings)."""
+def build_hf_model(path: Path, arch: str, seed: int = 0, corpus: list[str] = CORPUS,
+                   **config_overrides) -> Path:
+    """Write a random-weight ``arch`` model and its tokenizer (trained on ``corpus``) to
+    ``path``; returns it. ``config_overrides`` change the architecture's config (e.g.
+    tie_word_embeddings)."""
     config_cls, model_cls, extra = ARCH[arch]
     extra = {**extra, **config_overrides}
-    tok = build_bpe_tokenizer(with_pad=arch != "qwen2")
+    tok = build_bpe_tokenizer(with_pad=arch != "qwen2", corpus=corpus)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    config = config_cls(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-        bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=pad, **extra)
+    config = config_cls(**{
+        "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "max_position_embeddings": 512, "bos_token_id": None,
+        "eos_token_id": tok.eos_token_id, "pad_token_id": pad, **extra})
     torch.manual_seed(seed)
     model = model_cls(config)
     if arch == "qwen2":

@@ -68,7 +68,8 @@ def healthy_run(path: Path, tmp_path, steps: int = TEST_STEPS, warm_start: dict 
 
 
 # Judged on the run of their learning test (or, for the code reward-model preset, the one
-# that is not healthy on purpose, of its over-optimization test), in that test's module.
+# that is not healthy on purpose, of its over-optimization test), in that test's module;
+# the GSM8K preset's on its learning run with model.path a Qwen2 checkpoint.
 JUDGED_WITH_THEIR_LEARNING = {
     "demo_arithmetic.toml": "test_learning.py",
     "demo_arithmetic_vllm.toml": "test_learning.py",
