@@ -16,9 +16,10 @@ cross-process transport. Two figures per transport:
            copy below), timed in the same rounds on the same tensors.
 
 "fp share" is the fingerprints' share of a whole sync, (sync - move) / sync: what verifying
-every sync (weight_sync.verify_every = 1) adds to its latency. "every 4" is the same share
-measured over runs of 4 consecutive syncs at weight_sync.verify_every = 4 (one verified):
-(mean of the 4 - move) / mean.
+every sync (weight_sync.verify_every = 1) adds to its latency; "sync/move" is the same as
+a ratio, a verified sync's latency over an unverified one's (issue 36's goal: <= 1.1).
+"every 4" is the same share measured over runs of 4 consecutive syncs at
+weight_sync.verify_every = 4 (one verified): (mean of the 4 - move) / mean.
 
 "shm adopted" first moves the learner's tensors into the shared buffer (ShmSender.adopt),
 so only the worker copies; "broadcast 1buf" packs and sends with one buffer, so its
@@ -30,6 +31,7 @@ fingerprint and every transport, so machine noise hits all of them; medians and 
 ratio to memcpy are the figures to quote.
 
     .venv/bin/python bench/weight_sync.py [--states tiny small synthetic] [--rounds 5]
+    .venv/bin/python bench/weight_sync.py --states small --transports shm "shm adopted"
     .venv/bin/python bench/weight_sync.py --quick       # tiny + 8 MB synthetic, 2 rounds
 """
 
@@ -140,13 +142,13 @@ def state(name: str, synthetic_mb: int) -> list[tuple[str, torch.Tensor]]:
     return list(load_file(ensure_base_model(name, 0) / "model.safetensors").items())
 
 
-def bench_state(name: str, named, rounds: int) -> None:
+def bench_state(name: str, named, rounds: int, transports: list[str]) -> None:
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     shapes = [(n, tuple(t.shape)) for n, t in named]
     hosts: list[tuple[set, object]] = []      # (transport types it receives, worker)
     sessions, sources, worker_of = {}, {}, {}
-    for kind, spec in TRANSPORTS.items():
-        cfg = validate_config({"weight_sync": spec}).weight_sync
+    for kind in transports:
+        cfg = validate_config({"weight_sync": TRANSPORTS[kind]}).weight_sync
         free = [w for types, w in hosts if cfg.type not in types]
         if not free:                          # a second variant of a type: its own worker
             hosts.append((set(), Worker.remote(shapes)))
@@ -221,7 +223,8 @@ def bench_state(name: str, named, rounds: int) -> None:
     print(f"  {'fingerprint (sha256, before)':28s} {nbytes / 1e9 / sha:6.2f} GB/s "
           f"{sha * 1e3:8.2f} ms   xxh3 is {sha / xxh:.1f}x faster")
     print(f"  {'transport':14s} {'move GB/s':>10s} {'ratio':>6s} {'sync GB/s':>10s} "
-          f"{'ratio':>6s} {'sync ms':>8s} {'fp share':>8s} {'serial ms':>9s} {'overlap':>7s} "
+          f"{'ratio':>6s} {'sync ms':>8s} {'fp share':>8s} {'sync/move':>9s} {'serial ms':>9s} "
+          f"{'overlap':>7s} "
           f"{'serial share':>12s} {'every 4':>7s} {'sha ms':>8s} {'sha share':>9s}")
 
     def share(kind, mode):
@@ -231,7 +234,8 @@ def bench_state(name: str, named, rounds: int) -> None:
         move, sync = (nbytes / 1e9 / med[f"{kind} {m}"] for m in ("move", "sync"))
         print(f"  {kind:14s} {move:10.2f} {move / memcpy:6.2f} {sync:10.2f} "
               f"{sync / memcpy:6.2f} {med[f'{kind} sync'] * 1e3:8.1f} "
-              f"{share(kind, 'sync'):8.2f} {med[f'{kind} serial'] * 1e3:9.1f} "
+              f"{share(kind, 'sync'):8.2f} {med[f'{kind} sync'] / med[f'{kind} move']:8.2f}x "
+              f"{med[f'{kind} serial'] * 1e3:9.1f} "
               f"{med[f'{kind} serial'] / med[f'{kind} sync']:6.2f}x "
               f"{share(kind, 'serial'):12.2f} {share(kind, 'every4'):7.2f} "
               f"{med[f'{kind} sha'] * 1e3:8.1f} "
@@ -249,6 +253,7 @@ def main() -> None:
     ap.add_argument("--states", nargs="+", default=["tiny", "small", "synthetic"],
                     choices=["tiny", "small", "synthetic"])
     ap.add_argument("--synthetic-mb", type=int, default=200)
+    ap.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=list(TRANSPORTS))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the learner")
     ap.add_argument("--quick", action="store_true", help="tiny + 8 MB synthetic, 2 rounds")
@@ -261,7 +266,7 @@ def main() -> None:
              object_store_memory=2 * 10**9)
     try:
         for name in args.states:
-            bench_state(name, state(name, args.synthetic_mb), args.rounds)
+            bench_state(name, state(name, args.synthetic_mb), args.rounds, args.transports)
     finally:
         ray.shutdown()
 
