@@ -8,8 +8,12 @@ cross-process transport. Two figures per transport:
            fingerprinting (the data path alone);
     sync   latency from the learner's new version to both ends' fingerprints being in, as
            every verified sync does (XXH3-128, engine/weightsync/fingerprint.py; its own
-           GB/s is printed): the worker hashes what it serves after loading it, the
-           learner hashes what it sent while the worker loads (WeightSyncSession);
+           GB/s is printed): the worker hashes what it serves while it loads it, each
+           slice as it lands (load_fingerprinted, as TorchRollout does), the learner
+           hashes what it sent meanwhile (WeightSyncSession);
+    2pass  the same, the worker hashing what it serves after loading it, a second pass
+           over its bytes (as TorchRollout did before): "2pass/move" next to "sync/move"
+           is what the one pass buys, measured in the same rounds;
     serial the same, the learner hashing before it sends (as the engine did before its
            hash moved behind the transfer): "overlap" = serial / sync;
     sha    the same with the SHA-256 fingerprint the engine used before (the reference
@@ -51,7 +55,7 @@ from engine.orchestration.actors import LocalActor, RayActor
 from engine.rollout.base import WeightReport
 from engine.tinymodel import ensure_base_model
 from engine.weightsync import build_receiver
-from engine.weightsync.fingerprint import fingerprint
+from engine.weightsync.fingerprint import fingerprint, load_fingerprinted
 from engine.weightsync.session import (
     EngineHost,
     Served,
@@ -76,23 +80,26 @@ def sha256_fingerprint(named_tensors) -> str:
 
 
 FINGERPRINTS = {"move": None, "serial": fingerprint, "sync": fingerprint,
-                "sha": sha256_fingerprint}
+                "2pass": fingerprint, "sha": sha256_fingerprint}
 
 
 class ServedWeights:
-    """The receiving engine's part of a sync, as TorchRollout.load_weights does it: copy
-    into the tensors it serves, then (when asked) fingerprint them."""
+    """The receiving engine's part of a sync: TorchRollout.load_weights's one pass
+    (load_fingerprinted) for "move", "serial" and "sync"; for "2pass" and "sha" a copy into
+    the tensors it serves, then their fingerprint."""
 
     def __init__(self, named):
         self.tensors = {n: torch.zeros_like(t) for n, t in named}
         self.version, self.mode = -1, "sync"
 
     def load_weights(self, named, version, verify=True):
+        self.version = version
+        if self.mode in ("move", "serial", "sync"):
+            _, fp = load_fingerprinted(self.tensors, named, verify and self.mode != "move")
+            return WeightReport(version, fp, 0)
         for n, t in named:
             self.tensors[n].copy_(t)
-        self.version = version
-        fn = FINGERPRINTS[self.mode] if verify else None
-        return WeightReport(version, fn(self.tensors.items()) if fn else "", 0)
+        return WeightReport(version, FINGERPRINTS[self.mode](self.tensors.items()), 0)
 
     def weight_version(self):
         return self.version
@@ -198,7 +205,7 @@ def bench_state(name: str, named, rounds: int, transports: list[str]) -> None:
                 sources[kind].mode = mode
                 res = one_sync(kind)
                 assert res.matched and res.fingerprint_learner == {
-                    "move": "", "serial": fp, "sync": fp, "sha": sha}[mode], res
+                    "move": "", "serial": fp, "sync": fp, "2pass": fp, "sha": sha}[mode], res
                 if r:
                     times[f"{kind} {mode}"].append(res.verify_latency_s)
             cfg = session.cfg                        # 4 syncs at verify_every = 4
@@ -223,7 +230,8 @@ def bench_state(name: str, named, rounds: int, transports: list[str]) -> None:
     print(f"  {'fingerprint (sha256, before)':28s} {nbytes / 1e9 / sha:6.2f} GB/s "
           f"{sha * 1e3:8.2f} ms   xxh3 is {sha / xxh:.1f}x faster")
     print(f"  {'transport':14s} {'move GB/s':>10s} {'ratio':>6s} {'sync GB/s':>10s} "
-          f"{'ratio':>6s} {'sync ms':>8s} {'fp share':>8s} {'sync/move':>9s} {'serial ms':>9s} "
+          f"{'ratio':>6s} {'sync ms':>8s} {'fp share':>8s} {'sync/move':>9s} {'2pass/move':>10s} "
+          f"{'serial ms':>9s} "
           f"{'overlap':>7s} "
           f"{'serial share':>12s} {'every 4':>7s} {'sha ms':>8s} {'sha share':>9s}")
 
@@ -235,6 +243,7 @@ def bench_state(name: str, named, rounds: int, transports: list[str]) -> None:
         print(f"  {kind:14s} {move:10.2f} {move / memcpy:6.2f} {sync:10.2f} "
               f"{sync / memcpy:6.2f} {med[f'{kind} sync'] * 1e3:8.1f} "
               f"{share(kind, 'sync'):8.2f} {med[f'{kind} sync'] / med[f'{kind} move']:8.2f}x "
+              f"{med[f'{kind} 2pass'] / med[f'{kind} move']:9.2f}x "
               f"{med[f'{kind} serial'] * 1e3:9.1f} "
               f"{med[f'{kind} serial'] / med[f'{kind} sync']:6.2f}x "
               f"{share(kind, 'serial'):12.2f} {share(kind, 'every4'):7.2f} "
