@@ -20,8 +20,9 @@ XXH3's streaming state makes that the same digest as ``fingerprint`` over the se
 tensors after the copy, and it is still the served bytes that are hashed (what the copy
 wrote, not what was offered), so the fingerprint keeps its meaning. Reading the weights
 back from L2 (~45 GB/s) instead of memory (~11 GB/s) about halves what verifying adds to a
-load on this box: small preset (84 MB), +3.5 ms on a 13 ms copy against +6.3 ms for a
-second pass. It cannot vanish: one core hashes at most ~45 GB/s, a copy runs at ~6.5.
+load on this box: small preset (84 MB), 1.3-1.4x an unverified copy against 1.55-1.65x
+with a second pass ("memcpy + xxh3 in one pass" in bench/weight_sync.py). It cannot
+vanish: one core hashes at most ~45 GB/s and copies at ~6.5.
 """
 
 from __future__ import annotations
