@@ -8,28 +8,35 @@ cross-process transport. Two figures per transport:
            fingerprinting (the data path alone);
     sync   latency from the learner's new version to both ends' fingerprints being in, as
            every verified sync does (XXH3-128, engine/weightsync/fingerprint.py; its own
-           GB/s is printed): the worker hashes what it serves after loading it, the
-           learner hashes what it sent while the worker loads (WeightSyncSession);
+           GB/s is printed): the worker hashes what it serves while it loads it, each
+           slice as it lands (load_fingerprinted, as TorchRollout does), the learner
+           hashes what it sent meanwhile (WeightSyncSession);
+    2pass  the same, the worker hashing what it serves after loading it, a second pass
+           over its bytes (as TorchRollout did before): "2pass/move" next to "sync/move"
+           is what the one pass buys, measured in the same rounds;
     serial the same, the learner hashing before it sends (as the engine did before its
            hash moved behind the transfer): "overlap" = serial / sync;
     sha    the same with the SHA-256 fingerprint the engine used before (the reference
            copy below), timed in the same rounds on the same tensors.
 
 "fp share" is the fingerprints' share of a whole sync, (sync - move) / sync: what verifying
-every sync (weight_sync.verify_every = 1) adds to its latency. "every 4" is the same share
-measured over runs of 4 consecutive syncs at weight_sync.verify_every = 4 (one verified):
-(mean of the 4 - move) / mean.
+every sync (weight_sync.verify_every = 1) adds to its latency; "sync/move" is the same as
+a ratio, a verified sync's latency over an unverified one's (issue 36's goal: <= 1.1).
+"every 4" is the same share measured over runs of 4 consecutive syncs at
+weight_sync.verify_every = 4 (one verified): (mean of the 4 - move) / mean.
 
 "shm adopted" first moves the learner's tensors into the shared buffer (ShmSender.adopt),
 so only the worker copies; "broadcast 1buf" packs and sends with one buffer, so its
 difference to "broadcast" is what double buffering buys. memcpy is a torch ``copy_`` of the
 same tensors in this process, with as many torch threads as the learner's copies get
 (--threads, default 1: a Ray worker's default; on a shared 2-core box a 2-thread copy waits
-for its slower thread and swings 10x between rounds). Rounds alternate over memcpy, the
-fingerprint and every transport, so machine noise hits all of them; medians and their
-ratio to memcpy are the figures to quote.
+for its slower thread and swings 10x between rounds); "memcpy + xxh3 in one pass" is the
+worker's verified load alone (load_fingerprinted), next to memcpy then a second pass.
+Rounds alternate over memcpy, the fingerprint and every transport, so machine noise hits
+all of them; medians and their ratio to memcpy are the figures to quote.
 
     .venv/bin/python bench/weight_sync.py [--states tiny small synthetic] [--rounds 5]
+    .venv/bin/python bench/weight_sync.py --states small --transports shm "shm adopted"
     .venv/bin/python bench/weight_sync.py --quick       # tiny + 8 MB synthetic, 2 rounds
 """
 
@@ -49,7 +56,7 @@ from engine.orchestration.actors import LocalActor, RayActor
 from engine.rollout.base import WeightReport
 from engine.tinymodel import ensure_base_model
 from engine.weightsync import build_receiver
-from engine.weightsync.fingerprint import fingerprint
+from engine.weightsync.fingerprint import fingerprint, load_fingerprinted
 from engine.weightsync.session import (
     EngineHost,
     Served,
@@ -74,23 +81,26 @@ def sha256_fingerprint(named_tensors) -> str:
 
 
 FINGERPRINTS = {"move": None, "serial": fingerprint, "sync": fingerprint,
-                "sha": sha256_fingerprint}
+                "2pass": fingerprint, "sha": sha256_fingerprint}
 
 
 class ServedWeights:
-    """The receiving engine's part of a sync, as TorchRollout.load_weights does it: copy
-    into the tensors it serves, then (when asked) fingerprint them."""
+    """The receiving engine's part of a sync: TorchRollout.load_weights's one pass
+    (load_fingerprinted) for "move", "serial" and "sync"; for "2pass" and "sha" a copy into
+    the tensors it serves, then their fingerprint."""
 
     def __init__(self, named):
         self.tensors = {n: torch.zeros_like(t) for n, t in named}
         self.version, self.mode = -1, "sync"
 
     def load_weights(self, named, version, verify=True):
+        self.version = version
+        if self.mode in ("move", "serial", "sync"):
+            _, fp = load_fingerprinted(self.tensors, named, verify and self.mode != "move")
+            return WeightReport(version, fp, 0)
         for n, t in named:
             self.tensors[n].copy_(t)
-        self.version = version
-        fn = FINGERPRINTS[self.mode] if verify else None
-        return WeightReport(version, fn(self.tensors.items()) if fn else "", 0)
+        return WeightReport(version, FINGERPRINTS[self.mode](self.tensors.items()), 0)
 
     def weight_version(self):
         return self.version
@@ -140,13 +150,13 @@ def state(name: str, synthetic_mb: int) -> list[tuple[str, torch.Tensor]]:
     return list(load_file(ensure_base_model(name, 0) / "model.safetensors").items())
 
 
-def bench_state(name: str, named, rounds: int) -> None:
+def bench_state(name: str, named, rounds: int, transports: list[str]) -> None:
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     shapes = [(n, tuple(t.shape)) for n, t in named]
     hosts: list[tuple[set, object]] = []      # (transport types it receives, worker)
     sessions, sources, worker_of = {}, {}, {}
-    for kind, spec in TRANSPORTS.items():
-        cfg = validate_config({"weight_sync": spec}).weight_sync
+    for kind in transports:
+        cfg = validate_config({"weight_sync": TRANSPORTS[kind]}).weight_sync
         free = [w for types, w in hosts if cfg.type not in types]
         if not free:                          # a second variant of a type: its own worker
             hosts.append((set(), Worker.remote(shapes)))
@@ -161,8 +171,9 @@ def bench_state(name: str, named, rounds: int) -> None:
             sources[kind].named = [(n, t.clone()) for n, t in named]
             sources[kind].sender.adopt(sources[kind].named)
     dst = [torch.empty_like(t) for _, t in named]
+    served = {n: d for (n, _), d in zip(named, dst, strict=True)}
     times: dict[str, list[float]] = {k: [] for k in
-                                     ["memcpy", "fingerprint", "sha256",
+                                     ["memcpy", "fingerprint", "sha256", "one pass",
                                       *(f"{k} {m}" for k in sessions
                                         for m in [*FINGERPRINTS, "every4"])]}
     version = 0
@@ -184,10 +195,13 @@ def bench_state(name: str, named, rounds: int) -> None:
         t2 = time.perf_counter()
         sha = sha256_fingerprint(named)
         t3 = time.perf_counter()
+        assert load_fingerprinted(served, named)[1] == fp
+        t4 = time.perf_counter()
         if r:
             times["memcpy"].append(t1 - t0)
             times["fingerprint"].append(t2 - t1)
             times["sha256"].append(t3 - t2)
+            times["one pass"].append(t4 - t3)
         modes = list(FINGERPRINTS)
         modes = modes[r % len(modes):] + modes[:r % len(modes)]   # no mode always first
         for kind, session in sessions.items():
@@ -196,7 +210,7 @@ def bench_state(name: str, named, rounds: int) -> None:
                 sources[kind].mode = mode
                 res = one_sync(kind)
                 assert res.matched and res.fingerprint_learner == {
-                    "move": "", "serial": fp, "sync": fp, "sha": sha}[mode], res
+                    "move": "", "serial": fp, "sync": fp, "2pass": fp, "sha": sha}[mode], res
                 if r:
                     times[f"{kind} {mode}"].append(res.verify_latency_s)
             cfg = session.cfg                        # 4 syncs at verify_every = 4
@@ -220,8 +234,14 @@ def bench_state(name: str, named, rounds: int) -> None:
           f"{xxh * 1e3:8.2f} ms")
     print(f"  {'fingerprint (sha256, before)':28s} {nbytes / 1e9 / sha:6.2f} GB/s "
           f"{sha * 1e3:8.2f} ms   xxh3 is {sha / xxh:.1f}x faster")
+    one = med["one pass"]
+    print(f"  {'memcpy + xxh3 in one pass':28s} {nbytes / 1e9 / one:6.2f} GB/s "
+          f"{one * 1e3:8.2f} ms   / memcpy {one / med['memcpy']:.2f}x (a second pass: "
+          f"{(med['memcpy'] + xxh) / med['memcpy']:.2f}x)")
     print(f"  {'transport':14s} {'move GB/s':>10s} {'ratio':>6s} {'sync GB/s':>10s} "
-          f"{'ratio':>6s} {'sync ms':>8s} {'fp share':>8s} {'serial ms':>9s} {'overlap':>7s} "
+          f"{'ratio':>6s} {'sync ms':>8s} {'fp share':>8s} {'sync/move':>9s} {'2pass/move':>10s} "
+          f"{'serial ms':>9s} "
+          f"{'overlap':>7s} "
           f"{'serial share':>12s} {'every 4':>7s} {'sha ms':>8s} {'sha share':>9s}")
 
     def share(kind, mode):
@@ -231,7 +251,9 @@ def bench_state(name: str, named, rounds: int) -> None:
         move, sync = (nbytes / 1e9 / med[f"{kind} {m}"] for m in ("move", "sync"))
         print(f"  {kind:14s} {move:10.2f} {move / memcpy:6.2f} {sync:10.2f} "
               f"{sync / memcpy:6.2f} {med[f'{kind} sync'] * 1e3:8.1f} "
-              f"{share(kind, 'sync'):8.2f} {med[f'{kind} serial'] * 1e3:9.1f} "
+              f"{share(kind, 'sync'):8.2f} {med[f'{kind} sync'] / med[f'{kind} move']:8.2f}x "
+              f"{med[f'{kind} 2pass'] / med[f'{kind} move']:9.2f}x "
+              f"{med[f'{kind} serial'] * 1e3:9.1f} "
               f"{med[f'{kind} serial'] / med[f'{kind} sync']:6.2f}x "
               f"{share(kind, 'serial'):12.2f} {share(kind, 'every4'):7.2f} "
               f"{med[f'{kind} sha'] * 1e3:8.1f} "
@@ -249,6 +271,7 @@ def main() -> None:
     ap.add_argument("--states", nargs="+", default=["tiny", "small", "synthetic"],
                     choices=["tiny", "small", "synthetic"])
     ap.add_argument("--synthetic-mb", type=int, default=200)
+    ap.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=list(TRANSPORTS))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the learner")
     ap.add_argument("--quick", action="store_true", help="tiny + 8 MB synthetic, 2 rounds")
@@ -261,7 +284,7 @@ def main() -> None:
              object_store_memory=2 * 10**9)
     try:
         for name in args.states:
-            bench_state(name, state(name, args.synthetic_mb), args.rounds)
+            bench_state(name, state(name, args.synthetic_mb), args.rounds, args.transports)
     finally:
         ray.shutdown()
 

@@ -45,7 +45,7 @@ from engine.rollout.base import Completion, OnComplete, SamplingParams, WeightRe
 from engine.rollout.hf_kv import HFKV
 from engine.rollout.llama_kv import LlamaKV
 from engine.sampling import processed_logprobs
-from engine.weightsync.fingerprint import fingerprint
+from engine.weightsync.fingerprint import fingerprint, load_fingerprinted
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
@@ -114,15 +114,10 @@ class TorchRollout:
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                      version: int, verify: bool = True) -> WeightReport:
-        nbytes = 0
-        with torch.no_grad():
-            for name, t in named_tensors:
-                dst = self.tensors[name]          # KeyError names an unknown tensor
-                dst.copy_(t)
-                nbytes += dst.numel() * dst.element_size()
+        # one pass: each slice is hashed as it lands (KeyError names an unknown tensor)
+        nbytes, fp = load_fingerprinted(self.tensors, named_tensors, verify)
         self._version = version
-        return WeightReport(version=version, fingerprint=self.fingerprint() if verify else "",
-                            bytes=nbytes)
+        return WeightReport(version=version, fingerprint=fp, bytes=nbytes)
 
     def weight_version(self) -> int:
         return self._version

@@ -3,14 +3,16 @@
     learner                                   rollout worker (same node)
     prepare: copy each tensor to its slot     flat = torch.from_file(path, shared=True)
              (copy 1: learner -> shm)         engine.load_weights(layout.views(flat))
-    ticket = (version, layout, path)  ----->  (copy 2: shm -> engine), fingerprint
+    ticket = (version, layout, path)  ----->  (copy 2: shm -> engine, fingerprinted as
+                                               it copies: load_fingerprinted)
 
 Each side maps the file once and keeps the mapping while the layout stays the same, so a
-sync costs two memcpys of the weights plus the receiver's fingerprint; the pages are
-touched once, on the first sync. The learner unlinks the file on close (a worker's mapping
-stays valid until it maps the next one). A learner that was killed cannot: it held an
-exclusive flock on its file, which died with it, so the next sender on that host removes
-the files (rlplane-weights-<host>-<pid>-*) whose lock it can take.
+sync costs two memcpys of the weights plus the hashing of each end's fingerprint (the
+receiver's from cache, in its copy); the pages are touched once, on the first sync. The
+learner unlinks the file on close (a worker's mapping stays valid until it maps the next
+one). A learner that was killed cannot: it held an exclusive flock on its file, which died
+with it, so the next sender on that host removes the files (rlplane-weights-<host>-<pid>-*)
+whose lock it can take.
 
     sender.adopt(policy.named_parameters())   # once: parameters now live in the buffer
 

@@ -86,3 +86,25 @@ def test_loading_an_unknown_tensor_name_fails_loudly(tiny_dir):
     engine = TorchRollout.from_pretrained(tiny_dir)
     with pytest.raises(KeyError):
         engine.load_weights([("model.nope.weight", torch.zeros(1))], 1)
+
+
+def test_loading_fingerprints_the_served_tensors_as_a_second_pass_would():
+    from engine.weightsync.fingerprint import CHUNK_BYTES, load_fingerprinted
+
+    big = CHUNK_BYTES // 4 * 3 + 5                  # float32 elements: spans 4 slices
+    served = {"a.big": torch.zeros(big), "b.half": torch.zeros(3, 4, dtype=torch.bfloat16),
+              "c.scalar": torch.zeros(()), "d.ids": torch.zeros(7, dtype=torch.int64),
+              "e.kept": torch.arange(5.0), "f.cast": torch.zeros(4, dtype=torch.float64),
+              "g.strided": torch.zeros(3, 2)}
+    sent = [("g.strided", torch.randn(2, 3).t()), ("a.big", torch.randn(big)),
+            ("c.scalar", torch.tensor(2.5)), ("d.ids", torch.arange(7) * 3),
+            ("b.half", torch.randn(3, 4, dtype=torch.bfloat16)),
+            ("f.cast", torch.randn(4))]
+    nbytes, fp = load_fingerprinted(served, sent)
+    for name, t in sent:
+        assert torch.equal(served[name], t.to(served[name].dtype))
+    assert fp == fingerprint(served.items())
+    assert nbytes == sum(served[n].numel() * served[n].element_size() for n, _ in sent)
+    served["a.big"][-1] += 1                        # the last slice's last byte counts
+    assert fingerprint(served.items()) != fp
+    assert load_fingerprinted(served, [], verify=False) == (0, "")
