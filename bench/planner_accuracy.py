@@ -10,9 +10,13 @@ bench/async_policies.py (disaggregated: 1 rollout worker + 1 learner, Ray, shm s
        (first step left out)
 
 and print predicted vs measured per policy with the ratio; the goal is within +-15 %.
+All of it is repeated ``--repeats`` times (default 3: each repeat fits on its own sync run
+and measures each policy again), and the table shows each row's worst repeat (its ratio
+farthest from 1) beside every repeat's ratio: a figure that holds once and not again shows
+as not holding.
 
-    .venv/bin/python bench/planner_accuracy.py [--steps 6] [--recipes NAME ...]
-    .venv/bin/python bench/planner_accuracy.py --quick     # smoke: toy sizes, 3 steps
+    .venv/bin/python bench/planner_accuracy.py [--steps 6] [--repeats 3] [--recipes NAME ...]
+    .venv/bin/python bench/planner_accuracy.py --quick     # smoke: toy sizes, 3 steps, once
     .venv/bin/python bench/planner_accuracy.py --policies sync fully_async   # fewer runs
     .venv/bin/python bench/planner_accuracy.py --save runs.json    # keep what was measured
     .venv/bin/python bench/planner_accuracy.py --replay runs.json  # predict again from it
@@ -106,9 +110,26 @@ def bench(recipe: str, steps: int, threads: int, quick: bool, saved: dict,
     return out
 
 
+def off_by(ratio: float) -> float:
+    """How far a predicted/measured ratio is from 1, either way (1.25 and 0.8 alike)."""
+    return max(ratio, 1 / ratio)
+
+
+def worst_of(repeats: list[list[tuple]]) -> list[tuple]:
+    """Each row (recipe, policy) at its worst repeat, with every repeat's ratio appended."""
+    rows = []
+    for same in zip(*repeats, strict=True):
+        ratios = [r[2] / r[3] for r in same]
+        rows.append((*max(same, key=lambda r: off_by(r[2] / r[3])), ratios))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int,
+                    help="times to fit and measure it all, the table showing the worst "
+                         "(default 3; 1 with --quick)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per actor")
     ap.add_argument("--recipes", nargs="+", default=["longtail_reverse", "demo_arithmetic"])
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
@@ -117,29 +138,46 @@ def main() -> None:
     ap.add_argument("--replay", type=Path, help="predict from runs measured before")
     args = ap.parse_args()
     steps = 3 if args.quick else args.steps
+    repeats = args.repeats or (1 if args.quick else 3)
+    # {recipe: [{policy: (step metrics, spans)} for each repeat]}
     saved = json.loads(args.replay.read_text()) if args.replay else {}
     if args.replay:                   # the sizes it was measured at
         steps, args.quick = saved.pop("steps"), saved.pop("quick")
+        saved = {k: v if isinstance(v, list) else [v] for k, v in saved.items()}
+        repeats = min(len(v) for v in saved.values())
     else:
         ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False,
                  log_to_driver=False)
     try:
-        rows = [r for recipe in args.recipes
+        measured_repeats = []
+        for n in range(repeats):
+            print(f"repeat {n + 1} of {repeats}", flush=True)
+            measured_repeats.append([
+                r for recipe in args.recipes
                 for r in bench(recipe, steps, args.threads, args.quick,
-                               saved.setdefault(recipe, {}), tuple(args.policies))]
+                               _nth(saved.setdefault(recipe, []), n), tuple(args.policies))])
     finally:
         if ray.is_initialized():
             ray.shutdown()
         if args.save:
             args.save.write_text(json.dumps({"steps": steps, "quick": args.quick, **saved}))
     print(f"planner accuracy, disaggregated 1 rollout worker + 1 learner, {steps} steps "
-          f"(first left out), predictions: mean of {SEEDS} seeds")
+          f"(first left out), predictions: mean of {SEEDS} seeds; each row's worst of "
+          f"{repeats} repeat(s)")
     print(f"  {'recipe':18s} {'policy':16s} {'pred sps':>9s} {'meas sps':>9s} {'ratio':>6s} "
-          f"{'pred bubble':>11s} {'meas bubble':>11s}")
-    for recipe, policy, p_sps, m_sps, p_bub, m_bub in rows:
-        ok = "ok" if abs(p_sps / m_sps - 1) <= 0.15 else "off"
+          f"{'pred bubble':>11s} {'meas bubble':>11s}  every repeat's ratio")
+    for recipe, policy, p_sps, m_sps, p_bub, m_bub, ratios in worst_of(measured_repeats):
+        ok = "ok" if off_by(p_sps / m_sps) <= 1.15 else "off"
         print(f"  {recipe:18s} {policy:16s} {p_sps:9.1f} {m_sps:9.1f} {p_sps / m_sps:6.2f} "
-              f"{p_bub:11.2f} {m_bub:11.2f}  {ok}")
+              f"{p_bub:11.2f} {m_bub:11.2f}  {ok:3s}  "
+              + " ".join(f"{r:.2f}" for r in ratios))
+
+
+def _nth(repeats: list[dict], n: int) -> dict:
+    """The n-th repeat's saved runs (a new one past the end)."""
+    while len(repeats) <= n:
+        repeats.append({})
+    return repeats[n]
 
 
 if __name__ == "__main__":
