@@ -2,17 +2,23 @@
 
 Same model (the tiny preset unless --size), same prompts, same batch, same number of new
 tokens per sequence (EOS ignored on both sides), both sampling at temperature 1. Rounds
-alternate between the two engines so machine noise hits both; the ratio of medians is
-the figure to quote.
+alternate between the two engines so machine noise hits both, and each round's ratio is
+taken between the two calls of that round: the median of those paired ratios is the
+figure to quote (a ratio of the two medians breaks when the load shifts mid-run, as it
+does on a shared box). Each call is timed by the wall clock and by the process's CPU time
+over its torch threads (bench/learner_throughput.py's Clock: what the call would take
+with its threads to itself, the figure that holds on a shared machine).
 
     .venv/bin/python bench/rollout_throughput.py [--size tiny] [--batch 64] [--new 32]
+        [--rounds 5] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
@@ -23,6 +29,9 @@ from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import ArithmeticTask
 from engine.tinymodel import ensure_base_model
 
+sys.path.insert(0, str(Path(__file__).parent))
+from learner_throughput import Clock  # noqa: E402  (one way to time a call, both benches)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -30,7 +39,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--new", type=int, default=32, help="new tokens per sequence")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     path = ensure_base_model(args.size, 0)
     tok = load_tokenizer(path)
@@ -53,18 +65,29 @@ def main() -> None:
         return (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]
 
     run_ours(), run_hf()                                            # warm up both
-    rates: dict[str, list[float]] = {"torch": [], "hf_generate": []}
+    clock = Clock("cpu")
+    # rates[clock][engine]: tokens/s per round, by wall and by CPU time
+    rates = {c: {"torch": [], "hf_generate": []} for c in ("wall", "cpu")}
     for _ in range(args.rounds):
         for name, fn in (("torch", run_ours), ("hf_generate", run_hf)):
-            t0 = time.perf_counter()
-            n = fn()
-            rates[name].append(n / (time.perf_counter() - t0))
-    med = {k: statistics.median(v) for k, v in rates.items()}
+            n = 0
+
+            def call(fn=fn):
+                nonlocal n
+                n = fn()
+            for c, seconds in zip(("wall", "cpu"), clock.time(call), strict=True):
+                rates[c][name].append(n / seconds)
     print(f"model={args.size} batch={args.batch} new_tokens={args.new} "
           f"rounds={args.rounds} threads={torch.get_num_threads()}")
-    for k, v in med.items():
-        print(f"  {k:12s} {v:10.0f} tokens/s   (rounds: {', '.join(f'{x:.0f}' for x in rates[k])})")
-    print(f"  ratio torch / hf_generate = {med['torch'] / med['hf_generate']:.2f}")
+    for c, by_engine in rates.items():
+        paired = [a / b for a, b in zip(by_engine["torch"], by_engine["hf_generate"],
+                                        strict=True)]
+        for k, v in by_engine.items():
+            print(f"  {c:4s} {k:12s} {statistics.median(v):10.0f} tokens/s   "
+                  f"(rounds: {', '.join(f'{x:.0f}' for x in v)})")
+        print(f"  {c:4s} ratio torch / hf_generate = {statistics.median(paired):.2f} "
+              f"(median of the rounds' paired ratios: "
+              f"{', '.join(f'{x:.2f}' for x in paired)})")
 
 
 if __name__ == "__main__":
