@@ -40,7 +40,8 @@ TIMELINE_STEPS = 20  # the device timeline keeps roughly this many recent steps
 PHASES = M.PHASES
 CRITIC = "critic"   # PPO's phase: its value model's update
 PHASE_COLORS = {"rollout": "#4c78a8", "reward": "#f58518", "learner": "#54a24b",
-                "weight_sync": "#e45756", "critic": "#b279a2", "idle": "#bab0ac"}
+                "weight_sync": "#e45756", "critic": "#b279a2", "env": "#72b7b2",
+                "idle": "#bab0ac"}
 
 
 @dataclass(frozen=True)
