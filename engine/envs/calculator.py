@@ -3,7 +3,7 @@
 In the built-in model's alphabet (digits, + - * = :, a-z, space), one trajectory reads
 
     37*48:          the prompt (reset): the problem and the ':' that hands over the turn
-    calc 37*48=     the model's tool call; '=' ends the turn (Env.stop)
+    37*48=          the model's tool call, an expression; '=' ends the turn (Env.stop)
     1776:           the observation: the calculator's result, then ':' (never trained on)
     1776<eos>       the model's answer; EOS ends the turn and the step scores it
 
@@ -22,7 +22,7 @@ from typing import Any
 from engine.envs.base import Message, StepResult
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
-CALL = re.compile(r"calc (\d{1,6})([+\-*])(\d{1,6})=")
+CALL = re.compile(r"(\d{1,6})([+\-*])(\d{1,6})=")
 ANSWER = re.compile(r"-?\d{1,12}")
 
 
@@ -64,5 +64,5 @@ class CalculatorEnv:
         answer = {"role": "assistant", "content": row["answer"]}
         if rng.random() >= self.demo_tool_frac:
             return [answer]
-        return [{"role": "assistant", "content": f"calc {row['a']}{row['op']}{row['b']}="},
+        return [{"role": "assistant", "content": f"{row['a']}{row['op']}{row['b']}="},
                 {"role": "tool", "content": f"{row['answer']}:"}, answer]

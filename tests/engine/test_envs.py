@@ -119,12 +119,12 @@ def test_the_calculator_answers_a_tool_call_and_scores_the_final_answer():
     env = CalculatorEnv()
     row = env.draw(random.Random(0))
     assert env.reset(row) == [{"role": "user", "content": f"{row['a']}*{row['b']}:"}]
-    call = env.step(f"calc {row['a']}*{row['b']}=")
+    call = env.step(f"{row['a']}*{row['b']}=")
     assert call.observations == [{"role": "tool", "content": f"{row['answer']}:"}]
     assert call.info["tool_call"] and not call.done
     assert env.step(row["answer"]).reward == 1.0
     assert env.step("12").reward == 0.0
-    assert env.step("calc 1*=").reward == -0.1 and env.step("x y").done
+    assert env.step("1*=").reward == -0.1 and env.step("x y").done
 
 
 def test_the_calculator_writes_its_format_in_the_built_in_model_alphabet():
@@ -144,7 +144,7 @@ def test_a_warm_start_demonstration_trains_on_the_model_turns_only(tiny_dir):
     problem = task.train_problems(0, 1)[0]
     s = demonstration_sample(tok, task, problem)
     a, b, answer = problem.row["a"], problem.row["b"], problem.row["answer"]
-    call, obs = f"calc {a}*{b}=", f"{answer}:"
+    call, obs = f"{a}*{b}=", f"{answer}:"
     assert tok.decode(s.response_ids, skip_special_tokens=True) == call + obs + answer
     assert s.loss_mask == [1] * len(call) + [0] * len(obs) + [1] * (len(answer) + 1)
 
@@ -187,10 +187,10 @@ def test_a_tool_call_turn_gets_the_observation_appended_masked_then_the_answer(t
     task, run = runner(tok, None, rec)
     problem = task.train_problems(0, 1)[0]
     a, b, answer = problem.row["a"], problem.row["b"], problem.row["answer"]
-    run.engine = ScriptedEngine(tok, [f"calc {a}*{b}=", answer])
+    run.engine = ScriptedEngine(tok, [f"{a}*{b}=", answer])
     trajs = run.run([problem], group_size=2, seed=0, step=5)
     (s, _) = run.samples(trajs)
-    call, obs = f"calc {a}*{b}=", f"{answer}:"
+    call, obs = f"{a}*{b}=", f"{answer}:"
     assert s.text == call + obs + answer and s.reward == 1.0 and s.finished
     assert s.loss_mask == [1] * len(call) + [0] * len(obs) + [1] * (len(answer) + 1)
     assert s.behaviour_logprobs[len(call):len(call) + len(obs)] == [0.0] * len(obs)
@@ -206,12 +206,12 @@ def test_a_tool_call_turn_gets_the_observation_appended_masked_then_the_answer(t
 
 def test_the_trajectory_token_budget_cuts_the_observation_and_ends_it_unfinished(tiny_dir):
     tok = load_tokenizer(tiny_dir)
-    task, run = runner(tok, None, max_tokens=14)
+    task, run = runner(tok, None, max_tokens=8)
     problem = task.train_problems(0, 1)[0]
-    call = f"calc {problem.row['a']}*{problem.row['b']}="           # 11 tokens
+    call = f"{problem.row['a']}*{problem.row['b']}="                 # 6 tokens
     run.engine = ScriptedEngine(tok, [call])
     (t,) = run.run([problem], group_size=1, seed=0, step=0)
-    assert len(t.response_ids) == 14 and t.mask == [1] * 11 + [0] * 3
+    assert len(t.response_ids) == 8 and t.mask == [1] * 6 + [0] * 2
     assert t.reason == "max_tokens" and not t.finished and t.trace.turns == 1
 
 
@@ -225,7 +225,7 @@ def test_a_turn_cut_by_its_budget_ends_the_trajectory_without_a_step(tiny_dir):
 
 def test_max_turns_ends_a_trajectory_that_keeps_calling_tools(tiny_dir):
     tok = load_tokenizer(tiny_dir)
-    task, run = runner(tok, ScriptedEngine(tok, ["calc 1*2="] * 2), max_turns=2)
+    task, run = runner(tok, ScriptedEngine(tok, ["1*2="] * 2), max_turns=2)
     (t,) = run.run(task.train_problems(0, 1), group_size=1, seed=0, step=0)
     assert t.reason == "max_turns" and t.trace.turns == 2 and t.trace.tool_calls == 2
 
@@ -308,7 +308,7 @@ def trajectory_batch(tok, policy):
     """Two trajectories: a model turn, an observation, a model turn. Behaviour logprobs
     are the policy's own on the model's tokens and nonsense (-40) on the observations."""
     samples = []
-    for prompt, turns in (("12*34:", ["calc 12*34=", "408:", "408"]),
+    for prompt, turns in (("12*34:", ["12*34=", "408:", "408"]),
                           ("7*8:", ["56"])):
         ids, mask = [], []
         for k, text in enumerate(turns):
