@@ -169,6 +169,8 @@ class TrajectoryRunner:
         for t in trajs:
             if not t.ended:
                 t.end("max_turns")
+            # one that ended at its reset generated nothing: it is of this call's version
+            t.versions = t.versions or [version]
             close = getattr(t.env, "close", None)
             if close is not None:
                 close()
@@ -179,7 +181,7 @@ class TrajectoryRunner:
         """One Sample per trajectory (its group: its problem's place in the batch)."""
         return [Sample(problem=t.problem, prompt_ids=t.prompt_ids,
                        response_ids=t.response_ids, behaviour_logprobs=t.logprobs,
-                       finished=t.finished, version=min(t.versions, default=0),
+                       finished=t.finished, version=min(t.versions),
                        group=t.group,
                        text=self.tok.decode(t.response_ids, skip_special_tokens=True),
                        reward=t.reward, reason=t.reason, gen_s=t.end_s,

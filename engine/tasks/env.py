@@ -10,9 +10,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 from engine.config import EnvTaskConfig
+from engine.config.datafile import resolve
+from engine.config.reward import is_file_target
 from engine.envs import env_class
 from engine.envs.base import render
 from engine.tasks.base import Problem, Task
@@ -53,4 +56,9 @@ class EnvTask(Task):
         return "".join(text for text, _ in self.demonstration_turns(problem))
 
     def identity(self) -> dict:
-        return {"env": self.cfg.env.model_dump(mode="json")}
+        """A user's environment file by its content: the warm start imitates its
+        demonstrations, so an edited file is another warm start."""
+        target = self.cfg.env.class_.rpartition(":")[0]
+        if not is_file_target(target):
+            return {}
+        return {"env_file": hashlib.sha256(resolve(target).read_bytes()).hexdigest()[:16]}

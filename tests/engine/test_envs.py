@@ -244,14 +244,20 @@ class EchoEnv:
     """Two turns: the first is answered with "ok:", the second ends it (reward 1 when it
     says "a"). Its step is async, as an HTTP tool's would be."""
     stop = ()
+    made = 0
 
-    def __init__(self, hang_at=-1, fail_at=-1):
+    def __init__(self, hang_at=-1, fail_at=-1, fail_reset=False):
         self.turn, self.hang_at, self.fail_at = 0, hang_at, fail_at
+        EchoEnv.made += 1
+        # the task's own instance (the first: it renders the prompts) resets fine
+        self.fail_reset = fail_reset and EchoEnv.made > 1
 
     def draw(self, rng):
         return {"word": rng.choice("abcdefgh") * rng.randint(1, 4)}
 
     def reset(self, row):
+        if self.fail_reset:
+            raise ConnectionError("no tool server")
         return [{"role": "user", "content": row["word"] + ":"}]
 
     async def step(self, text):
@@ -283,6 +289,22 @@ def test_an_environment_that_raises_or_hangs_ends_its_trajectory_and_is_counted(
         assert (s.env.errors, s.env.timeouts) == ((1, 0) if reason == "env_error" else (0, 1))
         assert time.monotonic() - t0 < 10        # not the 30 s the hang would take
     assert said == [f"environment {spec!r} raised ValueError: tool crashed"]
+
+
+def test_a_reset_that_raises_ends_the_trajectory_before_any_turn_at_the_served_version(
+        tiny_dir, tmp_path):
+    tok = load_tokenizer(tiny_dir)
+    task = EnvTask(EnvTaskConfig.model_validate(
+        {"eval_size": 8, "env": {"class": user_env_file(tmp_path, ECHO_ENV),
+                                 "args": {"fail_reset": True}}}))
+    engine = ScriptedEngine(tok, [], version=7)
+    run = TrajectoryRunner(engine, task, tok, SamplingParams(max_new_tokens=8),
+                           SpanRecorder(["cpu:0"]))
+    samples = run.samples(run.run(task.train_problems(0, 2), 1, seed=0, step=0))
+    assert [(s.reason, s.version, s.env.errors, s.response_ids) for s in samples] == \
+        [("env_error", 7, 1, [])] * 2
+    assert engine.calls == []                                   # nothing was generated
+    assert pack(samples, tok.pad_token_id).response_mask.sum() == 0
 
 
 def test_a_user_environment_class_from_a_file_runs_from_a_config(tmp_path, model_cache):
