@@ -61,6 +61,7 @@ from engine.config.external import (
 )
 from engine.config.faults import (
     EntropyCollapseFault,
+    EnvErrorFault,
     FaultsConfig,
     ImportanceCollapseFault,
     KillRolloutWorkerFault,
@@ -68,6 +69,7 @@ from engine.config.faults import (
     SkipOnResumeFault,
     SkipWeightSyncFault,
     SleepDropsWeightsFault,
+    SlowEnvFault,
     SlowRewardFault,
     StalenessOverrunFault,
     StragglerFault,
@@ -149,6 +151,7 @@ __all__ = [
     "DatasetTaskConfig",
     "DisaggregatedPlacementConfig",
     "EntropyCollapseFault",
+    "EnvErrorFault",
     "FaultsConfig",
     "FullyAsyncPolicyConfig",
     "GrpoConfig",
@@ -182,6 +185,7 @@ __all__ = [
     "SkipOnResumeFault",
     "SkipWeightSyncFault",
     "SleepDropsWeightsFault",
+    "SlowEnvFault",
     "SlowRewardFault",
     "StalenessOverrunFault",
     "StragglerFault",

@@ -165,6 +165,12 @@ class RunConfig(_Section):
         (PPO's GAE reads a contiguous response), the torch sampler, policies that
         generate whole trajectories in one call, and the environment's own reward."""
         if self.task.type != "env":
+            for fault in ("slow_env", "env_error"):
+                if getattr(self.faults, fault) is not None:
+                    raise FieldError(f"faults.{fault}",
+                                     f'faults.{fault} slows or breaks an environment, and '
+                                     f'task.type="{self.task.type}" has none; use task.type '
+                                     '= "env" or remove the fault')
             return self
         checks = (
             ("reward.type", self.reward.type != "rule",

@@ -42,7 +42,14 @@ import torch
 
 from engine.config import RunConfig
 from engine.experience import Sample
-from engine.faults import dies_at, resets_version, sharpen_policy, wrap_reward, wrap_rollout
+from engine.faults import (
+    dies_at,
+    resets_version,
+    sharpen_policy,
+    wrap_env,
+    wrap_reward,
+    wrap_rollout,
+)
 from engine.learner.batch import pack
 from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
 from engine.learner.learner import Learner
@@ -115,7 +122,9 @@ class RolloutWorker(Telemetered, WeightReceiverHost):
         if isinstance(self.task, EnvTask):
             self.producer = TrajectoryProducer(
                 TrajectoryRunner(self.engine, self.task, self.tok, self.params, self.rec,
-                                 log=self._log), cfg.algorithm.group_size)
+                                 log=self._log,
+                                 wrap=lambda env: wrap_env(env, cfg.faults, lambda: self.step)),
+                cfg.algorithm.group_size)
         else:
             self.producer = RolloutProducer(self.engine, self.reward, self.tok, self.params,
                                             cfg.algorithm.group_size, self.rec)

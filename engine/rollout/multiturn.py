@@ -91,12 +91,15 @@ def stop_ids(tok, stops: tuple[str, ...]) -> tuple[int, ...]:
 class TrajectoryRunner:
     """Runs a batch of trajectories of an environment task on a rollout engine."""
 
-    """``params``: the run's sampling (each run() may give its own, an eval's)."""
+    """``params``: the run's sampling (each run() may give its own, an eval's); ``wrap``:
+    what each trajectory's environment is wrapped in (engine.faults.wrap_env)."""
 
     def __init__(self, engine: RolloutEngine, task: EnvTask, tokenizer,
                  params: SamplingParams | None, recorder: SpanRecorder,
-                 log: Callable[..., None] | None = None):
+                 log: Callable[..., None] | None = None,
+                 wrap: Callable[[Any], Any] = lambda env: env):
         self.engine, self.task, self.tok, self.rec = engine, task, tokenizer, recorder
+        self.wrap = wrap
         self.cfg = task.cfg.env
         self.stops = stop_ids(tokenizer, task.stop)
         self.params = params
@@ -132,7 +135,7 @@ class TrajectoryRunner:
         params = self._turn_params(params or self.params)
         version = self.engine.weight_version()
         start = time.monotonic()
-        trajs = [Trajectory(p, self.task.new_env(), i // group_size,
+        trajs = [Trajectory(p, self.wrap(self.task.new_env()), i // group_size,
                             prompt_ids=encode_prompt(self.tok, p.prompt))
                  for i, p in enumerate(q for q in problems for _ in range(group_size))]
         opened = self._calls(trajs, [lambda t=t: t.env.reset(t.problem.row) for t in trajs],

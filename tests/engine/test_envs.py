@@ -417,3 +417,36 @@ def test_env_spans_count_as_busy_time_in_the_bubble():
     assert m["time/env_s"] == 2.0 and m["bubble"] == pytest.approx(0.5)
     assert m["device/utilization/cpu:0/env"] == pytest.approx(0.5)
 
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_env_faults_need_an_environment():
+    assert field_error({"faults": {"env_error": {}}})[0] == "faults.env_error"
+
+
+@pytest.mark.parametrize("fault, kind, words", [
+    ({"env_error": {"from_step": 2}}, "EnvErrors", "The environment raised in"),
+    ({"slow_env": {"from_step": 2, "seconds": 1.0}}, "EnvHang",
+     "ran past task.env.step_timeout_s"),
+])
+def test_an_env_fault_raises_its_alert_within_3_steps_of_its_onset(tmp_path, model_cache,
+                                                                     fault, kind, words):
+    from engine.api import run_local
+    from jobs.alerts.history import RunFacts
+
+    from .alert_watch import AlertWatch
+
+    cfg = validate_config({
+        "name": "f", "steps": 4, "task": env_task(max_tokens=16, step_timeout_s=0.2),
+        "warm_start": {"steps": 0}, "algorithm": {"group_size": 2, "minibatches": 1},
+        "rollout": {"prompts_per_step": 2, "max_new_tokens": 4},
+        "telemetry": {"eval_samples": 1}, "faults": fault})
+    watch = AlertWatch(RunFacts.from_config(cfg, "running"))
+    run_local(cfg, tmp_path, sink=watch)
+    hit = watch.first(kind)
+    assert hit is not None, sorted(watch.kinds())
+    step, finding = hit
+    assert 2 <= step <= 4 and words in finding.cause, (step, finding.cause)
+    assert all(s >= 2 for s, f in watch.fired if f.kind == kind)
