@@ -11,6 +11,7 @@
             done -> finished; raised / timed out -> ended (env_error / env_timeout)
             else the observations' tokens are appended to the context (loss mask 0),
             cut at the trajectory's token budget (then it ends, unfinished)
+    env.close(), where it has one, bounded alike                            [span: env]
     -> one Sample per trajectory: response = turns and observations, loss_mask, reward =
        the sum of its steps' rewards, version = the oldest that generated a turn
 
@@ -174,11 +175,21 @@ class TrajectoryRunner:
                 t.end("max_turns")
             # one that ended at its reset generated nothing: it is of this call's version
             t.versions = t.versions or [version]
-            close = getattr(t.env, "close", None)
-            if close is not None:
-                close()
             t.end_s -= start
+        self._close([t for t in trajs if hasattr(t.env, "close")], step, version)
         return trajs
+
+    def _close(self, trajs: list[Trajectory], step: int, version: int) -> None:
+        """Each environment's close, bounded like its steps; one that raises or hangs is
+        counted (it changes nothing of its finished trajectory)."""
+        for t, o in zip(trajs, call_all([t.env.close for t in trajs], self.cfg.step_timeout_s),
+                        strict=True):
+            self.rec.record("env", o.start, o.end, step, version)
+            t.trace.errors += int(o.status == "error")
+            t.trace.timeouts += int(o.status == "timeout")
+            if o.status == "error" and self.log is not None:
+                self.log(f"environment {self.cfg.class_!r} raised {o.detail}",
+                         level="warning")
 
     def samples(self, trajs: list[Trajectory]) -> list[Sample]:
         """One Sample per trajectory (its group: its problem's place in the batch)."""

@@ -246,8 +246,9 @@ class EchoEnv:
     stop = ()
     made = 0
 
-    def __init__(self, hang_at=-1, fail_at=-1, fail_reset=False):
+    def __init__(self, hang_at=-1, fail_at=-1, fail_reset=False, fail_close=False):
         self.turn, self.hang_at, self.fail_at = 0, hang_at, fail_at
+        self.fail_close = fail_close
         EchoEnv.made += 1
         # the task's own instance (the first: it renders the prompts) resets fine
         self.fail_reset = fail_reset and EchoEnv.made > 1
@@ -259,6 +260,10 @@ class EchoEnv:
         if self.fail_reset:
             raise ConnectionError("no tool server")
         return [{"role": "user", "content": row["word"] + ":"}]
+
+    def close(self):
+        if self.fail_close:
+            raise OSError("socket already closed")
 
     async def step(self, text):
         self.turn += 1
@@ -305,6 +310,18 @@ def test_a_reset_that_raises_ends_the_trajectory_before_any_turn_at_the_served_v
         [("env_error", 7, 1, [])] * 2
     assert engine.calls == []                                   # nothing was generated
     assert pack(samples, tok.pad_token_id).response_mask.sum() == 0
+
+
+def test_a_close_that_raises_is_counted_and_leaves_the_finished_trajectory_be(
+        tiny_dir, tmp_path):
+    tok = load_tokenizer(tiny_dir)
+    task = EnvTask(EnvTaskConfig.model_validate(
+        {"eval_size": 8, "env": {"class": user_env_file(tmp_path, ECHO_ENV),
+                                 "args": {"fail_close": True}}}))
+    run = TrajectoryRunner(ScriptedEngine(tok, ["aa", "ab"]), task, tok,
+                           SamplingParams(max_new_tokens=8), SpanRecorder(["cpu:0"]))
+    (s,) = run.samples(run.run(task.train_problems(0, 1), 1, seed=0, step=0))
+    assert (s.finished, s.reward, s.reason, s.env.errors) == (True, 1.0, "done", 1)
 
 
 def test_a_user_environment_class_from_a_file_runs_from_a_config(tmp_path, model_cache):
