@@ -277,17 +277,24 @@ class EchoEnv:
 '''
 
 
+def echo_run(tok, spec: str, engine, log=None, **env) -> tuple[EnvTask, TrajectoryRunner]:
+    """EchoEnv from ``spec`` with task.env settings ``env`` (its args among them), run on
+    ``engine``."""
+    task = EnvTask(EnvTaskConfig.model_validate({"eval_size": 8,
+                                                 "env": {"class": spec, **env}}))
+    return task, TrajectoryRunner(engine, task, tok, SamplingParams(max_new_tokens=8),
+                                  SpanRecorder(["cpu:0"]), log=log)
+
+
 def test_an_environment_that_raises_or_hangs_ends_its_trajectory_and_is_counted(
         tiny_dir, tmp_path):
     tok = load_tokenizer(tiny_dir)
     spec = user_env_file(tmp_path, ECHO_ENV)
     said = []
     for args, reason in (({"fail_at": 1}, "env_error"), ({"hang_at": 2}, "env_timeout")):
-        task = EnvTask(EnvTaskConfig.model_validate(
-            {"eval_size": 8, "env": {"class": spec, "args": args, "step_timeout_s": 0.2}}))
-        run = TrajectoryRunner(ScriptedEngine(tok, ["aa", "ab"]), task, tok,
-                               SamplingParams(max_new_tokens=8), SpanRecorder(["cpu:0"]),
-                               log=lambda m, level: said.append(m))
+        task, run = echo_run(tok, spec, ScriptedEngine(tok, ["aa", "ab"]),
+                             log=lambda m, level: said.append(m), args=args,
+                             step_timeout_s=0.2)
         t0 = time.monotonic()
         (s,) = run.samples(run.run(task.train_problems(0, 1), 1, seed=0, step=0))
         assert s.reason == reason and not s.finished
@@ -299,12 +306,9 @@ def test_an_environment_that_raises_or_hangs_ends_its_trajectory_and_is_counted(
 def test_a_reset_that_raises_ends_the_trajectory_before_any_turn_at_the_served_version(
         tiny_dir, tmp_path):
     tok = load_tokenizer(tiny_dir)
-    task = EnvTask(EnvTaskConfig.model_validate(
-        {"eval_size": 8, "env": {"class": user_env_file(tmp_path, ECHO_ENV),
-                                 "args": {"fail_reset": True}}}))
     engine = ScriptedEngine(tok, [], version=7)
-    run = TrajectoryRunner(engine, task, tok, SamplingParams(max_new_tokens=8),
-                           SpanRecorder(["cpu:0"]))
+    task, run = echo_run(tok, user_env_file(tmp_path, ECHO_ENV), engine,
+                         args={"fail_reset": True})
     samples = run.samples(run.run(task.train_problems(0, 2), 1, seed=0, step=0))
     assert [(s.reason, s.version, s.env.errors, s.response_ids) for s in samples] == \
         [("env_error", 7, 1, [])] * 2
@@ -315,11 +319,8 @@ def test_a_reset_that_raises_ends_the_trajectory_before_any_turn_at_the_served_v
 def test_a_close_that_raises_is_counted_and_leaves_the_finished_trajectory_be(
         tiny_dir, tmp_path):
     tok = load_tokenizer(tiny_dir)
-    task = EnvTask(EnvTaskConfig.model_validate(
-        {"eval_size": 8, "env": {"class": user_env_file(tmp_path, ECHO_ENV),
-                                 "args": {"fail_close": True}}}))
-    run = TrajectoryRunner(ScriptedEngine(tok, ["aa", "ab"]), task, tok,
-                           SamplingParams(max_new_tokens=8), SpanRecorder(["cpu:0"]))
+    task, run = echo_run(tok, user_env_file(tmp_path, ECHO_ENV),
+                         ScriptedEngine(tok, ["aa", "ab"]), args={"fail_close": True})
     (s,) = run.samples(run.run(task.train_problems(0, 1), 1, seed=0, step=0))
     assert (s.finished, s.reward, s.reason, s.env.errors) == (True, 1.0, "done", 1)
 
