@@ -3,6 +3,11 @@
     rollout -> Sample(prompt, response, behaviour logprobs, version) -> reward fills .reward
             -> buffer.put(group) ... learner: buffer.take(n_groups, learner_version)
 
+A multi-turn trajectory (task.type = "env") is one sample too: its response is the model's
+turns with the environment's observations between them, and ``loss_mask`` says which
+response tokens the model sampled (1) and which it was handed (0: no loss, no KL, no
+entropy, no logprob gap).
+
 A sample keeps the policy version that generated it; staleness at update time is
 learner_version - sample.version, checked against the policy's bound every step. A
 partial rollout continued under newer weights mixes versions: ``version`` is then the
@@ -14,12 +19,22 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine.config import NoOverlongConfig, OverlongConfig, OverlongPenaltyConfig
 from engine.tasks.base import Problem
+
+
+@dataclass
+class EnvTrace:
+    """What one trajectory's environment did (engine.rollout.multiturn fills it)."""
+    turns: int = 0                    # model turns taken
+    step_s: list[float] = field(default_factory=list)   # each reset / step call, seconds
+    errors: int = 0                   # calls that raised
+    timeouts: int = 0                 # calls still running at task.env.step_timeout_s
+    tool_calls: int = 0               # steps whose info said "tool_call"
 
 
 @dataclass
@@ -42,6 +57,9 @@ class Sample:
     gen_s: float | None = None        # its generate call's start -> its completion (seconds)
     # rollout.record_routing: experts per fed token (prompt + response[:-1], L, k), int16
     routing: np.ndarray | None = None
+    # per response token: 1 sampled by the policy, 0 an observation; None: all sampled
+    loss_mask: list[int] | None = None
+    env: EnvTrace | None = None       # a trajectory's environment record (task.type "env")
 
     @property
     def learning_reward(self) -> float:

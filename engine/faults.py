@@ -9,6 +9,8 @@ actually did, so the alerts see only what an operator would.
     resets_version(faults, step)                        version_reset (the learner's counter)
     sharpen_policy(policy, faults, step)                entropy_collapse (the learner's head)
     reward    = wrap_reward(reward, faults, step)       slow_reward
+    env       = wrap_env(env, faults, step)             slow_env, env_error (each
+                                                        trajectory's environment)
     buffer    = wrap_buffer(buffer, faults, step)       staleness_overrun
     skipped_on_resume(faults)                           skip_on_resume (the data position a
                                                         resumed run starts from)
@@ -33,7 +35,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from engine.config import FaultsConfig, RunConfig
+from engine.config import EnvErrorFault, FaultsConfig, RunConfig, SlowEnvFault
 from engine.experience import ExperienceBuffer, Sample
 from engine.rollout.base import (
     Completion,
@@ -207,6 +209,38 @@ class SlowReward:
 def wrap_reward(reward, faults: FaultsConfig, step: StepFn):
     slow = faults.slow_reward
     return reward if slow is None else SlowReward(reward, slow.seconds, slow.from_step, step)
+
+
+class FaultyEnv:
+    """A multi-turn task's environment whose calls (reset and step), from a step of the run
+    on, first sleep (slow_env) or raise (env_error); the rest is the environment's own."""
+
+    def __init__(self, inner, slow: SlowEnvFault | None, error: EnvErrorFault | None,
+                 step: StepFn):
+        self.inner, self.slow, self.error, self.step_of_run = inner, slow, error, step
+
+    def __getattr__(self, name):          # draw, close, stop, demonstration, ...
+        return _delegate(self, name)
+
+    def _misbehave(self) -> None:
+        if self.slow is not None and self.step_of_run() >= self.slow.from_step:
+            time.sleep(self.slow.seconds)
+        if self.error is not None and self.step_of_run() >= self.error.from_step:
+            raise RuntimeError("faults.env_error: the environment's call raised")
+
+    def reset(self, row):
+        self._misbehave()
+        return self.inner.reset(row)
+
+    def step(self, text: str):
+        self._misbehave()
+        return self.inner.step(text)
+
+
+def wrap_env(env, faults: FaultsConfig, step: StepFn):
+    if faults.slow_env is None and faults.env_error is None:
+        return env
+    return FaultyEnv(env, faults.slow_env, faults.env_error, step)
 
 
 # --------------------------------------------------------------------------- buffer

@@ -76,6 +76,7 @@ PHASE_MEANINGS = {
     "learner": "recomputing logprobs, computing the loss, the optimizer step",
     "weight_sync": "sending new weights to the rollout engines and loading them",
     "critic": "PPO's value model: values, GAE and its own optimizer step",
+    "env": "a multi-turn task's environment: resetting it or stepping it with a model turn",
 }
 PHASES = tuple(PHASE_MEANINGS)                            # busy phases
 WAITING = "waiting"   # an actor blocked on another; never counts as busy
@@ -144,6 +145,8 @@ TIME_LEARNER_S = _metric(PHASE_TIME.of(phase="learner"), "s", "wall time in the 
 TIME_WEIGHT_SYNC_S = _metric(PHASE_TIME.of(phase="weight_sync"), "s",
                              "wall time syncing weights")
 TIME_CRITIC_S = _metric(PHASE_TIME.of(phase="critic"), "s", "wall time in PPO's critic")
+TIME_ENV_S = _metric(PHASE_TIME.of(phase="env"), "s",
+                     "wall time in a multi-turn task's environment calls")
 TIME_WAITING_S = _metric(PHASE_TIME.of(phase=WAITING), "s",
                          "wall time an actor waited on another (not busy)")
 TIME_IDLE_S = _metric(PHASE_TIME.of(phase=IDLE), "s",
@@ -266,6 +269,22 @@ REWARD_RM_VS_VERIFIER_AGREEMENT = _metric("reward/rm_vs_verifier_agreement", "fr
 REWARD_OUTCOMES = _family("reward/{kind}/{reason}", "count",
                           "samples of a reward kind scored with that reason (sandbox: "
                           "timeout, memory, ...)")
+
+# --- environments (task.type = "env": multi-turn trajectories) ------------------------------
+ENV_TURNS_MEAN = _metric("env/turns_mean", "turns", "mean model turns per trajectory")
+ENV_TURNS_MAX = _metric("env/turns_max", "turns", "most model turns in one trajectory")
+ENV_STEP_S_P50 = _metric("env/step_s_p50", "s", "median environment call (reset or step)")
+ENV_STEP_S_P99 = _metric("env/step_s_p99", "s", "p99 environment call (reset or step)")
+ENV_ERRORS = _metric("env/errors", "calls",
+                     "environment calls of the step's trajectories that raised (each ends "
+                     "its trajectory)")
+ENV_TIMEOUTS = _metric("env/timeouts", "calls",
+                       "environment calls still running at task.env.step_timeout_s")
+ENV_TOOL_CALLS = _metric("env/tool_calls", "calls",
+                         "environment steps that ran a tool (their info said tool_call)")
+EVAL_TOOL_CALL_FRAC = _metric("eval/tool_call_frac", "fraction",
+                              "share of held-out trajectories that called a tool "
+                              "(eval steps only)")
 
 # --- the data ledger (engine/orchestration/ledger.py): counts so far in the run --------------
 DATA_SERVED = _metric("data/served", "prompts",

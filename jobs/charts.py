@@ -39,8 +39,10 @@ TIMELINE_STEPS = 20  # the device timeline keeps roughly this many recent steps
 # pages extend traces by index.
 PHASES = M.PHASES
 CRITIC = "critic"   # PPO's phase: its value model's update
+ENV = "env"         # a multi-turn task's phase: its environment's calls
 PHASE_COLORS = {"rollout": "#4c78a8", "reward": "#f58518", "learner": "#54a24b",
-                "weight_sync": "#e45756", "critic": "#b279a2", "idle": "#bab0ac"}
+                "weight_sync": "#e45756", "critic": "#b279a2", "env": "#72b7b2",
+                "idle": "#bab0ac"}
 
 
 @dataclass(frozen=True)
@@ -234,10 +236,12 @@ def metric_figures(steps: list[tuple[int, Values]], algorithm: str = "grpo",
     return figures
 
 
-def legend_of(phase: str, algorithm: str) -> dict:
+def legend_of(phase: str, algorithm: str, multi_turn: bool = False) -> dict:
     """The critic's phase has a trace (indices stay fixed for extendTraces) but no legend
-    entry on a run without one (GRPO's legends listed a critic that never ran)."""
-    return {"showlegend": False} if phase == CRITIC and algorithm != "ppo" else {}
+    entry on a run without one (GRPO's legends listed a critic that never ran); the env
+    phase likewise on a run without an environment (``multi_turn``: task.type "env")."""
+    hidden = (phase == CRITIC and algorithm != "ppo") or (phase == ENV and not multi_turn)
+    return {"showlegend": False} if hidden else {}
 
 
 def metric_updates(steps: list[tuple[int, Values]], others: bool = False) -> dict[str, dict]:
@@ -272,10 +276,12 @@ def timeline_bars(spans: Iterable[dict]) -> dict[str, dict[str, list]]:
     return bars
 
 
-def timeline_figure(spans: list[dict], algorithm: str = "grpo") -> dict:
+def timeline_figure(spans: list[dict], algorithm: str = "grpo",
+                    multi_turn: bool = False) -> dict:
     devices = {span["device"] for span in spans}
     traces = [{"name": phase, "type": "bar", "orientation": "h",
-               "marker": {"color": PHASE_COLORS[phase]}, **bar, **legend_of(phase, algorithm)}
+               "marker": {"color": PHASE_COLORS[phase]}, **bar,
+               **legend_of(phase, algorithm, multi_turn)}
               for phase, bar in timeline_bars(spans).items()]
     return {"id": "timeline", "title": "Device timeline", "traces": traces,
             # extendTraces drops the oldest bars beyond this many per phase.

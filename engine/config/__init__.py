@@ -11,8 +11,9 @@ This package imports neither torch nor ray: the web process validates configs wi
     text = dump_config(cfg)                             # TOML, round-trips
 
 One module per section: ``model_task`` (model, task, warm start; ``datafile`` reads a
-dataset file's shape for it), ``algorithm`` (the RL objective), ``rollout``,
-``placement``, ``async_policy``, ``weightsync``, ``reward``, ``faults``; ``run`` holds
+dataset file's shape for it; ``env`` a multi-turn task's environment), ``algorithm``
+(the RL objective), ``rollout``, ``placement``, ``async_policy``, ``weightsync``,
+``reward``, ``faults``; ``run`` holds
 RunConfig and its cross-section checks, ``errors`` ConfigError and TOML load/dump, and
 ``_base`` the shared section base; ``learner`` is how the learner computes (device,
 precision, packing). Import from ``engine.config`` itself: every public name is
@@ -40,6 +41,7 @@ from engine.config.async_policy import (
     PartialRolloutPolicyConfig,
     SyncPolicyConfig,
 )
+from engine.config.env import BUILTIN_ENVS, EnvConfig, EnvTaskConfig
 from engine.config.errors import (
     ConfigError,
     dump_config,
@@ -59,6 +61,7 @@ from engine.config.external import (
 )
 from engine.config.faults import (
     EntropyCollapseFault,
+    EnvErrorFault,
     FaultsConfig,
     ImportanceCollapseFault,
     KillRolloutWorkerFault,
@@ -66,6 +69,7 @@ from engine.config.faults import (
     SkipOnResumeFault,
     SkipWeightSyncFault,
     SleepDropsWeightsFault,
+    SlowEnvFault,
     SlowRewardFault,
     StalenessOverrunFault,
     StragglerFault,
@@ -129,6 +133,9 @@ __all__ = [
     "is_external",
     "validate_external",
     "AdvEstimator",
+    "BUILTIN_ENVS",
+    "EnvConfig",
+    "EnvTaskConfig",
     "AlgorithmConfig",
     "ArithmeticTaskConfig",
     "AsyncPolicyConfig",
@@ -144,6 +151,7 @@ __all__ = [
     "DatasetTaskConfig",
     "DisaggregatedPlacementConfig",
     "EntropyCollapseFault",
+    "EnvErrorFault",
     "FaultsConfig",
     "FullyAsyncPolicyConfig",
     "GrpoConfig",
@@ -177,6 +185,7 @@ __all__ = [
     "SkipOnResumeFault",
     "SkipWeightSyncFault",
     "SleepDropsWeightsFault",
+    "SlowEnvFault",
     "SlowRewardFault",
     "StalenessOverrunFault",
     "StragglerFault",

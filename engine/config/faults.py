@@ -134,6 +134,25 @@ class KillRolloutWorkerFault(_Section):
     """The step whose generation call kills every rollout worker that takes one."""
 
 
+class SlowEnvFault(_Section):
+    """Every environment call (reset, step) of a multi-turn task takes ``seconds`` longer
+    from ``from_step`` on (a tool server that hangs; past task.env.step_timeout_s each call
+    times out)."""
+
+    from_step: int = Field(default=2, ge=0, le=1_000_000)
+    """First step whose environment calls are slowed."""
+    seconds: float = Field(default=30.0, gt=0.0, le=86_400.0)
+    """Added to each environment call."""
+
+
+class EnvErrorFault(_Section):
+    """Every environment call (reset, step) of a multi-turn task raises from ``from_step``
+    on (a tool that crashes)."""
+
+    from_step: int = Field(default=2, ge=0, le=1_000_000)
+    """First step whose environment calls raise."""
+
+
 class FaultsConfig(_Section):
     """Fault injection, to rehearse the failure modes the alerts must name. Every fault is
     off (None) unless its table is present; each makes the real loop misbehave."""
@@ -164,3 +183,7 @@ class FaultsConfig(_Section):
     """A resumed run skips prompts of its data."""
     kill_rollout_worker: KillRolloutWorkerFault | None = None
     """A rollout worker's process dies mid-run."""
+    slow_env: SlowEnvFault | None = None
+    """A multi-turn task's environment calls hang (task.type = "env")."""
+    env_error: EnvErrorFault | None = None
+    """A multi-turn task's environment calls raise (task.type = "env")."""

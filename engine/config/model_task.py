@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, model_validator
 
 from engine.config._base import FieldError, _choice, _Section
+from engine.config.env import EnvTaskConfig
 
 # --------------------------------------------------------------------------- model
 
@@ -307,7 +308,8 @@ class DatasetTaskConfig(_Section):
         return keys
 
 
-TaskConfig = _choice(ArithmeticTaskConfig, LongTailTaskConfig, CodeTaskConfig, DatasetTaskConfig)
+TaskConfig = _choice(ArithmeticTaskConfig, LongTailTaskConfig, CodeTaskConfig, DatasetTaskConfig,
+                     EnvTaskConfig)
 
 
 # --------------------------------------------------------------------------- warm start

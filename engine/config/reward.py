@@ -108,37 +108,42 @@ class PythonRewardConfig(_RewardPool):
 
     @model_validator(mode="after")
     def _function_named(self, info: ValidationInfo) -> PythonRewardConfig:
-        target, _, name = self.function.rpartition(":")
-        if not target or not name.isidentifier():
-            raise FieldError("reward.function",
-                             f"reward.function={self.function!r} must be "
-                             '"package.module:callable" or "path/to/file.py:callable"')
-        if is_file_target(target):
-            from engine.config.datafile import resolve
-
-            check_files = (info.context or {}).get("check_files", True)
-            if check_files and not resolve(target).is_file():
-                raise FieldError("reward.function",
-                                 f"reward.function={self.function!r}: no such file "
-                                 f"{target!r}; fix the path (relative to the working "
-                                 "directory or the rlplane checkout)")
-            owner = protected_owner(resolve(target))
-            if owner is not None:
-                raise FieldError("reward.function",
-                                 f"reward.function={self.function!r} names a file of "
-                                 f"{owner}; point it at your own module or file")
-            return self
-        if not all(part.isidentifier() for part in target.split(".")):
-            raise FieldError("reward.function",
-                             f"reward.function={self.function!r}: {target!r} is not a module "
-                             "name; use dotted identifiers, or a path ending in .py")
-        top = target.split(".")[0]
-        if top in sys.stdlib_module_names or top == "engine":
-            raise FieldError("reward.function",
-                             f"reward.function={self.function!r} names a module of "
-                             f"{'the standard library' if top != 'engine' else 'rlplane'}; "
-                             "point it at your own module or file")
+        problem = target_problem("reward.function", self.function, "callable",
+                                 (info.context or {}).get("check_files", True))
+        if problem is not None:
+            raise FieldError("reward.function", problem)
         return self
+
+
+def target_problem(field: str, spec: str, what: str, check_files: bool) -> str | None:
+    """Why ``spec`` cannot name the user's own code (``package.module:<what>`` or
+    ``path/to/file.py:<what>``): not that shape, a missing file (when ``check_files``), or
+    a module or file of the standard library or of rlplane; None when it can. The reward
+    function and an environment class (task.env.class) are both checked here, so a user
+    cannot point either at code the run would trust more than their own."""
+    target, _, name = spec.rpartition(":")
+    if not target or not name.isidentifier():
+        return (f"{field}={spec!r} must be \"package.module:{what}\" or "
+                f"\"path/to/file.py:{what}\"")
+    if is_file_target(target):
+        from engine.config.datafile import resolve
+
+        if check_files and not resolve(target).is_file():
+            return (f"{field}={spec!r}: no such file {target!r}; fix the path (relative to "
+                    "the working directory or the rlplane checkout)")
+        owner = protected_owner(resolve(target))
+        if owner is not None:
+            return f"{field}={spec!r} names a file of {owner}; point it at your own module or file"
+        return None
+    if not all(part.isidentifier() for part in target.split(".")):
+        return (f"{field}={spec!r}: {target!r} is not a module name; use dotted "
+                "identifiers, or a path ending in .py")
+    top = target.split(".")[0]
+    if top in sys.stdlib_module_names or top == "engine":
+        return (f"{field}={spec!r} names a module of "
+                f"{'the standard library' if top != 'engine' else 'rlplane'}; "
+                "point it at your own module or file")
+    return None
 
 
 def protected_owner(path: Path) -> str | None:

@@ -13,6 +13,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from engine.config._base import FieldError, _Section
 from engine.config.algorithm import AlgorithmConfig, GrpoConfig, OverlongPenaltyConfig
 from engine.config.async_policy import AsyncPolicyConfig, SyncPolicyConfig
+from engine.config.env import EnvTaskConfig
 from engine.config.faults import FaultsConfig
 from engine.config.learner import LearnerConfig
 from engine.config.model_task import (
@@ -100,8 +101,8 @@ class RunConfig(_Section):
     model: ModelConfig = ModelConfig()
     """The policy: the built-in size preset or a Hugging Face directory, dtype, seed."""
     task: TaskConfig = ArithmeticTaskConfig()
-    """What the policy is trained on: "arithmetic", the long-tail "reverse", "code" or
-    your own "dataset"."""
+    """What the policy is trained on: "arithmetic", the long-tail "reverse", "code",
+    your own "dataset", or multi-turn trajectories with an environment ("env")."""
     warm_start: WarmStartConfig = WarmStartConfig()
     """Supervised steps on the task before RL, cached per (model, task, settings)."""
     algorithm: AlgorithmConfig = GrpoConfig()
@@ -156,6 +157,38 @@ class RunConfig(_Section):
                              'reward.type="reward_model" trains its classifier on the '
                              'synthetic tasks\' own examples; with task.type = "dataset" use '
                              'reward.type = "math", "rule" or "python"')
+        return self
+
+    @model_validator(mode="after")
+    def _env_task_fits_the_run(self) -> RunConfig:
+        """What multi-turn trajectories run on so far: GRPO's per-trajectory advantages
+        (PPO's GAE reads a contiguous response), the torch sampler, policies that
+        generate whole trajectories in one call, and the environment's own reward."""
+        if self.task.type != "env":
+            for fault in ("slow_env", "env_error"):
+                if getattr(self.faults, fault) is not None:
+                    raise FieldError(f"faults.{fault}",
+                                     f'faults.{fault} slows or breaks an environment, and '
+                                     f'task.type="{self.task.type}" has none; use task.type '
+                                     '= "env" or remove the fault')
+            return self
+        checks = (
+            ("reward.type", self.reward.type != "rule",
+             f'reward.type="{self.reward.type}": with task.type = "env" the environment\'s '
+             'steps give the reward; remove the [reward] section (or set type = "rule")'),
+            ("algorithm.type", self.algorithm.type == "ppo",
+             'algorithm.type="ppo" needs a contiguous response for GAE, and a trajectory\'s '
+             'observations break it; use algorithm.type = "grpo" with task.type = "env"'),
+            ("rollout.type", self.rollout.type != "torch",
+             f'rollout.type="{self.rollout.type}": multi-turn trajectories run on the torch '
+             'sampler so far; set rollout.type = "torch"'),
+            ("async_policy.type", self.async_policy.type == "partial_rollout",
+             'async_policy.type="partial_rollout" continues single-turn completions only; '
+             'use "sync", "one_step_off" or "fully_async" with task.type = "env"'),
+        )
+        for field, bad, message in checks:
+            if bad:
+                raise FieldError(field, message)
         return self
 
     @model_validator(mode="after")
@@ -360,10 +393,11 @@ def fork_name(name: str) -> str:
 
 
 def longest_answer(task: ArithmeticTaskConfig | LongTailTaskConfig | CodeTaskConfig
-                   | DatasetTaskConfig) -> int:
+                   | DatasetTaskConfig | EnvTaskConfig) -> int:
     """Characters (= tokens) of the longest correct answer the task can ask for (0 for a
-    dataset: its answers are free text in the model's own tokens)."""
-    if isinstance(task, DatasetTaskConfig):
+    dataset: its answers are free text in the model's own tokens; 0 for an environment:
+    its turns are bounded by task.env.max_tokens)."""
+    if isinstance(task, DatasetTaskConfig | EnvTaskConfig):
         return 0
     if isinstance(task, LongTailTaskConfig):
         return task.max_len

@@ -8,7 +8,10 @@ The batch keeps one row per sample, in the loss layout every per-token quantity 
 Prompts are left-padded to P and responses right-padded to R, the layout the torch sampler
 uses, so positions (cumsum of the attention mask - 1) agree token for token. The output
 at column P+t-1 predicts response token t. Behaviour logprobs, advantages, masks and the
-logprobs a forward returns are all (B, R) in this layout.
+logprobs a forward returns are all (B, R) in this layout. A multi-turn trajectory's
+observation tokens are response columns with mask 0 (Sample.loss_mask): attended to like
+any context, but no output that predicts them goes through the LM head, so they carry no
+logprob, loss, KL, entropy or gradient.
 
 A forward pass sees the rows either as they are ("padded": B rows of P+R columns, most of
 them pad when lengths are ragged) or packed end to end into a few dense rows:
@@ -55,7 +58,8 @@ class PackedBatch:
     input_ids: torch.Tensor        # (B, P+R)
     attention_mask: torch.Tensor   # (B, P+R)
     position_ids: torch.Tensor     # (B, P+R)
-    response_mask: torch.Tensor    # (B, R) float, 1 on real response tokens
+    response_mask: torch.Tensor    # (B, R) float, 1 on response tokens the policy sampled
+                                   # (0 on pad and on a trajectory's observations)
     behaviour_logp: torch.Tensor   # (B, R)
     advantages: torch.Tensor       # (B,)
     prompt_len: int                # P
@@ -98,7 +102,8 @@ def pack(samples: list[Sample], pad_id: int) -> PackedBatch:
         ids[i, P - p:P] = torch.tensor(s.prompt_ids)
         ids[i, P:P + r] = torch.tensor(s.response_ids, dtype=torch.long)
         attn[i, P - p:P + r] = 1
-        rmask[i, :r] = 1.0
+        rmask[i, :r] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask,
+                                                                    dtype=torch.float32)
         beh[i, :r] = torch.tensor(s.behaviour_logprobs)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
@@ -183,7 +188,9 @@ def packed_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> Fo
     S = batch.input_ids.shape[1]
     P = batch.prompt_len
     real = batch.attention_mask.bool()                                          # (B, S)
-    prompt_lens = batch.attention_mask.sum(-1) - batch.response_mask.sum(-1).long()
+    # a row's first real column is P - (its prompt length) (the response mask has holes
+    # at a trajectory's observations, so it cannot say where the prompt ends)
+    prompt_lens = P - batch.attention_mask.argmax(-1)
     # Row i's real tokens sit at columns [P - p_i, P + r_i) and go to the dense slots
     # bin_i * T + off_i + (column - (P - p_i)).
     start = (torch.tensor(row_bin, device=device) * T + torch.tensor(row_off, device=device)

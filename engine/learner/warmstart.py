@@ -50,12 +50,18 @@ def demonstration_end(tok, task: Task) -> int:
 def demonstration_sample(tok, task: Task, problem: Problem) -> Sample:
     """One supervised example: the prompt as the sampler sees it, then the task's
     demonstration and the token that ends it (demonstration_end), which are all the loss
-    is taken over (the prompt is context only)."""
-    response = tok(task.demonstration(problem), add_special_tokens=False)["input_ids"]
-    response = response + [demonstration_end(tok, task)]
+    is taken over (the prompt is context only; so are a multi-turn demonstration's
+    observations: its loss mask leaves them out)."""
+    response, mask = [], []
+    for text, trained in task.demonstration_turns(problem):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        response += ids
+        mask += [int(trained)] * len(ids)
+    response, mask = response + [demonstration_end(tok, task)], mask + [1]
     return Sample(problem=problem, prompt_ids=encode_prompt(tok, problem.prompt),
                   response_ids=response, behaviour_logprobs=[0.0] * len(response),
-                  finished=True, version=0, group=0)
+                  finished=True, version=0, group=0,
+                  loss_mask=None if all(mask) else mask)
 
 
 def base_identity(base: Path) -> str:

@@ -80,6 +80,7 @@ from engine.telemetry.recorder import Telemetry
 from engine.telemetry.samples import inspected_rows, samples_event
 from engine.telemetry.sinks import FanoutSink, JsonlSink, last_seq
 from engine.telemetry.step_metrics import (
+    env_metrics,
     group_length_metrics,
     group_metrics,
     sample_metrics,
@@ -263,7 +264,7 @@ class StepLoop:
                             m)
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
         m |= group_metrics(groups, self.experience.dropped) | group_length_metrics(groups)
-        m |= sync_metrics(self.last_sync)
+        m |= sync_metrics(self.last_sync) | env_metrics(samples)
         m |= {k: v for values in d.each(Telemetered.sample_devices, lost={})
               for k, v in values.items()}
         m[M.BUFFER_DROPPED_STALE] = float(self.buffer.dropped_stale)

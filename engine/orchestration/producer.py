@@ -7,6 +7,8 @@
         pool) gets it to score while the rest still generate
     decode, reward.verdicts(...) or pool.collect(...)          [span: reward]
     -> one group (list[Sample]) per problem, tagged with the engine's weight version
+
+A multi-turn task's groups are trajectories instead (TrajectoryProducer).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from engine.experience import Sample
 from engine.model import encode_prompt
 from engine.reward import RewardFn
 from engine.rollout.base import RolloutEngine, SamplingParams
+from engine.rollout.multiturn import TrajectoryRunner
 from engine.tasks.base import Problem
 from engine.telemetry.recorder import SpanRecorder
 
@@ -68,4 +71,18 @@ class RolloutProducer:
                    reason=verdicts[i].reason, gen_s=done_s[i], routing=o.routing)
             for i, o in enumerate(outs)
         ]
+        return [samples[i:i + g] for i in range(0, len(samples), g)]
+
+
+class TrajectoryProducer:
+    """A multi-turn task's experience: one trajectory per row of a group
+    (engine.rollout.multiturn), its reward the sum of its environment steps' rewards
+    (no reward phase: the environment scored it as it went)."""
+
+    def __init__(self, runner: TrajectoryRunner, group_size: int):
+        self.runner, self.group_size = runner, group_size
+
+    def produce(self, step: int, problems: list[Problem], seed: int) -> list[list[Sample]]:
+        g = self.group_size
+        samples = self.runner.samples(self.runner.run(problems, g, seed, step))
         return [samples[i:i + g] for i in range(0, len(samples), g)]

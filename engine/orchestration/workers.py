@@ -2,6 +2,7 @@
 
     RolloutWorker(cfg, policy_dir, model_dir, devices)   engine + reward + tokenizer
         .produce(step, problems, seed) -> groups           [spans: rollout, reward]
+                                    a multi-turn task: trajectories [spans: rollout, env]
         .continue_groups(step, groups, target, seed)       partial rollout (APRIL)
         .setup_weight_receiver(...); .receive_weights(ticket, step) -> Served
                                                            [span: weight_sync]
@@ -41,7 +42,14 @@ import torch
 
 from engine.config import RunConfig
 from engine.experience import Sample
-from engine.faults import dies_at, resets_version, sharpen_policy, wrap_reward, wrap_rollout
+from engine.faults import (
+    dies_at,
+    resets_version,
+    sharpen_policy,
+    wrap_env,
+    wrap_reward,
+    wrap_rollout,
+)
 from engine.learner.batch import pack
 from engine.learner.checkpoint import restore_checkpoint, save_checkpoint
 from engine.learner.learner import Learner
@@ -50,14 +58,16 @@ from engine.model import load_critic, load_policy, load_tokenizer, stop_token_id
 from engine.orchestration.actors import concurrent
 from engine.orchestration.evaluation import evaluate
 from engine.orchestration.partial import PartialGroup, continue_groups
-from engine.orchestration.producer import RolloutProducer
+from engine.orchestration.producer import RolloutProducer, TrajectoryProducer
 from engine.reward import build_reward, service_metrics
 from engine.rollout import DTYPES, build_rollout
 from engine.rollout.base import SamplingParams
+from engine.rollout.multiturn import TrajectoryRunner
 from engine.rollout.preflight import check_logprob_semantics
 from engine.seeds import seed_everything
 from engine.tasks import task_for
 from engine.tasks.base import Problem
+from engine.tasks.env import EnvTask
 from engine.telemetry.devices import DeviceSampler
 from engine.telemetry.recorder import SpanRecorder
 from engine.weightsync.session import WeightReceiverHost, WeightSenderHost
@@ -109,8 +119,15 @@ class RolloutWorker(Telemetered, WeightReceiverHost):
         self.reward = wrap_reward(build_reward(cfg.reward, self.task, log=self._log),
                                   cfg.faults, lambda: self.step)
         self.params = sampling_params(cfg, stop_token_ids(self.tok, model_dir))
-        self.producer = RolloutProducer(self.engine, self.reward, self.tok, self.params,
-                                        cfg.algorithm.group_size, self.rec)
+        if isinstance(self.task, EnvTask):
+            self.producer = TrajectoryProducer(
+                TrajectoryRunner(self.engine, self.task, self.tok, self.params, self.rec,
+                                 log=self._log,
+                                 wrap=lambda env: wrap_env(env, cfg.faults, lambda: self.step)),
+                cfg.algorithm.group_size)
+        else:
+            self.producer = RolloutProducer(self.engine, self.reward, self.tok, self.params,
+                                            cfg.algorithm.group_size, self.rec)
 
     def produce(self, step: int, problems: list[Problem], seed: int) -> list[list[Sample]]:
         self.step = step

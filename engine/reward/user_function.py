@@ -33,12 +33,14 @@ from engine.tasks.base import Problem, Task
 POSITIONAL = ("prompt", "completion", "answer")
 
 
-def load_function(spec: str) -> Callable[..., object]:
-    """The callable ``spec`` names; ConfigError (reward.function) when it cannot be had."""
+def load_function(spec: str, field: str = "reward.function",
+                  what: str = "a function") -> Callable[..., object]:
+    """The callable ``spec`` names (``what``: "a function", or "a class" for
+    task.env.class); ConfigError naming ``field`` when it cannot be had."""
     target, _, name = spec.rpartition(":")
 
     def bad(why: str) -> ConfigError:
-        return ConfigError([("reward.function", f"{spec!r}: {why}")])
+        return ConfigError([(field, f"{spec!r}: {why}")])
 
     try:
         if is_file_target(target):
@@ -46,7 +48,7 @@ def load_function(spec: str) -> Callable[..., object]:
             if not path.is_file():
                 raise bad(f"no such file {target!r}; fix the path (relative to the working "
                           "directory or the rlplane checkout)")
-            module_name = f"rlplane_reward_{abs(hash(str(path.resolve())))}"
+            module_name = f"rlplane_user_{abs(hash(str(path.resolve())))}"
             module_spec = importlib.util.spec_from_file_location(module_name, path)
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[module_name] = module      # dataclasses and pickling look it up
@@ -64,7 +66,7 @@ def load_function(spec: str) -> Callable[..., object]:
                          and callable(vars(module)[n])) or "nothing callable"
         raise bad(f"{target!r} defines no {name!r} (it has {have}); fix the name after ':'")
     if not callable(fn):
-        raise bad(f"{name!r} in {target!r} is a {type(fn).__name__}, not a function")
+        raise bad(f"{name!r} in {target!r} is a {type(fn).__name__}, not {what}")
     return fn
 
 

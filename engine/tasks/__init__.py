@@ -15,6 +15,7 @@ from engine.config import (
     ArithmeticTaskConfig,
     CodeTaskConfig,
     DatasetTaskConfig,
+    EnvTaskConfig,
     LongTailTaskConfig,
     RunConfig,
 )
@@ -37,10 +38,15 @@ def task_for(cfg: RunConfig, tokenizer, log=None) -> Task:
     return build_task(cfg.task)
 
 
-def build_task(cfg: ArithmeticTaskConfig | LongTailTaskConfig | CodeTaskConfig) -> Task:
+def build_task(cfg: ArithmeticTaskConfig | LongTailTaskConfig | CodeTaskConfig
+               | EnvTaskConfig) -> Task:
     """A synthetic task from its config alone (a dataset needs the run: task_for)."""
     if isinstance(cfg, DatasetTaskConfig):
         raise TypeError("a dataset task is built with task_for(run config, tokenizer)")
+    if isinstance(cfg, EnvTaskConfig):
+        from engine.tasks.env import EnvTask
+
+        return EnvTask(cfg)
     if isinstance(cfg, ArithmeticTaskConfig):
         return ArithmeticTask(cfg)
     if isinstance(cfg, CodeTaskConfig):

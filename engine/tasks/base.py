@@ -48,6 +48,11 @@ class Task(ABC):
         """What the supervised warm start imitates after the prompt."""
         return problem.answer
 
+    def demonstration_turns(self, problem: Problem) -> list[tuple[str, bool]]:
+        """The demonstration as (text, trained) pieces: a multi-turn task's observations
+        are context the warm start reads but does not imitate."""
+        return [(self.demonstration(problem), True)]
+
     @property
     def epoch_size(self) -> int | None:
         """Training problems in one epoch; None: an endless stream (a synthetic task)."""

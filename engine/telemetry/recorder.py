@@ -4,6 +4,7 @@
     rec = SpanRecorder(["gpu:0"])
     with rec.phase("rollout", step, version):
         ...
+    rec.record("env", start, end, step, version)   # timed elsewhere (a thread's call)
     closed, running = rec.drain()          # spans ended since the last drain; the ones
                                            # still running, cut at now
     # in the driver
@@ -47,6 +48,11 @@ class SpanRecorder:
                 del self._running[key]
                 self._closed += [Span(d, phase, start, end, step, version)
                                  for d in self.devices]
+
+    def record(self, phase: str, start: float, end: float, step: int, version: int) -> None:
+        """A span timed elsewhere (an environment call on a thread of its own)."""
+        with self._lock:
+            self._closed += [Span(d, phase, start, end, step, version) for d in self.devices]
 
     def drain(self) -> tuple[list[Span], list[Span]]:
         now = self.clock()

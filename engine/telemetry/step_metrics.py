@@ -7,6 +7,7 @@
     m |= group_metrics(groups, dropped)             samples/zero_std_group_frac, /resampled
     m |= group_length_metrics(groups)               response_length/group_max_mean
     m |= sync_metrics(last_sync)                    weight_sync/*
+    m |= env_metrics(samples)                       env/* (a multi-turn task's trajectories)
 
 The names, units and meanings are in engine/metrics.py.
 """
@@ -63,6 +64,20 @@ def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, flo
         M.STALENESS_MAX: float(max(staleness)),
         M.SAMPLES_MIXED_VERSIONS: float(sum(s.mixes_versions for s in samples)),
     }
+
+
+def env_metrics(samples: list[Sample]) -> dict[str, float]:
+    """env/* over the step's trajectories; {} when they had no environment."""
+    traces = [s.env for s in samples if s.env is not None]
+    if not traces:
+        return {}
+    turns = [t.turns for t in traces]
+    calls = [x for t in traces for x in t.step_s] or [0.0]
+    return {M.ENV_TURNS_MEAN: statistics.fmean(turns), M.ENV_TURNS_MAX: float(max(turns)),
+            M.ENV_STEP_S_P50: percentile(calls, 50), M.ENV_STEP_S_P99: percentile(calls, 99),
+            M.ENV_ERRORS: float(sum(t.errors for t in traces)),
+            M.ENV_TIMEOUTS: float(sum(t.timeouts for t in traces)),
+            M.ENV_TOOL_CALLS: float(sum(t.tool_calls for t in traces))}
 
 
 def group_metrics(groups: list[list[Sample]], dropped: int) -> dict[str, float]:

@@ -31,7 +31,7 @@ FAMILY = {
         "WeightSyncDesync", "StuckReward", "TemperatureLogprobs", "LogprobGapHigh",
         "LogprobGapDrift", "StalenessOverBound", "VersionRegression", "PhaseHang",
         "StoppedReporting", "BubbleHigh", "ResyncSlow", "RunLost", "DriverRestarted",
-        "RewardErrors", "RewardOverOptimization")},
+        "RewardErrors", "RewardOverOptimization", "EnvErrors", "EnvHang")},
     **{kind: "outputs" for kind in (
         "ImportanceWeightCollapse", "EntropyCollapse", "LengthBlowup", "NonTermination")},
     "DataIntegrity": "data",

@@ -223,6 +223,12 @@ class Thresholds(BaseModel):
     reward_error_frac: float = Field(default=0.1, ge=0.0, le=1.0)
     """RewardErrors when more than this share of a step's samples failed in the reward
     function (reward/error_frac)."""
+    env_errors: int = Field(default=0, ge=0, le=1_000_000)
+    """EnvErrors when more than this many of a step's environment calls raised
+    (env/errors)."""
+    env_share: float = Field(default=0.5, gt=0.0, le=1.0)
+    """EnvHang when environment calls take more than this share of a step's wall time
+    (time/env_s / time/step_s), or any call ran past task.env.step_timeout_s."""
     early_steps: int = Field(default=2, ge=1, le=1000)
     """The run's first this-many steps give the early level that EntropyCollapse,
     LengthBlowup and NonTermination compare with."""

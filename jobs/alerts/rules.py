@@ -12,7 +12,8 @@ The rules about what the policy writes (importance weights, entropy, length) liv
 jobs/alerts/outputs.py, ThroughputRegression in jobs/alerts/throughput.py, DataIntegrity
 (the data ledger's gaps and repeats) in jobs/alerts/data.py, the reward rules in
 jobs/alerts/rewards.py, BubbleHigh and ResyncSlow (where a step's time goes) in
-jobs/alerts/bubble.py.
+jobs/alerts/bubble.py, EnvErrors and EnvHang (a multi-turn task's environment) in
+jobs/alerts/envs.py.
 
 Each rule declares what it reads (``@reads``, jobs/alerts/inputs.py). On an external run
 (TRL, veRL, ...) a rule whose inputs the run lacks is skipped, and the pages say so
@@ -29,6 +30,7 @@ from engine.api import metrics as M
 from engine.config import FRAMEWORK_LABELS
 from jobs.alerts.bubble import bubble_high, resync_slow
 from jobs.alerts.data import data_integrity
+from jobs.alerts.envs import env_errors, env_hang
 from jobs.alerts.evidence import chart, slope
 from jobs.alerts.history import Finding, RunFacts, RunHistory, Thresholds
 from jobs.alerts.inputs import missing, reads
@@ -431,6 +433,8 @@ RULES: dict[str, Rule] = {
     "NonTermination": non_termination,
     "ThroughputRegression": throughput_regression,
     "DataIntegrity": data_integrity,
+    "EnvErrors": env_errors,
+    "EnvHang": env_hang,
 }
 KINDS = list(RULES)
 

@@ -127,7 +127,8 @@ def chart_data(run: Run) -> dict:
             MetricPoint.objects.filter(run=run).values_list("name", flat=True).distinct()
         ) if run.is_external else []
         figures = charts.metric_figures(metric_steps(run, others), algorithm, others)
-        figures.append(charts.timeline_figure(recent_spans(run), algorithm))
+        multi_turn = not run.is_external and run.run_config.task.type == "env"
+        figures.append(charts.timeline_figure(recent_spans(run), algorithm, multi_turn))
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
                    .order_by("id").values_list("applied_step", "kind", "value"))
         replaced = (RunEvent.objects.filter(run=run, type=REPLACED).order_by("seq")

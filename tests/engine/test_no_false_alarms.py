@@ -77,6 +77,7 @@ JUDGED_WITH_THEIR_LEARNING = {
     "gsm8k_sample_math.toml": "test_gsm8k_sample.py",
     "code_sandbox.toml": "test_reward_learning.py",
     "code_reward_model.toml": "test_reward_overopt.py",
+    "calculator_env.toml": "test_env_learning.py",
 }
 
 

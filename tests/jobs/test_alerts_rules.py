@@ -54,7 +54,7 @@ def kinds(h, facts=FACTS, t=None, now=None) -> set[str]:
 
 
 def test_every_rule_has_a_kind_and_a_healthy_history_raises_nothing():
-    assert len(RULES) == len(KINDS) == 21
+    assert len(RULES) == len(KINDS) == 23
     assert kinds(healthy(30)) == set()
 
 

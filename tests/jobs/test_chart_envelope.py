@@ -62,3 +62,14 @@ def test_the_reward_band_stops_at_the_steps_lowest_and_highest_reward():
              (1, {"reward/mean": 0.5, "reward/std": 0.1})]   # an older run: no min or max
     lower, upper, _, _ = figure(charts.metric_figures(steps), "reward")["traces"]
     assert lower["y"] == pytest.approx([0.6, 0.4]) and upper["y"] == pytest.approx([1.0, 0.6])
+
+
+def test_the_timeline_lists_the_env_phase_only_for_a_run_with_an_environment():
+    span = {"device": "cpu:0", "phase": "env", "start": 1.0, "end": 2.0}
+
+    def env_trace(**kw):
+        return next(t for t in charts.timeline_figure([span], **kw)["traces"]
+                    if t["name"] == "env")
+
+    assert env_trace()["showlegend"] is False and env_trace()["x"] == [1000.0]
+    assert "showlegend" not in env_trace(multi_turn=True)

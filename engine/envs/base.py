@@ -1,0 +1,120 @@
+"""The environment seam: what a multi-turn task's environment gives the rollout.
+
+    env = Env(**task.env.args)                    one per trajectory (it may keep state)
+    messages = env.reset(row)                     the opening messages [{role, content}]
+    loop, until done, task.env.max_turns or the trajectory's token budget:
+        text = the model's turn (it ends on EOS or one of Env.stop)
+        StepResult(observations, reward, done, info) = env.step(text)
+        observations -> tokens appended to the context: read, never sampled or trained on
+    env.close()                                   if it has one
+    env.draw(rng) -> row                          the problem law (train stream, held-out)
+    env.demonstration(row, rng) -> messages       optional: a worked trajectory that the
+                                                  supervised warm start imitates (its
+                                                  "assistant" messages are trained on)
+
+The shape is what OpenEnv (reset / step -> observation, reward, done), SkyRL-Gym's
+BaseTextEnv (init -> prompt messages; step(action) -> observations, reward, done,
+metadata) and verifiers' MultiTurnEnv (env_response(messages, state) -> messages, state;
+is_completed) share: text in, messages out, the episode's end said by the environment.
+reset and step may be ``async def`` (an HTTP tool, a sandbox): each call runs on a thread
+of its own, bounded by task.env.step_timeout_s, so the steps of a batch's trajectories
+overlap. ``info`` is the environment's own; the engine reads "tool_call" (True: the step
+ran a tool; env/tool_calls counts them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypedDict
+
+
+class Message(TypedDict):
+    role: str        # "user", "assistant", "tool", "system"
+    content: str
+
+
+@dataclass
+class StepResult:
+    observations: list[Message]
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment(Protocol):
+    stop: tuple[str, ...]
+    """Strings (each one token of the policy's tokenizer) that end a model turn besides
+    EOS: a tool call's closing mark. The token is kept in the turn's text."""
+
+    def draw(self, rng: random.Random) -> dict[str, Any]: ...
+
+    def reset(self, row: dict[str, Any]) -> list[Message]: ...
+
+    def step(self, text: str) -> StepResult: ...
+
+
+def render(messages: list[Message]) -> str:
+    """The text a list of messages adds to the context. The built-in model has no chat
+    template: the contents, concatenated (a template per turn is left to come)."""
+    return "".join(m["content"] for m in messages)
+
+
+@dataclass
+class Outcome:
+    """One environment call: its value, or why there is none ("error", "timeout")."""
+    value: Any = None
+    status: str = "ok"
+    detail: str = ""
+    start: float = 0.0
+    end: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def _resolve(fn: Callable[[], Any]) -> Any:
+    value = fn()
+    if inspect.isawaitable(value):
+        async def wait():
+            return await value
+
+        value = asyncio.run(wait())
+    return value
+
+
+def call_all(calls: list[Callable[[], Any]], timeout_s: float,
+             clock: Callable[[], float] = time.time) -> list[Outcome]:
+    """Each call on a daemon thread of its own, all at once; each waited for up to
+    ``timeout_s`` from its start. A call still running then is reported "timeout" and
+    left to finish on its thread (Python cannot stop a thread; a daemon one does not hold
+    the process open at exit). A raise is "error" with its exception."""
+    own = [Outcome() for _ in calls]          # each written by its thread only
+    threads = []
+
+    def run(out: Outcome, fn: Callable[[], Any]) -> None:
+        try:
+            out.value = _resolve(fn)
+        except Exception as exc:       # the environment's bug: recorded, never raised
+            out.status, out.detail = "error", f"{type(exc).__name__}: {exc}"
+        out.end = clock()
+
+    for out, fn in zip(own, calls, strict=True):
+        out.start = clock()
+        t = threading.Thread(target=run, args=(out, fn), daemon=True, name="env-call")
+        t.start()
+        threads.append(t)
+    outcomes = []
+    for out, t in zip(own, threads, strict=True):
+        t.join(max(0.0, out.start + timeout_s - clock()))
+        if t.is_alive():
+            out = Outcome(status="timeout", start=out.start, end=out.start + timeout_s,
+                          detail=f"still running after {timeout_s:g}s")
+        outcomes.append(out)
+    return outcomes

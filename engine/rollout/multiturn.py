@@ -1,0 +1,234 @@
+"""Multi-turn rollout: trajectories that interleave generation with environment steps.
+
+    envs = one fresh environment per trajectory; reset(row) -> the prompt   [span: env]
+    for turn < task.env.max_turns, while any trajectory is live:
+        engine.generate(live contexts, stops = EOS + the env's stop tokens,
+                        budgets = each one's tokens left, at most max_new_tokens)
+                                                                            [span: rollout]
+            a turn cut by its budget ends its trajectory (unfinished)
+        env.step(turn text) for every turn at once, each on a thread of its own,
+            bounded by task.env.step_timeout_s                              [span: env]
+            done -> finished; raised / timed out -> ended (env_error / env_timeout)
+            else the observations' tokens are appended to the context (loss mask 0),
+            cut at the trajectory's token budget (then it ends, unfinished)
+    env.close(), where it has one, bounded alike                            [span: env]
+    -> one Sample per trajectory: response = turns and observations, loss_mask, reward =
+       the sum of its steps' rewards, version = the oldest that generated a turn
+
+It drives the rollout seam (engine.rollout.base.RolloutEngine): each turn the engine
+prefills the trajectory's whole context again (the torch sampler keeps no KV cache across
+calls; prefix reuse is left to an engine that has it). Turns of different trajectories
+are batched into one generate call; their environment steps overlap one another, not the
+generation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine import metrics as M
+from engine.envs.base import StepResult, call_all, render
+from engine.experience import EnvTrace, Sample
+from engine.model import encode_prompt
+from engine.rollout.base import RolloutEngine, SamplingParams
+from engine.tasks.base import Problem
+from engine.tasks.env import EnvTask
+from engine.telemetry.recorder import SpanRecorder
+
+
+@dataclass
+class Trajectory:
+    problem: Problem
+    env: Any
+    group: int
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    reward: float = 0.0
+    reason: str = ""
+    finished: bool = False
+    ended: bool = False
+    trace: EnvTrace = field(default_factory=EnvTrace)
+    end_s: float = 0.0
+
+    def end(self, reason: str, finished: bool = False) -> None:
+        self.ended, self.reason, self.finished = True, reason, finished
+        self.end_s = time.monotonic()
+
+    def append(self, ids: list[int], logprobs: list[float] | None) -> None:
+        self.response_ids += ids
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.mask += [1 if logprobs is not None else 0] * len(ids)
+
+
+def as_step_result(value: Any) -> StepResult:
+    """A step's return: a StepResult, or the (observations, reward, done, info) tuple
+    gym-style environments return."""
+    if isinstance(value, StepResult):
+        return value
+    if isinstance(value, tuple) and len(value) == 4:
+        return StepResult(list(value[0]), float(value[1]), bool(value[2]), dict(value[3]))
+    raise TypeError(f"step returned a {type(value).__name__}; return a StepResult or "
+                    "(observations, reward, done, info)")
+
+
+def stop_ids(tok, stops: tuple[str, ...]) -> tuple[int, ...]:
+    """The token of each of an environment's stop strings (each must be one token)."""
+    out = []
+    for s in stops:
+        ids = tok(s, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ValueError(f"the environment's stop {s!r} is {len(ids)} tokens of this "
+                             "tokenizer; a turn can only stop on one token")
+        out.append(ids[0])
+    return tuple(out)
+
+
+class TrajectoryRunner:
+    """Runs a batch of trajectories of an environment task on a rollout engine."""
+
+    """``params``: the run's sampling (each run() may give its own, an eval's); ``wrap``:
+    what each trajectory's environment is wrapped in (engine.faults.wrap_env)."""
+
+    def __init__(self, engine: RolloutEngine, task: EnvTask, tokenizer,
+                 params: SamplingParams | None, recorder: SpanRecorder,
+                 log: Callable[..., None] | None = None,
+                 wrap: Callable[[Any], Any] = lambda env: env):
+        self.engine, self.task, self.tok, self.rec = engine, task, tokenizer, recorder
+        self.wrap = wrap
+        self.cfg = task.cfg.env
+        self.stops = stop_ids(tokenizer, task.stop)
+        self.params = params
+        self.log = log
+
+    def _turn_params(self, params: SamplingParams) -> SamplingParams:
+        return SamplingParams(temperature=params.temperature, top_p=params.top_p,
+                              max_new_tokens=params.max_new_tokens,
+                              ignore_eos=params.ignore_eos,
+                              stop_token_ids=(*params.stop_token_ids, *self.stops))
+
+    def _calls(self, trajs: list[Trajectory], calls: list[Callable[[], Any]],
+               step: int, version: int) -> list:
+        """The environment calls of ``trajs``, at once, each an env span; failures end
+        their trajectory and are counted (and said once, through ``log``)."""
+        outcomes = call_all(calls, self.cfg.step_timeout_s)
+        for t, o in zip(trajs, outcomes, strict=True):
+            self.rec.record("env", o.start, o.end, step, version)
+            t.trace.step_s.append(o.seconds)
+            if o.status == "timeout":
+                t.trace.timeouts += 1
+                t.end("env_timeout")
+            elif o.status == "error":
+                t.trace.errors += 1
+                t.end("env_error")
+                if self.log is not None:
+                    self.log(f"environment {self.cfg.class_!r} raised {o.detail}",
+                             level="warning")
+        return outcomes
+
+    def run(self, problems: list[Problem], group_size: int, seed: int, step: int,
+            params: SamplingParams | None = None) -> list[Trajectory]:
+        params = self._turn_params(params or self.params)
+        version = self.engine.weight_version()
+        start = time.monotonic()
+        trajs = [Trajectory(p, self.wrap(self.task.new_env()), i // group_size,
+                            prompt_ids=encode_prompt(self.tok, p.prompt))
+                 for i, p in enumerate(q for q in problems for _ in range(group_size))]
+        opened = self._calls(trajs, [lambda t=t: t.env.reset(t.problem.row) for t in trajs],
+                             step, version)
+        for t, o in zip(trajs, opened, strict=True):
+            if not t.ended:                    # this trajectory's own environment's opening
+                t.prompt_ids = encode_prompt(self.tok, render(o.value))
+        for turn in range(self.cfg.max_turns):
+            live = [t for t in trajs if not t.ended]
+            if not live:
+                break
+            budgets = [min(params.max_new_tokens, self.cfg.max_tokens - len(t.response_ids))
+                       for t in live]
+            with self.rec.phase("rollout", step, version):
+                outs = self.engine.generate([t.prompt_ids + t.response_ids for t in live],
+                                            params, seed=seed + 7919 * turn, budgets=budgets)
+            stepping, texts = [], []
+            for t, o in zip(live, outs, strict=True):
+                t.append(o.token_ids, o.logprobs)
+                t.versions.append(o.version)
+                t.trace.turns += 1
+                if not o.finished:              # its budget, not a stop token, ended it
+                    t.end("truncated")
+                    continue
+                stepping.append(t)
+                texts.append(self.tok.decode(o.token_ids, skip_special_tokens=True))
+            outcomes = self._calls(
+                stepping, [lambda t=t, x=x: t.env.step(x) for t, x in zip(stepping, texts,
+                                                                        strict=True)],
+                step, version)
+            for t, o in zip(stepping, outcomes, strict=True):
+                if not t.ended:
+                    self._observe(t, o.value, last=turn == self.cfg.max_turns - 1)
+        for t in trajs:
+            if not t.ended:
+                t.end("max_turns")
+            # one that ended at its reset generated nothing: it is of this call's version
+            t.versions = t.versions or [version]
+            t.end_s -= start
+        self._close([t for t in trajs if hasattr(t.env, "close")], step, version)
+        return trajs
+
+    def _close(self, trajs: list[Trajectory], step: int, version: int) -> None:
+        """Each environment's close, bounded like its steps; one that raises or hangs is
+        counted (it changes nothing of its finished trajectory)."""
+        for t, o in zip(trajs, call_all([t.env.close for t in trajs], self.cfg.step_timeout_s),
+                        strict=True):
+            self.rec.record("env", o.start, o.end, step, version)
+            t.trace.errors += int(o.status == "error")
+            t.trace.timeouts += int(o.status == "timeout")
+            if o.status == "error" and self.log is not None:
+                self.log(f"environment {self.cfg.class_!r} raised {o.detail}",
+                         level="warning")
+
+    def samples(self, trajs: list[Trajectory]) -> list[Sample]:
+        """One Sample per trajectory (its group: its problem's place in the batch)."""
+        return [Sample(problem=t.problem, prompt_ids=t.prompt_ids,
+                       response_ids=t.response_ids, behaviour_logprobs=t.logprobs,
+                       finished=t.finished, version=min(t.versions),
+                       group=t.group,
+                       text=self.tok.decode(t.response_ids, skip_special_tokens=True),
+                       reward=t.reward, reason=t.reason, gen_s=t.end_s,
+                       last_version=max(t.versions) if len(set(t.versions)) > 1 else None,
+                       loss_mask=t.mask, env=t.trace)
+                for t in trajs]
+
+    def _observe(self, t: Trajectory, value: Any, last: bool) -> None:
+        try:
+            res = as_step_result(value)
+        except TypeError as exc:
+            t.trace.errors += 1
+            t.end("env_error")
+            if self.log is not None:
+                self.log(f"environment {self.cfg.class_!r}: {exc}", level="warning")
+            return
+        t.reward += float(res.reward)
+        if res.info.get("tool_call"):
+            t.trace.tool_calls += 1
+        if res.done:
+            t.end(str(res.info.get("reason", "done")), finished=True)
+            return
+        if last:
+            t.end("max_turns")
+            return
+        obs = self.tok(render(res.observations), add_special_tokens=False)["input_ids"]
+        room = self.cfg.max_tokens - len(t.response_ids)
+        t.append(obs[:room], None)
+        if len(obs) >= room:                    # no room left for the model's next turn
+            t.end("max_tokens")
+
+
+def trajectory_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """A held-out evaluation's figures of its trajectories: the share that called a tool."""
+    n = max(len(trajs), 1)
+    return {M.EVAL_TOOL_CALL_FRAC: sum(t.trace.tool_calls > 0 for t in trajs) / n}

@@ -1,0 +1,470 @@
+"""Multi-turn tasks (task.type = "env"): the config, the environment seam, trajectories on
+the torch sampler, the loss mask over the model's own tokens, and env/* telemetry."""
+
+import asyncio
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from engine.config import (
+    ConfigError,
+    EnvTaskConfig,
+    GrpoConfig,
+    LearnerConfig,
+    dump_config,
+    loads_config,
+    validate_config,
+)
+from engine.envs.base import call_all
+from engine.envs.calculator import CalculatorEnv
+from engine.experience import EnvTrace, Sample
+from engine.learner.batch import pack, response_logprobs
+from engine.learner.learner import Learner
+from engine.learner.warmstart import demonstration_sample
+from engine.model import load_policy, load_tokenizer
+from engine.rollout.base import Completion, SamplingParams
+from engine.rollout.multiturn import TrajectoryRunner
+from engine.tasks import Problem
+from engine.tasks.env import EnvTask
+from engine.telemetry.recorder import SpanRecorder
+from engine.telemetry.spans import phase_metrics
+from engine.telemetry.step_metrics import env_metrics
+
+
+def env_task(**env) -> dict:
+    return {"type": "env", "eval_size": 8, "env": env}
+
+
+def field_error(data: dict) -> tuple[str, str]:
+    with pytest.raises(ConfigError) as exc:
+        validate_config(data)
+    return exc.value.errors[0]
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_an_env_task_round_trips_through_toml_with_its_class_key():
+    cfg = validate_config({"task": env_task(**{"class": "calculator", "max_turns": 3,
+                                               "args": {"digits": 1}})})
+    text = dump_config(cfg)
+    assert '[task.env]\nclass = "calculator"' in text
+    assert loads_config(text) == cfg
+    assert cfg.task.env.class_ == "calculator" and cfg.task.env.args == {"digits": 1}
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("os.path:join", "names a module of the standard library; point it at your own"),
+    ("engine.envs.calculator:CalculatorEnv", "names a module of rlplane; point it at your"),
+    ("missing_env.py:Env", "no such file 'missing_env.py'; fix the path"),
+    ("calculater", "neither a built-in environment (calculator) nor"),
+    ("my_envs.py:", 'must be "package.module:Class" or "path/to/file.py:Class"'),
+])
+def test_a_bad_env_class_is_a_field_error_naming_the_fix(spec, says):
+    field, message = field_error({"task": env_task(**{"class": spec})})
+    assert field == "task.env.class" and says in message, message
+
+
+def test_a_stdlib_file_named_by_its_path_is_refused_like_its_module():
+    import os
+
+    field, message = field_error({"task": env_task(**{"class": f"{os.__file__}:PathLike"})})
+    assert field == "task.env.class" and "the standard library" in message
+
+
+@pytest.mark.parametrize("section, values, field", [
+    ("reward", {"type": "math"}, "reward.type"),
+    ("algorithm", {"type": "ppo"}, "algorithm.type"),
+    ("async_policy", {"type": "partial_rollout"}, "async_policy.type"),
+])
+def test_what_trajectories_do_not_run_on_yet_is_refused_by_name(section, values, field):
+    assert field_error({"task": env_task(), section: values})[0] == field
+
+
+def test_a_class_that_the_file_lacks_is_a_config_error_when_the_worker_loads_it(tmp_path):
+    from engine.envs import env_class
+
+    (tmp_path / "envs.py").write_text("class Other:\n    pass\n")
+    cfg = EnvTaskConfig.model_validate({"env": {"class": f"{tmp_path}/envs.py:Mine"}})
+    with pytest.raises(ConfigError) as exc:
+        env_class(cfg.env)
+    field, message = exc.value.errors[0]
+    assert field == "task.env.class" and "defines no 'Mine' (it has Other)" in message
+
+
+# --------------------------------------------------------------------------- the seam
+
+
+def test_env_calls_run_at_once_each_bounded_by_the_timeout_async_ones_too():
+    async def slow_async():
+        await asyncio.sleep(0.01)
+        return "async"
+
+    def boom():
+        raise RuntimeError("tool down")
+
+    gate = threading.Event()
+    out = call_all([lambda: "plain", slow_async, boom, gate.wait], timeout_s=0.5)
+    gate.set()
+    assert [o.status for o in out] == ["ok", "ok", "error", "timeout"]
+    assert out[0].value == "plain" and out[1].value == "async"
+    assert out[2].detail == "RuntimeError: tool down"
+    assert out[3].seconds == pytest.approx(0.5)
+
+
+def test_the_calculator_answers_a_tool_call_and_scores_the_final_answer():
+    env = CalculatorEnv()
+    row = env.draw(random.Random(0))
+    assert env.reset(row) == [{"role": "user", "content": f"{row['a']}*{row['b']}:"}]
+    call = env.step(f"{row['a']}*{row['b']}=")
+    assert call.observations == [{"role": "tool", "content": f"{row['answer']}:"}]
+    assert call.info["tool_call"] and not call.done
+    assert env.step(row["answer"]).reward == 1.0
+    assert env.step("12").reward == 0.0
+    assert env.step("1*=").reward == -0.1 and env.step("x y").done
+
+
+def test_the_calculator_writes_its_format_in_the_built_in_model_alphabet():
+    from engine.tinymodel import CHARS
+
+    env = CalculatorEnv(demo_tool_frac=1.0)
+    row = env.draw(random.Random(3))
+    text = env.reset(row)[0]["content"] + "".join(
+        m["content"] for m in env.demonstration(row, random.Random(0)))
+    assert set(text) <= set(CHARS), set(text) - set(CHARS)
+
+
+def test_a_warm_start_demonstration_trains_on_the_model_turns_only(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    task = EnvTask(EnvTaskConfig.model_validate(
+        {"env": {"args": {"demo_tool_frac": 1.0}}}))
+    problem = task.train_problems(0, 1)[0]
+    s = demonstration_sample(tok, task, problem)
+    a, b, answer = problem.row["a"], problem.row["b"], problem.row["answer"]
+    call, obs = f"{a}*{b}=", f"{answer}:"
+    assert tok.decode(s.response_ids, skip_special_tokens=True) == call + obs + answer
+    assert s.loss_mask == [1] * len(call) + [0] * len(obs) + [1] * (len(answer) + 1)
+
+
+# --------------------------------------------------------------------------- trajectories
+
+
+class ScriptedEngine:
+    """The rollout seam with scripted turns (a fake at the seam): each call answers every
+    row with the next text of ``turns``, ending on EOS unless it ends on a stop mark."""
+
+    def __init__(self, tok, turns: list[str], version: int = 3):
+        self.tok, self.turns, self.version, self.calls = tok, list(turns), version, []
+
+    def weight_version(self) -> int:
+        return self.version
+
+    def generate(self, prompts, params, seed, on_complete=None, budgets=None):
+        self.calls.append((prompts, budgets))
+        text = self.turns.pop(0)
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        out = []
+        for cap in budgets:
+            stop = text.endswith("=")
+            toks = ids + ([] if stop else [self.tok.eos_token_id])
+            out.append(Completion(toks[:cap], [-0.5] * len(toks[:cap]), len(toks) <= cap,
+                                  self.version))
+        return out
+
+
+def runner(tok, engine, recorder=None, **env):
+    task = EnvTask(EnvTaskConfig.model_validate({"eval_size": 8, "env": env}))
+    return task, TrajectoryRunner(engine, task, tok, SamplingParams(max_new_tokens=12),
+                                  recorder or SpanRecorder(["cpu:0"]))
+
+
+def test_a_tool_call_turn_gets_the_observation_appended_masked_then_the_answer(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    rec = SpanRecorder(["cpu:0"])
+    task, run = runner(tok, None, rec)
+    problem = task.train_problems(0, 1)[0]
+    a, b, answer = problem.row["a"], problem.row["b"], problem.row["answer"]
+    run.engine = ScriptedEngine(tok, [f"{a}*{b}=", answer])
+    trajs = run.run([problem], group_size=2, seed=0, step=5)
+    (s, _) = run.samples(trajs)
+    call, obs = f"{a}*{b}=", f"{answer}:"
+    assert s.text == call + obs + answer and s.reward == 1.0 and s.finished
+    assert s.loss_mask == [1] * len(call) + [0] * len(obs) + [1] * (len(answer) + 1)
+    assert s.behaviour_logprobs[len(call):len(call) + len(obs)] == [0.0] * len(obs)
+    assert s.env.turns == 2 and s.env.tool_calls == 1 and len(s.env.step_s) == 3
+    # the second turn continued the running context: prompt, the call, the observation
+    second = run.engine.calls[1][0][0]
+    assert tok.decode(second, skip_special_tokens=True) == problem.prompt + call + obs
+    assert tok.convert_tokens_to_ids("=") in run._turn_params(run.params).stop_token_ids
+    closed, _ = rec.drain()
+    assert [x.phase for x in closed].count("env") == 2 * 3     # reset + 2 steps, 2 rows
+    assert {x.step for x in closed} == {5}
+
+
+def test_the_trajectory_token_budget_cuts_the_observation_and_ends_it_unfinished(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    task, run = runner(tok, None, max_tokens=8)
+    problem = task.train_problems(0, 1)[0]
+    call = f"{problem.row['a']}*{problem.row['b']}="                 # 6 tokens
+    run.engine = ScriptedEngine(tok, [call])
+    (t,) = run.run([problem], group_size=1, seed=0, step=0)
+    assert len(t.response_ids) == 8 and t.mask == [1] * 6 + [0] * 2
+    assert t.reason == "max_tokens" and not t.finished and t.trace.turns == 1
+
+
+def test_a_turn_cut_by_its_budget_ends_the_trajectory_without_a_step(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    task, run = runner(tok, ScriptedEngine(tok, ["12345678901234567"]))
+    (t,) = run.run(task.train_problems(0, 1), group_size=1, seed=0, step=0)
+    assert t.reason == "truncated" and len(t.response_ids) == 12
+    assert len(t.trace.step_s) == 1                                # the reset only
+
+
+def test_max_turns_ends_a_trajectory_that_keeps_calling_tools(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    task, run = runner(tok, ScriptedEngine(tok, ["1*2="] * 2), max_turns=2)
+    (t,) = run.run(task.train_problems(0, 1), group_size=1, seed=0, step=0)
+    assert t.reason == "max_turns" and t.trace.turns == 2 and t.trace.tool_calls == 2
+
+
+def user_env_file(tmp_path, body: str):
+    path = tmp_path / "my_env.py"
+    path.write_text(body)
+    return f"{path}:EchoEnv"
+
+
+ECHO_ENV = '''
+import asyncio
+
+
+class EchoEnv:
+    """Two turns: the first is answered with "ok:", the second ends it (reward 1 when it
+    says "a"). Its step is async, as an HTTP tool's would be."""
+    stop = ()
+    made = 0
+
+    def __init__(self, hang_at=-1, fail_at=-1, fail_reset=False, fail_close=False):
+        self.turn, self.hang_at, self.fail_at = 0, hang_at, fail_at
+        self.fail_close = fail_close
+        EchoEnv.made += 1
+        # the task's own instance (the first: it renders the prompts) resets fine
+        self.fail_reset = fail_reset and EchoEnv.made > 1
+
+    def draw(self, rng):
+        return {"word": rng.choice("abcdefgh") * rng.randint(1, 4)}
+
+    def reset(self, row):
+        if self.fail_reset:
+            raise ConnectionError("no tool server")
+        return [{"role": "user", "content": row["word"] + ":"}]
+
+    def close(self):
+        if self.fail_close:
+            raise OSError("socket already closed")
+
+    async def step(self, text):
+        self.turn += 1
+        if self.turn == self.fail_at:
+            raise ValueError("tool crashed")
+        if self.turn == self.hang_at:
+            await asyncio.sleep(30)
+        if self.turn == 1:
+            return ([{"role": "tool", "content": "ok:"}], 0.0, False, {"tool_call": True})
+        return ([], 1.0 if "a" in text else 0.0, True, {})
+'''
+
+
+def echo_run(tok, spec: str, engine, log=None, **env) -> tuple[EnvTask, TrajectoryRunner]:
+    """EchoEnv from ``spec`` with task.env settings ``env`` (its args among them), run on
+    ``engine``."""
+    task = EnvTask(EnvTaskConfig.model_validate({"eval_size": 8,
+                                                 "env": {"class": spec, **env}}))
+    return task, TrajectoryRunner(engine, task, tok, SamplingParams(max_new_tokens=8),
+                                  SpanRecorder(["cpu:0"]), log=log)
+
+
+def test_an_environment_that_raises_or_hangs_ends_its_trajectory_and_is_counted(
+        tiny_dir, tmp_path):
+    tok = load_tokenizer(tiny_dir)
+    spec = user_env_file(tmp_path, ECHO_ENV)
+    said = []
+    for args, reason in (({"fail_at": 1}, "env_error"), ({"hang_at": 2}, "env_timeout")):
+        task, run = echo_run(tok, spec, ScriptedEngine(tok, ["aa", "ab"]),
+                             log=lambda m, level: said.append(m), args=args,
+                             step_timeout_s=0.2)
+        t0 = time.monotonic()
+        (s,) = run.samples(run.run(task.train_problems(0, 1), 1, seed=0, step=0))
+        assert s.reason == reason and not s.finished
+        assert (s.env.errors, s.env.timeouts) == ((1, 0) if reason == "env_error" else (0, 1))
+        assert time.monotonic() - t0 < 10        # not the 30 s the hang would take
+    assert said == [f"environment {spec!r} raised ValueError: tool crashed"]
+
+
+def test_a_reset_that_raises_ends_the_trajectory_before_any_turn_at_the_served_version(
+        tiny_dir, tmp_path):
+    tok = load_tokenizer(tiny_dir)
+    engine = ScriptedEngine(tok, [], version=7)
+    task, run = echo_run(tok, user_env_file(tmp_path, ECHO_ENV), engine,
+                         args={"fail_reset": True})
+    samples = run.samples(run.run(task.train_problems(0, 2), 1, seed=0, step=0))
+    assert [(s.reason, s.version, s.env.errors, s.response_ids) for s in samples] == \
+        [("env_error", 7, 1, [])] * 2
+    assert engine.calls == []                                   # nothing was generated
+    assert pack(samples, tok.pad_token_id).response_mask.sum() == 0
+
+
+def test_a_close_that_raises_is_counted_and_leaves_the_finished_trajectory_be(
+        tiny_dir, tmp_path):
+    tok = load_tokenizer(tiny_dir)
+    task, run = echo_run(tok, user_env_file(tmp_path, ECHO_ENV),
+                         ScriptedEngine(tok, ["aa", "ab"]), args={"fail_close": True})
+    (s,) = run.samples(run.run(task.train_problems(0, 1), 1, seed=0, step=0))
+    assert (s.finished, s.reward, s.reason, s.env.errors) == (True, 1.0, "done", 1)
+
+
+def test_a_user_environment_class_from_a_file_runs_from_a_config(tmp_path, model_cache):
+    from engine.api import run_local
+
+    spec = user_env_file(tmp_path, ECHO_ENV)
+    cfg = validate_config({
+        "name": "echo", "steps": 2, "task": env_task(**{"class": spec, "max_tokens": 16}),
+        "warm_start": {"steps": 0}, "algorithm": {"group_size": 2, "minibatches": 1},
+        "rollout": {"prompts_per_step": 2, "max_new_tokens": 4},
+        "telemetry": {"eval_samples": 1}})
+    summary = run_local(cfg, tmp_path / "run")
+    assert summary.status == "succeeded" and summary.steps_done == 2
+    m = summary.last_metrics
+    assert m["env/turns_max"] >= 1 and m["env/errors"] == 0 and m["time/env_s"] > 0
+    assert "eval/tool_call_frac" in summary.eval_after
+
+
+# --------------------------------------------------------------------------- the loss mask
+
+
+def trajectory_batch(tok, policy):
+    """Two trajectories: a model turn, an observation, a model turn. Behaviour logprobs
+    are the policy's own on the model's tokens and nonsense (-40) on the observations."""
+    samples = []
+    for prompt, turns in (("12*34:", ["12*34=", "408:", "408"]),
+                          ("7*8:", ["56"])):
+        ids, mask = [], []
+        for k, text in enumerate(turns):
+            piece = tok(text, add_special_tokens=False)["input_ids"]
+            ids += piece
+            mask += [0 if k % 2 else 1] * len(piece)
+        ids, mask = ids + [tok.eos_token_id], mask + [1]
+        samples.append(Sample(Problem(prompt, ""), tok(prompt)["input_ids"], ids,
+                              [0.0] * len(ids), True, 0, 0, loss_mask=mask,
+                              advantage=1.0 if not samples else -1.0))
+    full = pack([Sample(s.problem, s.prompt_ids, s.response_ids, s.behaviour_logprobs,
+                        True, 0, 0) for s in samples], tok.pad_token_id)
+    with torch.no_grad():
+        own, _ = response_logprobs(policy, full, temperature=1.0)
+    for i, s in enumerate(samples):
+        s.behaviour_logprobs = [float(own[i, t]) if m else -40.0
+                                for t, m in enumerate(s.loss_mask)]
+    return samples
+
+
+def test_observation_tokens_get_exactly_zero_gradient_and_are_left_out_of_the_gap(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    policy = load_policy(tiny_dir)
+    samples = trajectory_batch(tok, policy)
+    learner = Learner(policy, GrpoConfig(minibatches=1, kl_coef=0.1), 1.0, seed=0,
+                      reference=load_policy(tiny_dir), setup=LearnerConfig(packing=False))
+    captured = {}
+
+    def keep(_module, _inputs, output):
+        output.retain_grad()
+        captured["hidden"] = output
+
+    handle = learner.policy.model.norm.register_forward_hook(keep)
+    batch = pack(samples, tok.pad_token_id)
+    m = learner.update(batch)
+    handle.remove()
+    grad = captured["hidden"].grad                                        # (B, P+R, H)
+    P = batch.prompt_len
+    for i, s in enumerate(samples):
+        for t, trained in enumerate(s.loss_mask):
+            at = grad[i, P + t - 1]                       # the output that predicts token t
+            if trained:
+                assert at.abs().sum() > 0, (i, t)
+            else:
+                assert torch.equal(at, torch.zeros_like(at)), (i, t)
+    # -40 behaviour logprobs sit on every observation token: none reaches the gap
+    assert m["logprob_gap/max"] < 1e-4 and m["tis/clip_frac"] == 0.0
+    assert m["learner/kl_ref"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_packed_and_padded_layouts_agree_on_a_trajectory_with_observations(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    policy = load_policy(tiny_dir).eval()
+    batch = pack(trajectory_batch(tok, policy), tok.pad_token_id)
+    with torch.no_grad():
+        padded, _ = response_logprobs(policy, batch, 1.0)
+        packed, _ = response_logprobs(policy, batch, 1.0, packed=True)
+    assert torch.allclose(padded, packed, atol=1e-5)
+    assert bool((padded[batch.response_mask == 0] == 0).all())
+
+
+# --------------------------------------------------------------------------- telemetry
+
+
+def test_env_metrics_summarize_the_trajectories_and_are_absent_without_an_env():
+    def sample(trace):
+        return Sample(Problem("", ""), [1], [2], [0.0], True, 0, 0, env=trace)
+
+    traces = [EnvTrace(turns=1, step_s=[0.1, 0.2]), EnvTrace(turns=3, step_s=[0.3],
+                                                              errors=1, tool_calls=2),
+              EnvTrace(turns=2, timeouts=1)]
+    m = env_metrics([sample(t) for t in traces])
+    assert m["env/turns_mean"] == 2.0 and m["env/turns_max"] == 3.0
+    assert m["env/step_s_p50"] == pytest.approx(0.2)
+    assert (m["env/errors"], m["env/timeouts"], m["env/tool_calls"]) == (1.0, 1.0, 2.0)
+    assert env_metrics([sample(None)]) == {}
+
+
+def test_env_spans_count_as_busy_time_in_the_bubble():
+    rec = SpanRecorder(["cpu:0"])
+    rec.record("env", 1.0, 3.0, step=0, version=0)
+    closed, _ = rec.drain()
+    m = phase_metrics(closed, ["cpu:0"], 0.0, 4.0)
+    assert m["time/env_s"] == 2.0 and m["bubble"] == pytest.approx(0.5)
+    assert m["device/utilization/cpu:0/env"] == pytest.approx(0.5)
+
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_env_faults_need_an_environment():
+    assert field_error({"faults": {"env_error": {}}})[0] == "faults.env_error"
+
+
+@pytest.mark.parametrize("fault, kind, words", [
+    ({"env_error": {"from_step": 2}}, "EnvErrors", "The environment raised in"),
+    ({"slow_env": {"from_step": 2, "seconds": 1.0}}, "EnvHang",
+     "ran past task.env.step_timeout_s"),
+])
+def test_an_env_fault_raises_its_alert_within_3_steps_of_its_onset(tmp_path, model_cache,
+                                                                     fault, kind, words):
+    from engine.api import run_local
+    from jobs.alerts.history import RunFacts
+
+    from .alert_watch import AlertWatch
+
+    cfg = validate_config({
+        "name": "f", "steps": 4, "task": env_task(max_tokens=16, step_timeout_s=0.2),
+        "warm_start": {"steps": 0}, "algorithm": {"group_size": 2, "minibatches": 1},
+        "rollout": {"prompts_per_step": 2, "max_new_tokens": 4},
+        "telemetry": {"eval_samples": 1}, "faults": fault})
+    watch = AlertWatch(RunFacts.from_config(cfg, "running"))
+    run_local(cfg, tmp_path, sink=watch)
+    hit = watch.first(kind)
+    assert hit is not None, sorted(watch.kinds())
+    step, finding = hit
+    assert 2 <= step <= 4 and words in finding.cause, (step, finding.cause)
+    assert all(s >= 2 for s, f in watch.fired if f.kind == kind)

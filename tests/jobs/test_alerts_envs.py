@@ -1,0 +1,48 @@
+"""EnvErrors and EnvHang on hand-made histories: a multi-turn task's environment that
+raises, or that holds the step (calls past their timeout, most of the step's time), is
+named with the field to fix; a healthy environment's run and a run without one are quiet."""
+
+from jobs.alerts.history import Thresholds
+from jobs.alerts.rules import evaluate
+
+from .test_alerts_rules import FACTS, healthy
+
+
+def findings(h, kind, t=None):
+    return [f for f in evaluate(h, FACTS, t or Thresholds(), h.last_ts) if f.kind == kind]
+
+
+def with_env(steps, errors=0.0, timeouts=0.0, env_s=0.1, from_step=0):
+    h = healthy(steps)
+    bad = range(from_step, steps)
+    h.metrics["env/errors"] = {s: errors if s in bad else 0.0 for s in range(steps)}
+    h.metrics["env/timeouts"] = {s: timeouts if s in bad else 0.0 for s in range(steps)}
+    h.metrics["time/env_s"] = {s: env_s if s in bad else 0.1 for s in range(steps)}
+    return h
+
+
+def test_env_errors_fire_on_a_step_whose_environment_raised_and_resolve_when_fixed():
+    h = with_env(6, errors=3.0, from_step=4)
+    [f] = findings(h, "EnvErrors")
+    assert f.step == 5 and "raised in 3 of step 5's calls" in f.cause
+    assert "task.env.class" in f.runbook and "run's log" in f.runbook
+    assert f.evidence["values"] == {"env/errors": 3.0, "threshold": 0}
+    h.metrics["env/errors"][5] = 0.0
+    assert findings(h, "EnvErrors") == []
+    assert findings(with_env(6, errors=3.0), "EnvErrors", Thresholds(env_errors=3)) == []
+
+
+def test_env_hang_names_timeouts_and_an_environment_that_takes_the_step():
+    timed_out = with_env(6, timeouts=2.0, from_step=5)
+    [f] = findings(timed_out, "EnvHang")
+    assert "2 calls ran past task.env.step_timeout_s" in f.cause
+    assert "step_timeout_s" in f.runbook and "async" in f.runbook
+    slow = with_env(6, env_s=0.8, from_step=5)                # of a 1.0 s step
+    [f] = findings(slow, "EnvHang")
+    assert "80% of its wall time" in f.cause
+    assert findings(slow, "EnvHang", Thresholds(env_share=0.9)) == []
+
+
+def test_a_healthy_environment_and_a_run_without_one_raise_neither():
+    for h in (with_env(30), healthy(30)):
+        assert findings(h, "EnvErrors") == findings(h, "EnvHang") == []
