@@ -3,14 +3,15 @@
 Both sides train the demo recipe (configs/demo_arithmetic.toml: 2-digit addition, 16
 prompts x 8 completions, 8 new tokens, temperature 1.0, AdamW lr 1e-4 constant, one
 optimizer step per batch, fp32, KL beta 0) from the same warm-started model directory
-(engine.learner.warmstart.ensure_warm_start: an HF Llama with the char tokenizer; TRL
-gets it from engine.model's loaders, rlplane as its model.path), scored by the arithmetic task's own
-``Task.score``, on the same prompts (``train_problems(step, 16)`` for step 0, 1, ...),
-with ``torch.set_num_threads(--threads)`` on both. TRL is configured to rlplane's GRPO
-defaults: loss_type "dapo" (token-mean over the batch: rlplane's loss_agg_mode
-"token-mean"), scale_rewards "group" (normalize_std), epsilon 0.2, beta 0, max_grad_norm
-1.0, weight decay 0, num_iterations 1, per-device batch 128, gradient accumulation 1,
-no vLLM, no eval, logging or saving.
+(engine.learner.warmstart.ensure_warm_start: an HF Llama with the char tokenizer;
+TRL gets it from engine.model's loaders, rlplane as its model.path), scored by the
+arithmetic task's own ``Task.score``, on the same prompts (``train_problems(step, 16)``
+for step 0, 1, ...), with ``torch.set_num_threads(--threads)`` on both. TRL is set to
+rlplane's GRPO defaults: loss_type "dapo" (token-mean over the batch: rlplane's
+loss_agg_mode "token-mean"), scale_rewards "group" (normalize_std), epsilon 0.2, beta 0,
+max_grad_norm 1.0, weight decay 0, num_iterations 1, per-device batch 128, gradient
+accumulation 1, no vLLM, no eval, logging or saving. Each keeps its own AdamW kernel
+(TRL: transformers' default optim, adamw_torch_fused; rlplane: torch.optim.AdamW).
 
     round r:  TRL  [warm-up step][K timed steps]   rlplane [warm-up step][K timed steps]
     (the first of the two alternates by round, so machine noise hits both)
@@ -25,10 +26,9 @@ TRL's from a TrainerCallback (on_step_begin .. on_step_end), rlplane's from its 
 The splits: rlplane's time/{rollout,reward,learner,weight_sync}_s; TRL's generation
 (``GRPOTrainer._generate``: tokenize, ``model.generate``, decode), reward
 (``_calculate_rewards``) and the rest of the step (old/new logprobs, loss, backward,
-optimizer). What each side computes is its own: rlplane recomputes the batch's
-logprobs before the update (one forward without grad) and TIS-weights the loss by the
-sampler's logprobs; TRL with num_iterations 1 takes the old logprobs as the detached
-new ones and skips that forward.
+optimizer). With one optimizer step per batch neither side runs a separate recompute
+of the old logprobs: both take them from the update's own forward (rlplane's
+Learner.fuses_recompute; TRL's detached per-token logprobs at num_iterations 1).
 
 Not measured: rlplane's one-step-off overlap. In one process (placement colocated,
 ray = false) an async policy keeps its schedule without overlap
@@ -39,11 +39,23 @@ demo_arithmetic measures it on Ray).
     PYTHONPATH=. .venv/bin/python bench/vs_trl.py [--rounds 3] [--steps-per-round 4]
         [--threads 2] [--quick]
 
+Measured with the defaults (3 rounds x 4 steps, 2 threads; trl 1.16.0; this project's
+shared 2-core box, 2026-12-03), two runs of the bench:
+
+    load average 0.6-1.3      trl 0.292 s/step (generation 0.076 + reward 0.001 +
+                              update 0.216), rlplane 0.229 (rollout 0.059 + reward
+                              0.001 + learner 0.158 + weight_sync 0.004): ratio 1.27
+    another 2-thread test     trl 6.890 s/step (generation 2.749 + update 4.141),
+    running alongside         rlplane 6.287 (rollout 2.384 + learner 3.952): ratio 1.10
+
+Two 2-thread jobs on 2 cores slow both sides ~25x (their threads wait on each other),
+so each round's line prints the load average: read a ratio together with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -196,7 +208,8 @@ def main() -> None:
             torch.set_num_threads(args.threads)
             per_step = sides[side]()
             runs[side].append({key: statistics.fmean(v) for key, v in per_step.items()})
-            print(f"round {r}: {side:8s} {runs[side][-1]['step']:.3f} s/step", flush=True)
+            print(f"round {r}: {side:8s} {runs[side][-1]['step']:.3f} s/step  (load average "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", flush=True)
 
     def med(side: str, key: str) -> float:
         return statistics.median(m[key] for m in runs[side])
