@@ -54,6 +54,16 @@ def test_async_policies_bench_prints_rates_bubbles_and_ratios_to_sync(model_cach
 
 
 @pytest.mark.slow
+def test_vs_trl_bench_prints_both_sides_and_their_ratio(model_cache):
+    # ~18 s on a quiet 2-core box (each side set up once, then 2 steps)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "vs_trl.py"), "--quick"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "\n  trl " in proc.stdout and "\n  rlplane " in proc.stdout
+    assert "s/step" in proc.stdout and "ratio trl / rlplane" in proc.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_sync_bench_prints_its_table_and_the_fingerprints_share(model_cache):
     # The reference path alone (each path is a vLLM engine of its own, ~25 s here); the

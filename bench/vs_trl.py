@@ -1,0 +1,231 @@
+"""s/step of TRL's GRPOTrainer vs rlplane's engine: one recipe, one model, one process.
+
+Both sides train the demo recipe (configs/demo_arithmetic.toml: 2-digit addition, 16
+prompts x 8 completions, 8 new tokens, temperature 1.0, AdamW lr 1e-4 constant, one
+optimizer step per batch, fp32, KL beta 0) from the same warm-started model directory
+(engine.learner.warmstart.ensure_warm_start: an HF Llama with the char tokenizer;
+TRL gets it from engine.model's loaders, rlplane as its model.path), scored by the
+arithmetic task's own ``Task.score``, on the same prompts (``train_problems(step, 16)``
+for step 0, 1, ...), with ``torch.set_num_threads(--threads)`` on both. TRL is set to
+rlplane's GRPO defaults: loss_type "dapo" (token-mean over the batch: rlplane's
+loss_agg_mode "token-mean"), scale_rewards "group" (normalize_std), epsilon 0.2, beta 0,
+max_grad_norm 1.0, weight decay 0, num_iterations 1, per-device batch 128, gradient
+accumulation 1, no vLLM, no eval, logging or saving. Each keeps its own AdamW kernel
+(TRL: transformers' default optim, adamw_torch_fused; rlplane: torch.optim.AdamW).
+
+    round r:  TRL  [warm-up step][K timed steps]   rlplane [warm-up step][K timed steps]
+    (the first of the two alternates by round, so machine noise hits both)
+
+Each round builds each side afresh from the warm start (model load and trainer setup
+are not timed). s/step is the median over rounds of a round's mean step time:
+TRL's from a TrainerCallback (on_step_begin .. on_step_end), rlplane's from its own
+``time/step_s`` metric (run_local's MetricsEvents, via a MemorySink).
+
+    ratio = TRL s/step / rlplane s/step      (> 1: rlplane is faster)
+
+The splits: rlplane's time/{rollout,reward,learner,weight_sync}_s; TRL's generation
+(``GRPOTrainer._generate``: tokenize, ``model.generate``, decode), reward
+(``_calculate_rewards``) and the rest of the step (old/new logprobs, loss, backward,
+optimizer). With one optimizer step per batch neither side runs a separate recompute
+of the old logprobs: both take them from the update's own forward (rlplane's
+Learner.fuses_recompute; TRL's detached per-token logprobs at num_iterations 1).
+
+Not measured: rlplane's one-step-off overlap. In one process (placement colocated,
+ray = false) an async policy keeps its schedule without overlap
+(engine/orchestration/policies.py); overlap needs Ray actors, a different setup from
+TRL's single process, so this bench leaves it out (bench/async_policies.py --recipe
+demo_arithmetic measures it on Ray).
+
+    PYTHONPATH=. .venv/bin/python bench/vs_trl.py [--rounds 3] [--steps-per-round 4]
+        [--threads 2] [--quick]
+
+Measured with the defaults (3 rounds x 4 steps, 2 threads; trl 1.16.0; this project's
+shared 2-core box, 2026-12-03), two runs of the bench:
+
+    load average 0.6-1.3      trl 0.292 s/step (generation 0.076 + reward 0.001 +
+                              update 0.216), rlplane 0.229 (rollout 0.059 + reward
+                              0.001 + learner 0.158 + weight_sync 0.004): ratio 1.27
+    another 2-thread test     trl 6.890 s/step (generation 2.749 + update 4.141),
+    running alongside         rlplane 6.287 (rollout 2.384 + learner 3.952): ratio 1.10
+
+Two 2-thread jobs on 2 cores slow both sides ~25x (their threads wait on each other),
+so each round's line prints the load average: read a ratio together with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from engine.api import MetricsEvent, run_local
+from engine.config import RunConfig, load_config, validate_config
+from engine.learner.warmstart import ensure_warm_start
+from engine.model import load_policy, load_tokenizer
+from engine.tasks import Problem, build_task
+from engine.telemetry.sinks import MemorySink
+
+ROOT = Path(__file__).parents[1]
+RLPLANE_PHASES = ("rollout", "reward", "learner", "weight_sync")
+
+
+def recipe(steps: int, quick: bool) -> RunConfig:
+    """The demo's config, for ``steps`` steps with nothing else in them: no eval, no
+    mid-run checkpoint, no time bound. Its warm start gets the longest time bound there
+    is (not part of its cache key): one cut short on a busy box is not cached, and this
+    bench needs the one the demo starts from. --quick: the base model (no warm start)
+    and a batch of 4 prompts x 2 completions."""
+    data = load_config(ROOT / "configs" / "demo_arithmetic.toml").model_dump(mode="json")
+    data.update(steps=steps, max_seconds=None, name="bench-vs-trl")
+    data["telemetry"].update(eval_every_steps=0, jsonl=False)
+    data["checkpoint"]["every_steps"] = 0
+    data["warm_start"]["max_seconds"] = 3600
+    if quick:
+        data["warm_start"]["steps"] = 0
+        data["rollout"]["prompts_per_step"] = 4
+        data["algorithm"]["group_size"] = 2
+    return validate_config(data)
+
+
+def starting_from(cfg: RunConfig, model_dir: Path) -> RunConfig:
+    """cfg's run from ``model_dir`` as a model.path, warm start off: rlplane loads the
+    very directory TRL does, not another warm start of its own."""
+    data = cfg.model_dump(mode="json")
+    data["model"].update(size=None, path=str(model_dir))
+    data["warm_start"]["steps"] = 0
+    return validate_config(data)
+
+
+def time_rlplane(cfg: RunConfig) -> dict[str, list[float]]:
+    """Per-step seconds of one rlplane run, the warm-up step left out."""
+    sink = MemorySink()
+    with tempfile.TemporaryDirectory() as out:
+        run_local(cfg, out, sink=sink)
+    rows = [e.values for e in sink.events
+            if isinstance(e, MetricsEvent) and "time/step_s" in e.values][1:]
+    return {"step": [m["time/step_s"] for m in rows],
+            **{p: [m[f"time/{p}_s"] for m in rows] for p in RLPLANE_PHASES}}
+
+
+def time_trl(cfg: RunConfig, model_dir: Path, threads: int) -> dict[str, list[float]]:
+    """Per-step seconds of one TRL GRPOTrainer run of cfg's recipe, warm-up step left out."""
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    task = build_task(cfg.task)
+    tok = load_tokenizer(model_dir)
+    alg, roll = cfg.algorithm, cfg.rollout
+    problems = [p for step in range(cfg.steps)
+                for p in task.train_problems(step, roll.prompts_per_step)]
+    spans: dict[str, list[float]] = {"step": [], "generation": [], "reward": []}
+
+    def arithmetic(prompts, completions, completion_ids, answer, **kwargs) -> list[float]:
+        # finished: the completion ended with EOS inside the budget (TRL keeps that EOS
+        # in completion_ids and decodes without it), as rlplane's sampler reports it
+        return [task.score(Problem(prompt=p, answer=a), text,
+                           finished=bool(ids) and ids[-1] == tok.eos_token_id)
+                for p, text, ids, a in zip(prompts, completions, completion_ids, answer,
+                                           strict=True)]
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """Adds the seconds of its generation and its scoring to ``spans``."""
+
+        def _generate(self, prompts):
+            t0 = time.perf_counter()
+            out = super()._generate(prompts)
+            spans["generation"].append(time.perf_counter() - t0)
+            return out
+
+        def _calculate_rewards(self, *args):
+            t0 = time.perf_counter()
+            out = super()._calculate_rewards(*args)
+            spans["reward"].append(time.perf_counter() - t0)
+            return out
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if torch.get_num_threads() != threads:
+                raise RuntimeError(f"TRL runs with {torch.get_num_threads()} torch threads, "
+                                   f"not the {threads} asked for")
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            spans["step"].append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(
+            output_dir=out, max_steps=cfg.steps, seed=cfg.model.seed, use_cpu=True,
+            bf16=False, fp16=False, learning_rate=alg.lr, lr_scheduler_type="constant",
+            warmup_steps=0, weight_decay=alg.weight_decay, max_grad_norm=alg.max_grad_norm,
+            per_device_train_batch_size=roll.prompts_per_step * alg.group_size,
+            gradient_accumulation_steps=1, num_generations=alg.group_size,
+            max_completion_length=roll.max_new_tokens, temperature=roll.temperature,
+            top_p=roll.top_p, beta=alg.kl_coef, num_iterations=alg.epochs,
+            epsilon=alg.clip_low, epsilon_high=alg.clip_high, loss_type="dapo",
+            scale_rewards="group", mask_truncated_completions=False, use_vllm=False,
+            shuffle_dataset=False, eval_strategy="no", save_strategy="no",
+            logging_strategy="no", report_to=[], disable_tqdm=True, log_completions=False,
+            dataloader_num_workers=0)
+        trainer = TimedGRPOTrainer(
+            model=load_policy(model_dir), processing_class=tok, reward_funcs=arithmetic,
+            args=args, train_dataset=Dataset.from_dict(
+                {"prompt": [p.prompt for p in problems],
+                 "answer": [p.answer for p in problems]}),
+            callbacks=[StepClock()])
+        trainer.remove_callback(PrinterCallback)   # its end-of-training dict of metrics
+        torch.set_num_threads(threads)
+        trainer.train()
+    steps = spans["step"][1:]
+    generation, reward = spans["generation"][1:], spans["reward"][1:]
+    return {"step": steps, "generation": generation, "reward": reward,
+            "update": [s - g - r for s, g, r in zip(steps, generation, reward, strict=True)]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps-per-round", type=int, default=4,
+                    help="timed steps per round, after one warm-up step")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads, both sides")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: 1 round of 1 step, base model, 4 prompts x 2")
+    args = ap.parse_args()
+    rounds, k = (1, 1) if args.quick else (args.rounds, args.steps_per_round)
+    cfg = recipe(k + 1, args.quick)
+    torch.set_num_threads(args.threads)
+    model_dir = ensure_warm_start(cfg)
+    sides = {"trl": lambda: time_trl(cfg, model_dir, args.threads),
+             "rlplane": lambda: time_rlplane(starting_from(cfg, model_dir))}
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    for r in range(rounds):
+        for side in (["trl", "rlplane"] if r % 2 == 0 else ["rlplane", "trl"]):
+            torch.set_num_threads(args.threads)
+            per_step = sides[side]()
+            runs[side].append({key: statistics.fmean(v) for key, v in per_step.items()})
+            print(f"round {r}: {side:8s} {runs[side][-1]['step']:.3f} s/step  (load average "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", flush=True)
+
+    def med(side: str, key: str) -> float:
+        return statistics.median(m[key] for m in runs[side])
+
+    r = cfg.rollout
+    print(f"\n{cfg.name}: {r.prompts_per_step} prompts x {cfg.algorithm.group_size}, "
+          f"{r.max_new_tokens} new tokens, {args.threads} torch thread(s), {rounds} round(s) "
+          f"x {k} step(s) after a warm-up step; medians over rounds; model {model_dir.name}")
+    print(f"  trl      {med('trl', 'step'):.3f} s/step  (generation "
+          f"{med('trl', 'generation'):.3f} + reward {med('trl', 'reward'):.3f} + update "
+          f"{med('trl', 'update'):.3f})")
+    split = " + ".join(f"{p} {med('rlplane', p):.3f}" for p in RLPLANE_PHASES)
+    print(f"  rlplane  {med('rlplane', 'step'):.3f} s/step  ({split} + rest)")
+    print(f"  ratio trl / rlplane {med('trl', 'step') / med('rlplane', 'step'):.2f}  "
+          f"(> 1: rlplane is faster)")
+
+
+if __name__ == "__main__":
+    main()
