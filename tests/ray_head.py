@@ -33,6 +33,7 @@ class RayHead:
         self.dashboard = f"http://127.0.0.1:{free_port()}"
         self.address = f"127.0.0.1:{free_port()}"      # the GCS, which other nodes join
         self.nodes: list[subprocess.Popen] = []
+        self.node_logs: list[Path] = []
         env = {**os.environ, "RAY_AUTH_MODE": "token",
                "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
         env.pop("RAY_AUTH_TOKEN", None)
@@ -67,6 +68,7 @@ class RayHead:
                 time.sleep(0.3)
         n = len(self.nodes) + 1
         log = self.dir / f"node{n}.log"
+        self.node_logs.append(log)
         with log.open("w") as out:
             self.nodes.append(subprocess.Popen(
                 [RAY, "start", "--block", f"--address={self.address}",

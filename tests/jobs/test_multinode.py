@@ -8,7 +8,10 @@ two-node Ray cluster on this machine.
 
 Both nodes see the same RLPLANE_RUNS_DIR (one machine, as a shared mount makes it for
 many): the driver checkpoints there, and the control plane lists the checkpoint and forks
-from it. In CI it runs once, in the PostgreSQL pass (marked ``postgres``); without
+from it. A driver that does not find the control plane's marker there (a node without
+the mount) refuses to start, and its run fails naming the fix.
+
+In CI the module runs once, in the PostgreSQL pass (marked ``postgres``); without
 RLPLANE_TEST_DATABASE_URL, on SQLite. The ingest's websocket announcements go through the
 machine's Redis (the ``channel_layer`` fixture).
 """
@@ -43,30 +46,38 @@ CONFIG = {**TINY, "name": "multinode", "steps": 1000,
           "weight_sync": {"type": "object_store"}}
 
 
-@pytest.fixture
-def two_nodes(settings, monkeypatch, tmp_path, live_server, model_cache, channel_layer):  # noqa: F811
-    """A head with no GPU and a node with the GPUs and the drivers' resource; the control
-    plane's settings pointed at them and at the live server. Yields the Ray Jobs
-    client and the GPU node's id."""
+@pytest.fixture(scope="module")
+def cluster():
+    """A head with no GPU and a node with the GPUs and the drivers' resource, for the
+    module. Yields the head."""
     head = RayHead(num_gpus=0)
     try:
-        node_log = head.add_node(num_cpus=1, num_gpus=2, resources={DRIVER_RESOURCE: 1})
+        head.add_node(num_cpus=1, num_gpus=2, resources={DRIVER_RESOURCE: 1})
         head.wait_ready()
-        monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
-        settings.RAY_DASHBOARD_ADDRESS = head.dashboard
-        settings.RAY_AUTH_TOKEN_PATH = str(head.token_path)
-        settings.RLPLANE_RUNS_DIR = tmp_path / "runs"
-        settings.RLPLANE_URL = live_server.url
-        settings.RLPLANE_DRIVER_RESOURCES = {DRIVER_RESOURCE: 1.0}
-
-        def gpu_node():
-            alive = [n for n in state_rows("/api/v0/nodes?limit=100") if n["state"] == "ALIVE"]
-            return next((n["node_id"] for n in alive
-                         if n["resources_total"].get(DRIVER_RESOURCE)), None)
-
-        yield head.client(), wait_for(gpu_node, 60, what=f"node 1 to join (log: {node_log})")
+        yield head
     finally:
         head.stop()
+
+
+@pytest.fixture
+def two_nodes(cluster, settings, monkeypatch, tmp_path, live_server, model_cache,  # noqa: F811
+              channel_layer):
+    """The control plane's settings pointed at the cluster and at the live server. Yields
+    the Ray Jobs client and the GPU node's id."""
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    settings.RAY_DASHBOARD_ADDRESS = cluster.dashboard
+    settings.RAY_AUTH_TOKEN_PATH = str(cluster.token_path)
+    settings.RLPLANE_RUNS_DIR = tmp_path / "runs"
+    settings.RLPLANE_URL = live_server.url
+    settings.RLPLANE_DRIVER_RESOURCES = {DRIVER_RESOURCE: 1.0}
+
+    def gpu_node():
+        alive = [n for n in state_rows("/api/v0/nodes?limit=100") if n["state"] == "ALIVE"]
+        return next((n["node_id"] for n in alive
+                     if n["resources_total"].get(DRIVER_RESOURCE)), None)
+
+    yield cluster.client(), wait_for(gpu_node, 60,
+                                     what=f"node 1 to join (log: {cluster.node_logs[0]})")
 
 
 def run_nodes(client, run: Run) -> tuple[str, set[str]]:
@@ -131,3 +142,21 @@ def test_a_run_on_a_node_other_than_the_head_checkpoints_stops_and_forks(two_nod
     steps = MetricPoint.objects.filter(run=fork, name="reward/mean").values_list("step",
                                                                                  flat=True)
     assert list(steps) == [checkpoint.step]     # it went on from the parent's checkpoint
+
+
+def test_a_driver_whose_node_does_not_see_its_run_dir_refuses_and_the_run_fails(
+        two_nodes, monkeypatch):
+    """The control plane's run dir and marker, absent where the driver runs: what a node
+    without the shared mount at RLPLANE_RUNS_DIR sees."""
+    client, _ = two_nodes
+    monkeypatch.setattr(submit, "mark_run_dir", lambda run_dir, key: None)
+    run = Run.objects.create(name="unshared", config=TINY)
+    submit.submit_run(run.pk)
+
+    run_to_end(client, run)
+
+    assert run.status == RunStatus.FAILED, run.status_reason
+    assert "has no marker" in run.status_reason             # the driver's own words
+    assert "RLPLANE_RUNS_DIR" in run.status_reason and "shared storage" in run.status_reason
+    assert run.restarts == []                               # exit 2: it would fail again
+    assert not (django_settings.RLPLANE_RUNS_DIR / f"run-{run.pk}").exists()
