@@ -9,6 +9,9 @@ the environment:
     RLPLANE_RAY_JOB_PREFIX its runs' Ray job ids; default rlplane-run- (one per control
                            plane when two share a Ray cluster)
 
+The rest (RAY_*, RLPLANE_RUNS_DIR, RLPLANE_URL, RLPLANE_DRIVER_RESOURCES, ...) are
+described where they are read below; deploy/rlplane.env.example lists every one.
+
 Behind TLS (the deploy switches; `manage.py check --deploy` is clean with them on):
 
     RLPLANE_SECURE                 1: secure cookies, HTTPS redirect, HSTS (a year)
@@ -39,6 +42,26 @@ def env_flag(name: str, default: bool) -> bool:
     if value is None:
         return default
     return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def parse_resources(items: list[str]) -> dict[str, float]:
+    """RLPLANE_DRIVER_RESOURCES: ["name=amount", ...] -> {name: amount}; custom resources
+    only (Ray takes CPUs and GPUs of an entrypoint by other arguments)."""
+    resources = {}
+    for item in items:
+        name, _, amount = item.partition("=")
+        name = name.strip()
+        try:
+            value = float(amount)
+        except ValueError:
+            value = 0.0
+        if not name or name in {"CPU", "GPU", "memory"} or not value > 0:
+            raise ImproperlyConfigured(
+                f"RLPLANE_DRIVER_RESOURCES: {item!r} is not name=amount with a custom Ray "
+                "resource (not CPU, GPU or memory) and an amount above 0, e.g. "
+                "rlplane_driver=1")
+        resources[name] = value
+    return resources
 
 
 def env_list(name: str, default: str = "") -> list[str]:
@@ -192,6 +215,11 @@ RAY_AUTH_TOKEN_PATH = os.environ.get(
 # the control plane's URL as the driver reaches it (ingest, stop poll).
 RLPLANE_RUNS_DIR = Path(os.environ.get("RLPLANE_RUNS_DIR", BASE_DIR / "runs"))
 RLPLANE_URL = os.environ.get("RLPLANE_URL", "http://127.0.0.1:8000")
+# The Ray resources a run's driver reserves (its job's entrypoint_resources), as
+# name=amount pairs, e.g. "rlplane_driver=1": only nodes started with that resource
+# (`ray start --resources='{"rlplane_driver": 4}'`) hold drivers, at most that many each.
+# Unset: the driver reserves nothing, and Ray runs it on the head node.
+RLPLANE_DRIVER_RESOURCES = parse_resources(env_list("RLPLANE_DRIVER_RESOURCES"))
 # How long a driver has to checkpoint and exit after a stop request before its Ray job is
 # stopped (which kills it after a short grace period).
 RLPLANE_STOP_TIMEOUT_S = float(os.environ.get("RLPLANE_STOP_TIMEOUT_S", "120"))

@@ -243,18 +243,10 @@ class Supervisor(ChildSupervisor):
         # announces what it stores, and may queue alert deliveries).
         for line in self.manage("reconcile_runs"):
             say(line)
-        self.start_child("celery-worker", [
-            sys.executable, "-m", "celery", "-A", "controlplane", "worker",
-            "--loglevel=INFO", "--concurrency=2", f"--hostname=rlplane-{c.http_port}@%h",
-        ])
-        self.start_child("celery-beat", [
-            sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
-            f"--schedule={c.stack_dir / 'celerybeat-schedule'}",
-        ])
-        self.start_child("web", [
-            sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
-            "--host", "127.0.0.1", "--port", str(c.http_port),
-        ])
+        services = service_argv(sys.executable, "127.0.0.1", str(c.http_port),
+                                str(c.stack_dir / "celerybeat-schedule"))
+        for name in ("celery-worker", "celery-beat", "web"):
+            self.start_child(name, services[name])
 
         self.wait_ready("web", lambda: http_ok(base_url + "/healthz"), deadline_s=60)
         self.wait_ready("ray", lambda: http_ok(dashboard + "/api/version", token_path),
@@ -345,6 +337,19 @@ class Supervisor(ChildSupervisor):
             say(f"could not stop pids {sorted(left)}")
         else:
             say("stopped")
+
+
+def service_argv(python: str, host: str, port: str, beat_schedule: str) -> dict[str, list[str]]:
+    """The control plane's long-running processes, by child name. deploy/systemd's units
+    run the same commands (a test holds them to these)."""
+    return {
+        "celery-worker": [python, "-m", "celery", "-A", "controlplane", "worker",
+                          "--loglevel=INFO", "--concurrency=2", f"--hostname=rlplane-{port}@%h"],
+        "celery-beat": [python, "-m", "celery", "-A", "controlplane", "beat",
+                        "--loglevel=INFO", f"--schedule={beat_schedule}"],
+        "web": [python, "-m", "uvicorn", "controlplane.asgi:application",
+                "--host", host, "--port", port],
+    }
 
 
 def stop_stack(config: StackConfig) -> str:

@@ -4,6 +4,7 @@
     summary = run_local(cfg, out_dir, sink=sink)  # the RL loop, in this process
     table = plan_run(cfg, metrics, spans)         # what-if: placement x policy (planner)
     for line in events.jsonl: event_from_dict(json.loads(line))
+    mark_run_dir(run_dir, key)                    # before a driver starts (engine.run_dir)
 
 The event types live in engine.events and the metric names in engine.metrics; they are
 re-exported here for the control plane (``from engine.api import metrics as M``), and
@@ -59,6 +60,7 @@ from engine.frameworks import (
     their_names,
 )
 from engine.metrics import TIME_STEP_S
+from engine.run_dir import mark_run_dir
 
 __all__ = [
     "CONTROL_KINDS", "CONTROL_VALUE_TYPES", "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES",
@@ -70,7 +72,7 @@ __all__ = [
     "WeightSyncEvent", "WorkerReplacedEvent", "WorkersResizedEvent", "check_control",
     "event_from_dict", "load_config",
     "placement_bundles",
-    "canonical_metrics", "control_label", "launch_rollout_workers", "metrics",
+    "canonical_metrics", "control_label", "launch_rollout_workers", "mark_run_dir", "metrics",
     "placement_demand", "plan_run",
     "run_local", "their_names", "validate", "validate_control",
 ]

@@ -3,6 +3,7 @@
     python -m engine.ray_job (--config RUN.toml | --config-json JSON) --run-dir DIR
         --ingest-url URL --token-env RLPLANE_INGEST_TOKEN
         [--controls-url URL] [--poll-s S] [--resume] [--from-checkpoint CKPT_DIR]
+        [--run-dir-key KEY]
 
     events -> RunLoop -> FanoutSink(memory, DIR/events.jsonl, HttpSink -> POST ingest-url)
                                                       (DIR/ingest-spool.jsonl while down)
@@ -11,6 +12,9 @@
     live   <- the same answer's "controls" (checkpoint now, pause/resume, set_lr,
               set_eval_every, set_rollout_workers), applied by the loop at the next step
               boundary
+    shared <- --run-dir-key: DIR's marker must hold KEY (engine.run_dir), or the driver
+              exits 2 before writing anything: its node does not see the control plane's
+              runs dir, and its checkpoints would be lost to fork and resume
     fork   <- --from-checkpoint copies a parent's step_NNNNNN/ into DIR/checkpoints/ and
               resumes from it; a retried job (same DIR) resumes from its own latest one
 
@@ -36,6 +40,7 @@ from pathlib import Path
 
 from engine.config import ConfigError, RunConfig, load_config, validate_config
 from engine.controls import Control, ControlError, validate_control
+from engine.run_dir import RunDirError, check_run_dir
 from engine.telemetry.http_sink import same_origin_opener
 
 logger = logging.getLogger("engine.ray_job")
@@ -152,6 +157,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="continue from the latest checkpoint in RUN_DIR/checkpoints")
     parser.add_argument("--from-checkpoint", type=Path,
                         help="start from this checkpoint directory (a fork); implies --resume")
+    parser.add_argument("--run-dir-key",
+                        help="refuse to start unless RUN_DIR's marker (written by the control "
+                             "plane) holds this key: RUN_DIR is on storage both reach")
     return parser.parse_args(argv)
 
 
@@ -180,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the ingest token is not in ${args.token_env}", file=sys.stderr)
         return 2
     run_dir: Path = args.run_dir
+    if args.run_dir_key is not None:
+        try:
+            check_run_dir(run_dir, args.run_dir_key)
+        except RunDirError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     resume = args.resume
     if args.from_checkpoint is not None and own_checkpoint(run_dir) is not None:

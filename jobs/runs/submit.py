@@ -5,6 +5,11 @@
                       (the engine's own "running" event moves the run on, through ingest);
                       a launched external run's command instead (jobs/runs/commands.py)
 
+Before a driver is submitted, its run directory gets a marker with the run's key
+(engine.run_dir); the driver refuses to start where it cannot read that key back, which
+is what a Ray node without the shared mount at RLPLANE_RUNS_DIR sees (deploy/README.md).
+RLPLANE_DRIVER_RESOURCES (custom Ray resources) decides which nodes may hold a driver.
+
 The submission id is derived from the run id (jobs/cluster/ray.py), so a retried
 submit_run finds the job it already started instead of starting a second copy. The queue
 (jobs/runs/queue.py) queues submit_run for each run it admits.
@@ -21,6 +26,7 @@ import sys
 from celery import shared_task
 from django.conf import settings
 
+from engine.api import mark_run_dir
 from jobs.cluster.ray import job_not_found, ray_jobs, submission_id
 from jobs.models import Run, RunStatus
 from jobs.models.run import run_directory
@@ -44,6 +50,7 @@ def driver_entrypoint(run: Run) -> str:
         "--token-env", TOKEN_ENV,
         # A job that Ray restarts for the same run continues from its own checkpoints.
         "--resume",
+        "--run-dir-key", run_dir_key(run),
     ]
     if run.source_checkpoint:
         args += ["--from-checkpoint", run.source_checkpoint]
@@ -55,8 +62,17 @@ def ray_submission(run: Run, token: str) -> dict:
     engine's driver, or a launched external run's command."""
     if run.is_external:
         return command_submission(run, token)
-    return {"entrypoint": driver_entrypoint(run),
-            "runtime_env": {"env_vars": driver_env(token)}}
+    submission = {"entrypoint": driver_entrypoint(run),
+                  "runtime_env": {"env_vars": driver_env(token)}}
+    if settings.RLPLANE_DRIVER_RESOURCES:
+        submission["entrypoint_resources"] = dict(settings.RLPLANE_DRIVER_RESOURCES)
+    return submission
+
+
+def run_dir_key(run: Run) -> str:
+    """What the run's directory marker holds: its id and creation time, the same for
+    every submission of the run, another for a run of the same id in another database."""
+    return f"run {run.pk} created {run.created_at.isoformat()}"
 
 
 def driver_env(token: str) -> dict[str, str]:
@@ -104,6 +120,10 @@ def ensure_job(run: Run, client, sid: str) -> bool:
     except RuntimeError as exc:
         if not job_not_found(exc):
             raise
+    if not run.is_external:
+        # Before the token: a runs dir that cannot be written fails the submission with
+        # nothing claimed, and a retry starts over.
+        mark_run_dir(run_directory(run.pk), run_dir_key(run))
     token = run.claim_ingest_token()
     if token is None:            # a twin read the same state and minted first: it submits
         logger.info("submit_run: a racing twin is submitting run %s", run.pk)

@@ -15,6 +15,7 @@ import pytest
 
 from engine.controls import PauseControl, SetLrControl
 from engine.ray_job import ControlPoller, main
+from engine.run_dir import check_run_dir, mark_run_dir
 
 from .conftest import small_run
 
@@ -208,3 +209,35 @@ def test_a_fork_from_a_directory_that_is_no_checkpoint_exits_2(tmp_path, plane, 
                        str(tmp_path / "nothing"))
     assert main(argv) == 2
 
+
+
+def test_a_run_dir_without_the_control_planes_marker_exits_2_naming_the_shared_mount(
+        tmp_path, plane, token_env, capsys):
+    """What a Ray node without the shared mount sees: the directory the control plane made
+    is not there, so its marker is not either; nothing is written, nothing is posted."""
+    cp = plane()
+    run_dir = tmp_path / "runs" / "run-7"
+    argv = driver_args(cp, run_dir, small_run(), "--run-dir-key", "run 7 created x")
+
+    assert main(argv) == 2
+
+    error = capsys.readouterr().err
+    assert f"{run_dir} has no marker" in error
+    assert f"RLPLANE_RUNS_DIR ({tmp_path / 'runs'})" in error and "shared storage" in error
+    assert not run_dir.exists() and cp.events == []
+
+
+def test_a_run_dir_marked_for_another_run_exits_2(tmp_path, plane, token_env, capsys):
+    cp = plane()
+    mark_run_dir(tmp_path / "run-7", "run 7 created yesterday")   # a stale local copy
+    argv = driver_args(cp, tmp_path / "run-7", small_run(), "--run-dir-key", "run 7 created x")
+
+    assert main(argv) == 2
+    assert "holds the marker of another run" in capsys.readouterr().err
+
+
+def test_the_control_planes_marker_lets_the_driver_start(tmp_path):
+    mark_run_dir(tmp_path / "run-7", "run 7 created x")
+    mark_run_dir(tmp_path / "run-7", "run 7 created x")      # a retried submission
+    check_run_dir(tmp_path / "run-7", "run 7 created x")
+    assert [p.name for p in (tmp_path / "run-7").iterdir()] == [".rlplane-run-dir"]

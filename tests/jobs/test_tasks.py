@@ -9,6 +9,7 @@ ingest endpoint of pytest-django's live_server.
 
 import json
 import os
+import shlex
 import sys
 import time
 import uuid
@@ -213,6 +214,29 @@ def test_the_driver_command_uses_this_python_checkout_and_checkpoint(make_run, s
     assert f"--controls-url http://cp.example:8000/api/runs/{run.pk}/controls" in command
     assert "--from-checkpoint /runs/run-1/checkpoints/step_000004" in command
     assert "--token-env RLPLANE_INGEST_TOKEN" in command and "--resume" in command
+    assert f"--run-dir-key 'run {run.pk} created {run.created_at.isoformat()}'" in command
+
+
+@pytest.mark.django_db
+def test_the_run_dir_is_marked_before_the_driver_is_submitted_with_its_resources(
+        make_run, settings):
+    """The driver checks the marker at start (engine.run_dir): it must be there before
+    Ray can start it, holding the key its command names."""
+    settings.RLPLANE_DRIVER_RESOURCES = {"rlplane_driver": 1.0}
+    run = make_run(RunStatus.SUBMITTING)
+    marker = settings.RLPLANE_RUNS_DIR / f"run-{run.pk}" / ".rlplane-run-dir"
+    submitted = []
+
+    class Ray(RayJobsSeam):
+        def submit_job(self, entrypoint, submission_id, runtime_env, metadata,
+                       entrypoint_resources):
+            submitted.append((entrypoint, entrypoint_resources, marker.read_text()))
+
+    submit.submit_once(run, Ray())
+
+    ((entrypoint, resources, key),) = submitted
+    assert resources == {"rlplane_driver": 1.0}
+    assert key == submit.run_dir_key(run) and shlex.quote(key) in entrypoint
 
 
 @pytest.mark.django_db
