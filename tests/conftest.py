@@ -68,16 +68,17 @@ def pytest_collection_modifyitems(items):
 SLOW_TEST_S = 8.0
 CI_FILE_SECONDS = {
     "tests/engine/test_learning.py": 270,
-    "tests/engine/test_bench_smoke.py": 225,
+    "tests/engine/test_bench_smoke.py": 150,
     "tests/engine/test_async_ray.py": 210,
     "tests/engine/test_no_false_alarms.py": 170,
     "tests/engine/test_reward_learning.py": 165,
     "tests/engine/test_reward_overopt.py": 130,
     "tests/engine/test_faults_async.py": 120,
-    "tests/engine/test_gsm8k_sample.py": 120,   # three path-model runs, ~40 s each
+    "tests/engine/test_gsm8k_sample.py": 135,   # three path-model runs, ~45 s each
     "tests/engine/test_hf_models_vllm.py": 92,
     "tests/engine/test_reward_service.py": 85,
     "tests/engine/test_sharded_ray.py": 55,
+    "tests/engine/test_env_learning.py": 40,
     "tests/engine/test_faults.py": 55,
     "tests/test_stack.py": 52,
     "tests/engine/test_vllm_backend.py": 50,
