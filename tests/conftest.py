@@ -83,7 +83,7 @@ CI_FILE_SECONDS = {
     "tests/test_stack.py": 52,
     "tests/engine/test_vllm_backend.py": 50,
     "tests/jobs/test_tasks.py": 48,
-    "tests/jobs/test_multinode.py": 60,   # the PostgreSQL pass only (skipped in the first)
+    "tests/jobs/test_multinode.py": 60,   # the PostgreSQL pass only (postgres_only)
     "tests/engine/test_transports_vllm.py": 45,
     "tests/engine/test_moe.py": 37,
     "tests/engine/test_no_false_alarms_presets.py": 30,

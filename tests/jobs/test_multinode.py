@@ -16,7 +16,6 @@ RLPLANE_TEST_DATABASE_URL, on SQLite. The ingest's websocket announcements go th
 machine's Redis (the ``channel_layer`` fixture).
 """
 
-import os
 
 import pytest
 from django.conf import settings as django_settings
@@ -31,12 +30,10 @@ from jobs.runs.queue import do_schedule_runs
 from ..ray_head import RayHead
 from .test_tasks import TINY, job_log, model_cache, run_to_end, unlocked, wait_for  # noqa: F401
 
-# CI gives RLPLANE_TEST_DATABASE_URL and runs the `postgres` tests again on it: once there
-# is enough for a test this long.
-ON_POSTGRES = "postgresql" in django_settings.DATABASES["default"]["ENGINE"]
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.django_db(transaction=True),
-              pytest.mark.skipif(bool(os.environ.get("RLPLANE_TEST_DATABASE_URL"))
-                                 and not ON_POSTGRES, reason="runs in the PostgreSQL pass")]
+# With RLPLANE_TEST_DATABASE_URL given, scripts/test runs this module in its PostgreSQL pass
+# only (`postgres_only`): once is enough for a test this long.
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.postgres_only,
+              pytest.mark.django_db(transaction=True)]
 
 DRIVER_RESOURCE = "rlplane_driver"
 # One rollout worker and the learner, each an actor on a logical GPU of its own; weights
