@@ -37,6 +37,7 @@ from engine.events import (
     SAMPLE_TOKEN_LIMIT,
     SAMPLES_PER_EVENT,
     TOKEN_TEXT_LIMIT,
+    TURN_ROLES,
     CheckpointEvent,
     ControlAppliedEvent,
     Event,
@@ -65,7 +66,7 @@ from engine.run_dir import mark_run_dir
 __all__ = [
     "CONTROL_KINDS", "CONTROL_VALUE_TYPES", "EVENT_TYPES", "LOG_MESSAGE_LIMIT", "RUN_STATUSES",
     "FRAMEWORKS", "FRAMEWORK_LABELS", "SAMPLES_PER_EVENT",
-    "SAMPLE_TOKEN_LIMIT", "TOKEN_TEXT_LIMIT", "CheckpointEvent",
+    "SAMPLE_TOKEN_LIMIT", "TOKEN_TEXT_LIMIT", "TURN_ROLES", "CheckpointEvent",
     "ConfigError", "Control", "ControlAppliedEvent", "ControlError",
     "Event", "EventSink", "LogEvent", "MetricsEvent", "RunConfig", "RunStatusEvent",
     "PlanError", "RolloutSample", "RunSummary", "SamplesEvent", "SpanEvent",

@@ -169,6 +169,21 @@ def storable_text(text: str, limit: int = SAMPLE_TEXT_LIMIT) -> str:
 
 
 @dataclass
+class TrajectoryTurn:
+    """One turn of a multi-turn trajectory over its rollout's tokens [start, end): the
+    model's (its policy version and the reward of the environment step after it, None
+    where there was none) or the environment's observation (neither)."""
+    role: str = "model"                 # "model" | "env"
+    start: int = 0
+    end: int = 0
+    version: int | None = None
+    reward: float | None = None
+
+
+TURN_ROLES = ("model", "env")
+
+
+@dataclass
 class RolloutSample:
     """One rollout as the inspector shows it. The per-token lists are parallel: the
     response tokens' text, the rollout engine's (behaviour) logprob of each and the
@@ -187,6 +202,9 @@ class RolloutSample:
     tokens: list[str] = field(default_factory=list)
     behaviour_logprobs: list[float | None] = field(default_factory=list)
     learner_logprobs: list[float | None] = field(default_factory=list)
+    # A multi-turn trajectory's turns over ``tokens``, in order; empty for a single-turn
+    # rollout. An observation's tokens carry no logprob (None): they were not sampled.
+    turns: list[TrajectoryTurn] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.prompt, self.completion = storable_text(self.prompt), storable_text(self.completion)
@@ -195,6 +213,8 @@ class RolloutSample:
         self.tokens = [storable_text(t, TOKEN_TEXT_LIMIT) for t in self.tokens[:n]]
         self.behaviour_logprobs = self.behaviour_logprobs[:n]
         self.learner_logprobs = self.learner_logprobs[:n]
+        turns = [t if isinstance(t, TrajectoryTurn) else TrajectoryTurn(**t) for t in self.turns]
+        self.turns = [dataclasses.replace(t, end=min(t.end, n)) for t in turns if t.start < n]
 
 
 @dataclass

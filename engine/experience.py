@@ -35,6 +35,10 @@ class EnvTrace:
     errors: int = 0                   # calls that raised
     timeouts: int = 0                 # calls still running at task.env.step_timeout_s
     tool_calls: int = 0               # steps whose info said "tool_call"
+    turn_versions: list[int] = field(default_factory=list)   # the version of each model turn
+    # the reward of the step after each model turn (a prefix: a turn cut by its budget or
+    # whose step raised has none, and it is the trajectory's last)
+    turn_rewards: list[float] = field(default_factory=list)
 
 
 @dataclass

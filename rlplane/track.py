@@ -474,6 +474,8 @@ def _field_type(field: dataclasses.Field):
         return lambda items: [str(t) for t in items]
     if field.name.endswith("logprobs"):
         return lambda items: [_finite_or_none(v) for v in items]
+    if field.name == "turns":          # TrajectoryTurn's fields, as mappings
+        return lambda items: [dict(t) for t in items]
     return type(field.default)
 
 

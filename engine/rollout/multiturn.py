@@ -157,6 +157,7 @@ class TrajectoryRunner:
             for t, o in zip(live, outs, strict=True):
                 t.append(o.token_ids, o.logprobs)
                 t.versions.append(o.version)
+                t.trace.turn_versions.append(o.version)
                 t.trace.turns += 1
                 if not o.finished:              # its budget, not a stop token, ended it
                     t.end("truncated")
@@ -213,6 +214,7 @@ class TrajectoryRunner:
                 self.log(f"environment {self.cfg.class_!r}: {exc}", level="warning")
             return
         t.reward += float(res.reward)
+        t.trace.turn_rewards.append(float(res.reward))
         if res.info.get("tool_call"):
             t.trace.tool_calls += 1
         if res.done:

@@ -8,6 +8,8 @@ Each rollout carries what an operator reads when a curve moves: the prompt, the
 completion, its reward and the judge's reason, its advantage, the versions that generated
 it and its staleness, and per response token the behaviour logprob (rollout engine) next to
 the learner's (recomputed before the update): where they part is where the engines disagree.
+A multi-turn trajectory (task.type "env") also carries its turns: model turns with their
+version and step reward, observations with no logprobs (nothing was sampled there).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from engine.events import SAMPLE_TOKEN_LIMIT, RolloutSample, SamplesEvent
+from engine.events import SAMPLE_TOKEN_LIMIT, RolloutSample, SamplesEvent, TrajectoryTurn
 from engine.experience import Sample
 
 
@@ -38,12 +40,40 @@ def samples_event(step: int, samples: Sequence[Sample], rows: list[int],
     for i, learner in zip(rows, learner_logprobs, strict=True):
         s = samples[i]
         n = min(len(s.response_ids), SAMPLE_TOKEN_LIMIT)
+        behaviour, learner = s.behaviour_logprobs[:n], learner[:n]
+        if s.loss_mask is not None:             # an observation's tokens: no gap to shade
+            behaviour = [b if m else None for b, m in zip(behaviour, s.loss_mask, strict=False)]
+            learner = [x if m else None for x, m in zip(learner, s.loss_mask, strict=False)]
         out.append(RolloutSample(
             group=s.group, prompt=s.problem.prompt, completion=s.text, reward=s.reward,
             reason=s.reason, advantage=s.advantage, version=s.version,
             last_version=s.version if s.last_version is None else s.last_version,
             staleness=staleness[i], length=len(s.response_ids), truncated=not s.finished,
             tokens=[token_text(t) for t in s.response_ids[:n]],
-            behaviour_logprobs=[logprob(x) for x in s.behaviour_logprobs[:n]],
-            learner_logprobs=[logprob(x) for x in learner[:n]]))
+            behaviour_logprobs=[None if x is None else logprob(x) for x in behaviour],
+            learner_logprobs=[None if x is None else logprob(x) for x in learner],
+            turns=trajectory_turns(s)))
     return SamplesEvent(step=step, samples=out)
+
+
+def trajectory_turns(s: Sample) -> list[TrajectoryTurn]:
+    """A multi-turn sample's turns: the runs of its loss mask (1: a model turn, 0: the
+    environment's observation), each model turn with its version and step reward from its
+    environment record; [] for a single-turn sample."""
+    if s.loss_mask is None:
+        return []
+    versions = s.env.turn_versions if s.env is not None else []
+    rewards = s.env.turn_rewards if s.env is not None else []
+    turns: list[TrajectoryTurn] = []
+    for i, m in enumerate(s.loss_mask):
+        role = "model" if m else "env"
+        if turns and turns[-1].role == role:
+            turns[-1].end = i + 1
+            continue
+        turn = TrajectoryTurn(role, i, i + 1)
+        if role == "model":
+            k = sum(t.role == "model" for t in turns)
+            turn.version = versions[k] if k < len(versions) else s.version
+            turn.reward = rewards[k] if k < len(rewards) else None
+        turns.append(turn)
+    return turns

@@ -49,6 +49,7 @@ from engine.api import (
     SAMPLE_TOKEN_LIMIT,
     SAMPLES_PER_EVENT,
     TOKEN_TEXT_LIMIT,
+    TURN_ROLES,
     Event,
     MetricsEvent,
     RunStatusEvent,
@@ -148,7 +149,13 @@ def schema_of(cls: type) -> type[BaseModel]:
         return hint
 
     return create_model(cls.__name__, __config__=ConfigDict(extra="forbid", strict=True),
-                        **{f.name: (strict(hints[f.name]), ...) for f in dataclasses.fields(cls)})
+                        **{f.name: (strict(hints[f.name]), [] if f.name in LATER_FIELDS else ...)
+                           for f in dataclasses.fields(cls)})
+
+
+# Fields added after clients were released: optional, so an older client's events still
+# validate (a rollout without turns is a single-turn one).
+LATER_FIELDS = frozenset({"turns"})
 
 
 EXPECTED = {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
@@ -233,6 +240,25 @@ def samples_problem(samples: list[dict[str, Any]]) -> str | None:
         if len({len(sample[name]) for name in TOKEN_LISTS}) > 1:
             return (f"[{i}]: tokens, behaviour_logprobs and learner_logprobs must have one "
                     f"entry per token (got {', '.join(str(len(sample[n])) for n in TOKEN_LISTS)})")
+        if problem := turns_problem(sample.get("turns", []), len(sample["tokens"])):
+            return f"[{i}].turns{problem}"
+    return None
+
+
+def turns_problem(turns: list[dict[str, Any]], tokens: int) -> str | None:
+    """A trajectory's turns (engine.events.TrajectoryTurn) must tile a prefix of its
+    tokens in order, each a known role and at least one token long."""
+    at = 0
+    for k, turn in enumerate(turns):
+        if turn["role"] not in TURN_ROLES:
+            return f"[{k}].role: {turn['role']!r} is not one of {', '.join(TURN_ROLES)}"
+        if not at <= turn["start"] < turn["end"] <= tokens:
+            return (f"[{k}]: [{turn['start']}, {turn['end']}) must start where the turn "
+                    f"before ended ({at}) and end past its start, within the {tokens} tokens")
+        if turn["start"] != at:
+            return (f"[{k}].start: {turn['start']} leaves a gap after the turn before "
+                    f"(which ended at {at}); turns follow one another")
+        at = turn["end"]
     return None
 
 

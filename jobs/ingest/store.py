@@ -22,6 +22,7 @@ from engine.api import (
     ControlAppliedEvent,
     Event,
     MetricsEvent,
+    RolloutSample,
     RunStatusEvent,
     SamplesEvent,
     SpanEvent,
@@ -135,12 +136,21 @@ def derive_samples(run: Run, events: Sequence[SamplesEvent]) -> None:
                             advantage=s.advantage, version=s.version,
                             last_version=s.last_version, staleness=s.staleness,
                             length=s.length, truncated=s.truncated,
-                            tokens={"text": s.tokens, "behaviour": s.behaviour_logprobs,
-                                    "learner": s.learner_logprobs},
+                            tokens=sample_tokens(s),
                             max_gap=max_gap(s.behaviour_logprobs, s.learner_logprobs))
             for i, s in enumerate(e.samples))
     if events:
         InspectedSample.keep_recent(run)
+
+
+def sample_tokens(s: RolloutSample) -> dict:
+    """InspectedSample.tokens: the per-token lists, and a trajectory's turns (a single-turn
+    rollout's row has none)."""
+    tokens = {"text": s.tokens, "behaviour": s.behaviour_logprobs,
+              "learner": s.learner_logprobs}
+    if s.turns:
+        tokens["turns"] = [dataclasses.asdict(t) for t in s.turns]
+    return tokens
 
 
 def derive_rows(run: Run, events: Sequence[Event]) -> None:

@@ -26,7 +26,8 @@ class InspectedSample(models.Model):
     staleness = models.BigIntegerField()
     length = models.IntegerField()
     truncated = models.BooleanField()
-    # {"text": [...], "behaviour": [...], "learner": [...]}: parallel, one entry a token
+    # {"text": [...], "behaviour": [...], "learner": [...]}: parallel, one entry a token;
+    # "turns", a multi-turn trajectory's only: its turns over them (RolloutSample.turns)
     tokens = models.JSONField()
     max_gap = models.FloatField(null=True)   # the largest |behaviour - learner| of a token
 

@@ -1,5 +1,6 @@
 // Rollout inspector (/runs/<id>/samples): one sampled step's groups side by side, each
-// rollout's tokens coloured by |behaviour - learner| logprob gap.
+// rollout's tokens coloured by |behaviour - learner| logprob gap; a multi-turn
+// trajectory turn by turn (model turns shaded, observations set apart).
 //
 //   first draw: the page's json_script (the latest sampled step, no filter)
 //   slider / filters change -> GET api_url?step=K&filters -> draw
@@ -64,13 +65,51 @@
     }
     card.append(facts);
     card.append(el("pre", "completion", s.completion));
-    const tokens = el("div", "tokens");
     const t = s.tokens;
+    if (t.turns && t.turns.length) {
+      card.append(trajectory(t));
+      return card;
+    }
+    const tokens = el("div", "tokens");
     for (let i = 0; i < t.text.length; i++) {
       tokens.append(tokenSpan(t.text[i], t.behaviour[i], t.learner[i]));
     }
     card.append(tokens);
     return card;
+  }
+
+  // A multi-turn trajectory turn by turn: model turns (version, step reward, tokens shaded
+  // by the gap) and the environment's observations (not sampled: no logprob, no shade).
+  function trajectory(t) {
+    const box = el("div", "trajectory");
+    let k = 0;
+    for (const turn of t.turns) {
+      const model = turn.role === "model";
+      const part = el("div", "turn " + (model ? "turn-model" : "turn-env"));
+      part.dataset.role = turn.role;
+      const head = el("div", "turn-head");
+      if (model) {
+        k += 1;
+        head.textContent = "turn " + k + " · version " + turn.version +
+          " · reward " + (turn.reward === null ? "–" : fmt(turn.reward, 3));
+        part.dataset.version = turn.version;
+      } else {
+        head.textContent = "observation";
+      }
+      const tokens = el("div", "tokens");
+      for (let i = turn.start; i < turn.end; i++) {
+        if (model) {
+          tokens.append(tokenSpan(t.text[i], t.behaviour[i], t.learner[i]));
+        } else {
+          const span = el("span", "tok tok-obs", t.text[i]);
+          span.title = "observation: not sampled, no logprob";
+          tokens.append(span);
+        }
+      }
+      part.append(head, tokens);
+      box.append(part);
+    }
+    return box;
   }
 
   function draw(view) {

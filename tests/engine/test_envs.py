@@ -20,6 +20,7 @@ from engine.config import (
 )
 from engine.envs.base import call_all
 from engine.envs.calculator import CalculatorEnv
+from engine.events import TrajectoryTurn
 from engine.experience import EnvTrace, Sample
 from engine.learner.batch import pack, response_logprobs
 from engine.learner.learner import Learner
@@ -30,6 +31,7 @@ from engine.rollout.multiturn import TrajectoryRunner
 from engine.tasks import Problem
 from engine.tasks.env import EnvTask
 from engine.telemetry.recorder import SpanRecorder
+from engine.telemetry.samples import samples_event
 from engine.telemetry.spans import phase_metrics
 from engine.telemetry.step_metrics import env_metrics
 
@@ -202,6 +204,39 @@ def test_a_tool_call_turn_gets_the_observation_appended_masked_then_the_answer(t
     closed, _ = rec.drain()
     assert [x.phase for x in closed].count("env") == 2 * 3     # reset + 2 steps, 2 rows
     assert {x.step for x in closed} == {5}
+
+
+class SyncedBetweenTurns(ScriptedEngine):
+    """Scripted turns whose weights move on after each call (a sync between turns)."""
+
+    def generate(self, prompts, params, seed, on_complete=None, budgets=None):
+        out = super().generate(prompts, params, seed, on_complete, budgets)
+        self.version += 1
+        return out
+
+
+def test_the_inspector_gets_a_trajectory_turn_by_turn_with_versions_and_rewards(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    task, run = runner(tok, None)
+    problem = task.train_problems(0, 1)[0]
+    a, b, answer = problem.row["a"], problem.row["b"], problem.row["answer"]
+    run.engine = SyncedBetweenTurns(tok, [f"{a}*{b}=", answer], version=3)
+    (s,) = run.samples(run.run([problem], group_size=1, seed=0, step=5))
+    call, obs = len(f"{a}*{b}="), len(f"{answer}:")
+    n = len(s.response_ids)
+    learner = [[-0.25] * n]
+    (r,) = samples_event(5, [s], [0], [1], learner, lambda t: tok.decode([t])).samples
+    assert r.turns == [TrajectoryTurn("model", 0, call, version=3, reward=0.0),
+                       TrajectoryTurn("env", call, call + obs),
+                       TrajectoryTurn("model", call + obs, n, version=4, reward=1.0)]
+    assert (r.version, r.last_version) == (3, 4)
+    # an observation was not sampled: no logprob on either side, so no gap to shade
+    assert r.behaviour_logprobs[call:call + obs] == [None] * obs
+    assert r.learner_logprobs[call:call + obs] == [None] * obs
+    assert None not in r.behaviour_logprobs[:call] + r.behaviour_logprobs[call + obs:]
+    # single-turn rollouts carry no turns
+    s.loss_mask = None
+    assert samples_event(5, [s], [0], [1], learner, str).samples[0].turns == []
 
 
 def test_the_trajectory_token_budget_cuts_the_observation_and_ends_it_unfinished(tiny_dir):

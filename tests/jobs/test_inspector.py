@@ -21,6 +21,10 @@ def rollout(group=0, reward=0.0, truncated=False, version=3, last_version=3, gap
                          learner_logprobs=[b - g for b, g in zip(behaviour, gaps, strict=True)])
 
 
+def turn(role, start, end, version=None, reward=None):
+    return {"role": role, "start": start, "end": end, "version": version, "reward": reward}
+
+
 def samples(seq, step, *rollouts):
     return SamplesEvent(seq=seq, ts=1000.0 + seq, step=step, samples=list(rollouts))
 
@@ -100,6 +104,10 @@ def test_a_run_keeps_the_samples_of_its_last_steps_only(client, run, make_run, t
     ({"tokens": ["x" * 100]}, "tokens"),
     ({"version": 2**60}, "version"),
     ({"surprise": 1}, "samples[0].surprise"),
+    ({"turns": [turn("tool", 0, 1)]}, "[0].turns[0].role: 'tool'"),
+    ({"turns": [turn("model", 0, 10**9)]}, "within the 1 tokens"),        # a browser loop
+    ({"turns": [turn("model", 0, 1), turn("env", 0, 1)]}, "[0].turns[1]"),
+    ({"turns": [{"role": "model", "start": 0}]}, "turns[0].end"),
 ])
 def test_a_bad_rollout_value_is_refused_by_name_and_the_rest_is_stored(client, run, token,
                                                                        change, field):
@@ -129,6 +137,28 @@ def test_too_many_rollouts_or_tokens_in_one_event_are_refused(client, run, token
     assert f"send at most {SAMPLES_PER_EVENT}" in errors[0]
     assert f"the limit is {SAMPLE_TOKEN_LIMIT}" in errors[1]
     assert not InspectedSample.objects.exists()
+
+
+def test_a_trajectory_keeps_its_turns_and_an_older_clients_rollout_needs_none(client, run,
+                                                                              token):
+    n = 5
+    traj = RolloutSample(
+        group=0, prompt="2*3", completion="2*3=6:6", reward=1.0, version=3, last_version=4,
+        length=n, tokens=["2*3=", "6", ":", "6", "<eos>"],
+        behaviour_logprobs=[-0.5, None, None, -0.5, -0.5],
+        learner_logprobs=[-1.0, None, None, -0.5, -0.25],
+        turns=[turn("model", 0, 1, 3, 0.0), turn("env", 1, 3), turn("model", 3, 5, 4, 1.0)])
+    older = samples(2, 1, rollout()).to_dict()
+    del older["samples"][0]["turns"]
+
+    response = post_events(client, run, token, [samples(1, 0, traj), older])
+
+    assert response.status_code == 200, response.json()
+    first, second = InspectedSample.objects.filter(run=run).order_by("step")
+    assert first.tokens["turns"] == [turn("model", 0, 1, 3, 0.0), turn("env", 1, 3),
+                                     turn("model", 3, 5, 4, 1.0)]
+    assert first.max_gap == pytest.approx(0.5)       # model turns only: observations have none
+    assert "turns" not in second.tokens
 
 
 # --- the JSON and the page -------------------------------------------------------------------
