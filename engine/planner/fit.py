@@ -9,6 +9,8 @@ Per step (the first left out: warm-up), with W rollout workers and tokens the st
 
     time/rollout_s  = prefill + decode_step x response_length/max + decode_row x tokens / W
     time/reward_s   = reward_sample x samples / W
+    time/env_s      = env_call: a multi-turn task's environment calls per generate call
+                      (the union of their spans), not divided by W
     time/learner_s  = learner_step + learner_token / learner devices x tokens
     weight_sync     = the learner side's spans (send) and each worker's (receive)
     loop overhead   = step time that no phase of any device covers
@@ -39,7 +41,7 @@ from engine.planner.model import Shape, shape_of
 QUANTILE_METRICS = ((M.RESPONSE_LENGTH_MIN, 0.0),
                     *((M.RESPONSE_LENGTH_QUANTILE[q], q / 100) for q in M.LENGTH_QUANTILES),
                     (M.RESPONSE_LENGTH_MAX, 1.0))
-BUSY = ("rollout", "reward", "learner", "weight_sync")
+BUSY = ("rollout", "reward", "learner", "weight_sync", "env")
 MAX_FIT_STEPS = 50      # the latest steps: lengths and costs drift as a run learns
 
 
@@ -158,12 +160,16 @@ def fit_run(cfg: RunConfig, metrics: list[dict[str, float]], spans=(),
         recv_s = statistics.median(recv.values()) if recv else 0.0
     else:                      # no spans: the sync's time all on the learner's side
         send_s, recv_s = statistics.median(whole), 0.0
+    # The union of the env spans (a call's rows step their environments at once, one span
+    # each): the workers' calls run side by side, so about one worker's env time.
+    env_s = statistics.median(m.get(M.TIME_ENV_S, 0.0) for m in rows)
     overhead = statistics.median(
-        max(0.0, m[M.TIME_STEP_S] - sum(m[M.PHASE_TIME.of(phase=p)] for p in BUSY)) for m in rows) \
+        max(0.0, m[M.TIME_STEP_S] - sum(m.get(M.PHASE_TIME.of(phase=p), 0.0) for p in BUSY))
+        for m in rows) \
         if cfg.async_policy.type in ("sync", "partial_rollout") else \
         statistics.median(max(0.0, m[M.TIME_STEP_S] - max(
-            m[M.TIME_ROLLOUT_S] + m[M.TIME_REWARD_S], m[M.TIME_LEARNER_S]
-            + m[M.TIME_WEIGHT_SYNC_S])) for m in rows)
+            m[M.TIME_ROLLOUT_S] + m[M.TIME_REWARD_S] + m.get(M.TIME_ENV_S, 0.0),
+            m[M.TIME_LEARNER_S] + m[M.TIME_WEIGHT_SYNC_S])) for m in rows)
     inputs = PlanInputs(
         prompts_per_step=n, group_size=g, max_new_tokens=cfg.rollout.max_new_tokens,
         lengths=fit_lengths(rows, g, cfg.rollout.max_new_tokens),
@@ -171,7 +177,8 @@ def fit_run(cfg: RunConfig, metrics: list[dict[str, float]], spans=(),
         reward_sample_s=reward, learner_step_s=float(l_step),
         learner_token_s=float(l_tok) * shape.learner_devices,
         sync_send_s=send_s, sync_recv_s=recv_s,
-        sync_bytes=statistics.fmean(m.get(M.WEIGHT_SYNC_BYTES, 0.0) for m in rows))
+        sync_bytes=statistics.fmean(m.get(M.WEIGHT_SYNC_BYTES, 0.0) for m in rows),
+        env_call_s=env_s)
     return Fit(inputs, shape, overhead, len(rows), cfg.async_policy.type)
 
 

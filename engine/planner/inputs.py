@@ -83,6 +83,10 @@ class PlanInputs:
                                   # next call), overhead
     sync_bytes: float = 0.0       # bytes sent per sync
     sync_byte_s: float = 0.0      # seconds per byte on each receiver
+    # per generate call of a multi-turn task (task.type "env"): its environment calls, a
+    # reset and a step after each turn, each round concurrent over the call's rows (so
+    # neither more workers nor fewer rows per worker shorten it)
+    env_call_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

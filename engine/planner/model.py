@@ -185,7 +185,8 @@ class _Loop:
             (complete if f <= steps else carry).append(after)
         gen = inp.generate_s(steps, tokens) if steps > 0 else 0.0
         scored = len(complete) * inp.group_size
-        end = self._occupy(ready, w, gen + inp.reward_sample_s * scored, rollout=True)
+        env = inp.env_call_s if steps > 0 else 0.0
+        end = self._occupy(ready, w, gen + env + inp.reward_sample_s * scored, rollout=True)
         self.recycled += len(carry)
         return _Call(end, complete, carry)
 

@@ -1,5 +1,7 @@
 """The what-if planner: known answers on hand-made traces, the fit, the CLI."""
 
+from dataclasses import replace
+
 import pytest
 
 from engine.api import MetricsEvent, PlanError, plan_run, run_local
@@ -139,6 +141,32 @@ def test_the_fit_recovers_the_costs_a_trace_was_made_with():
     assert got.learner_token_s == pytest.approx(truth.learner_token_s)
     assert fit.loop_overhead_s == pytest.approx(0.0, abs=1e-9)
     assert fit.steps == 5                                       # the first step left out
+
+
+def test_a_multi_turn_runs_environment_time_is_fitted_as_its_own_phase_and_planned():
+    """Environment time is a phase of each generate call: fitted from time/env_s, not
+    left in the loop overhead, and planned per call whatever the worker count (its
+    rounds are concurrent over a call's rows)."""
+    truth = fixed(reward_sample_s=0.0)
+    cfg = small_run(rollout={"prompts_per_step": N, "max_new_tokens": 64},
+                    algorithm={"group_size": G},
+                    placement=ONE_PLUS_ONE.model_dump(), weight_sync={"type": "shm"})
+    rows = trace(truth, [(9, 9), (10, 40), (30, 60), (12, 80), (50, 100), (20, 30)])
+    for m in rows:                              # each step 0.7 s longer, in the env
+        tokens = m["throughput/tokens_per_s"] * m["time/step_s"]
+        m["time/env_s"], m["time/step_s"] = 0.7, m["time/step_s"] + 0.7
+        m["throughput/tokens_per_s"] = tokens / m["time/step_s"]
+    fit = fit_run(cfg, rows)
+    assert fit.inputs.env_call_s == pytest.approx(0.7)
+    assert fit.loop_overhead_s == pytest.approx(0.0, abs=1e-9)
+    assert fit.inputs.learner_step_s == pytest.approx(truth.learner_step_s)
+    without = simulate(replace(fit.inputs, env_call_s=0.0), ONE_PLUS_ONE, SyncPolicyConfig())
+    planned = simulate(fit.inputs, ONE_PLUS_ONE, SyncPolicyConfig())
+    assert planned.step_s - without.step_s == pytest.approx(0.7)
+    two = Shape("2+1", 2, 1, 3)
+    assert simulate(fit.inputs, two, SyncPolicyConfig()).step_s - simulate(
+        replace(fit.inputs, env_call_s=0.0), two, SyncPolicyConfig()).step_s \
+        == pytest.approx(0.7)
 
 
 def test_a_run_without_a_timed_step_cannot_be_planned():
