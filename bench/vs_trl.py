@@ -30,14 +30,14 @@ optimizer). With one optimizer step per batch neither side runs a separate recom
 of the old logprobs: both take them from the update's own forward (rlplane's
 Learner.fuses_recompute; TRL's detached per-token logprobs at num_iterations 1).
 
-Not measured: rlplane's one-step-off overlap. In one process (placement colocated,
-ray = false) an async policy keeps its schedule without overlap
-(engine/orchestration/policies.py); overlap needs Ray actors, a different setup from
-TRL's single process, so this bench leaves it out (bench/async_policies.py --recipe
-demo_arithmetic measures it on Ray).
+A third side, "overlap": rlplane's one-step-off in the same single process, the next
+batch generated on a thread of its own (placement.overlap_threads = --overlap-threads,
+half of --threads by default) while the learner updates on the rest; each trains on
+samples one version old (staleness 1), so its ratio is a throughput ratio at that
+staleness, not the same algorithm as TRL's on-policy step.
 
     PYTHONPATH=. .venv/bin/python bench/vs_trl.py [--rounds 3] [--steps-per-round 4]
-        [--threads 2] [--quick]
+        [--threads 2] [--overlap-threads 1] [--quick]
 
 Measured with the defaults (3 rounds x 4 steps, 2 threads; trl 1.16.0; this project's
 shared 2-core box, 2026-12-03), two runs of the bench:
@@ -92,12 +92,17 @@ def recipe(steps: int, quick: bool) -> RunConfig:
     return validate_config(data)
 
 
-def starting_from(cfg: RunConfig, model_dir: Path) -> RunConfig:
+def starting_from(cfg: RunConfig, model_dir: Path, overlap_threads: int = 0) -> RunConfig:
     """cfg's run from ``model_dir`` as a model.path, warm start off: rlplane loads the
-    very directory TRL does, not another warm start of its own."""
+    very directory TRL does, not another warm start of its own. ``overlap_threads``:
+    one-step-off in the same process, the rollout worker on a thread of its own with
+    that many torch threads (placement.overlap_threads), the learner the rest."""
     data = cfg.model_dump(mode="json")
     data["model"].update(size=None, path=str(model_dir))
     data["warm_start"]["steps"] = 0
+    if overlap_threads:
+        data["async_policy"] = {"type": "one_step_off"}
+        data["placement"] = {"type": "colocated", "overlap_threads": overlap_threads}
     return validate_config(data)
 
 
@@ -193,18 +198,26 @@ def main() -> None:
     ap.add_argument("--steps-per-round", type=int, default=4,
                     help="timed steps per round, after one warm-up step")
     ap.add_argument("--threads", type=int, default=2, help="torch threads, both sides")
+    ap.add_argument("--overlap-threads", type=int, default=None,
+                    help="rlplane one-step-off with the rollout worker on a thread of its "
+                         "own with this many torch threads (default: half of --threads; "
+                         "0: leave this side out)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 1 round of 1 step, base model, 4 prompts x 2")
     args = ap.parse_args()
     rounds, k = (1, 1) if args.quick else (args.rounds, args.steps_per_round)
+    overlap = args.threads // 2 if args.overlap_threads is None else args.overlap_threads
     cfg = recipe(k + 1, args.quick)
     torch.set_num_threads(args.threads)
     model_dir = ensure_warm_start(cfg)
     sides = {"trl": lambda: time_trl(cfg, model_dir, args.threads),
              "rlplane": lambda: time_rlplane(starting_from(cfg, model_dir))}
+    if overlap:
+        sides["overlap"] = lambda: time_rlplane(starting_from(cfg, model_dir, overlap))
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for r in range(rounds):
-        for side in (["trl", "rlplane"] if r % 2 == 0 else ["rlplane", "trl"]):
+        order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+        for side in order:
             torch.set_num_threads(args.threads)
             per_step = sides[side]()
             runs[side].append({key: statistics.fmean(v) for key, v in per_step.items()})
@@ -225,6 +238,13 @@ def main() -> None:
     print(f"  rlplane  {med('rlplane', 'step'):.3f} s/step  ({split} + rest)")
     print(f"  ratio trl / rlplane {med('trl', 'step') / med('rlplane', 'step'):.2f}  "
           f"(> 1: rlplane is faster)")
+    if overlap:
+        split = " | ".join(f"{p} {med('overlap', p):.3f}" for p in RLPLANE_PHASES)
+        print(f"  rlplane one_step_off, rollout on its own thread ({overlap} of "
+              f"{args.threads} torch threads): {med('overlap', 'step'):.3f} s/step  ({split}; "
+              f"the phases overlap)")
+        print(f"  ratio trl / rlplane overlapped {med('trl', 'step') / med('overlap', 'step'):.2f}"
+              f"  (staleness 1, TIS as configured)")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,14 @@ class ColocatedPlacementConfig(_PlacementCommon):
     ray: bool = False
     """Place the rollout workers and the learner as Ray actors that share each device's
     bundle (True), or run both in the driver's process with no Ray at all (False, the
-    default: fastest start; async policies then keep their schedule without overlap)."""
+    default: fastest start; async policies then keep their schedule without overlap,
+    unless overlap_threads is set)."""
+    overlap_threads: int = Field(default=0, ge=0, le=256)
+    """In the driver's process (ray = false) with an overlapping async policy
+    (one_step_off, fully_async): run the rollout worker on a thread of its own with this
+    many torch CPU threads, the learner keeping the rest (at least one), so the next
+    batch is generated while the learner updates. 0 (the default): the worker runs in
+    the driver's thread and each phase has every core."""
 
 
 class DisaggregatedPlacementConfig(_PlacementCommon):

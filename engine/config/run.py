@@ -160,6 +160,24 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _overlap_threads_need_an_overlapping_policy(self) -> RunConfig:
+        if not getattr(self.placement, "overlap_threads", 0):
+            return self
+        if self.placement.ray:
+            raise FieldError("placement.overlap_threads",
+                             "placement.overlap_threads splits the driver's process between "
+                             "its rollout worker and learner, and placement.ray = true puts "
+                             "them in Ray actors; set placement.threads_per_actor instead, "
+                             "or placement.ray = false")
+        if self.async_policy.type not in ("one_step_off", "fully_async"):
+            raise FieldError("placement.overlap_threads",
+                             f'placement.overlap_threads runs generation beside the update, '
+                             f'and async_policy.type="{self.async_policy.type}" waits for '
+                             f'one before the other; use "one_step_off" or "fully_async", '
+                             f"or set placement.overlap_threads = 0")
+        return self
+
+    @model_validator(mode="after")
     def _env_task_fits_the_run(self) -> RunConfig:
         """What multi-turn trajectories run on so far: GRPO's per-trajectory advantages
         (PPO's GAE reads a contiguous response), the torch sampler, policies that

@@ -1,6 +1,8 @@
 """One way to call a worker, wherever it runs: by the method itself, not its name.
 
     h = LocalActor(RolloutWorker(...))                       # in this process: runs at once
+    h = ThreadActor(RolloutWorker(...), threads=1)           # in this process, on a thread
+                                                             # of its own (torch threads: 1)
     h = RayActor.start(RolloutWorker, args, gpus, pg, bundle)  # on its placement bundle
     f = h.call(RolloutWorker.produce, step, problems, seed)  # -> Future; in submit order
     f.result();  wait_any([f, g])                            # first finished futures
@@ -21,6 +23,7 @@ whose ``cause`` says why in one line, and so does one that does not answer withi
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -97,11 +100,33 @@ class RayFuture:
         return bool(ray.wait([self.ref], timeout=timeout_s)[0])
 
 
+class ThreadFuture:
+    """A call queued on a ThreadActor's thread."""
+
+    def __init__(self, future: cf.Future):
+        self.future = future
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        try:
+            return self.future.result(timeout_s)
+        except cf.TimeoutError as exc:
+            raise ActorLost(f"it did not answer within {timeout_s:g} s") from exc
+
+    def done(self, timeout_s: float = 0) -> bool:
+        cf.wait([self.future], timeout=timeout_s)
+        return self.future.done()
+
+
 def wait_any(futures: list) -> list:
     """The futures among ``futures`` that are done, waiting for at least one."""
     done = [f for f in futures if isinstance(f, Done)]
     if done:
         return done
+    threaded = [f for f in futures if isinstance(f, ThreadFuture)]
+    if threaded:                      # one kind per run: a run is in process or on Ray
+        ready, _ = cf.wait([f.future for f in threaded],
+                                           return_when=cf.FIRST_COMPLETED)
+        return [f for f in threaded if f.future in ready]
     import ray
 
     ready, _ = ray.wait([f.ref for f in futures], num_returns=1)
@@ -109,6 +134,8 @@ def wait_any(futures: list) -> list:
 
 
 def _arg(a: Any) -> Any:
+    if isinstance(a, ThreadFuture):
+        return a.result()
     return a.ref if isinstance(a, RayFuture) else a.value if isinstance(a, Done) else a
 
 
@@ -121,6 +148,36 @@ class LocalActor:
 
     def kill(self) -> None:
         pass
+
+
+class ThreadActor:
+    """A worker in this process on a thread of its own, beside the driver's: its calls
+    run one at a time in submit order, as a Ray actor's do (a call's future arguments
+    are waited for on that thread), and its ``@concurrent`` methods at once on the
+    caller's thread, as in their own concurrency group. ``threads``: the torch CPU
+    threads its thread computes with (torch's count is per thread), so it and the
+    driver's thread can split the cores."""
+
+    def __init__(self, obj: Any, threads: int, name: str = "worker"):
+        self.obj = obj
+        self.pool = cf.ThreadPoolExecutor(
+            1, thread_name_prefix=f"rlplane-{name}",
+            initializer=_torch_threads, initargs=(threads,))
+
+    def call(self, method: Callable, *args: Any) -> Done | ThreadFuture:
+        fn = getattr(self.obj, method.__name__)
+        if hasattr(method, "concurrency_group"):
+            return Done(fn(*(_arg(a) for a in args)))
+        return ThreadFuture(self.pool.submit(lambda: fn(*(_arg(a) for a in args))))
+
+    def kill(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _torch_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
 
 
 class RayActor:

@@ -20,9 +20,11 @@
     # (only when this run started it)
 
 Colocated with ``ray = false`` (the default) the learner and one rollout worker live in
-this process and weights are copied in place. Any other placement reserves a Ray placement
-group, refused up front when it cannot fit, and starts each worker as a Ray actor on its
-bundle, joined by the configured two-sided transport.
+this process and weights are copied in place; with ``overlap_threads`` the worker runs on a
+thread of its own with that many torch threads (the learner keeps the rest), so an
+overlapping async policy generates the next batch while the learner updates. Any other
+placement reserves a Ray placement group, refused up front when it cannot fit, and starts
+each worker as a Ray actor on its bundle, joined by the configured two-sided transport.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from engine.config import InPlaceSyncConfig, RunConfig
 from engine.experience import Sample
 from engine.faults import for_replacement
-from engine.orchestration.actors import ActorLost, LocalActor, RayActor
+from engine.orchestration.actors import ActorLost, LocalActor, RayActor, ThreadActor
 from engine.orchestration.placement import Layout, Place, RolloutPlaces, reserve
 from engine.orchestration.workers import (
     CriticWorker,
@@ -65,6 +69,8 @@ class Deployment:
     places: RolloutPlaces | None = None       # the workers' places, in order (on Ray)
     # place -> (handle, cause) of rollout workers found dead, not yet replaced
     lost: dict[int, tuple[Any, str]] = field(default_factory=dict)
+    # in this process, the rollout worker on a thread of its own (placement.overlap_threads)
+    threaded: bool = False
 
     @property
     def actors(self) -> list[LocalActor | RayActor]:
@@ -162,6 +168,11 @@ class Deployment:
         """The learner's update of ``step``, colocated rollout engines asleep meanwhile (they
         yield the device). With a critic on its own bundle, its values give the advantages
         first, then its value update runs beside the actor's."""
+        if self.threaded:
+            # An in-place sync's ticket holds the learner's live tensors, which its
+            # receiver (the worker's thread) copies: the update must not change them
+            # meanwhile (engine.weightsync.inplace).
+            self.sync.quiesce()
         for w in self.sharing:
             w.call(RolloutWorker.sleep)
         if self.critic is None:
@@ -192,14 +203,23 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
     learner_args = (cfg, policy_dir, model_dir, layout.learner.devices, checkpoint)
     started: list[tuple[LocalActor | RayActor, type]] = []
     pg, ray_started, critic, places = None, False, None, None
+    overlap, restore_threads = 0, None
     try:
         if not layout.on_ray:
+            overlap = getattr(cfg.placement, "overlap_threads", 0)
+            if overlap:
+                cores = torch.get_num_threads()
+                torch.set_num_threads(max(1, cores - overlap))     # the learner's share
+                restore_threads = cores
             learner = LocalActor(LearnerWorker(*learner_args))
             started.append((learner, LearnerWorker))
-            workers = [LocalActor(RolloutWorker(cfg, policy_dir, model_dir, w.devices))
+            workers = [ThreadActor(RolloutWorker(cfg, policy_dir, model_dir, w.devices),
+                                   overlap, "rollout") if overlap else
+                       LocalActor(RolloutWorker(cfg, policy_dir, model_dir, w.devices))
                        for w in layout.workers]
             started += [(w, RolloutWorker) for w in workers]
-            sharing, sync_cfg = workers, InPlaceSyncConfig()
+            # overlapped: the worker generates beside the update on cores of its own
+            sharing, sync_cfg = [] if overlap else workers, InPlaceSyncConfig()
             if cfg.weight_sync.type != "in_place":
                 log(f'weight_sync.type = "{cfg.weight_sync.type}" is not used: this '
                     f"placement keeps the rollout engine in the learner's process, so "
@@ -244,7 +264,8 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
                        if set(w.devices) & set(layout.learner.devices)]
             sync_cfg = cfg.weight_sync
         d = Deployment(learner, workers, sharing, WeightSyncSession(learner, workers, sync_cfg),
-                       critic, start_worker if layout.on_ray else None, places)
+                       critic, start_worker if layout.on_ray else None, places,
+                       threaded=not layout.on_ray and bool(overlap))
         if layout.on_ray:
             d.sync.on_lost = d.note_lost
         for lines in d.each(RolloutWorker.drain_logs, actors=workers):
@@ -254,6 +275,8 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
         yield d
     finally:
         _teardown(started, layout.on_ray, pg, ray_started, places)
+        if restore_threads is not None:
+            torch.set_num_threads(restore_threads)
 
 
 def start_learner_ranks(layout: Layout, learner_args: tuple, threads: int,

@@ -97,7 +97,9 @@ def _roles_layout(cfg: ColocatedPlacementConfig | DisaggregatedPlacementConfig) 
                       learner_ranks=cfg.learner_devices)
     if not cfg.ray:
         devices = [f"cpu:{i}" for i in range(cfg.devices)]
-        return Layout([Slot(0, 0, devices)], Slot(0, 0, devices), [], cfg.strategy,
+        # overlapped: the rollout worker's thread and its cores are a device of their own
+        worker = [f"cpu:{cfg.devices}"] if cfg.overlap_threads else devices
+        return Layout([Slot(0, 0, worker)], Slot(0, 0, devices), [], cfg.strategy,
                       on_ray=False)
     workers = [Slot(i, 0.5, [f"gpu:{i}"]) for i in range(cfg.devices)]
     return Layout(workers, Slot(0, 0.5, ["gpu:0"]), [{"GPU": 1.0}] * cfg.devices,

@@ -73,6 +73,9 @@ def shape_of(cfg: PlacementConfig) -> Shape:
                      n * per + cfg.learner_devices, per)
     if cfg.ray:
         return Shape(f"colocated {cfg.devices} (ray)", cfg.devices, 1, cfg.devices, shared=True)
+    if cfg.overlap_threads:     # the worker's thread beside the learner's: as 1 + 1
+        return Shape(f"colocated {cfg.devices} (in process, {cfg.overlap_threads} rollout "
+                     f"threads)", 1, 1, cfg.devices + 1)
     return Shape(f"colocated {cfg.devices} (in process)", 1, 1, cfg.devices, serial=True)
 
 

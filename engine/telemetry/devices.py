@@ -16,7 +16,9 @@ devices are sampled as the worker's process: its CPU time over wall time since t
 previous call (100 = one core busy; threads can take it past 100), and its resident memory.
 That is also what a "gpu:k" device is on a CPU box, where Ray's GPUs are only logical. A
 process holding several logical devices is sampled once and its CPU time split evenly
-among them; each reports the process's whole resident memory.
+among them; each reports the process's whole resident memory. The logical devices are
+those of every sampler alive in the process: a rollout worker on a thread of its own beside
+the learner (placement.overlap_threads) has a device of its own, and the two split it.
 
 Pure: no Ray, no torch. ``nvml_error`` says why a sampler is on the CPU path.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from types import ModuleType
 
 import psutil
@@ -32,6 +35,9 @@ import psutil
 from engine import metrics as M
 
 GB = 1e9
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()   # every DeviceSampler of this process
 
 
 def _load_nvml() -> tuple[ModuleType | None, str | None]:
@@ -63,6 +69,8 @@ def _visible_gpus(nvml: ModuleType) -> list:
 
 
 class DeviceSampler:
+    """The devices of one worker (module docstring)."""
+
     def __init__(self, devices: list[str], nvml: ModuleType | None = None):
         """``devices``: the worker's device names (its SpanRecorder's). ``nvml``: an
         initialized pynvml-like module; by default pynvml, started here. Only "gpu:k"
@@ -88,6 +96,7 @@ class DeviceSampler:
                 self._gpus = []
         self._process = psutil.Process()
         self._last = self._cpu_clock()
+        _LIVE.add(self)
 
     @property
     def on_gpu(self) -> bool:
@@ -117,7 +126,9 @@ class DeviceSampler:
     def _sample_process(self, devices: list[str]) -> dict[str, float]:
         wall0, cpu0 = self._last
         self._last = wall1, cpu1 = self._cpu_clock()
-        share = 100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9) / max(len(devices), 1)
+        here = {d for sampler in list(_LIVE) for d in sampler.devices
+                if not sampler.on_gpu or d not in sampler.gpu_devices}
+        share = 100.0 * (cpu1 - cpu0) / max(wall1 - wall0, 1e-9) / max(len(here | set(devices)), 1)
         rss = self._process.memory_info().rss / GB
         out = {}
         for device in devices:

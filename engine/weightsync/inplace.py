@@ -5,7 +5,9 @@
              the learner's own tensors)      own tensors (no reallocation), fingerprint
 
 Nothing is copied on the way: the ticket carries the learner's live tensors, which is safe
-because in one process the learner cannot step while the engine copies. Unlike the
+because the learner does not step while the engine copies: in the driver's thread it
+cannot, and with the worker on a thread of its own (placement.overlap_threads) the
+deployment waits for the copy before each update (Deployment.update). Unlike the
 two-sided transports the receiver takes whatever version the learner says, so a learner
 whose counter went backwards (faults.version_reset) reaches the alerts, not an exception.
 """

@@ -279,6 +279,11 @@ class WeightSyncSession:
             latency_s=served.at - sent_at, verify_latency_s=max(meta.at, served.at) - sent_at,
             workers=(served.report,), wire_bytes=ticket.wire_bytes)
 
+    def quiesce(self) -> None:
+        """Wait until every queued sync has been received (their results kept for the next
+        ``settle``): the sender's tensors may change after this."""
+        self._collect(wait=True)
+
     def settle(self, wait: bool) -> list[SyncResult]:
         """The syncs whose every worker has answered, oldest first (all when ``wait``)."""
         self._collect(wait)
