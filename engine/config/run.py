@@ -180,8 +180,8 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _env_task_fits_the_run(self) -> RunConfig:
         """What multi-turn trajectories run on so far: GRPO's per-trajectory advantages
-        (PPO's GAE reads a contiguous response), the torch sampler, policies that
-        generate whole trajectories in one call, and the environment's own reward."""
+        (PPO's GAE reads a contiguous response), policies that generate whole
+        trajectories in one call, and the environment's own reward."""
         if self.task.type != "env":
             for fault in ("slow_env", "env_error"):
                 if getattr(self.faults, fault) is not None:
@@ -197,9 +197,6 @@ class RunConfig(_Section):
             ("algorithm.type", self.algorithm.type == "ppo",
              'algorithm.type="ppo" needs a contiguous response for GAE, and a trajectory\'s '
              'observations break it; use algorithm.type = "grpo" with task.type = "env"'),
-            ("rollout.type", self.rollout.type != "torch",
-             f'rollout.type="{self.rollout.type}": multi-turn trajectories run on the torch '
-             'sampler so far; set rollout.type = "torch"'),
             ("async_policy.type", self.async_policy.type == "partial_rollout",
              'async_policy.type="partial_rollout" continues single-turn completions only; '
              'use "sync", "one_step_off" or "fully_async" with task.type = "env"'),

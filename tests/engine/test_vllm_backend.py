@@ -241,3 +241,42 @@ def test_a_wake_up_that_restores_other_weights_is_caught(vllm_engine, base_weigh
     # a full sync repairs it, and the engine's own fingerprint says so
     report = vllm_engine.load_weights(base_weights.named_parameters(), 1)
     assert report.fingerprint == fingerprint(base_weights.named_parameters())
+
+
+def test_multi_turn_trajectories_on_vllm_carry_their_observations_in_context(
+        vllm_engine, base_weights, tok):
+    """The calculator environment's trajectories on vLLM (task.type "env", issue 32): the
+    warm-started model calls the tool, the observation joins the running context (vLLM's
+    prefix cache holds what turns share), and every model token's behaviour logprob is
+    the learner's on that whole context -- tokens after an observation included, which
+    they would not be had the observation been left out of what vLLM continued."""
+    from engine.config import load_config, validate_config
+    from engine.learner.warmstart import ensure_warm_start
+    from engine.rollout.multiturn import TrajectoryRunner
+    from engine.tasks.env import EnvTask
+    from engine.telemetry.recorder import SpanRecorder
+
+    from .preset_runs import CONFIGS_DIR
+
+    data = load_config(CONFIGS_DIR / "calculator_env.toml").model_dump(mode="json",
+                                                                     exclude_none=True)
+    cfg = validate_config(data | {"rollout": {**data["rollout"], "type": "vllm"}})
+    warm = load_policy(ensure_warm_start(cfg)).eval()
+    vllm_engine.load_weights(warm.named_parameters(), 1)
+    task = EnvTask(cfg.task)
+    params = SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens)
+    runner = TrajectoryRunner(vllm_engine, task, tok, params, SpanRecorder(["cpu:0"]))
+    trajs = runner.run(task.train_problems(0, 8), group_size=2, seed=5, step=0)
+    samples = runner.samples(trajs)
+    observed = [s for s in samples if 0 in s.loss_mask and s.loss_mask[-1] == 1]
+    assert observed, "no trajectory called the tool and went on"      # seeded: it does
+    assert sum(t.trace.tool_calls for t in trajs) >= len(observed)
+    for s in samples:
+        assert len(s.loss_mask) == len(s.response_ids) == len(s.behaviour_logprobs)
+    batch = pack(observed, tok.pad_token_id)          # response_mask: model tokens only
+    with torch.no_grad():
+        learner, _ = response_logprobs(warm, batch, 1.0)
+    trained = batch.response_mask.bool()
+    assert trained.sum() > 10
+    assert (learner - batch.behaviour_logp).abs()[trained].max() < 1e-4
+
