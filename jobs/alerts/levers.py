@@ -70,9 +70,17 @@ def _async_levers(cfg: RunConfig, problem: str) -> list[str]:
 def _placement_lever(cfg: RunConfig) -> str:
     pl = cfg.placement
     if pl.type == "colocated" and not pl.ray:
-        return ('run on Ray so generation can overlap training: placement.ray = true or '
-                'placement.type = "disaggregated" (in process, every async policy keeps its '
-                "schedule without overlap)")
+        ray = ('placement.ray = true or placement.type = "disaggregated" (Ray actors on '
+               'devices of their own)')
+        if pl.overlap_threads:
+            return (f"move cores between the sides: placement.overlap_threads "
+                    f"{pl.overlap_threads} -> {pl.overlap_threads + 1} when the learner "
+                    f"waits for experience, -> {max(pl.overlap_threads - 1, 1)} when "
+                    f"generation waits for the update; or run on Ray: {ray}")
+        return ("run on Ray so generation can overlap training: " + ray + ", or in this "
+                "process: placement.overlap_threads = 1 with an overlapping async policy "
+                "(the rollout worker on a thread of its own; without it every async policy "
+                "keeps its schedule without overlap)")
     if pl.type == "colocated":
         return (f'more rollout devices: placement.devices {pl.devices} -> {pl.devices + 1}, '
                 'or placement.type = "disaggregated" so generation never waits for the '
@@ -111,7 +119,7 @@ def next_levers(cfg: RunConfig, problem: str) -> list[str]:
                        f"{pl.rollout_workers} -> {pl.rollout_workers - 1}")
         return out
     in_process = cfg.placement.type == "colocated" and not cfg.placement.ray
-    out = [_placement_lever(cfg)] if in_process else []   # no overlap without Ray
+    out = [_placement_lever(cfg)] if in_process else []   # overlap: Ray or overlap_threads
     out += _async_levers(cfg, problem)
     if not in_process and problem != "resync_wait":
         out.append(_placement_lever(cfg))
