@@ -2,6 +2,8 @@
 
     evaluate_alerts()           beat, every 10 s: the rules over each live run, so that
                                 "nothing happened" conditions (PhaseHang, RunLost) fire
+    evaluate_run_alerts(run_id) queued after ingest, debounced per run
+                                (jobs.alerts.debounce)
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.alerts import debounce
 from jobs.alerts.lifecycle import do_evaluate_alerts
 from jobs.models import LIVE, Run, RunStatus
 
@@ -26,3 +29,9 @@ def evaluate_alerts() -> None:
         with transaction.atomic():
             run = Run.objects.select_for_update().get(pk=run_id)
             do_evaluate_alerts(run)
+
+
+@shared_task
+def evaluate_run_alerts(run_id: int) -> None:
+    debounce.release(run_id)
+    debounce.do_evaluate_run_alerts(run_id)
