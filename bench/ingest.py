@@ -140,8 +140,12 @@ def watch(port: int, cookie: str, groups: list[tuple[str, list[int], int]], slow
           slow_run: int, ready, start, seconds: float, results) -> None:
     """A client process: ``groups`` of (name, run ids, clients per run); ``slow`` clients
     on ``slow_run`` that stop reading. Puts {group: [latency s, ...]} and the counts."""
-    results.put(asyncio.run(watch_async(port, cookie, groups, slow, slow_run, ready, start,
-                                        seconds)))
+    try:
+        results.put(asyncio.run(watch_async(port, cookie, groups, slow, slow_run, ready,
+                                            start, seconds)))
+    except BaseException as exc:  # reported by the parent
+        results.put({"error": repr(exc)})
+        raise
 
 
 async def watch_async(port, cookie, groups, slow, slow_run, ready, start, seconds) -> dict:
@@ -149,7 +153,7 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
 
     latencies: dict[str, list[float]] = {name: [] for name, _, _ in groups}
     seen: dict[str, list[int]] = {name: [] for name, _, _ in groups}
-    connected = []
+    connected, errors = [], []
 
     def connect(run_id: int, **kwargs):
         return websockets.connect(f"ws://127.0.0.1:{port}/ws/runs/{run_id}/",
@@ -158,6 +162,13 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
                                   open_timeout=60, **kwargs)
 
     async def client(name: str, run_id: int, stop_at: list) -> None:
+        try:
+            await receive(name, run_id, stop_at)
+        except Exception as exc:   # counted: a client the server dropped misses events
+            errors.append(f"{name}: {exc!r}")
+            seen[name].append(0)
+
+    async def receive(name: str, run_id: int, stop_at: list) -> None:
         count = 0
         async with connect(run_id) as ws:
             await ws.send(json.dumps({"last_seq": 0}))
@@ -198,8 +209,8 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
     ready.set()
     await asyncio.to_thread(start.wait)
     stop_at.append(time.time() + seconds + 5)   # the last probes' deliveries
-    await asyncio.gather(*tasks)
-    return {"latencies": latencies, "seen": seen}
+    await asyncio.gather(*tasks, return_exceptions=True)   # a slow client may be dropped
+    return {"latencies": latencies, "seen": seen, "errors": errors}
 
 
 def probe(port: int, run_id: int, token: str, interval: float, deadline: float) -> int:
@@ -556,6 +567,12 @@ def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s) -> d
                       ratio=result["values_per_s"] / (copied / seconds))
         print(f"raw COPY of the same rows: {result['copy_values_per_s']:,.0f} metric values/s "
               f"({copied:,} values, {seconds:.1f} s); ingest / COPY = {result['ratio']:.2f}")
+    failed = [f["error"] for f in fanned if "error" in f]
+    if failed:
+        raise RuntimeError(f"a websocket client process failed: {failed[0]}")
+    client_errors = [e for f in fanned for e in f["errors"]]
+    if client_errors:
+        print(f"{len(client_errors)} websocket clients failed, the first: {client_errors[0]}")
     for fan in fanned:
         for name, latencies in fan["latencies"].items():
             result.setdefault("fanout", {}).setdefault(name, []).extend(latencies)
