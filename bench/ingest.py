@@ -21,9 +21,11 @@ through the real stack on loopback.
                written by one raw COPY per table in one transaction: values/s, and the
                ingest's ratio to it.
     fanout     (--fanout, during the ingest phase) --watchers websocket clients on one
-               run, and --spread clients on each of 10 other runs; a poster per watched
-               run sends one small batch every --interval s; each client records
-               receipt - the batch's commit time. --slow clients on the first run stop
+               run, and --spread clients on each of 10 other runs, served by the ingest's
+               uvicorn or (--ws-workers N) one of their own, as a proxy routing /ws/ would;
+               once every client got a warm-up event, a poster per watched run sends one
+               small batch every --interval s; each client records receipt - the batch's
+               commit time. --slow clients on the first run stop
                reading after their first message (their TCP window fills): the others'
                figures show whether they wait for them.
                Figures: p50 / p99 / max per group, every event counted at every client.
@@ -57,6 +59,7 @@ from engine.api import MetricsEvent, SpanEvent  # noqa: E402
 
 PHASES = ("rollout", "reward", "learner", "weight_sync")
 SPREAD_RUNS = 10
+QUIET_S, LATE_S = 3.0, 60.0   # a client's wait for late deliveries after the probes end
 
 
 def metric_names(count: int) -> list[str]:
@@ -77,6 +80,11 @@ def step_events(seq: int, step: int, names: list[str], ts: float) -> list[dict]:
 
 
 EVENTS_PER_STEP = len(PHASES) + 1
+# A watched run's seq 1, posted once every client is connecting: a client counts from the
+# event after it, so the figures leave out the server's work of opening the sockets (each
+# one's backfill and alert rows, once).
+WARM_UP = json.dumps({"events": [MetricsEvent(seq=1, ts=0.0, step=0,
+                                              values={"reward/mean": 0.0}).to_dict()]})
 
 
 def free_port() -> int:
@@ -152,7 +160,7 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
     import websockets
 
     latencies: dict[str, list[float]] = {name: [] for name, _, _ in groups}
-    seen: dict[str, list[int]] = {name: [] for name, _, _ in groups}
+    seen: dict[str, list[tuple[int, int]]] = {name: [] for name, _, _ in groups}
     connected, errors = [], []
 
     def connect(run_id: int, **kwargs):
@@ -166,24 +174,30 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
             await receive(name, run_id, stop_at)
         except Exception as exc:   # counted: a client the server dropped misses events
             errors.append(f"{name}: {exc!r}")
-            seen[name].append(0)
+            seen[name].append((run_id, 0))
 
     async def receive(name: str, run_id: int, stop_at: list) -> None:
         count = 0
         async with connect(run_id) as ws:
             await ws.send(json.dumps({"last_seq": 0}))
-            connected.append(1)
-            while not stop_at or time.time() < stop_at[0]:
+            warm, last = False, time.time()
+            # Until the probes stopped and nothing came for QUIET_S (or LATE_S passed):
+            # a late delivery is counted late, not missed.
+            while not stop_at or (time.time() < stop_at[0] + LATE_S and (
+                    time.time() < stop_at[0] or time.time() - last < QUIET_S)):
                 try:
                     raw = await asyncio.wait_for(ws.recv(), timeout=1.0)
                 except TimeoutError:
                     continue
-                now = time.time()
+                now = last = time.time()
                 for event in json.loads(raw).get("events", []):
-                    if "committed_at" in event:
+                    if event["seq"] == 1:      # the warm-up (WARM_UP), live or backfilled
+                        warm = True
+                        connected.append(1)
+                    elif warm and "committed_at" in event:
                         latencies[name].append(now - event["committed_at"])
                         count += 1
-        seen[name].append(count)
+        seen[name].append((run_id, count))
 
     async def slow_client(stop_at: list) -> None:
         # A small queue and no reads: the library stops reading the socket, the kernel's
@@ -193,7 +207,7 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             await ws.send(json.dumps({"last_seq": 0}))
             connected.append(1)
-            while not stop_at or time.time() < stop_at[0]:
+            while not stop_at or time.time() < stop_at[0] + QUIET_S:
                 await asyncio.sleep(0.5)
 
     stop_at: list[float] = []
@@ -201,27 +215,24 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
              for name, run_ids, per_run in groups for run_id in run_ids
              for _ in range(per_run)]
     tasks += [asyncio.create_task(slow_client(stop_at)) for _ in range(slow)]
-    while len(connected) < len(tasks):
+    while len(connected) + len(errors) < len(tasks):   # a failed client is reported
         await asyncio.sleep(0.05)
-        for task in tasks:
-            if task.done() and task.exception():
-                raise task.exception()
     ready.set()
     await asyncio.to_thread(start.wait)
-    stop_at.append(time.time() + seconds + 5)   # the last probes' deliveries
+    stop_at.append(time.time() + seconds)
     await asyncio.gather(*tasks, return_exceptions=True)   # a slow client may be dropped
     return {"latencies": latencies, "seen": seen, "errors": errors}
 
 
 def probe(port: int, run_id: int, token: str, interval: float, deadline: float) -> int:
     """Small batches (one metrics event) on a watched run until the deadline."""
-    poster, seq = Poster(port, run_id, token), 0
+    poster, seq = Poster(port, run_id, token), 1     # seq 1: the warm-up (WARM_UP)
     while time.time() < deadline:
         seq += 1
         poster.post(json.dumps({"events": [MetricsEvent(
             seq=seq, ts=time.time(), step=seq, values={"reward/mean": 0.5}).to_dict()]}))
         time.sleep(interval)
-    return seq
+    return seq - 1
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -443,6 +454,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="a PostgreSQL server to make the bench's database on (default: "
                          "a SQLite file)")
     ap.add_argument("--fanout", action="store_true", help="websocket clients meanwhile")
+    ap.add_argument("--ws-workers", type=int, default=0,
+                    help="serve the websockets from a uvicorn of this many workers beside "
+                         "the one that takes ingest (0: the same one)")
     ap.add_argument("--watchers", type=int, default=100, help="clients on the one run")
     ap.add_argument("--spread", type=int, default=10,
                     help=f"clients on each of {SPREAD_RUNS} other runs")
@@ -474,6 +488,10 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
     port = free_port()
     worker = start_worker(workdir / "celery.log")
     server = start_server(port, args.workers, workdir / "uvicorn.log")
+    ws_server, ws_port = server, port
+    if args.ws_workers:
+        ws_port = free_port()
+        ws_server = start_server(ws_port, args.ws_workers, workdir / "uvicorn-ws.log")
     ctx = multiprocessing.get_context("fork")
     results, fan_results = ctx.Queue(), ctx.Queue()
     watchers = []
@@ -487,13 +505,15 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
             for i, groups in enumerate(plan):
                 ready = ctx.Event()
                 proc = ctx.Process(target=watch, args=(
-                    port, cookie, groups, args.slow if i == 0 else 0, one, ready, go,
+                    ws_port, cookie, groups, args.slow if i == 0 else 0, one, ready, go,
                     args.seconds, fan_results))
                 proc.start()
                 watchers.append((proc, ready))
+            for run_id, token in watched:
+                Poster(ws_port, run_id, token).post(WARM_UP)
             for _, ready in watchers:
-                if not ready.wait(120):
-                    raise RuntimeError("the websocket clients did not connect")
+                if not ready.wait(300):
+                    raise RuntimeError("the websocket clients did not all get the warm-up")
         began = time.time()
         deadline = began + args.seconds
         procs = [ctx.Process(target=send, args=(port, run_id, token, args.batch, args.values,
@@ -518,8 +538,13 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
         for proc, _ in watchers:
             proc.join()
         drain_s = evaluations_drained(args.redis_url)
+    except BaseException:
+        for log in sorted(workdir.glob("*.log")):
+            print(f"--- {log.name} (its end)\n{log.read_text()[-20000:]}", file=sys.stderr)
+        raise
     finally:
         stop(server)
+        stop(ws_server)
         stop(worker)
         for proc, _ in watchers:
             if proc.is_alive():
@@ -578,19 +603,19 @@ def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s) -> d
             result.setdefault("fanout", {}).setdefault(name, []).extend(latencies)
     for name, latencies in result.get("fanout", {}).items():
         clients = sum(len(f["seen"].get(name, [])) for f in fanned)
-        counts = [c for f in fanned for c in f["seen"].get(name, [])]
-        expected = probed[next(iter(probed))] if name == "one run" else None
+        expected = sum(probed[run_id] for f in fanned for run_id, _ in f["seen"].get(name, []))
+        missed = expected - sum(count for f in fanned for _, count in f["seen"].get(name, []))
         stats = {"clients": clients, "deliveries": len(latencies),
                  "p50_ms": 1000 * percentile(latencies, 0.5) if latencies else None,
                  "p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None,
                  "max_ms": 1000 * max(latencies) if latencies else None,
-                 "fewest_per_client": min(counts) if counts else 0}
+                 "missed": missed}
         result[f"fanout {name}"] = stats
         print(f"fan-out, {name} ({clients} clients"
               f"{f', {args.slow} slow beside them' if name == 'one run' and args.slow else ''}"
               f"): {len(latencies):,} deliveries, commit -> client p50 {stats['p50_ms']:.1f} ms, "
-              f"p99 {stats['p99_ms']:.1f} ms, max {stats['max_ms']:.1f} ms; fewest per client "
-              f"{stats['fewest_per_client']}" + (f" of {expected}" if expected else ""))
+              f"p99 {stats['p99_ms']:.1f} ms, max {stats['max_ms']:.1f} ms; {missed} of "
+              f"{expected:,} missed")
     result.pop("fanout", None)
     return result
 

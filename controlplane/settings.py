@@ -159,7 +159,10 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # redis-py's asyncio pool refuses a 101st connection in use at once (it does not
+        # wait): 200 sockets opening together (watchers reloading a page) each join their
+        # groups at once, and the ones past 100 failed with MaxConnectionsError.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 2000}]},
     },
 }
 
