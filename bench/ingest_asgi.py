@@ -8,6 +8,7 @@ stored payloads were written before the commit.
     uvicorn bench.ingest_asgi:application
 """
 
+import logging
 import time
 
 from controlplane.asgi import application  # noqa: F401 (served; sets Django up)
@@ -22,3 +23,6 @@ def broadcast_stamped(run_id: int, events: list[dict], summary: dict | None = No
 
 
 store.broadcast_events = broadcast_stamped
+
+# A 500's traceback in the bench's server log (Django prints it only under DEBUG).
+logging.getLogger("django.request").addHandler(logging.StreamHandler())

@@ -250,6 +250,10 @@ RLPLANE_MAX_METRIC_NAMES = max(1, int(os.environ.get("RLPLANE_MAX_METRIC_NAMES",
 # ingest request itself, right after its transaction (tests; an install without a worker).
 RLPLANE_ALERT_DEBOUNCE_S = max(0.0, float(os.environ.get("RLPLANE_ALERT_DEBOUNCE_S", "1")))
 
+# Ingest batches one web process stores at once (jobs/ingest/endpoints.py); the others
+# wait for a slot, holding no database connection.
+RLPLANE_INGEST_CONCURRENCY = max(1, int(os.environ.get("RLPLANE_INGEST_CONCURRENCY", "4")))
+
 # --- The queue (jobs/runs/queue.py): how many in-process runs (the default colocated placement,
 # which reserves nothing on Ray) may run at once on this host.
 RLPLANE_MAX_LOCAL_RUNS = int(os.environ.get("RLPLANE_MAX_LOCAL_RUNS", "2"))

@@ -7,6 +7,9 @@
                                  not yet applied after that id
 """
 
+import threading
+
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -39,12 +42,19 @@ def run_for_token(request, run_id: int) -> Run | JsonResponse:
     return run
 
 
+# Under ASGI each request runs in a thread of its own, with a database connection of its
+# own: 100 drivers posting at once held 100 connections (PostgreSQL's default limit) and
+# some batches were answered 500. A batch is CPU work under the process's one GIL, so a
+# few at a time keep the database as busy; the rest wait here, before their first query.
+INGEST_SLOTS = threading.BoundedSemaphore(settings.RLPLANE_INGEST_CONCURRENCY)
+
+
 @csrf_exempt  # token-authenticated, no cookies: CSRF does not apply
 @require_POST
 def ingest_events(request, run_id: int):
     """POST {"events": [...]} -> 200 {stored, duplicates, last_seq}; a partly bad batch
     stores the good events and answers 400 with the same counts plus errors."""
-    with INGEST_SECONDS.time():
+    with INGEST_SLOTS, INGEST_SECONDS.time():
         response = ingest(request, run_id)
     INGEST_BATCHES.labels(str(response.status_code)).inc()
     return response
