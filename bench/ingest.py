@@ -553,7 +553,8 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
     errors = [s["error"] for s in sent if s["error"]]
     if errors:
         log = (workdir / "uvicorn.log").read_text()
-        print(f"--- uvicorn.log (its end)\n{log[-6000:]}", file=sys.stderr)
+        first = max(0, log.find("Internal Server Error"))
+        print(f"--- uvicorn.log (its first 500)\n{log[first:first + 8000]}", file=sys.stderr)
         raise RuntimeError(f"{len(errors)} senders failed, the first: {errors[0]}")
     return report(args, database, workdir, sent, elapsed, probed, fanned, drain_s)
 
