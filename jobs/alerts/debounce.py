@@ -30,6 +30,7 @@ import logging
 from functools import partial
 
 import redis
+from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
@@ -57,8 +58,6 @@ def evaluate_alerts_soon(run_id: int) -> None:
 
 
 def queue_evaluation(run_id: int, delay: float) -> None:
-    from jobs.alerts.tasks import evaluate_run_alerts  # tasks imports this module
-
     key = DUE_KEY.format(run_id)
     if not due_keys().set(key, 1, nx=True, ex=DUE_TTL_S):
         return
@@ -67,6 +66,13 @@ def queue_evaluation(run_id: int, delay: float) -> None:
     except Exception:
         due_keys().delete(key)  # the next batch tries again
         raise
+
+
+@shared_task
+def evaluate_run_alerts(run_id: int) -> None:
+    """The queued evaluation (controlplane.celery names this module for the worker)."""
+    release(run_id)
+    do_evaluate_run_alerts(run_id)
 
 
 def release(run_id: int) -> None:

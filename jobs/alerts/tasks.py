@@ -2,8 +2,8 @@
 
     evaluate_alerts()           beat, every 10 s: the rules over each live run, so that
                                 "nothing happened" conditions (PhaseHang, RunLost) fire
-    evaluate_run_alerts(run_id) queued after ingest, debounced per run
-                                (jobs.alerts.debounce)
+
+The rules after ingest, debounced per run, are jobs/alerts/debounce.py's task.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.alerts import debounce
 from jobs.alerts.lifecycle import do_evaluate_alerts
 from jobs.models import LIVE, Run, RunStatus
 
@@ -29,9 +28,3 @@ def evaluate_alerts() -> None:
         with transaction.atomic():
             run = Run.objects.select_for_update().get(pk=run_id)
             do_evaluate_alerts(run)
-
-
-@shared_task
-def evaluate_run_alerts(run_id: int) -> None:
-    debounce.release(run_id)
-    debounce.do_evaluate_run_alerts(run_id)

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from jobs.alerts import debounce, tasks
+from jobs.alerts import debounce
 from jobs.ingest.store import do_ingest_events
 from jobs.models import Alert
 
@@ -20,7 +20,7 @@ def queued(settings, monkeypatch):
     settings.RLPLANE_ALERT_DEBOUNCE_S = 1.0
     monkeypatch.setattr(debounce, "DUE_KEY", f"test-{uuid.uuid4().hex}:{{}}")
     calls = []
-    monkeypatch.setattr(tasks.evaluate_run_alerts, "apply_async",
+    monkeypatch.setattr(debounce.evaluate_run_alerts, "apply_async",
                         lambda args, countdown: calls.append((*args, countdown)))
     return calls
 
@@ -34,7 +34,7 @@ def test_batches_in_a_burst_queue_one_evaluation_which_sees_them_all(
     assert queued == [(run.pk, 1.0)]
     assert not Alert.objects.filter(run=run).exists()      # not in the ingest call
 
-    tasks.evaluate_run_alerts(run.pk)                        # what the worker runs
+    debounce.evaluate_run_alerts(run.pk)                     # what the worker runs
     alert = Alert.objects.get(run=run)
     assert alert.kind == "WeightSyncDesync" and alert.evidence["values"]["version_learner"] == 3
 
