@@ -1,17 +1,39 @@
-"""Ingest throughput and websocket delivery latency, through the real stack on loopback.
+"""Ingest throughput from many runs at once, and websocket fan-out latency under that load,
+through the real stack on loopback.
 
-    setup     temp dir: SQLite file DB (migrated), a user with a session, runs with tokens
-              uvicorn controlplane.asgi on a free port (its own session, killed at the end)
-              channel layer: Redis at REDIS_URL (default redis://127.0.0.1:6379/13)
-    (a)       N senders, one run each, POST batches of metrics.append events (~40 values
-              each) to /api/runs/<id>/events for --seconds; every batch is stored and
-              group_sent before it is answered. Figure: metric values stored per second,
-              checked against the database afterwards.
-    (b)       20 websockets on ws/runs/<id>/ (session cookie), one poster sends one event
-              per request with its send time as ``ts``; each client records receive - ts.
-              Figure: p50 / p99 over every (client, event).
+    setup      a throwaway database: with --database-url postgresql://.../db a new database
+               rlplane_bench_<pid> on that server (dropped at the end), else a SQLite file
+               in a temp dir; migrated; runs with ingest tokens, a user with a session
+               uvicorn bench.ingest_asgi:application (controlplane.asgi, each broadcast
+               stamped with its commit time), --workers processes, its own session
+               a Celery worker (the stack's command), which runs the debounced alert rules
+               channel layer and broker: Redis at --redis-url (default .../13)
+    ingest     --runs sender processes, one run each, POST the HTTP sink's batches
+               ({"events": [event.to_dict(), ...]}, --batch events: per step one
+               metrics.append of --values values and a span per phase) to
+               /api/runs/<id>/events as fast as they are answered, for --seconds; every
+               --replay-every'th batch is posted twice (a retry whose answer was lost) and
+               its second answer must say "all duplicates".
+               Figure: metric values stored per second. Then the database is counted
+               against what the senders were told: events lost (acknowledged, not
+               stored), doubled (a (run, seq) twice) and metric points missing.
+    limit      (PostgreSQL) the same rows (events, metric points, spans) under other runs,
+               written by one raw COPY per table in one transaction: values/s, and the
+               ingest's ratio to it.
+    fanout     (--fanout, during the ingest phase) --watchers websocket clients on one
+               run, and --spread clients on each of 10 other runs, served by the ingest's
+               uvicorn or (--ws-workers N) one of their own, as a proxy routing /ws/ would;
+               once every client got a warm-up event, a poster per watched run sends one
+               small batch every --interval s; each client records receipt - the batch's
+               commit time. --slow clients on the first run stop
+               reading after their first message (their TCP window fills): the others'
+               figures show whether they wait for them.
+               Figures: p50 / p99 / max per group; every event counted at every client,
+               live (timed) or refilled from the database after the channel layer dropped
+               a message for a socket that fell behind (not timed), or missed.
 
-    .venv/bin/python bench/ingest.py [--senders 4] [--seconds 10] [--clients 20]
+    .venv/bin/python bench/ingest.py --runs 100 --workers 2 --seconds 30 --fanout \\
+        --database-url postgresql://postgres@127.0.0.1:5432/test
 """
 
 from __future__ import annotations
@@ -20,27 +42,51 @@ import argparse
 import asyncio
 import http.client
 import json
+import multiprocessing
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine import metrics as M  # noqa: E402
+from engine.api import MetricsEvent, SpanEvent  # noqa: E402
 
-VALUES_PER_EVENT = 40
-# The canonical names (engine/metrics.py), padded with devices to VALUES_PER_EVENT values.
-METRIC_NAMES = list(M.METRICS)[:VALUES_PER_EVENT // 2]
-METRIC_NAMES += [M.DEVICE_UTILIZATION.of(device=f"cpu:{i}")
-                 for i in range(VALUES_PER_EVENT - len(METRIC_NAMES))]
+PHASES = ("rollout", "reward", "learner", "weight_sync")
+SPREAD_RUNS = 10
+QUIET_S, LATE_S = 3.0, 60.0   # a client's wait for late deliveries after the probes end
+
+
+def metric_names(count: int) -> list[str]:
+    """Canonical names (engine/metrics.py), padded with per-device utilization."""
+    names = [n for n in M.METRICS if "<" not in n][:count // 2]
+    return names + [M.DEVICE_UTILIZATION.of(device=f"cpu:{i}")
+                    for i in range(count - len(names))]
+
+
+def step_events(seq: int, step: int, names: list[str], ts: float) -> list[dict]:
+    """One training step as the engine reports it: its spans, then its metrics."""
+    spans = [SpanEvent(seq=seq + i, ts=ts, device="cpu:0", phase=phase, start=ts - 1 + i / 4,
+                       end=ts - 1 + (i + 1) / 4, step=step, version=step).to_dict()
+             for i, phase in enumerate(PHASES)]
+    values = {name: float(step % 97) + i / 10 for i, name in enumerate(names)}
+    return spans + [MetricsEvent(seq=seq + len(PHASES), ts=ts, step=step,
+                                 values=values).to_dict()]
+
+
+EVENTS_PER_STEP = len(PHASES) + 1
+# A watched run's seq 1, posted once every client is connecting: a client counts from the
+# event after it, so the figures leave out the server's work of opening the sockets (each
+# one's backfill and alert rows, once).
+WARM_UP = json.dumps({"events": [MetricsEvent(seq=1, ts=0.0, step=0,
+                                              values={"reward/mean": 0.0}).to_dict()]})
 
 
 def free_port() -> int:
@@ -49,93 +95,150 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def metrics_event(seq: int, ts: float) -> dict:
-    values = {name: float(seq % 97) + i / 10 for i, name in enumerate(METRIC_NAMES)}
-    return {"type": "metrics.append", "seq": seq, "ts": ts, "step": seq, "values": values}
-
-
 class Poster:
     """One keep-alive HTTP connection posting a run's batches."""
 
     def __init__(self, port: int, run_id: int, token: str):
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         self.path = f"/api/runs/{run_id}/events"
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
-    def post(self, events: list[dict]) -> dict:
-        self.conn.request("POST", self.path, json.dumps({"events": events}), self.headers)
+    def post(self, body: str) -> dict:
+        self.conn.request("POST", self.path, body, self.headers)
         response = self.conn.getresponse()
-        body = json.loads(response.read())
+        answer = json.loads(response.read())
         if response.status != 200:
-            raise RuntimeError(f"ingest answered {response.status}: {body}")
-        return body
+            raise RuntimeError(f"ingest answered {response.status}: {answer}")
+        return answer
 
 
-def measure_throughput(port: int, runs: list[tuple[int, str]], batch: int,
-                       seconds: float) -> tuple[int, float]:
-    """Metric values stored by all senders together, and the seconds they took."""
-    stored = [0] * len(runs)
-    errors: list[BaseException] = []
-    start = time.perf_counter()
-    deadline = start + seconds
+def send(port: int, run_id: int, token: str, batch: int, values: int, deadline: float,
+         replay_every: int, results) -> None:
+    """A sender process: full batches until the deadline (the sink's backlog case)."""
+    names = metric_names(values)
+    poster, seq, step, posts = Poster(port, run_id, token), 1, 0, 0
+    acked = {"run_id": run_id, "events": 0, "steps": 0, "posts": 0, "replays": 0,
+             "replays_wrong": 0, "error": None}
+    try:
+        while time.time() < deadline:
+            events, ts = [], time.time()
+            while len(events) + EVENTS_PER_STEP <= batch:
+                events += step_events(seq, step, names, ts)
+                seq, step = seq + EVENTS_PER_STEP, step + 1
+            body = json.dumps({"events": events})
+            answer = poster.post(body)
+            if answer["stored"] != len(events):
+                raise RuntimeError(f"run {run_id}: {answer} for {len(events)} new events")
+            acked["events"] += len(events)
+            acked["steps"] += len(events) // EVENTS_PER_STEP
+            posts += 1
+            if replay_every and posts % replay_every == 0:
+                again = poster.post(body)
+                acked["replays"] += 1
+                acked["replays_wrong"] += (again["stored"], again["duplicates"]) != (
+                    0, len(events))
+        acked["posts"] = posts
+    except BaseException as exc:  # reported by the parent
+        acked["error"] = repr(exc)
+    results.put(acked)
 
-    def send(index: int, run_id: int, token: str) -> None:
-        poster, seq = Poster(port, run_id, token), 0
-        try:
-            while time.perf_counter() < deadline:
-                events = [metrics_event(seq + i + 1, time.time()) for i in range(batch)]
-                seq += batch
-                stored[index] += poster.post(events)["stored"] * VALUES_PER_EVENT
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
 
-    threads = [threading.Thread(target=send, args=(i, *run)) for i, run in enumerate(runs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return sum(stored), time.perf_counter() - start
+# --- fan-out -----------------------------------------------------------------------------
 
 
-async def measure_latency(port: int, run_id: int, token: str, cookie: str, clients: int,
-                          events: int, interval_s: float) -> list[float]:
+def watch(port: int, cookie: str, groups: list[tuple[str, list[int], int]], slow: int,
+          slow_run: int, ready, start, seconds: float, results) -> None:
+    """A client process: ``groups`` of (name, run ids, clients per run); ``slow`` clients
+    on ``slow_run`` that stop reading. Puts {group: [latency s, ...]} and the counts."""
+    try:
+        results.put(asyncio.run(watch_async(port, cookie, groups, slow, slow_run, ready,
+                                            start, seconds)))
+    except BaseException as exc:  # reported by the parent
+        results.put({"error": repr(exc)})
+        raise
+
+
+async def watch_async(port, cookie, groups, slow, slow_run, ready, start, seconds) -> dict:
     import websockets
 
-    latencies: list[float] = []
-    url = f"ws://127.0.0.1:{port}/ws/runs/{run_id}/"
+    latencies: dict[str, list[float]] = {name: [] for name, _, _ in groups}
+    seen: dict[str, list[tuple[int, int]]] = {name: [] for name, _, _ in groups}
+    backfilled = dict.fromkeys(latencies, 0)
+    connected, errors = [], []
 
-    async def client(ready: asyncio.Event, started: list) -> None:
-        async with websockets.connect(url, origin=f"http://127.0.0.1:{port}",
-                                      additional_headers={"Cookie": cookie},
-                                      max_size=None) as ws:
+    def connect(run_id: int, **kwargs):
+        return websockets.connect(f"ws://127.0.0.1:{port}/ws/runs/{run_id}/",
+                                  origin=f"http://127.0.0.1:{port}",
+                                  additional_headers={"Cookie": cookie}, max_size=None,
+                                  open_timeout=60, **kwargs)
+
+    async def client(name: str, run_id: int, stop_at: list) -> None:
+        try:
+            await receive(name, run_id, stop_at)
+        except Exception as exc:   # counted: a client the server dropped misses events
+            errors.append(f"{name}: {exc!r}")
+            seen[name].append((run_id, 0))
+
+    async def receive(name: str, run_id: int, stop_at: list) -> None:
+        count = 0
+        async with connect(run_id) as ws:
             await ws.send(json.dumps({"last_seq": 0}))
-            started.append(1)
-            if len(started) == clients:
-                ready.set()
-            seen = 0
-            while seen < events:
-                message = json.loads(await asyncio.wait_for(ws.recv(), timeout=30))
-                now = time.time()
-                for event in message.get("events", []):
-                    latencies.append(now - event["ts"])
-                    seen += 1
+            warm, last = False, time.time()
+            # Until the probes stopped and nothing came for QUIET_S (or LATE_S passed):
+            # a late delivery is counted late, not missed.
+            while not stop_at or (time.time() < stop_at[0] + LATE_S and (
+                    time.time() < stop_at[0] or time.time() - last < QUIET_S)):
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), timeout=1.0)
+                except TimeoutError:
+                    continue
+                now = last = time.time()
+                for event in json.loads(raw).get("events", []):
+                    if event["seq"] == 1:      # the warm-up (WARM_UP), live or backfilled
+                        warm = True
+                        connected.append(1)
+                    elif warm and "committed_at" in event:
+                        latencies[name].append(now - event["committed_at"])
+                        count += 1
+                    elif warm:   # refilled from the database after a dropped message
+                        backfilled[name] += 1
+                        count += 1
+        seen[name].append((run_id, count))
 
-    ready, started = asyncio.Event(), []
-    tasks = [asyncio.create_task(client(ready, started)) for _ in range(clients)]
-    await asyncio.wait_for(ready.wait(), timeout=30)
-    await asyncio.sleep(0.5)  # every socket has joined its group and sent its last seq
+    async def slow_client(stop_at: list) -> None:
+        # A small queue and no reads: the library stops reading the socket, the kernel's
+        # buffers fill, and the server's sends to it block.
+        async with connect(slow_run, max_queue=1, ping_interval=None) as ws:
+            sock = ws.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            await ws.send(json.dumps({"last_seq": 0}))
+            connected.append(1)
+            while not stop_at or time.time() < stop_at[0] + QUIET_S:
+                await asyncio.sleep(0.5)
 
-    def post_all() -> None:
-        poster = Poster(port, run_id, token)
-        for seq in range(1, events + 1):
-            poster.post([metrics_event(seq, time.time())])
-            time.sleep(interval_s)
+    stop_at: list[float] = []
+    tasks = [asyncio.create_task(client(name, run_id, stop_at))
+             for name, run_ids, per_run in groups for run_id in run_ids
+             for _ in range(per_run)]
+    tasks += [asyncio.create_task(slow_client(stop_at)) for _ in range(slow)]
+    while len(connected) + len(errors) < len(tasks):   # a failed client is reported
+        await asyncio.sleep(0.05)
+    ready.set()
+    await asyncio.to_thread(start.wait)
+    stop_at.append(time.time() + seconds)
+    await asyncio.gather(*tasks, return_exceptions=True)   # a slow client may be dropped
+    return {"latencies": latencies, "seen": seen, "errors": errors, "backfilled": backfilled}
 
-    await asyncio.to_thread(post_all)
-    await asyncio.gather(*tasks)
-    return latencies
+
+def probe(port: int, run_id: int, token: str, interval: float, deadline: float) -> int:
+    """Small batches (one metrics event) on a watched run until the deadline."""
+    poster, seq = Poster(port, run_id, token), 1     # seq 1: the warm-up (WARM_UP)
+    while time.time() < deadline:
+        seq += 1
+        poster.post(json.dumps({"events": [MetricsEvent(
+            seq=seq, ts=time.time(), step=seq, values={"reward/mean": 0.5}).to_dict()]}))
+        time.sleep(interval)
+    return seq - 1
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -143,14 +246,52 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def setup_django(workdir: Path, redis_url: str) -> None:
+# --- the world ---------------------------------------------------------------------------
+
+
+class Database:
+    """The bench's own database: a new PostgreSQL database beside the given URL's, or a
+    SQLite file in ``workdir``; ``url`` is what DATABASE_URL is set to."""
+
+    def __init__(self, base_url: str | None, workdir: Path):
+        self.base_url, self.name = base_url, None
+        if base_url is None:
+            self.url = f"sqlite:///{workdir / 'bench.sqlite3'}"
+            return
+        import psycopg
+
+        self.name = f"rlplane_bench_{os.getpid()}"
+        with psycopg.connect(self.dsn(base_url), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {self.name}")
+        parts = urlsplit(base_url)
+        self.url = urlunsplit(parts._replace(path=f"/{self.name}"))
+
+    @staticmethod
+    def dsn(url: str) -> str:
+        return urlunsplit(urlsplit(url)._replace(scheme="postgresql"))
+
+    @property
+    def postgres(self) -> bool:
+        return self.name is not None
+
+    def drop(self) -> None:
+        if self.name is None:
+            return
+        import psycopg
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(self.dsn(self.base_url), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+
+
+def setup_django(database_url: str, redis_url: str) -> None:
     os.environ.update({
         "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-        "DATABASE_URL": f"sqlite:///{workdir / 'bench.sqlite3'}",
+        "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
         "RLPLANE_ALLOWED_HOSTS": "127.0.0.1,localhost",
     })
-    sys.path.insert(0, str(ROOT))
     import django
     from django.core.management import call_command
 
@@ -158,47 +299,79 @@ def setup_django(workdir: Path, redis_url: str) -> None:
     call_command("migrate", verbosity=0)
 
 
-def create_world(runs: int) -> tuple[list[tuple[int, str]], str]:
-    """Runs with ingest tokens, and a logged-in user's session cookie."""
-    from django.contrib.auth.models import User
-    from django.test import Client
-
+def create_runs(count: int, prefix: str) -> list[tuple[int, str]]:
     from jobs.models import Run, RunStatus
 
     created = []
-    for i in range(runs):
-        run = Run.objects.create(name=f"bench-{i}", config={"name": f"bench-{i}", "steps": 1})
+    for i in range(count):
+        run = Run.objects.create(name=f"{prefix}-{i}", config={"name": prefix, "steps": 1})
         Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING)
         created.append((run.pk, run.issue_ingest_token()))
+    return created
+
+
+def session_cookie() -> str:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
     client = Client()
     client.force_login(User.objects.create_user("bench"))
-    return created, f"sessionid={client.cookies['sessionid'].value}"
+    return f"sessionid={client.cookies['sessionid'].value}"
 
 
-def start_server(port: int, log_path: Path) -> subprocess.Popen:
-    log = log_path.open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host",
-         "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
+def start(argv: list[str], log_path: Path) -> subprocess.Popen:
+    return subprocess.Popen(argv, cwd=ROOT, env=os.environ.copy(), stdout=log_path.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def start_server(port: int, workers: int, log_path: Path) -> subprocess.Popen:
+    proc = start([sys.executable, "-m", "uvicorn", "bench.ingest_asgi:application",
+                  "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+                  "--log-level", "warning", "--no-access-log"], log_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return proc
         except OSError:
             time.sleep(0.2)
-    stop_server(proc)
+    stop(proc)
     raise RuntimeError(f"uvicorn did not start:\n{log_path.read_text()}")
 
 
-def stop_server(proc: subprocess.Popen) -> None:
+def start_worker(log_path: Path) -> subprocess.Popen:
+    """The stack's Celery worker command (controlplane.stack.service_argv)."""
+    from controlplane.stack import service_argv
+
+    argv = service_argv(sys.executable, "127.0.0.1", str(os.getpid()), "unused")
+    proc = start(argv["celery-worker"], log_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if " ready." in log_path.read_text():
+            return proc
+        time.sleep(0.2)
+    stop(proc)
+    raise RuntimeError(f"the Celery worker did not start:\n{log_path.read_text()}")
+
+
+def evaluations_drained(redis_url: str, timeout_s: float = 60.0) -> float:
+    """Seconds until every queued alert evaluation has started (no due key is left)."""
+    import redis
+
+    client, began = redis.Redis.from_url(redis_url), time.monotonic()
+    while any(client.scan_iter("rlplane:alerts-due:*", count=1000)):
+        if time.monotonic() - began > timeout_s:
+            raise RuntimeError(f"alert evaluations still queued after {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+def stop(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
+        proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -206,63 +379,254 @@ def stop_server(proc: subprocess.Popen) -> None:
         pass
 
 
-def flush_channel_layer(redis_url: str) -> None:
-    """Drop the bench's channel-layer keys (its runs' group names repeat across runs)."""
+def flush_redis(redis_url: str) -> None:
+    """Drop the bench's channel-layer keys, queued tasks and alert due keys (its runs'
+    ids repeat across benches on the bench's Redis database)."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
-    keys = list(client.scan_iter("asgi*", count=1000))
-    if keys:
-        client.delete(*keys)
+    for pattern in ("asgi*", "rlplane:alerts-due:*", "celery*", "_kombu*", "unacked*"):
+        keys = list(client.scan_iter(pattern, count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+# --- counting ----------------------------------------------------------------------------
+
+
+def count_stored(run_ids: list[int]) -> dict[int, tuple[int, int, int, int]]:
+    """{run: (events, distinct seqs, highest seq, metric points)}."""
+    from django.db.models import Count, Max
+
+    from jobs.models import MetricPoint, RunEvent
+
+    events = {r["run_id"]: r for r in RunEvent.objects.filter(run_id__in=run_ids)
+              .values("run_id").annotate(n=Count("id"), seqs=Count("seq", distinct=True),
+                                         top=Max("seq"))}
+    points = dict(MetricPoint.objects.filter(run_id__in=run_ids).values("run_id")
+                  .annotate(n=Count("id")).values_list("run_id", "n"))
+    return {r: (events.get(r, {}).get("n", 0), events.get(r, {}).get("seqs", 0),
+                events.get(r, {}).get("top", 0) or 0, points.get(r, 0)) for r in run_ids}
+
+
+def copy_limit(sent: list[dict], values: int) -> tuple[int, float]:
+    """The same rows the senders' acknowledged batches made, under new runs, written by
+    a raw COPY per table in one transaction: (metric values, seconds)."""
+    from django.db import connection
+
+    from jobs.models import MetricPoint, PhaseSpan, RunEvent
+
+    names = metric_names(values)
+    targets = create_runs(len(sent), "copy")
+    event_rows, point_rows, span_rows = [], [], []
+    ts = time.time()
+    for (run_id, _), acked in zip(targets, sent, strict=True):
+        for step in range(acked["steps"]):
+            for e in step_events(1 + step * EVENTS_PER_STEP, step, names, ts):
+                event_rows.append((run_id, e["seq"], e["type"], e["ts"], json.dumps(e)))
+                if e["type"] == "span":
+                    span_rows.append((run_id, e["device"], e["phase"], e["start"], e["end"],
+                                      e["step"], e["version"]))
+                else:
+                    point_rows += [(run_id, step, n, v) for n, v in e["values"].items()]
+    tables = [(RunEvent, "run_id, seq, type, ts, payload", event_rows),
+              (MetricPoint, "run_id, step, name, value", point_rows),
+              (PhaseSpan, "run_id, device, phase, start, \"end\", step, version", span_rows)]
+    connection.ensure_connection()
+    conn = connection.connection
+    began = time.perf_counter()
+    with conn.transaction(), conn.cursor() as cursor:
+        for model, columns, rows in tables:
+            with cursor.copy(f"COPY {model._meta.db_table} ({columns}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+    return len(point_rows), time.perf_counter() - began
+
+
+# --- main --------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--senders", type=int, default=4, help="concurrent senders, a run each")
-    ap.add_argument("--batch", type=int, default=16, help="metrics.append events per POST")
-    ap.add_argument("--seconds", type=float, default=10.0, help="throughput phase length")
-    ap.add_argument("--clients", type=int, default=20, help="websocket clients")
-    ap.add_argument("--events", type=int, default=200, help="events in the latency phase")
-    ap.add_argument("--interval", type=float, default=0.02, help="seconds between them")
+    ap.add_argument("--runs", type=int, default=4, help="sender processes, a run each")
+    ap.add_argument("--batch", type=int, default=200,
+                    help="events per POST (the HTTP sink's batch_size)")
+    ap.add_argument("--values", type=int, default=64, help="metric values per step")
+    ap.add_argument("--seconds", type=float, default=10.0, help="ingest phase length")
+    ap.add_argument("--replay-every", type=int, default=10,
+                    help="post every Nth batch twice (0: never)")
+    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    ap.add_argument("--database-url", default=None,
+                    help="a PostgreSQL server to make the bench's database on (default: "
+                         "a SQLite file)")
+    ap.add_argument("--fanout", action="store_true", help="websocket clients meanwhile")
+    ap.add_argument("--ws-workers", type=int, default=0,
+                    help="serve the websockets from a uvicorn of this many workers beside "
+                         "the one that takes ingest (0: the same one)")
+    ap.add_argument("--watchers", type=int, default=100, help="clients on the one run")
+    ap.add_argument("--spread", type=int, default=10,
+                    help=f"clients on each of {SPREAD_RUNS} other runs")
+    ap.add_argument("--slow", type=int, default=1, help="clients that stop reading")
+    ap.add_argument("--interval", type=float, default=0.1,
+                    help="seconds between a watched run's batches")
     ap.add_argument("--redis-url", default=os.environ.get(
         "BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="rlplane-bench-") as tmp:
         workdir = Path(tmp)
-        setup_django(workdir, args.redis_url)
-        flush_channel_layer(args.redis_url)
-        runs, cookie = create_world(args.senders + 1)
-        port = free_port()
-        server = start_server(port, workdir / "uvicorn.log")
+        database = Database(args.database_url, workdir)
         try:
-            values, elapsed = measure_throughput(port, runs[:-1], args.batch, args.seconds)
-            latency_run, token = runs[-1]
-            latencies = asyncio.run(measure_latency(
-                port, latency_run, token, cookie, args.clients, args.events, args.interval))
+            setup_django(database.url, args.redis_url)
+            return run_bench(args, database, workdir)
         finally:
-            stop_server(server)
-            flush_channel_layer(args.redis_url)
-        from jobs.models import MetricPoint
+            database.drop()
 
-        in_db = MetricPoint.objects.filter(run_id__in=[r for r, _ in runs[:-1]]).count()
-    if in_db != values:
-        raise RuntimeError(f"senders were told {values} values were stored; the DB has {in_db}")
+
+def run_bench(args, database: Database, workdir: Path) -> dict:
+    from django.db import connections
+
+    flush_redis(args.redis_url)
+    senders = create_runs(args.runs, "bench")
+    watched = create_runs(1 + SPREAD_RUNS, "watched") if args.fanout else []
+    cookie = session_cookie()
+    connections.close_all()   # the forked senders must not share its socket
+    port = free_port()
+    worker = start_worker(workdir / "celery.log")
+    server = start_server(port, args.workers, workdir / "uvicorn.log")
+    ws_server, ws_port = server, port
+    if args.ws_workers:
+        ws_port = free_port()
+        ws_server = start_server(ws_port, args.ws_workers, workdir / "uvicorn-ws.log")
+    ctx = multiprocessing.get_context("fork")
+    results, fan_results = ctx.Queue(), ctx.Queue()
+    watchers = []
+    go = ctx.Event()
+    try:
+        if args.fanout:
+            one, spread = watched[0][0], [r for r, _ in watched[1:]]
+            plan = [[("one run", [one], args.watchers // 2)],
+                    [("one run", [one], args.watchers - args.watchers // 2)],
+                    [(f"{SPREAD_RUNS} runs", spread, args.spread)]]
+            for i, groups in enumerate(plan):
+                ready = ctx.Event()
+                proc = ctx.Process(target=watch, args=(
+                    ws_port, cookie, groups, args.slow if i == 0 else 0, one, ready, go,
+                    args.seconds, fan_results))
+                proc.start()
+                watchers.append((proc, ready))
+            for run_id, token in watched:
+                Poster(ws_port, run_id, token).post(WARM_UP)
+            for _, ready in watchers:
+                if not ready.wait(300):
+                    raise RuntimeError("the websocket clients did not all get the warm-up")
+        began = time.time()
+        deadline = began + args.seconds
+        procs = [ctx.Process(target=send, args=(port, run_id, token, args.batch, args.values,
+                                                deadline, args.replay_every, results))
+                 for run_id, token in senders]
+        for proc in procs:
+            proc.start()
+        go.set()
+        probes = []
+        if args.fanout:
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(len(watched))
+            probes = [pool.submit(probe, port, run_id, token, args.interval, deadline)
+                      for run_id, token in watched]
+        sent = [results.get(timeout=args.seconds + 300) for _ in procs]
+        elapsed = time.time() - began
+        for proc in procs:
+            proc.join()
+        probed = {run_id: f.result() for (run_id, _), f in zip(watched, probes, strict=True)}
+        fanned = [fan_results.get(timeout=120) for _ in watchers]
+        for proc, _ in watchers:
+            proc.join()
+        drain_s = evaluations_drained(args.redis_url)
+    except BaseException:
+        for log in sorted(workdir.glob("*.log")):
+            print(f"--- {log.name} (its end)\n{log.read_text()[-20000:]}", file=sys.stderr)
+        raise
+    finally:
+        stop(server)
+        stop(ws_server)
+        stop(worker)
+        for proc, _ in watchers:
+            if proc.is_alive():
+                proc.kill()
+        flush_redis(args.redis_url)
+    errors = [s["error"] for s in sent if s["error"]]
+    if errors:
+        log = (workdir / "uvicorn.log").read_text()
+        first = max(0, log.find("Internal Server Error"))
+        print(f"--- uvicorn.log (its first 500)\n{log[first:first + 8000]}", file=sys.stderr)
+        raise RuntimeError(f"{len(errors)} senders failed, the first: {errors[0]}")
+    return report(args, database, workdir, sent, elapsed, probed, fanned, drain_s)
+
+
+def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s) -> dict:
+    stored = count_stored([s["run_id"] for s in sent])
+    acked_events = sum(s["events"] for s in sent)
+    values = sum(s["steps"] for s in sent) * args.values
+    lost = sum(max(0, s["events"] - stored[s["run_id"]][0]) for s in sent)
+    extra = sum(max(0, stored[s["run_id"]][0] - s["events"]) for s in sent)
+    doubled = sum(n - seqs for n, seqs, _, _ in stored.values())
+    points = sum(p for _, _, _, p in stored.values())
+    evaluations = sum("evaluate_run_alerts[" in line and "succeeded" in line
+                      for line in (workdir / "celery.log").read_text().splitlines())
     result = {
-        "senders": args.senders, "batch_events": args.batch,
-        "values_per_event": VALUES_PER_EVENT, "values": values, "seconds": elapsed,
-        "values_per_s": values / elapsed,
-        "events_per_s": values / VALUES_PER_EVENT / elapsed,
-        "clients": args.clients, "deliveries": len(latencies),
-        "latency_p50_ms": 1000 * statistics.median(latencies),
-        "latency_p99_ms": 1000 * percentile(latencies, 0.99),
+        "runs": args.runs, "workers": args.workers, "batch_events": args.batch,
+        "values_per_step": args.values, "database": "postgresql" if database.postgres
+        else "sqlite", "seconds": elapsed, "posts": sum(s["posts"] for s in sent),
+        "events": acked_events, "values": values, "values_per_s": values / elapsed,
+        "events_lost": lost, "events_unexpected": extra, "events_doubled": doubled,
+        "points_missing": values - points,
+        "replays": sum(s["replays"] for s in sent),
+        "replays_wrong": sum(s["replays_wrong"] for s in sent),
+        "alert_evaluations": evaluations, "alert_drain_s": drain_s,
     }
-    print(f"ingest: {result['values_per_s']:,.0f} metric values/s "
-          f"({result['events_per_s']:,.0f} events/s; {args.senders} senders x "
-          f"{args.batch} events x {VALUES_PER_EVENT} values per POST; "
-          f"{values:,} values in {elapsed:.1f} s, all in the DB)")
-    print(f"websocket delivery, {args.clients} clients, {len(latencies)} deliveries: "
-          f"p50 {result['latency_p50_ms']:.1f} ms, p99 {result['latency_p99_ms']:.1f} ms")
+    print(f"ingest ({result['database']}, {args.runs} sender processes, {args.workers} uvicorn "
+          f"workers): {result['values_per_s']:,.0f} metric values/s ({values:,} values, "
+          f"{acked_events:,} events in {result['posts']:,} POSTs of {args.batch} events, "
+          f"{elapsed:.1f} s)")
+    print(f"counted: {lost} events lost, {doubled} doubled, {extra} unexpected, "
+          f"{result['points_missing']} metric points missing; {result['replays']} replayed "
+          f"batches, {result['replays_wrong']} not answered as all duplicates; "
+          f"{evaluations} debounced alert evaluations, the last queued one started "
+          f"{drain_s:.1f} s after the senders stopped")
+    if database.postgres:
+        copied, seconds = copy_limit(sent, args.values)
+        result.update(copy_values_per_s=copied / seconds,
+                      ratio=result["values_per_s"] / (copied / seconds))
+        print(f"raw COPY of the same rows: {result['copy_values_per_s']:,.0f} metric values/s "
+              f"({copied:,} values, {seconds:.1f} s); ingest / COPY = {result['ratio']:.2f}")
+    failed = [f["error"] for f in fanned if "error" in f]
+    if failed:
+        raise RuntimeError(f"a websocket client process failed: {failed[0]}")
+    client_errors = [e for f in fanned for e in f["errors"]]
+    if client_errors:
+        print(f"{len(client_errors)} websocket clients failed, the first: {client_errors[0]}")
+    for fan in fanned:
+        for name, latencies in fan["latencies"].items():
+            result.setdefault("fanout", {}).setdefault(name, []).extend(latencies)
+    for name, latencies in result.get("fanout", {}).items():
+        clients = sum(len(f["seen"].get(name, [])) for f in fanned)
+        expected = sum(probed[run_id] for f in fanned for run_id, _ in f["seen"].get(name, []))
+        missed = expected - sum(count for f in fanned for _, count in f["seen"].get(name, []))
+        refilled = sum(f["backfilled"].get(name, 0) for f in fanned)
+        stats = {"clients": clients, "deliveries": len(latencies), "backfilled": refilled,
+                 "p50_ms": 1000 * percentile(latencies, 0.5) if latencies else None,
+                 "p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None,
+                 "max_ms": 1000 * max(latencies) if latencies else None,
+                 "missed": missed}
+        result[f"fanout {name}"] = stats
+        print(f"fan-out, {name} ({clients} clients"
+              f"{f', {args.slow} slow beside them' if name == 'one run' and args.slow else ''}"
+              f"): {len(latencies):,} deliveries, commit -> client p50 {stats['p50_ms']:.1f} ms, "
+              f"p99 {stats['p99_ms']:.1f} ms, max {stats['max_ms']:.1f} ms; {refilled:,} more "
+              f"refilled from the database (a dropped message), {missed} of {expected:,} missed")
+    result.pop("fanout", None)
     return result
 
 

@@ -15,6 +15,7 @@ TASK_MODULES = [
     "jobs.runs.submit",        # submit_run
     "jobs.runs.tasks",         # sync_runs, stop_run, enforce_stop
     "jobs.alerts.tasks",       # evaluate_alerts
+    "jobs.alerts.debounce",    # evaluate_run_alerts (after ingest, debounced per run)
     "jobs.alerts.delivery",    # deliver_notification, redeliver_notifications
 ]
 

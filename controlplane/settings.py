@@ -5,7 +5,7 @@ the environment:
     RLPLANE_DEBUG          1/true/yes/on; default off (manage.py runserver turns it on)
     RLPLANE_ALLOWED_HOSTS  comma-separated; default localhost,127.0.0.1
     DATABASE_URL           postgres://...; default SQLite (WAL) at ./db.sqlite3
-    REDIS_URL              channel layer; default redis://127.0.0.1:6379/0
+    REDIS_URL              channel layer, alert debounce keys; default redis://127.0.0.1:6379/0
     RLPLANE_RAY_JOB_PREFIX its runs' Ray job ids; default rlplane-run- (one per control
                            plane when two share a Ray cluster)
 
@@ -159,7 +159,10 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # redis-py's asyncio pool refuses a 101st connection in use at once (it does not
+        # wait): 200 sockets opening together (watchers reloading a page) each join their
+        # groups at once, and the ones past 100 failed with MaxConnectionsError.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 2000}]},
     },
 }
 
@@ -241,6 +244,15 @@ RLPLANE_SAMPLE_STEPS = max(1, int(os.environ.get("RLPLANE_SAMPLE_STEPS", "200"))
 # A run's distinct metric names (jobs/ingest/name_cap.py): past this, an event that adds
 # names is refused, so a run token cannot make every read and scrape megabytes.
 RLPLANE_MAX_METRIC_NAMES = max(1, int(os.environ.get("RLPLANE_MAX_METRIC_NAMES", "1000")))
+
+# --- Alerts after ingest (jobs/alerts/debounce.py): a run's rules run at most once per
+# this many seconds, on the Celery worker, after the batch committed; 0 evaluates in the
+# ingest request itself, right after its transaction (tests; an install without a worker).
+RLPLANE_ALERT_DEBOUNCE_S = max(0.0, float(os.environ.get("RLPLANE_ALERT_DEBOUNCE_S", "1")))
+
+# Ingest batches one web process stores at once (jobs/ingest/endpoints.py); the others
+# wait for a slot, holding no database connection.
+RLPLANE_INGEST_CONCURRENCY = max(1, int(os.environ.get("RLPLANE_INGEST_CONCURRENCY", "4")))
 
 # --- The queue (jobs/runs/queue.py): how many in-process runs (the default colocated placement,
 # which reserves nothing on Ray) may run at once on this host.

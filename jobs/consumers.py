@@ -23,8 +23,10 @@ So a client sees each seq once, in order, with no gap.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from importlib import import_module
 
 from channels.db import database_sync_to_async
@@ -79,6 +81,30 @@ def run_update(events: list[dict], status: tuple[str, str] | None,
     marks += charts.replacement_marks(e for e in events if e["type"] == REPLACED)
     return {"last_seq": events[-1]["seq"], "events": events, "charts": updates,
             "append": append, "swap": swap, "marks": marks, "progress": progress}
+
+
+SHARED_FOR_S = 2.0  # how long one socket's message is kept for the run's other sockets
+_shared: dict[tuple, asyncio.Future] = {}
+
+
+async def shared(key: tuple, make: Callable[[], Awaitable[str]]) -> str:
+    """``make()``'s result, made once per ``key`` in this process for every socket that
+    asks within SHARED_FOR_S: a broadcast reaches each watcher of a run at once, and each
+    made its own message (a few queries, the charts' data, the JSON) -- 100 watchers
+    cost 100 times one, on the one thread every consumer's queries wait for."""
+    loop = asyncio.get_running_loop()
+    future = _shared.get(key)
+    if future is None or future.get_loop() is not loop:
+        future = _shared[key] = loop.create_task(make())
+        future.add_done_callback(lambda f: loop.call_later(
+            SHARED_FOR_S if not f.cancelled() and f.exception() is None else 0,
+            forget, key, f))
+    return await asyncio.shield(future)
+
+
+def forget(key: tuple, future: asyncio.Future) -> None:
+    if _shared.get(key) is future:
+        del _shared[key]
 
 
 class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
@@ -223,6 +249,13 @@ class RunConsumer(SessionBoundConsumer):
         return list(rows[:BACKFILL_CHUNK])
 
     async def send_events(self, events: list[dict]):
+        key = (self.run_id, events[0]["seq"], events[-1]["seq"])
+        await self.send(text_data=await shared(key, lambda: self.encode_update(events)))
+        self.last_sent = events[-1]["seq"]
+
+    async def encode_update(self, events: list[dict]) -> str:
+        """The message for these events, as JSON: the same for every socket on the run
+        (the user's role shows only in alert rows, sent apart)."""
         status = progress = health = None
         if any(e["type"] in ("run.status", "control.applied") for e in events):
             status = await database_sync_to_async(self.current_status)()
@@ -231,8 +264,7 @@ class RunConsumer(SessionBoundConsumer):
         update = run_update(events, status, self.external, progress)
         if health is not None:
             update["swap"]["run-health"] = health
-        await self.send_json(update)
-        self.last_sent = events[-1]["seq"]
+        return await self.encode_json(update)
 
     def progress_clock(self) -> tuple[dict, str]:
         """Read after the events committed, so a final status stops the page's clock; and

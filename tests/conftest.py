@@ -126,6 +126,15 @@ def pytest_sessionfinish(session):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.fixture(autouse=True)
+def alerts_in_the_ingest_call(settings):
+    """The alert rules run in the ingest call, right after its transaction
+    (RLPLANE_ALERT_DEBOUNCE_S=0), so a test that ingests sees its alerts at once: its
+    transaction never commits, and a debounced evaluation waits for a commit.
+    tests/jobs/test_alerts_debounce.py drives the debounced path deployments run."""
+    settings.RLPLANE_ALERT_DEBOUNCE_S = 0
+
+
 @pytest.fixture
 def shared_ray_head(monkeypatch):
     """The session's Ray head (tests/shared.py), its runs' jobs under a name of this

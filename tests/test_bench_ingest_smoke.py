@@ -1,4 +1,5 @@
-"""bench/ingest.py still runs end to end (uvicorn, Redis, websockets), at minimal sizes."""
+"""bench/ingest.py still runs end to end (uvicorn, a Celery worker, Redis, sender
+processes, websockets with a slow client among them), at minimal sizes, on SQLite."""
 
 import re
 import subprocess
@@ -13,10 +14,18 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_the_ingest_bench_runs_at_minimal_sizes_and_prints_its_figures():
     result = subprocess.run(
-        [sys.executable, "bench/ingest.py", "--senders", "2", "--batch", "2",
-         "--seconds", "1", "--clients", "2", "--events", "5", "--interval", "0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+        [sys.executable, "bench/ingest.py", "--runs", "2", "--batch", "10", "--seconds", "1",
+         "--replay-every", "2", "--workers", "1", "--fanout", "--watchers", "2",
+         "--spread", "1", "--slow", "1", "--interval", "0.05"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180)
 
     assert result.returncode == 0, result.stderr
-    assert re.search(r"ingest: [\d,]+ metric values/s .* all in the DB", result.stdout)
-    assert re.search(r"2 clients, 10 deliveries: p50 [\d.]+ ms, p99 [\d.]+ ms", result.stdout)
+    out = result.stdout
+    assert re.search(r"ingest \(sqlite, 2 sender processes, 1 uvicorn workers\): [\d,]+ metric "
+                     r"values/s", out)
+    assert re.search(r"counted: 0 events lost, 0 doubled, 0 unexpected, 0 metric points "
+                     r"missing; [1-9]\d* replayed batches, 0 not answered", out)
+    assert re.search(r"fan-out, one run \(2 clients, 1 slow beside them\): [1-9][\d,]* "
+                     r"deliveries, commit -> client p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms; "
+                     r"[\d,]+ more refilled .*, 0 of [\d,]+ missed", out)
+    assert re.search(r"fan-out, 10 runs \(10 clients\): .* 0 of [\d,]+ missed", out)

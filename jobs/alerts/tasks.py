@@ -2,6 +2,8 @@
 
     evaluate_alerts()           beat, every 10 s: the rules over each live run, so that
                                 "nothing happened" conditions (PhaseHang, RunLost) fire
+
+The rules after ingest, debounced per run, are jobs/alerts/debounce.py's task.
 """
 
 from __future__ import annotations

@@ -7,7 +7,11 @@
                                  not yet applied after that id
 """
 
+import threading
+
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -39,13 +43,33 @@ def run_for_token(request, run_id: int) -> Run | JsonResponse:
     return run
 
 
+# Under ASGI each request runs in a thread of its own, with a database connection of its
+# own: 100 drivers posting at once held 100 connections (PostgreSQL's default limit) and
+# some batches were answered 500. A batch is CPU work under the process's one GIL, so a
+# few at a time keep the database as busy; the rest wait here, before their first query.
+INGEST_SLOTS = threading.BoundedSemaphore(settings.RLPLANE_INGEST_CONCURRENCY)
+
+
+def release_connection() -> None:
+    """Close this request's connection: its thread ends with the request, and CONN_MAX_AGE
+    kept the connection open for a thread that never comes back until it was collected
+    (PostgreSQL refused new clients with only 4 batches at a time per process). Inside
+    a transaction (a test's) it stays."""
+    if not connection.in_atomic_block:
+        connection.close()
+
+
 @csrf_exempt  # token-authenticated, no cookies: CSRF does not apply
 @require_POST
 def ingest_events(request, run_id: int):
     """POST {"events": [...]} -> 200 {stored, duplicates, last_seq}; a partly bad batch
     stores the good events and answers 400 with the same counts plus errors."""
-    with INGEST_SECONDS.time():
-        response = ingest(request, run_id)
+    with INGEST_SLOTS:
+        try:
+            with INGEST_SECONDS.time():
+                response = ingest(request, run_id)
+        finally:
+            release_connection()
     INGEST_BATCHES.labels(str(response.status_code)).inc()
     return response
 

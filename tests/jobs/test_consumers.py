@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from controlplane.asgi import application
 from engine.api import ControlAppliedEvent
-from jobs.consumers import run_update
+from jobs.consumers import RunConsumer, run_update
 from jobs.ingest import store
 from jobs.ingest.store import do_ingest_events
 from jobs.models import RunControl
@@ -254,6 +254,30 @@ def test_broadcasts_that_cross_are_delivered_in_seq_order_once(
         return messages
 
     assert seqs(run_async(scenario)) == [1, 2]
+
+
+def test_sockets_on_one_run_share_one_message_per_broadcast(
+        run, channel_layer, session_cookie, monkeypatch):
+    made = []
+    real = RunConsumer.progress_clock
+    monkeypatch.setattr(RunConsumer, "progress_clock",
+                        lambda self: made.append(self.run_id) or real(self))
+
+    async def scenario():
+        sockets = [(await open_socket(f"/ws/runs/{run.pk}/", session_cookie))[0]
+                   for _ in range(3)]
+        for communicator in sockets:
+            await communicator.send_json_to({"last_seq": 0})
+        await ingest(run, [metrics(1, 1, **{"reward/mean": 0.1})])
+        received = [await received_until(communicator, 1) for communicator in sockets]
+        for communicator in sockets:
+            await communicator.disconnect(timeout=10)
+        return received
+
+    received = run_async(scenario)
+    assert [seqs(messages) for messages in received] == [[1], [1], [1]]
+    assert received[0] == received[1] == received[2]
+    assert made == [run.pk]          # its queries and charts made once, not per socket
 
 
 def test_the_runs_list_socket_gets_each_runs_status_and_latest_metrics(
