@@ -16,6 +16,7 @@ TASK_MODULES = [
     "jobs.runs.tasks",         # sync_runs, stop_run, enforce_stop
     "jobs.alerts.tasks",       # evaluate_alerts
     "jobs.alerts.delivery",    # deliver_notification, redeliver_notifications
+    "jobs.rollups",            # drop_expired_points (raw points past their retention)
 ]
 
 app = Celery("controlplane", include=TASK_MODULES)

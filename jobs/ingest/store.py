@@ -44,6 +44,7 @@ from jobs.models import (
     RunStatus,
 )
 from jobs.models.samples import max_gap
+from jobs.rollups import derive_rollups
 from jobs.runs.queue import schedule_on_commit
 
 logger = logging.getLogger(__name__)
@@ -169,6 +170,7 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
                 run=run, step=e.step, version=e.version, path=e.path,
                 fingerprint=e.fingerprint, created_at=datetime.fromtimestamp(e.ts, UTC),
             )
+    derive_rollups(run, [e for e in events if isinstance(e, MetricsEvent)])
     MetricPoint.objects.bulk_create(
         points.values(), update_conflicts=True, unique_fields=["run", "name", "step"],
         update_fields=["value"],

@@ -1,0 +1,179 @@
+"""What a chart reads of a run's series: its raw points while the run spans at most
+RAW_SPAN steps, else the finest tier (jobs/rollups.py) with at most MAX_BUCKETS buckets
+over the run, so no series ships more than ~2 x MAX_BUCKETS points at any length:
+
+    history = load(run, names)
+        .steps   [(x, {name: value})] in x order: what charts.metric_figures draws
+        .width   steps per bucket drawn (None: raw points)
+        .times   {x: unix time} where known (raw: when the step was reported; a bucket's
+                 two points: between its closing and the previous one's)
+        .steps_reported   the most steps any of ``names`` reported
+
+A bucket is drawn as two points, its lowest and its highest value in the order they
+came, at a quarter and three quarters of its steps: a one-step spike stays on the chart.
+Each series draws its closed buckets of the chosen width, then where it has gone past
+them (its open bucket) the finer tiers' closed buckets, then its raw points: the newest
+steps are always exact, and live points extend them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.db import connection
+from django.db.models import Max, Min
+
+from jobs.models import MetricPoint, MetricRollup, Run, RunEvent
+from jobs.rollups import TIERS, ranges
+
+RAW_SPAN = 2000     # a run over at most this many steps draws every point
+MAX_BUCKETS = 1000  # else the finest tier with at most this many buckets over the run
+ENDLESS = 2**62     # a range's upper bound: to the series' end
+
+
+@dataclass
+class History:
+    steps: list[tuple[int, dict]]
+    width: int | None
+    times: dict[int, float] = field(default_factory=dict)
+    steps_reported: int = 0
+
+
+def extent(run: Run, names: list[str]) -> tuple[int, int] | None:
+    """(first, last) step of ``names``' raw points: two index seeks per name, one query."""
+    table = connection.ops.quote_name(MetricPoint._meta.db_table)
+    lo = hi = None
+    with connection.cursor() as cursor:
+        for start in range(0, len(names), 200):
+            chunk = names[start:start + 200]
+            arm = (f"SELECT (SELECT MIN(step) FROM {table} WHERE run_id = %s AND name = %s), "
+                   f"(SELECT MAX(step) FROM {table} WHERE run_id = %s AND name = %s)")
+            cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
+                           [v for n in chunk for v in (run.pk, n, run.pk, n)])
+            for a, b in cursor.fetchall():
+                if a is not None:
+                    lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+    return None if lo is None else (lo, hi)
+
+
+def tier_extent(run: Run, names: list[str]) -> tuple[int, int] | None:
+    """(first, last) step the coarsest tier holds of ``names`` (raw points dropped)."""
+    got = MetricRollup.objects.filter(run=run, width=TIERS[-1], name__in=names).aggregate(
+        lo=Min("bucket"), hi=Max("last_step"))
+    return None if got["lo"] is None else (got["lo"] * TIERS[-1], got["hi"])
+
+
+def width_for(first: int, last: int) -> int:
+    span = last - first + 1
+    return next((w for w in TIERS if span / w <= MAX_BUCKETS), TIERS[-1])
+
+
+def load(run: Run, names: Iterable[str]) -> History:
+    names = sorted(set(names))
+    raw = extent(run, names) if names else None
+    if raw is not None and raw[1] - raw[0] < RAW_SPAN:
+        return raw_history(run, names)
+    has_tiers = MetricRollup.objects.filter(run=run).exists()
+    if raw is not None and not has_tiers:
+        return raw_history(run, names)  # stored before tiers existed (manage.py history)
+    span = raw or (tier_extent(run, names) if has_tiers else None)
+    if span is None:
+        return History([], None)
+    return tiered_history(run, names, width_for(*span))
+
+
+def raw_history(run: Run, names: list[str]) -> History:
+    rows = (MetricPoint.objects.filter(run=run, name__in=names).order_by("name", "step")
+            .values_list("step", "name", "value"))
+    steps: dict[int, dict] = {}
+    counts: dict[str, int] = defaultdict(int)
+    for step, name, value in rows:
+        steps.setdefault(step, {})[name] = value
+        counts[name] += 1
+    times = dict(RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
+                 .values_list("payload__step", "ts"))
+    return History(sorted(steps.items()), None, {s: t for s, t in times.items() if s in steps},
+                   max(counts.values(), default=0))
+
+
+def tiered_history(run: Run, names: list[str], width: int) -> History:
+    steps: dict[int, dict] = defaultdict(dict)
+    ends: dict[int, float] = {}   # a bucket's last step + 1 -> when it closed
+    covered = {name: 0 for name in names}  # per series: steps below this are drawn
+    counts: dict[str, int] = defaultdict(int)
+    for tier in reversed([w for w in TIERS if w <= width]):
+        if tier == width:
+            rows = MetricRollup.objects.filter(run=run, width=tier, name__in=names)
+        else:  # each series' open bucket of the coarser tiers, from this finer one
+            rows = MetricRollup.objects.filter(run=run, width=tier).filter(
+                ranges("bucket", [(n, c // tier, ENDLESS) for n, c in covered.items()]))
+        reached = {}
+        for row in rows.order_by():
+            start = row.bucket * tier
+            if start < covered[row.name]:
+                continue
+            draw_bucket(steps, row, start, tier)
+            counts[row.name] += row.count
+            reached[row.name] = max(reached.get(row.name, 0), start + tier)
+            if row.ts is not None:
+                ends[start + tier] = max(ends.get(start + tier, row.ts), row.ts)
+        covered.update(reached)
+    tail = (MetricPoint.objects.filter(run=run)
+            .filter(ranges("step", [(n, c, ENDLESS) for n, c in covered.items()]))
+            .values_list("step", "name", "value"))
+    tail_steps = set()
+    for step, name, value in tail:
+        steps[step][name] = value
+        counts[name] += 1
+        tail_steps.add(step)
+    times = bucket_times(steps, ends)
+    if tail_steps:
+        recent = (RunEvent.objects.filter(run=run, type="metrics.append").order_by("-seq")
+                  .values_list("payload__step", "ts")[:4 * len(tail_steps) + 100])
+        times.update((s, t) for s, t in recent if s in tail_steps and s not in times)
+    return History(sorted(steps.items()), width, times, max(counts.values(), default=0))
+
+
+def draw_bucket(steps: dict[int, dict], row: MetricRollup, start: int, width: int) -> None:
+    """A bucket's low and high, in the order its steps reached them."""
+    if row.count == 0:
+        return
+    first, second = (row.low, row.high) if row.low_step <= row.high_step \
+        else (row.high, row.low)
+    steps[start + width // 4][row.name] = first
+    steps[start + (3 * width) // 4][row.name] = second
+
+
+def bucket_times(steps: dict[int, dict], ends: dict[int, float]) -> dict[int, float]:
+    """A drawn x's time, between the closing times of the buckets around it."""
+    if not ends:
+        return {}
+    edges = sorted(ends)
+    out = {}
+    for x in steps:
+        i = bisect.bisect_right(edges, x)
+        if i == len(edges):
+            continue
+        hi_x, hi_t = edges[i], ends[edges[i]]
+        lo_x, lo_t = (edges[i - 1], ends[edges[i - 1]]) if i else (hi_x, hi_t)
+        out[x] = hi_t if hi_x == lo_x else lo_t + (hi_t - lo_t) * (x - lo_x) / (hi_x - lo_x)
+    return out
+
+
+def times_at(times: dict[int, float], steps: Iterable[int]) -> dict[int, float]:
+    """Each of ``steps`` not in ``times``, at the time between the known ones around it
+    (a mark's step on a chart drawn from buckets)."""
+    known = sorted(times.items())
+    xs = [x for x, _ in known]
+    out = {}
+    for step in steps:
+        if step in times or not known:
+            continue
+        i = bisect.bisect_left(xs, step)
+        if 0 < i < len(xs):
+            (x0, t0), (x1, t1) = known[i - 1], known[i]
+            out[step] = t0 + (t1 - t0) * (step - x0) / (x1 - x0)
+    return out
