@@ -1,7 +1,8 @@
-"""A run's metric history in tiers: each metric's steps in buckets of 10, 100, 1,000 and
-10,000 steps (count, sum, min and max with their steps, last), so a chart of a 100k-step
-run reads ~1,000 rows per series instead of 100k, and a finished run's raw points can be
-dropped while its charts still draw (jobs/queries/history.py reads them).
+"""A run's metric history in tiers: each metric's steps in buckets of 10, 50, 100, 500,
+1,000, 5,000 and 10,000 steps (count, sum, min and max with their steps, last), so a
+chart of a 100k-step run reads 200 rows per series instead of 100k, and a finished run's
+raw points can be dropped while its charts still draw (jobs/queries/history.py reads
+them).
 
     ingest (in its transaction, the run's row locked), before the batch's points are
     upserted:
@@ -9,7 +10,7 @@ dropped while its charts still draw (jobs/queries/history.py reads them).
             per metric, the highest step stored (one index seek each, one query) says
             which buckets the batch completes; only those are written, once:
             10-step buckets from their points (the stored ones, the batch's over them),
-            each coarser tier from ten of the finer one's. The open bucket of each metric
+            each coarser tier from the finer one's. The open bucket of each metric
             stays in raw points until a later step closes it. A batch that re-reports a
             stored step (a resumed run) has that step's closed buckets recomputed.
     retention (Celery beat hourly: drop_expired_points; `manage.py history --drop`):
@@ -18,7 +19,7 @@ dropped while its charts still draw (jobs/queries/history.py reads them).
                                existed; `manage.py history --rebuild`)
 
 Cost per metric value at ingest: its row read back once (when its 10-step bucket
-closes), and a row written per 10, 100, 1,000 and 10,000 steps; per batch, one query (an
+closes), and a row written per 10, 50, 100, ... 10,000 steps; per batch, one query (an
 index seek per metric) for their highest stored steps. What a bucket holds is exactly the
 aggregate of its points (tests/jobs/test_rollups.py).
 """
@@ -42,7 +43,9 @@ from django.utils import timezone
 from jobs.ingest.batch import json_safe
 from jobs.models import TERMINAL, MetricPoint, MetricRollup, Run, RunEvent
 
-TIERS = (10, 100, 1_000, 10_000)  # steps per bucket, finest first; each divides the next
+# Steps per bucket, finest first; each divides the next (x5, x2), so a chart finds a tier
+# within 2.5x of the buckets it wants at any length.
+TIERS = (10, 50, 100, 500, 1_000, 5_000, 10_000)
 FINEST = TIERS[0]
 
 

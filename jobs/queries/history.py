@@ -1,6 +1,7 @@
 """What a chart reads of a run's series: its raw points while the run spans at most
 RAW_SPAN steps, else the finest tier (jobs/rollups.py) with at most MAX_BUCKETS buckets
-over the run, so no series ships more than ~2 x MAX_BUCKETS points at any length:
+over the run, so no series ships more than ~2 x MAX_BUCKETS points (and its open
+buckets' points) at any length:
 
     history = load(run, names)
         .steps   [(x, {name: value})] in x order: what charts.metric_figures draws
@@ -29,8 +30,9 @@ from django.db.models import Max, Min
 from jobs.models import MetricPoint, MetricRollup, Run, RunEvent
 from jobs.rollups import TIERS, ranges
 
-RAW_SPAN = 2000     # a run over at most this many steps draws every point
-MAX_BUCKETS = 1000  # else the finest tier with at most this many buckets over the run
+RAW_SPAN = 500     # a run over at most this many steps draws every point
+MAX_BUCKETS = 250  # else the finest tier with at most this many buckets over the run:
+# 30 series of 2 x 250 points are ~350 kB of JSON
 ENDLESS = 2**62     # a range's upper bound: to the series' end
 
 
@@ -111,15 +113,20 @@ def tiered_history(run: Run, names: list[str], width: int) -> History:
             rows = MetricRollup.objects.filter(run=run, width=tier).filter(
                 ranges("bucket", [(n, c // tier, ENDLESS) for n, c in covered.items()]))
         reached = {}
-        for row in rows.order_by():
-            start = row.bucket * tier
-            if start < covered[row.name]:
+        for name, bucket, count, low, low_step, high, high_step, ts in rows.order_by(
+                ).values_list("name", "bucket", "count", "low", "low_step", "high",
+                              "high_step", "ts"):
+            start = bucket * tier
+            if start < covered[name]:
                 continue
-            draw_bucket(steps, row, start, tier)
-            counts[row.name] += row.count
-            reached[row.name] = max(reached.get(row.name, 0), start + tier)
-            if row.ts is not None:
-                ends[start + tier] = max(ends.get(start + tier, row.ts), row.ts)
+            if count:  # its low and high, in the order its steps reached them
+                first, second = (low, high) if low_step <= high_step else (high, low)
+                steps[start + tier // 4][name] = first
+                steps[start + (3 * tier) // 4][name] = second
+            counts[name] += count
+            reached[name] = max(reached.get(name, 0), start + tier)
+            if ts is not None:
+                ends[start + tier] = max(ends.get(start + tier, ts), ts)
         covered.update(reached)
     tail = (MetricPoint.objects.filter(run=run)
             .filter(ranges("step", [(n, c, ENDLESS) for n, c in covered.items()]))
@@ -135,16 +142,6 @@ def tiered_history(run: Run, names: list[str], width: int) -> History:
                   .values_list("payload__step", "ts")[:4 * len(tail_steps) + 100])
         times.update((s, t) for s, t in recent if s in tail_steps and s not in times)
     return History(sorted(steps.items()), width, times, max(counts.values(), default=0))
-
-
-def draw_bucket(steps: dict[int, dict], row: MetricRollup, start: int, width: int) -> None:
-    """A bucket's low and high, in the order its steps reached them."""
-    if row.count == 0:
-        return
-    first, second = (row.low, row.high) if row.low_step <= row.high_step \
-        else (row.high, row.low)
-    steps[start + width // 4][row.name] = first
-    steps[start + (3 * width) // 4][row.name] = second
 
 
 def bucket_times(steps: dict[int, dict], ends: dict[int, float]) -> dict[int, float]:
@@ -177,3 +174,26 @@ def times_at(times: dict[int, float], steps: Iterable[int]) -> dict[int, float]:
             (x0, t0), (x1, t1) = known[i - 1], known[i]
             out[step] = t0 + (t1 - t0) * (step - x0) / (x1 - x0)
     return out
+
+
+def bucket_series(run: Run, names: list[str], start: int | None, end: int | None,
+                  points: int) -> dict[str, list[tuple[int, float]]]:
+    """{name: [(x, value)]} from the finest tier that draws ``start``..``end`` (default:
+    all the tiers hold) in about ``points`` points: what the API serves of a run whose raw
+    points were dropped."""
+    span = tier_extent(run, names)
+    if span is None:
+        return {name: [] for name in names}
+    lo = span[0] if start is None else start
+    hi = span[1] if end is None else end
+    width = next((w for w in TIERS if (hi - lo + 1) / w <= max(1, points // 2)), TIERS[-1])
+    series: dict[str, list] = {name: [] for name in names}
+    rows = (MetricRollup.objects.filter(run=run, width=width, name__in=names,
+                                        bucket__gte=lo // width, bucket__lte=hi // width)
+            .order_by("name", "bucket")
+            .values_list("name", "count", "low", "low_step", "high", "high_step"))
+    for name, count, low, low_step, high, high_step in rows:
+        if count:
+            pair = [(low_step, low), (high_step, high)]
+            series[name] += sorted(pair) if low_step != high_step else pair[:1]
+    return series

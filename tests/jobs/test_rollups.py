@@ -17,7 +17,7 @@ from jobs.queries import history
 from jobs.queries.run_page import chart_data, runs_with_latest_metrics
 from jobs.rollups import TIERS, Bucket, drop_expired_points, rebuild_rollups
 
-from .helpers import metrics
+from .helpers import api_token, metrics
 
 REWARD, GAP = "reward/mean", "logprob_gap/mean"
 
@@ -61,7 +61,8 @@ def test_each_closed_bucket_is_the_aggregate_of_its_points_a_re_reported_step_in
     assert_tiers_are_their_points(run)
     closed = {(w, b) for w, b in MetricRollup.objects.filter(run=run, name=REWARD)
               .values_list("width", "bucket")}
-    assert closed == {(10, b) for b in range(16)} | {(100, 0), (100, 1)}
+    assert closed == ({(10, b) for b in range(16)} | {(50, b) for b in range(4)}
+                      | {(100, 0), (100, 1)})
     hundred = MetricRollup.objects.get(run=run, name=REWARD, width=100, bucket=0)
     assert (hundred.high, hundred.high_step) == (9.0, 15)
     assert MetricRollup.objects.get(run=run, name=REWARD, width=10, bucket=12).count == 9
@@ -102,13 +103,13 @@ def test_a_long_runs_page_data_stays_under_its_cap_and_keeps_a_one_step_spike(op
 
     assert len(json.dumps(data)) < 150_000
     reward = next(f for f in data["charts"] if f["id"] == "reward")
-    assert "30,000 steps, each 100-step bucket's min and max drawn" in \
+    assert "30,000 steps, each 500-step bucket's min and max drawn" in \
         reward["layout"]["title"]["text"]
     for figure in data["charts"]:
         for trace in figure["traces"]:
             assert len(trace["x"]) <= 2 * history.MAX_BUCKETS
     mean = reward["traces"][2]
-    assert max(mean["y"]) == 50.0 and 21_300 <= mean["x"][mean["y"].index(50.0)] < 21_400
+    assert max(mean["y"]) == 50.0 and 21_000 <= mean["x"][mean["y"].index(50.0)] < 21_500
     assert mean["x"] == sorted(mean["x"])
     response = operator.get(f"/runs/{run.pk}")
     assert response.status_code == 200 and len(response.content) < 400_000
@@ -174,3 +175,19 @@ def test_the_history_command_rebuilds_runs_stored_before_tiers_and_applies_the_r
     assert MetricRollup.objects.get(run=stored_before, width=100).high == 24.0
     with pytest.raises(CommandError, match="one of --rebuild or --drop"):
         call_command("history")
+
+
+def test_the_api_serves_a_dropped_runs_series_from_its_buckets(make_run, settings, client):
+    settings.RLPLANE_RAW_POINTS_RETENTION_DAYS = 7
+    old = finished(make_run, 10)
+    ingest(old, range(0, 35), 1, value=lambda s: 7.0 if s == 33 else float(s) / 100)
+    drop_expired_points()
+    auth = {"Authorization": f"Bearer {api_token('viewer', operator=False)}"}
+
+    series = client.get(f"/api/v1/runs/{old.pk}/metrics", {"name": REWARD},
+                        headers=auth).json()["series"]
+    names = client.get(f"/api/v1/runs/{old.pk}/metric-names", headers=auth).json()["names"]
+
+    assert series[REWARD] == {"steps": [0, 9, 10, 19, 20, 29, 30, 33],
+                              "values": [0.0, 0.09, 0.1, 0.19, 0.2, 0.29, 0.3, 7.0]}
+    assert names == [GAP, REWARD]
