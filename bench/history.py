@@ -19,9 +19,13 @@ and 1,000 runs in the database, and what 10k steps cost on disk.
                 compare of the 6 long runs (GET /api/runs/compare, and the page),
               beside the old read of the same run page's series: every raw point
               (jobs.queries.history.raw_history), once
+    ingest    --ingest-steps steps through jobs.ingest.store.do_ingest_events, one step
+              per batch, into two runs: with the tiers kept and with derive_rollups a
+              no-op, alternating; ms per batch each and the ratio
 
     .venv/bin/python bench/history.py [--runs 1000] [--long-runs 6] [--steps 100000]
-        [--names 30] [--database-url postgres://postgres@127.0.0.1:5432/postgres]
+        [--names 30] [--ingest-steps 2000]
+        [--database-url postgres://postgres@127.0.0.1:5432/postgres]
 """
 
 from __future__ import annotations
@@ -187,6 +191,15 @@ def measure(args, user, long_runs, names):
         assert response.status_code == 200, (url, response.status_code)
         return response
 
+    if args.profile:
+        import cProfile
+        import pstats
+        for url in (f"/runs/{first.pk}", "/"):
+            get(url)
+            profile = cProfile.Profile()
+            profile.runcall(get, url)
+            print(f"--- {url}")
+            pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
     rows = []
     best, med, page = timed(lambda: get(f"/runs/{first.pk}"), args.repeat)
     data = json.dumps(chart_data(first))
@@ -207,6 +220,34 @@ def measure(args, user, long_runs, names):
     return rows, raw_s, len(raw.steps)
 
 
+def ingest_cost(args, names: list[str]) -> tuple[float, float]:
+    """Seconds to ingest --ingest-steps steps (one step of ``names`` per batch, as a live
+    run's sink sends them) into a fresh run, with the tiers kept and with
+    derive_rollups made a no-op: the same events, side by side, alternating."""
+    from django.conf import settings
+
+    from engine.api import MetricsEvent
+    from jobs.ingest import store
+    from jobs.models import Run, RunStatus
+
+    # Both arms send the same broadcasts; in memory, so the bench touches no shared Redis.
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    kept = store.derive_rollups
+    spent = {True: 0.0, False: 0.0}
+    runs = {tiers: Run.objects.create(name=f"ingest {tiers}", config=CONFIG,
+                                      status=RunStatus.RUNNING) for tiers in spent}
+    for step in range(args.ingest_steps):
+        event = MetricsEvent(seq=step + 1, ts=1e9 + step, step=step,
+                             values={n: value_of(step, k) for k, n in enumerate(names)})
+        for tiers in (step % 2 == 0, step % 2 == 1):
+            store.derive_rollups = kept if tiers else (lambda run, events: None)
+            start = time.perf_counter()
+            store.do_ingest_events(runs[tiers], [event])
+            spent[tiers] += time.perf_counter() - start
+    store.derive_rollups = kept
+    return spent[True], spent[False]
+
+
 def run_bench(args) -> None:
     import django
     django.setup()
@@ -223,6 +264,12 @@ def run_bench(args) -> None:
         print(f"{label:44s} {best * 1000:9.1f} {med * 1000:10.1f} {size:11,d}")
     print(f"\nold read of the run page's series (every raw point, {raw_steps:,} steps): "
           f"{raw_s * 1000:.0f} ms, {raw_s / rows[1][1]:.0f}x the chart data's best above")
+    if args.ingest_steps:
+        with_tiers, without = ingest_cost(args, names)
+        per = 1000 / args.ingest_steps
+        print(f"\ningest, one step of {len(names)} metrics per batch, {args.ingest_steps:,} "
+              f"steps: {with_tiers * per:.2f} ms per batch with tiers kept, "
+              f"{without * per:.2f} ms without; ratio {with_tiers / without:.2f}")
     print(f"\ndatabase bytes per 10k steps of {len(names)} metrics (one run):")
     for table, size in per_10k.items():
         print(f"  {table:22s} {size / 1e6:8.2f} MB")
@@ -239,6 +286,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--names", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--profile", action="store_true",
+                        help="print where the run page's and the list's time goes")
+    parser.add_argument("--ingest-steps", type=int, default=2_000,
+                        help="steps ingested with and without tiers (0: skip)")
     parser.add_argument("--database-url", default="",
                         help="a PostgreSQL server's URL: a throwaway database is made there")
     args = parser.parse_args()
