@@ -31,13 +31,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import reduce
-from operator import or_
 
 from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from jobs.ingest.batch import json_safe
@@ -164,26 +161,54 @@ def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
         upsert(run, width, buckets)
 
 
-def ranges(field: str, spans: Iterable[tuple[str, int, int]]) -> Q:
-    """name = n AND lo <= field < hi, OR'd: index ranges of (run, name, ...)."""
-    return reduce(or_, (Q(name=n, **{f"{field}__gte": lo, f"{field}__lt": hi})
-                        for n, lo, hi in spans))
+ROLLUP_FIELDS = ("name", "bucket", "count", "total", "low", "low_step", "high", "high_step",
+                 "last_step", "last", "ts")
+
+
+@dataclass
+class RollupRow:
+    name: str
+    bucket: int
+    count: int
+    total: float
+    low: float | None
+    low_step: int | None
+    high: float | None
+    high_step: int | None
+    last_step: int
+    last: float | None
+    ts: float | None
+
+
+def ranges(model, fields: Sequence[str], run: Run, width: int | None, field: str,
+           spans: Iterable[tuple[str, int, int]]):
+    """``fields`` of ``model``'s rows of the run (and width) with name = n and
+    lo <= ``field`` < hi, for each (n, lo, hi): one index range each, as UNION ALL (an OR
+    of them, SQLite reads as a scan of all the run's rows)."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    q = connection.ops.quote_name
+    where = "run_id = %s" + ("" if width is None else " AND width = %s")
+    arm = (f"SELECT {', '.join(map(q, fields))} FROM {table} WHERE {where} AND name = %s "
+           f"AND {q(field)} >= %s AND {q(field)} < %s")
+    head = [run.pk] if width is None else [run.pk, width]
+    spans = sorted(spans)
+    with connection.cursor() as cursor:
+        for start in range(0, len(spans), 200):  # SQLite: at most 500 terms per compound
+            chunk = spans[start:start + 200]
+            cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
+                           [v for n, lo, hi in chunk for v in (*head, n, lo, hi)])
+            yield from cursor.fetchall()
 
 
 def raw_points(run: Run, keys: set[tuple[str, int]]):
     """(name, step, value) of the stored points in these finest-tier buckets."""
-    spans = sorted((n, b * FINEST, (b + 1) * FINEST) for n, b in keys)
-    for start in range(0, len(spans), 200):
-        yield from (MetricPoint.objects.filter(run=run)
-                    .filter(ranges("step", spans[start:start + 200]))
-                    .values_list("name", "step", "value"))
+    return ranges(MetricPoint, ("name", "step", "value"), run, None, "step",
+                  {(n, b * FINEST, (b + 1) * FINEST) for n, b in keys})
 
 
 def rollup_rows(run: Run, width: int, spans: set[tuple[str, int, int]]):
-    spans = sorted(spans)
-    for start in range(0, len(spans), 200):
-        yield from MetricRollup.objects.filter(run=run, width=width).filter(
-            ranges("bucket", spans[start:start + 200]))
+    return (RollupRow(*row) for row in ranges(MetricRollup, ROLLUP_FIELDS, run, width,
+                                              "bucket", spans))
 
 
 COLUMNS = ("run_id", "name", "width", "bucket", "count", "total", "low", "low_step", "high",

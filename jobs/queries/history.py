@@ -106,16 +106,16 @@ def tiered_history(run: Run, names: list[str], width: int) -> History:
     ends: dict[int, float] = {}   # a bucket's last step + 1 -> when it closed
     covered = {name: 0 for name in names}  # per series: steps below this are drawn
     counts: dict[str, int] = defaultdict(int)
+    fields = ("name", "bucket", "count", "low", "low_step", "high", "high_step", "ts")
     for tier in reversed([w for w in TIERS if w <= width]):
         if tier == width:
-            rows = MetricRollup.objects.filter(run=run, width=tier, name__in=names)
+            rows = MetricRollup.objects.filter(run=run, width=tier, name__in=names).order_by(
+                ).values_list(*fields)
         else:  # each series' open bucket of the coarser tiers, from this finer one
-            rows = MetricRollup.objects.filter(run=run, width=tier).filter(
-                ranges("bucket", [(n, c // tier, ENDLESS) for n, c in covered.items()]))
+            rows = ranges(MetricRollup, fields, run, tier, "bucket",
+                          [(n, c // tier, ENDLESS) for n, c in covered.items()])
         reached = {}
-        for name, bucket, count, low, low_step, high, high_step, ts in rows.order_by(
-                ).values_list("name", "bucket", "count", "low", "low_step", "high",
-                              "high_step", "ts"):
+        for name, bucket, count, low, low_step, high, high_step, ts in rows:
             start = bucket * tier
             if start < covered[name]:
                 continue
@@ -128,11 +128,9 @@ def tiered_history(run: Run, names: list[str], width: int) -> History:
             if ts is not None:
                 ends[start + tier] = max(ends.get(start + tier, ts), ts)
         covered.update(reached)
-    tail = (MetricPoint.objects.filter(run=run)
-            .filter(ranges("step", [(n, c, ENDLESS) for n, c in covered.items()]))
-            .values_list("step", "name", "value"))
     tail_steps = set()
-    for step, name, value in tail:
+    for name, step, value in ranges(MetricPoint, ("name", "step", "value"), run, None,
+                                    "step", [(n, c, ENDLESS) for n, c in covered.items()]):
         steps[step][name] = value
         counts[name] += 1
         tail_steps.add(step)

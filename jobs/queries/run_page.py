@@ -138,9 +138,13 @@ def recent_logs(run: Run) -> list[dict]:
     """The newest LOG_LINES lines: what the run's process reported (seq order) and, for a
     launched command, its Ray job's output (seqs below 0, newest lowest:
     jobs/runs/job_logs.py), merged by time."""
-    logs = RunEvent.objects.filter(run=run, type__in=LOG_TYPES)
-    rows = list(logs.filter(seq__gt=0).order_by("-seq")[:LOG_LINES])
+    # One query per type: each reads the (run, type, seq) index newest first and stops;
+    # with type IN (...) SQLite walks every event of the run by seq instead.
+    rows = sorted((row for kind in LOG_TYPES for row in RunEvent.objects.filter(
+        run=run, type=kind, seq__gt=0).order_by("-seq")[:LOG_LINES]),
+        key=lambda row: row.seq, reverse=True)
     if run.is_external:
+        logs = RunEvent.objects.filter(run=run, type__in=LOG_TYPES)
         rows += logs.filter(seq__lt=0).order_by("seq")[:LOG_LINES]
         rows.sort(key=lambda row: (row.ts, abs(row.seq)), reverse=True)
     return log_lines([row.payload for row in reversed(rows[:LOG_LINES])])
