@@ -194,6 +194,24 @@ def measure(args, user, long_runs, names):
     if args.profile:
         import cProfile
         import pstats
+
+        from django.db import connection
+        ids = ",".join(str(r.pk) for r in long_runs[:6])
+        for url in (f"/runs/{first.pk}", f"/api/runs/compare?ids={ids}"):
+            get(url)
+            spent = []
+
+            def clock(execute, sql, params, many, context, spent=spent):
+                start = time.perf_counter()
+                try:
+                    return execute(sql, params, many, context)
+                finally:
+                    spent.append((time.perf_counter() - start, sql[:160]))
+            with connection.execute_wrapper(clock):
+                get(url)
+            print(f"--- slowest queries of {url}")
+            for seconds, sql in sorted(spent, reverse=True)[:8]:
+                print(f"{seconds * 1000:8.1f} ms  {sql}")
         for url in (f"/runs/{first.pk}", "/"):
             get(url)
             profile = cProfile.Profile()

@@ -120,20 +120,39 @@ def derive_rollups(run: Run, events: Sequence) -> None:
 
 
 def last_steps(run: Run, names: Iterable[str]) -> dict[str, int]:
-    """{name: its highest stored step} of those stored: one index seek per name (a
-    GROUP BY would read every point of each), in one round trip."""
+    """{name: its highest stored step} of those stored."""
+    return {name: hi for name, (_, hi) in step_bounds(run, names).items()}
+
+
+def step_bounds(run: Run, names: Iterable[str],
+                first: bool = False) -> dict[str, tuple[int | None, int]]:
+    """{name: (its lowest stored step if ``first``, its highest)} of those stored: an
+    index seek each (a GROUP BY would read every point of each), in one round trip.
+    PostgreSQL: one correlated subquery over unnest(names), planned once; SQLite: a
+    UNION ALL arm per name (it has no arrays, and plans arms cheaply)."""
     table = connection.ops.quote_name(MetricPoint._meta.db_table)
     names = list(names)
-    out: dict[str, int] = {}
+
+    def seek(fn: str, name_sql: str) -> str:
+        return f"(SELECT {fn}(step) FROM {table} WHERE run_id = %s AND name = {name_sql})"
     with connection.cursor() as cursor:
-        for start in range(0, len(names), 200):  # SQLite: at most 500 terms per compound
-            chunk = names[start:start + 200]
-            arm = (f"SELECT %s, (SELECT MAX(step) FROM {table} WHERE run_id = %s "
-                   "AND name = %s)")
-            cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
-                           [v for name in chunk for v in (name, run.pk, name)])
-            out.update((name, step) for name, step in cursor.fetchall() if step is not None)
-    return out
+        if connection.vendor == "postgresql":
+            low = seek("MIN", "t.n") if first else "NULL"
+            cursor.execute(f"SELECT t.n, {low}, {seek('MAX', 't.n')} "
+                           "FROM unnest(%s::text[]) AS t(n)",
+                           [run.pk] * first + [run.pk, names])
+            rows = cursor.fetchall()
+        else:
+            rows = []
+            for start in range(0, len(names), 200):  # at most 500 terms per compound
+                chunk = names[start:start + 200]
+                low = seek("MIN", "%s") if first else "NULL"
+                arm = f"SELECT %s, {low}, {seek('MAX', '%s')}"
+                cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
+                               [v for n in chunk
+                                for v in (n, *((run.pk, n) if first else ()), run.pk, n)])
+                rows += cursor.fetchall()
+    return {name: (lo, hi) for name, lo, hi in rows if hi is not None}
 
 
 def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
@@ -183,16 +202,32 @@ class RollupRow:
 def ranges(model, fields: Sequence[str], run: Run, width: int | None, field: str,
            spans: Iterable[tuple[str, int, int]]):
     """``fields`` of ``model``'s rows of the run (and width) with name = n and
-    lo <= ``field`` < hi, for each (n, lo, hi): one index range each, as UNION ALL (an OR
-    of them, SQLite reads as a scan of all the run's rows)."""
+    lo <= ``field`` < hi, for each (n, lo, hi): one index range each. PostgreSQL: a
+    LATERAL join over unnest(spans), planned once (a UNION ALL arm per span cost ~1 ms of
+    planning each); OFFSET 0 keeps the subquery a parameterized index scan per span
+    (pulled up into a join, it was hashed against every point of the run). SQLite: a
+    UNION ALL arm per span."""
     table = connection.ops.quote_name(model._meta.db_table)
     q = connection.ops.quote_name
+    cols = ", ".join(map(q, fields))
     where = "run_id = %s" + ("" if width is None else " AND width = %s")
-    arm = (f"SELECT {', '.join(map(q, fields))} FROM {table} WHERE {where} AND name = %s "
-           f"AND {q(field)} >= %s AND {q(field)} < %s")
     head = [run.pk] if width is None else [run.pk, width]
     spans = sorted(spans)
+    if not spans:
+        return
     with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"SELECT x.* FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) "
+                f"AS t(n, lo, hi) CROSS JOIN LATERAL (SELECT {cols} FROM {table} "
+                f"WHERE {where} AND name = t.n AND {q(field)} >= t.lo "
+                f"AND {q(field)} < t.hi OFFSET 0) AS x",
+                [[n for n, _, _ in spans], [lo for _, lo, _ in spans],
+                 [hi for _, _, hi in spans], *head])
+            yield from cursor.fetchall()
+            return
+        arm = (f"SELECT {cols} FROM {table} WHERE {where} AND name = %s "
+               f"AND {q(field)} >= %s AND {q(field)} < %s")
         for start in range(0, len(spans), 200):  # SQLite: at most 500 terms per compound
             chunk = spans[start:start + 200]
             cursor.execute(" UNION ALL ".join([arm] * len(chunk)),

@@ -24,11 +24,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from django.db import connection
 from django.db.models import Max, Min
 
 from jobs.models import MetricPoint, MetricRollup, Run, RunEvent
-from jobs.rollups import TIERS, ranges
+from jobs.rollups import TIERS, ranges, step_bounds
 
 RAW_SPAN = 500     # a run over at most this many steps draws every point
 MAX_BUCKETS = 250  # else the finest tier with at most this many buckets over the run:
@@ -45,20 +44,11 @@ class History:
 
 
 def extent(run: Run, names: list[str]) -> tuple[int, int] | None:
-    """(first, last) step of ``names``' raw points: two index seeks per name, one query."""
-    table = connection.ops.quote_name(MetricPoint._meta.db_table)
-    lo = hi = None
-    with connection.cursor() as cursor:
-        for start in range(0, len(names), 200):
-            chunk = names[start:start + 200]
-            arm = (f"SELECT (SELECT MIN(step) FROM {table} WHERE run_id = %s AND name = %s), "
-                   f"(SELECT MAX(step) FROM {table} WHERE run_id = %s AND name = %s)")
-            cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
-                           [v for n in chunk for v in (run.pk, n, run.pk, n)])
-            for a, b in cursor.fetchall():
-                if a is not None:
-                    lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
-    return None if lo is None else (lo, hi)
+    """(first, last) step of ``names``' raw points: two index seeks per name."""
+    bounds = step_bounds(run, names, first=True).values()
+    if not bounds:
+        return None
+    return min(lo for lo, _ in bounds), max(hi for _, hi in bounds)
 
 
 def tier_extent(run: Run, names: list[str]) -> tuple[int, int] | None:
