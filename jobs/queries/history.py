@@ -68,7 +68,9 @@ def load(run: Run, names: Iterable[str]) -> History:
     raw = extent(run, names) if names else None
     if raw is not None and raw[1] - raw[0] < RAW_SPAN:
         return raw_history(run, names)
-    has_tiers = MetricRollup.objects.filter(run=run).exists()
+    # By the unique index's (run, width, name) prefix: on run alone PostgreSQL picked a
+    # sequential scan for LIMIT 1 and read past every other run's buckets.
+    has_tiers = MetricRollup.objects.filter(run=run, width=TIERS[0], name__in=names).exists()
     if raw is not None and not has_tiers:
         return raw_history(run, names)  # stored before tiers existed (manage.py history)
     span = raw or (tier_extent(run, names) if has_tiers else None)
