@@ -24,7 +24,7 @@ and 1,000 runs in the database, and what 10k steps cost on disk.
               no-op, alternating; ms per batch each and the ratio
 
     .venv/bin/python bench/history.py [--runs 1000] [--long-runs 6] [--steps 100000]
-        [--names 30] [--ingest-steps 2000]
+        [--names 30] [--ingest-steps 1000]
         [--database-url postgres://postgres@127.0.0.1:5432/postgres]
 """
 
@@ -306,7 +306,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--profile", action="store_true",
                         help="print where the run page's and the list's time goes")
-    parser.add_argument("--ingest-steps", type=int, default=2_000,
+    parser.add_argument("--ingest-steps", type=int, default=1_000,
                         help="steps ingested with and without tiers (0: skip)")
     parser.add_argument("--database-url", default="",
                         help="a PostgreSQL server's URL: a throwaway database is made there")
