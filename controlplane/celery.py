@@ -17,6 +17,7 @@ TASK_MODULES = [
     "jobs.alerts.tasks",       # evaluate_alerts
     "jobs.alerts.debounce",    # evaluate_run_alerts (after ingest, debounced per run)
     "jobs.alerts.delivery",    # deliver_notification, redeliver_notifications
+    "jobs.rollups",            # drop_expired_points (raw points past their retention)
 ]
 
 app = Celery("controlplane", include=TASK_MODULES)

@@ -204,6 +204,8 @@ CELERY_BEAT_SCHEDULE = {
     # A worker killed after claiming a notification, or a task lost with the broker.
     "redeliver-notifications": {"task": "jobs.alerts.delivery.redeliver_notifications",
                                 "schedule": 30.0},
+    # Raw metric points of runs finished past RLPLANE_RAW_POINTS_RETENTION_DAYS.
+    "drop-expired-points": {"task": "jobs.rollups.drop_expired_points", "schedule": 3600.0},
 }
 
 # --- Ray: where runs go. RAY_ADDRESS is the GCS (host:port) for ray.init-style clients;
@@ -253,6 +255,13 @@ RLPLANE_ALERT_DEBOUNCE_S = max(0.0, float(os.environ.get("RLPLANE_ALERT_DEBOUNCE
 # Ingest batches one web process stores at once (jobs/ingest/endpoints.py); the others
 # wait for a slot, holding no database connection.
 RLPLANE_INGEST_CONCURRENCY = max(1, int(os.environ.get("RLPLANE_INGEST_CONCURRENCY", "4")))
+
+# A finished run's raw metric points (one row per metric per step) are deleted this many
+# days after it finished; its charts then draw from the tiers kept as points arrive
+# (jobs/rollups.py: buckets of 10, 100, 1,000 and 10,000 steps with count, mean, min, max and
+# last), and the API's series of it come from those. Unset or 0: raw points are kept.
+RLPLANE_RAW_POINTS_RETENTION_DAYS = float(
+    os.environ.get("RLPLANE_RAW_POINTS_RETENTION_DAYS", "0") or 0)
 
 # --- The queue (jobs/runs/queue.py): how many in-process runs (the default colocated placement,
 # which reserves nothing on Ray) may run at once on this host.

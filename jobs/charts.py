@@ -21,7 +21,8 @@ MetricPoint / PhaseSpan rows) and the live updates (from events), so the traces 
                               each figure's "wall" holds the same points' x in wall seconds
 
 Every metric chart can be drawn against wall time instead of steps: the pages map each
-step to when it was reported (jobs/queries/run_page.py step_times) and restyle the x arrays.
+step to when it was reported (jobs/queries/history.py: History.times) and restyle the x
+arrays.
 """
 
 from __future__ import annotations
@@ -216,10 +217,12 @@ def other_names(names: Iterable[str]) -> list[str]:
 
 
 def metric_figures(steps: list[tuple[int, Values]], algorithm: str = "grpo",
-                   others: Iterable[str] = ()) -> list[dict]:
+                   others: Iterable[str] = (), width: int | None = None,
+                   steps_reported: int | None = None) -> list[dict]:
     """One figure per chart of ``algorithm``, then one per name of ``others``; a long
     run's charts are thinned to their envelope (at most RUN_POINTS steps each) and say so
-    in their title."""
+    in their title. ``width``: the steps are buckets of that many steps (two points each,
+    jobs/queries/history.py) of a run that reported ``steps_reported`` steps."""
     figures = []
     for chart in (*METRIC_CHARTS, *map(other_chart, others)):
         if chart.algorithm not in (None, algorithm):
@@ -229,8 +232,13 @@ def metric_figures(steps: list[tuple[int, Values]], algorithm: str = "grpo",
         traces = [{"name": t.name, "type": "scatter", "mode": "lines", **t.style, "x": x, "y": y,
                    **legend_of(t.name, algorithm)}
                   for t, x, y in zip(chart.traces, xs, ys, strict=True)]
-        title = chart.title if kept is steps else (
-            f"{chart.title} · {len(steps):,} steps, each bucket's min and max drawn")
+        if width is not None:
+            title = (f"{chart.title} · {steps_reported or 0:,} steps, each {width:,}-step "
+                     "bucket's min and max drawn")
+        elif kept is steps:
+            title = chart.title
+        else:
+            title = f"{chart.title} · {len(steps):,} steps, each bucket's min and max drawn"
         figures.append({"id": chart.id, "title": chart.title, "traces": traces,
                         "layout": {**BASE_LAYOUT, **chart.layout, "title": {"text": title}}})
     return figures

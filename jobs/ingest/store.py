@@ -45,6 +45,7 @@ from jobs.models import (
     RunStatus,
 )
 from jobs.models.samples import max_gap
+from jobs.rollups import derive_rollups
 from jobs.runs.queue import schedule_on_commit
 
 logger = logging.getLogger(__name__)
@@ -174,6 +175,7 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
                 run=run, step=e.step, version=e.version, path=e.path,
                 fingerprint=e.fingerprint, created_at=datetime.fromtimestamp(e.ts, UTC),
             )
+    derive_rollups(run, [e for e in events if isinstance(e, MetricsEvent)])
     upsert_metric_points(run.pk, points)
     insert_spans(spans)
     Checkpoint.objects.bulk_create(

@@ -3,7 +3,8 @@
     preset.py   Preset        a named, validated RunConfig
     run.py      Run           one run: config, status machine, ingest token
     status.py   RunStatus     the run's states, the transitions between them, LIVE, TERMINAL
-    series.py   MetricPoint   per-step metric values; PhaseSpan: device busy intervals
+    series.py   MetricPoint   per-step metric values; MetricRollup: their bucketed tiers;
+                PhaseSpan: device busy intervals
     events.py   RunEvent      every engine event, unique by (run, seq); Checkpoint
     alerts.py   Alert         a named condition on a run; AlertChannel; Notification
     tokens.py   ApiToken      a user's REST API token, stored hashed
@@ -24,7 +25,7 @@ from jobs.models.events import Checkpoint, RunEvent
 from jobs.models.preset import Preset
 from jobs.models.run import NotNative, Run
 from jobs.models.samples import InspectedSample
-from jobs.models.series import MetricPoint, PhaseSpan, latest_values
+from jobs.models.series import MetricPoint, MetricRollup, PhaseSpan, latest_values
 from jobs.models.status import LIVE, TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
 from jobs.models.tokens import ApiToken
 
@@ -32,6 +33,7 @@ __all__ = [
     "LIVE_STATES", "Alert", "AlertChannel", "AlertState", "ApiToken", "Notification",
     "InspectedSample", "NotificationStatus",
     "LIVE", "TERMINAL", "TRANSITIONS", "Checkpoint", "InvalidTransition", "MetricPoint",
+    "MetricRollup",
     "NotNative", "PhaseSpan", "Preset", "Run", "RunControl", "RunEvent", "RunStatus",
     "latest_values",
 ]

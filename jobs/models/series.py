@@ -58,3 +58,36 @@ def latest_values(run_ids) -> dict[int, dict[str, tuple[int, float | None]]]:
         out[run_id] = {name: (step, value) for name, step, value in
                        rows.values_list("name", "step", "value") if steps.get(name) == step}
     return out
+
+
+class MetricRollup(models.Model):
+    """One bucket of a metric's steps at one tier: steps [bucket * width, (bucket + 1) *
+    width). Kept as points arrive (jobs/rollups.py derive_rollups), so a long run's chart
+    reads a few thousand of these instead of every point, and they outlive the raw points
+    (RLPLANE_RAW_POINTS_RETENTION_DAYS). ``count``, ``total``, ``low`` and ``high`` are over
+    the bucket's finite values (a NaN is stored as NULL and counted nowhere); ``last`` is
+    the value at the bucket's highest step, NULL included."""
+
+    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="metric_rollups")
+    name = models.TextField()
+    width = models.IntegerField()      # steps per bucket: one of jobs.rollups.TIERS
+    bucket = models.BigIntegerField()  # step // width
+    count = models.IntegerField()
+    total = models.FloatField()
+    low = models.FloatField(null=True)
+    low_step = models.BigIntegerField(null=True)
+    high = models.FloatField(null=True)
+    high_step = models.BigIntegerField(null=True)
+    last_step = models.BigIntegerField()
+    last = models.FloatField(null=True)
+    ts = models.FloatField(null=True)  # unix time the bucket's latest point was reported
+
+    class Meta:
+        constraints = [
+            # Also the index a chart reads: WHERE run = ? AND width = ? AND name IN (...).
+            models.UniqueConstraint(fields=["run", "width", "name", "bucket"],
+                                    name="metric_rollup_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} {self.name} steps {self.bucket * self.width}+{self.width}"

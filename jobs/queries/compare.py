@@ -19,7 +19,7 @@ from engine.config import FRAMEWORK_LABELS
 from jobs import charts
 from jobs.models import Run
 from jobs.models.validators import parse_pk
-from jobs.queries import run_page
+from jobs.queries import history, run_page
 
 Series = Sequence[tuple[int, float | None]]
 MIN_RUNS, MAX_RUNS = 2, 6
@@ -200,20 +200,29 @@ def compare_data(runs: list[Run], level: float | None) -> dict:
     """What the page draws and the JSON endpoint returns: per run its summary row, the
     config keys that differ, and the overlaid charts. An external run's series are under
     the canonical names its framework's are mapped to, so they overlay a native run's;
-    its config (framework, params) is diffed key by key like a RunConfig."""
+    its config (framework, params) is diffed key by key like a RunConfig. A long run's
+series are its tiers' buckets (jobs/queries/history.py): its summary's means and
+percentiles are then over each bucket's min and max, not every step."""
     names = {name for name, _ in charts.COMPARE_METRICS} | set(SUMMARY_METRICS)
-    loaded = []
+    loaded, summaries = [], []
     with run_page.snapshot():
         for run in runs:
-            loaded.append((run, run_page.metric_series(run, names),
-                           since_start(run_page.step_times(run))))
+            drawn = history.load(run, names)
+            series = {name: [(x, values[name]) for x, values in drawn.steps if name in values]
+                      for name in names}
+            wall = since_start(drawn.times)
+            loaded.append((run, series, wall))
+            summary = summarize(series, wall, level)
+            if drawn.width is not None:  # a long run's series are its buckets' min and max
+                summary["steps"] = drawn.steps_reported
+            summaries.append(summary)
     differences = config_differences([run.config for run, _, _ in loaded])
     return {
         "level": level,
         "runs": [{"id": run.pk, "name": run.name, "status": run.status,
                   "framework": run.framework,
-                  "parent_id": run.parent_id, "summary": summarize(series, wall, level)}
-                 for run, series, wall in loaded],
+                  "parent_id": run.parent_id, "summary": summary}
+                 for (run, _, _), summary in zip(loaded, summaries, strict=True)],
         "config_diff": [{"key": key, "values": values} for key, values in differences],
         "charts": charts.compare_figures([(run_label(run), series, wall)
                                           for run, series, wall in loaded]),

@@ -26,11 +26,14 @@ from jobs.models import (
     TERMINAL,
     Alert,
     MetricPoint,
+    MetricRollup,
     PhaseSpan,
     Run,
     RunControl,
     RunEvent,
 )
+from jobs.queries import history
+from jobs.rollups import TIERS
 
 LOG_LINES = 200  # the newest log lines a page starts with
 REPLACED = "worker.replaced"  # a rollout worker the engine replaced: a mark on the charts
@@ -48,9 +51,14 @@ def snapshot():
         yield
 
 
-def latest_metric(name: str, field: str = "value") -> Subquery:
+def latest_metric(name: str, field: str = "value") -> Coalesce:
+    """The run's last ``name`` point's value (or step); a run whose raw points were
+    dropped (RLPLANE_RAW_POINTS_RETENTION_DAYS): its coarsest tier's last bucket's."""
     rows = MetricPoint.objects.filter(run=OuterRef("pk"), name=name).order_by("-step")
-    return Subquery(rows.values(field)[:1])
+    kept = (MetricRollup.objects.filter(run=OuterRef("pk"), name=name, width=TIERS[-1])
+            .order_by("-bucket"))
+    return Coalesce(Subquery(rows.values(field)[:1]),
+                    Subquery(kept.values("last" if field == "value" else "last_step")[:1]))
 
 
 def runs_with_latest_metrics(runs=None):
@@ -70,36 +78,6 @@ def open_alert_count() -> Coalesce:
     rows = (Alert.objects.filter(run=OuterRef("pk"), state__in=LIVE_STATES).order_by()
             .values("run").annotate(n=Count("pk")).values("n"))
     return Coalesce(Subquery(rows), 0)
-
-
-def metric_steps(run: Run, extra: list[str] = ()) -> list[tuple[int, dict]]:
-    """[(step, {metric: value})] in step order, for the metrics some chart reads (and
-    ``extra``)."""
-    # By (name, step): the unique index's order, so the database reads it without a sort.
-    rows = (MetricPoint.objects.filter(run=run, name__in=charts.metric_names() | set(extra))
-            .order_by("name", "step").values_list("step", "name", "value"))
-    steps: dict[int, dict] = {}
-    for step, name, value in rows:
-        steps.setdefault(step, {})[name] = value
-    return sorted(steps.items())
-
-
-def metric_series(run: Run, names) -> dict[str, list[tuple[int, float | None]]]:
-    """{name: [(step, value)]} in step order, for each of ``names`` (empty if unreported)."""
-    series: dict[str, list] = {name: [] for name in names}
-    rows = (MetricPoint.objects.filter(run=run, name__in=list(names))
-            .order_by("name", "step").values_list("name", "step", "value"))
-    for name, step, value in rows:
-        series[name].append((step, value))
-    return series
-
-
-def step_times(run: Run) -> dict[int, float]:
-    """{step: unix time its metrics were reported}, by the engine's clock (a step reported
-    twice, by a resumed run: the later)."""
-    rows = (RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
-            .values_list("payload__step", "ts"))
-    return dict(rows)
 
 
 def recent_spans(run: Run) -> list[dict]:
@@ -126,7 +104,9 @@ def chart_data(run: Run) -> dict:
         others = charts.other_names(
             MetricPoint.objects.filter(run=run).values_list("name", flat=True).distinct()
         ) if run.is_external else []
-        figures = charts.metric_figures(metric_steps(run, others), algorithm, others)
+        series = history.load(run, charts.metric_names() | set(others))
+        figures = charts.metric_figures(series.steps, algorithm, others, series.width,
+                                        series.steps_reported)
         multi_turn = not run.is_external and run.run_config.task.type == "env"
         figures.append(charts.timeline_figure(recent_spans(run), algorithm, multi_turn))
         applied = (RunControl.objects.filter(run=run).exclude(applied_at=None)
@@ -138,8 +118,8 @@ def chart_data(run: Run) -> dict:
         # Only the steps some chart draws (thinned on long runs); live steps bring their own.
         drawn = {x for figure in figures if figure["id"] != "timeline"
                  for trace in figure["traces"] for x in trace["x"]}
-        drawn.update(mark["step"] for mark in marks)
-        times = {step: ts for step, ts in step_times(run).items() if step in drawn}
+        times = {x: t for x, t in series.times.items() if x in drawn}
+        times.update(history.times_at(series.times, [mark["step"] for mark in marks]))
     return {"run_id": run.pk, "last_seq": last_seq, "ws_path": f"/ws/runs/{run.pk}/",
             "terminal_statuses": sorted(TERMINAL), "charts": figures, "marks": marks,
             "step_times": times, "metric_names": PROGRESS_METRICS}
@@ -158,9 +138,13 @@ def recent_logs(run: Run) -> list[dict]:
     """The newest LOG_LINES lines: what the run's process reported (seq order) and, for a
     launched command, its Ray job's output (seqs below 0, newest lowest:
     jobs/runs/job_logs.py), merged by time."""
-    logs = RunEvent.objects.filter(run=run, type__in=LOG_TYPES)
-    rows = list(logs.filter(seq__gt=0).order_by("-seq")[:LOG_LINES])
+    # One query per type: each reads the (run, type, seq) index newest first and stops;
+    # with type IN (...) SQLite walks every event of the run by seq instead.
+    rows = sorted((row for kind in LOG_TYPES for row in RunEvent.objects.filter(
+        run=run, type=kind, seq__gt=0).order_by("-seq")[:LOG_LINES]),
+        key=lambda row: row.seq, reverse=True)
     if run.is_external:
+        logs = RunEvent.objects.filter(run=run, type__in=LOG_TYPES)
         rows += logs.filter(seq__lt=0).order_by("seq")[:LOG_LINES]
         rows.sort(key=lambda row: (row.ts, abs(row.seq)), reverse=True)
     return log_lines([row.payload for row in reversed(rows[:LOG_LINES])])
@@ -230,7 +214,9 @@ def rollout_workers(run: Run) -> int | None:
 def latest_point(run: Run, name: str) -> tuple[int, float | None] | None:
     """(step, value) of the metric's last reported step, or None."""
     return (MetricPoint.objects.filter(run=run, name=name).order_by("-step")
-            .values_list("step", "value").first())
+            .values_list("step", "value").first()
+            or MetricRollup.objects.filter(run=run, name=name, width=TIERS[-1])
+            .order_by("-bucket").values_list("last_step", "last").first())
 
 
 ETA_STEPS = 20  # the ETA extrapolates the mean step time of this many latest steps

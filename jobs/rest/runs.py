@@ -44,6 +44,7 @@ from jobs.models import (
     LIVE_STATES,
     Checkpoint,
     MetricPoint,
+    MetricRollup,
     NotNative,
     Run,
     RunEvent,
@@ -51,8 +52,10 @@ from jobs.models import (
     latest_values,
 )
 from jobs.models.controls import paused
+from jobs.queries import history
 from jobs.queries.compare import CompareError, RunsMissing, compare_data, selection
 from jobs.rest import serializers as s
+from jobs.rollups import TIERS
 from jobs.runs.actions import (
     Refused,
     do_archive_run,
@@ -380,6 +383,10 @@ def metrics(request, run_id: int):
     by_name: dict[str, list] = {name: [] for name in names}
     for name, step, value in rows.order_by("name", "step").values_list("name", "step", "value"):
         by_name[name].append((step, value))
+    if not any(by_name.values()) and not MetricPoint.objects.filter(run=target).exists():
+        # Its raw points dropped (RLPLANE_RAW_POINTS_RETENTION_DAYS): each bucket's
+        # lowest and highest value, at their steps.
+        by_name = history.bucket_series(target, names, start, end, points)
     series = {}
     for name, pts in by_name.items():
         kept = downsample(pts, points)
@@ -391,8 +398,10 @@ def metrics(request, run_id: int):
 @api_view(["GET"])
 def metric_names(request, run_id: int):
     target = get_object_or_404(Run, pk=run_id)
-    names = MetricPoint.objects.filter(run=target).values_list("name", flat=True)
-    return Response({"names": sorted(set(names))})
+    names = set(MetricPoint.objects.filter(run=target).values_list("name", flat=True))
+    names |= set(MetricRollup.objects.filter(run=target, width=TIERS[-1])
+                 .values_list("name", flat=True))
+    return Response({"names": sorted(names)})
 
 
 @extend_schema(

@@ -1,6 +1,6 @@
-// Runs list: rows update in place from ws/runs/ (one summary per ingested batch). A run the
-// table does not show yet makes htmx reload the table, unless the list is filtered (it
-// also reloads every 30 s).
+// Runs list: rows update in place from ws/runs/ (one summary per ingested batch). A run newer
+// than the table shows makes htmx reload the table, unless the list is filtered or paged
+// (it also reloads every 30 s).
 (function () {
   "use strict";
 
@@ -12,7 +12,11 @@
   function apply(msg) {
     const row = document.getElementById("run-" + msg.run_id);
     if (!row) {  // a filtered list would reload for every run it leaves out: it polls
-      if (!window.location.search) htmx.trigger("#runs", "runs-changed");
+      // A run on an older page (ids grow with creation) is no reason to reload either.
+      const shown = Array.from(document.querySelectorAll("#runs tbody tr[id^='run-']"),
+                               (r) => Number(r.id.slice(4)));
+      const newer = !shown.length || msg.run_id > Math.max(...shown);
+      if (!window.location.search && newer) htmx.trigger("#runs", "runs-changed");
       return;
     }
     for (const [id, html] of Object.entries(msg.swap)) {

@@ -276,3 +276,17 @@ def test_the_rest_api_restores_and_deletes_a_finished_run_operators_only(
         assert call("delete", f"/runs/{run.pk}", operator).status_code == 204
     assert set(rows_of(run.pk).values()) == {0} and not run_directory(run.pk).exists()
     assert Run.objects.filter(pk=running.pk).exists()
+
+
+def test_the_list_pages_its_runs_newest_first_with_a_link_to_older_ones(viewer):
+    Run.objects.bulk_create(Run(name=f"run {i}", config={"name": "t", "steps": 3})
+                            for i in range(205))
+    newest = list(Run.objects.values_list("name", flat=True)[:200])
+
+    first = viewer.get("/", {"status": RunStatus.QUEUED})
+    older = viewer.get("/", {"status": RunStatus.QUEUED, "page": 2})
+
+    assert [r.name for r in first.context["runs"]] == newest
+    assert 'href="?status=queued&amp;page=2" id="older-runs"' in first.content.decode()
+    assert len(older.context["runs"]) == 5 and older.context["older_url"] is None
+    assert len(viewer.get("/", {"page": "x"}).context["runs"]) == 200

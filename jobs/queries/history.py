@@ -1,0 +1,189 @@
+"""What a chart reads of a run's series: its raw points while the run spans at most
+RAW_SPAN steps, else the finest tier (jobs/rollups.py) with at most MAX_BUCKETS buckets
+over the run, so no series ships more than ~2 x MAX_BUCKETS points (and its open
+buckets' points) at any length:
+
+    history = load(run, names)
+        .steps   [(x, {name: value})] in x order: what charts.metric_figures draws
+        .width   steps per bucket drawn (None: raw points)
+        .times   {x: unix time} where known (raw: when the step was reported; a bucket's
+                 two points: between its closing and the previous one's)
+        .steps_reported   the most steps any of ``names`` reported
+
+A bucket is drawn as two points, its lowest and its highest value in the order they
+came, at a quarter and three quarters of its steps: a one-step spike stays on the chart.
+Each series draws its closed buckets of the chosen width, then where it has gone past
+them (its open bucket) the finer tiers' closed buckets, then its raw points: the newest
+steps are always exact, and live points extend them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.db.models import Max, Min
+
+from jobs.models import MetricPoint, MetricRollup, Run, RunEvent
+from jobs.rollups import TIERS, ranges, step_bounds
+
+RAW_SPAN = 500     # a run over at most this many steps draws every point
+MAX_BUCKETS = 250  # else the finest tier with at most this many buckets over the run:
+# 30 series of 2 x 250 points are ~350 kB of JSON
+ENDLESS = 2**62     # a range's upper bound: to the series' end
+
+
+@dataclass
+class History:
+    steps: list[tuple[int, dict]]
+    width: int | None
+    times: dict[int, float] = field(default_factory=dict)
+    steps_reported: int = 0
+
+
+def extent(run: Run, names: list[str]) -> tuple[int, int] | None:
+    """(first, last) step of ``names``' raw points: two index seeks per name."""
+    bounds = step_bounds(run, names, first=True).values()
+    if not bounds:
+        return None
+    return min(lo for lo, _ in bounds), max(hi for _, hi in bounds)
+
+
+def tier_extent(run: Run, names: list[str]) -> tuple[int, int] | None:
+    """(first, last) step the coarsest tier holds of ``names`` (raw points dropped)."""
+    got = MetricRollup.objects.filter(run=run, width=TIERS[-1], name__in=names).aggregate(
+        lo=Min("bucket"), hi=Max("last_step"))
+    return None if got["lo"] is None else (got["lo"] * TIERS[-1], got["hi"])
+
+
+def width_for(first: int, last: int) -> int:
+    span = last - first + 1
+    return next((w for w in TIERS if span / w <= MAX_BUCKETS), TIERS[-1])
+
+
+def load(run: Run, names: Iterable[str]) -> History:
+    names = sorted(set(names))
+    raw = extent(run, names) if names else None
+    if raw is not None and raw[1] - raw[0] < RAW_SPAN:
+        return raw_history(run, names)
+    # By the unique index's (run, width, name) prefix: on run alone PostgreSQL picked a
+    # sequential scan for LIMIT 1 and read past every other run's buckets.
+    has_tiers = MetricRollup.objects.filter(run=run, width=TIERS[0], name__in=names).exists()
+    if raw is not None and not has_tiers:
+        return raw_history(run, names)  # stored before tiers existed (manage.py history)
+    span = raw or (tier_extent(run, names) if has_tiers else None)
+    if span is None:
+        return History([], None)
+    return tiered_history(run, names, width_for(*span))
+
+
+def raw_history(run: Run, names: list[str]) -> History:
+    rows = (MetricPoint.objects.filter(run=run, name__in=names).order_by("name", "step")
+            .values_list("step", "name", "value"))
+    steps: dict[int, dict] = {}
+    counts: dict[str, int] = defaultdict(int)
+    for step, name, value in rows:
+        steps.setdefault(step, {})[name] = value
+        counts[name] += 1
+    times = dict(RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
+                 .values_list("payload__step", "ts"))
+    return History(sorted(steps.items()), None, {s: t for s, t in times.items() if s in steps},
+                   max(counts.values(), default=0))
+
+
+def tiered_history(run: Run, names: list[str], width: int) -> History:
+    steps: dict[int, dict] = defaultdict(dict)
+    ends: dict[int, float] = {}   # a bucket's last step + 1 -> when it closed
+    covered = {name: 0 for name in names}  # per series: steps below this are drawn
+    counts: dict[str, int] = defaultdict(int)
+    fields = ("name", "bucket", "count", "low", "low_step", "high", "high_step", "ts")
+    for tier in reversed([w for w in TIERS if w <= width]):
+        if tier == width:
+            rows = MetricRollup.objects.filter(run=run, width=tier, name__in=names).order_by(
+                ).values_list(*fields)
+        else:  # each series' open bucket of the coarser tiers, from this finer one
+            rows = ranges(MetricRollup, fields, run, tier, "bucket",
+                          [(n, c // tier, ENDLESS) for n, c in covered.items()])
+        reached = {}
+        for name, bucket, count, low, low_step, high, high_step, ts in rows:
+            start = bucket * tier
+            if start < covered[name]:
+                continue
+            if count:  # its low and high, in the order its steps reached them
+                first, second = (low, high) if low_step <= high_step else (high, low)
+                steps[start + tier // 4][name] = first
+                steps[start + (3 * tier) // 4][name] = second
+            counts[name] += count
+            reached[name] = max(reached.get(name, 0), start + tier)
+            if ts is not None:
+                ends[start + tier] = max(ends.get(start + tier, ts), ts)
+        covered.update(reached)
+    tail_steps = set()
+    for name, step, value in ranges(MetricPoint, ("name", "step", "value"), run, None,
+                                    "step", [(n, c, ENDLESS) for n, c in covered.items()]):
+        steps[step][name] = value
+        counts[name] += 1
+        tail_steps.add(step)
+    times = bucket_times(steps, ends)
+    if tail_steps:
+        recent = (RunEvent.objects.filter(run=run, type="metrics.append").order_by("-seq")
+                  .values_list("payload__step", "ts")[:4 * len(tail_steps) + 100])
+        times.update((s, t) for s, t in recent if s in tail_steps and s not in times)
+    return History(sorted(steps.items()), width, times, max(counts.values(), default=0))
+
+
+def bucket_times(steps: dict[int, dict], ends: dict[int, float]) -> dict[int, float]:
+    """A drawn x's time, between the closing times of the buckets around it."""
+    if not ends:
+        return {}
+    edges = sorted(ends)
+    out = {}
+    for x in steps:
+        i = bisect.bisect_right(edges, x)
+        if i == len(edges):
+            continue
+        hi_x, hi_t = edges[i], ends[edges[i]]
+        lo_x, lo_t = (edges[i - 1], ends[edges[i - 1]]) if i else (hi_x, hi_t)
+        out[x] = hi_t if hi_x == lo_x else lo_t + (hi_t - lo_t) * (x - lo_x) / (hi_x - lo_x)
+    return out
+
+
+def times_at(times: dict[int, float], steps: Iterable[int]) -> dict[int, float]:
+    """Each of ``steps`` not in ``times``, at the time between the known ones around it
+    (a mark's step on a chart drawn from buckets)."""
+    known = sorted(times.items())
+    xs = [x for x, _ in known]
+    out = {}
+    for step in steps:
+        if step in times or not known:
+            continue
+        i = bisect.bisect_left(xs, step)
+        if 0 < i < len(xs):
+            (x0, t0), (x1, t1) = known[i - 1], known[i]
+            out[step] = t0 + (t1 - t0) * (step - x0) / (x1 - x0)
+    return out
+
+
+def bucket_series(run: Run, names: list[str], start: int | None, end: int | None,
+                  points: int) -> dict[str, list[tuple[int, float]]]:
+    """{name: [(x, value)]} from the finest tier that draws ``start``..``end`` (default:
+    all the tiers hold) in about ``points`` points: what the API serves of a run whose raw
+    points were dropped."""
+    span = tier_extent(run, names)
+    if span is None:
+        return {name: [] for name in names}
+    lo = span[0] if start is None else start
+    hi = span[1] if end is None else end
+    width = next((w for w in TIERS if (hi - lo + 1) / w <= max(1, points // 2)), TIERS[-1])
+    series: dict[str, list] = {name: [] for name in names}
+    rows = (MetricRollup.objects.filter(run=run, width=width, name__in=names,
+                                        bucket__gte=lo // width, bucket__lte=hi // width)
+            .order_by("name", "bucket")
+            .values_list("name", "count", "low", "low_step", "high", "high_step"))
+    for name, count, low, low_step, high, high_step in rows:
+        if count:
+            pair = [(low_step, low), (high_step, high)]
+            series[name] += sorted(pair) if low_step != high_step else pair[:1]
+    return series

@@ -1,0 +1,335 @@
+"""A run's metric history in tiers: each metric's steps in buckets of 10, 50, 100, 500,
+1,000, 5,000 and 10,000 steps (count, sum, min and max with their steps, last), so a
+chart of a 100k-step run reads 200 rows per series instead of 100k, and a finished run's
+raw points can be dropped while its charts still draw (jobs/queries/history.py reads
+them).
+
+    ingest (in its transaction, the run's row locked), before the batch's points are
+    upserted:
+        derive_rollups(run, metrics_events)
+            per metric, the highest step stored (one index seek each, one query) says
+            which buckets the batch completes; only those are written, once:
+            10-step buckets from their points (the stored ones, the batch's over them),
+            each coarser tier from the finer one's. The open bucket of each metric
+            stays in raw points until a later step closes it. A batch that re-reports a
+            stored step (a resumed run) has that step's closed buckets recomputed.
+    retention (Celery beat hourly: drop_expired_points; `manage.py history --drop`):
+        drop_raw_points(run)   a finished run: its open buckets closed, its points deleted
+    rebuild_rollups(run)       the tiers again from raw points (runs stored before tiers
+                               existed; `manage.py history --rebuild`)
+
+Cost per metric value at ingest: its row read back once (when its 10-step bucket
+closes), and a row written per 10, 50, 100, ... 10,000 steps; per batch, one query (an
+index seek per metric) for their highest stored steps. What a bucket holds is exactly the
+aggregate of its points (tests/jobs/test_rollups.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from jobs.ingest.batch import json_safe
+from jobs.models import TERMINAL, MetricPoint, MetricRollup, Run, RunEvent
+
+# Steps per bucket, finest first; each divides the next (x5, x2), so a chart finds a tier
+# within 2.5x of the buckets it wants at any length.
+TIERS = (10, 50, 100, 500, 1_000, 5_000, 10_000)
+FINEST = TIERS[0]
+
+
+@dataclass
+class Bucket:
+    """The aggregate of one (name, width, bucket)'s points."""
+
+    count: int = 0
+    total: float = 0.0
+    low: float | None = None
+    low_step: int | None = None
+    high: float | None = None
+    high_step: int | None = None
+    last_step: int = -1
+    last: float | None = None
+    ts: float | None = None
+
+    def add(self, step: int, value: float | None) -> None:
+        if step >= self.last_step:
+            self.last_step, self.last = step, value
+        if value is None or not math.isfinite(value):
+            return
+        self.count += 1
+        self.total += value
+        if self.low is None or value < self.low:
+            self.low, self.low_step = value, step
+        if self.high is None or value > self.high:
+            self.high, self.high_step = value, step
+
+    def merge(self, o) -> None:
+        """Fold in a finer bucket (a Bucket or a MetricRollup row) of the same steps."""
+        self.count += o.count
+        self.total += o.total
+        # Ties go to the earlier step, as add() keeps them, whatever order rows come in.
+        if o.low is not None and (self.low is None or (o.low, o.low_step) < (self.low,
+                                                                           self.low_step)):
+            self.low, self.low_step = o.low, o.low_step
+        if o.high is not None and (self.high is None or (-o.high, o.high_step) < (
+                -self.high, self.high_step)):
+            self.high, self.high_step = o.high, o.high_step
+        if o.last_step >= self.last_step:
+            self.last_step, self.last = o.last_step, o.last
+        if o.ts is not None and (self.ts is None or o.ts > self.ts):
+            self.ts = o.ts
+
+
+Wanted = dict[int, set[tuple[str, int]]]  # width -> {(name, bucket)}
+
+
+def derive_rollups(run: Run, events: Sequence) -> None:
+    """Close the buckets these newly stored metrics events complete. Call before their
+    points are upserted (the batch's values are laid over the stored points)."""
+    batch: dict[tuple[str, int], float | None] = {}
+    for e in events:
+        for name, value in json_safe(e.values).items():
+            batch[name, e.step] = value  # a later event's value wins, as upserted
+    if not batch:
+        return
+    steps: dict[str, list[int]] = defaultdict(list)
+    for name, step in batch:
+        steps[name].append(step)
+    stored = last_steps(run, steps)
+    wanted: Wanted = {width: set() for width in TIERS}
+    for name, new in steps.items():
+        before = stored.get(name)
+        top = max(new) if before is None else max(max(new), before)
+        for width in TIERS:
+            closed = top // width  # buckets below it are complete
+            first = min(new) // width if before is None else before // width
+            wanted[width].update((name, b) for b in range(first, closed))
+            if before is not None:  # re-reported steps of closed buckets
+                wanted[width].update((name, s // width) for s in new
+                                     if s <= before and s // width < closed)
+    close(run, wanted, batch, min(e.ts for e in events))
+
+
+def last_steps(run: Run, names: Iterable[str]) -> dict[str, int]:
+    """{name: its highest stored step} of those stored."""
+    return {name: hi for name, (_, hi) in step_bounds(run, names).items()}
+
+
+def step_bounds(run: Run, names: Iterable[str],
+                first: bool = False) -> dict[str, tuple[int | None, int]]:
+    """{name: (its lowest stored step if ``first``, its highest)} of those stored: an
+    index seek each (a GROUP BY would read every point of each), in one round trip.
+    PostgreSQL: one correlated subquery over unnest(names), planned once; SQLite: a
+    UNION ALL arm per name (it has no arrays, and plans arms cheaply)."""
+    table = connection.ops.quote_name(MetricPoint._meta.db_table)
+    names = list(names)
+
+    def seek(fn: str, name_sql: str) -> str:
+        return f"(SELECT {fn}(step) FROM {table} WHERE run_id = %s AND name = {name_sql})"
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            low = seek("MIN", "t.n") if first else "NULL"
+            cursor.execute(f"SELECT t.n, {low}, {seek('MAX', 't.n')} "
+                           "FROM unnest(%s::text[]) AS t(n)",
+                           [run.pk] * first + [run.pk, names])
+            rows = cursor.fetchall()
+        else:
+            rows = []
+            for start in range(0, len(names), 200):  # at most 500 terms per compound
+                chunk = names[start:start + 200]
+                low = seek("MIN", "%s") if first else "NULL"
+                arm = f"SELECT %s, {low}, {seek('MAX', '%s')}"
+                cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
+                               [v for n in chunk
+                                for v in (n, *((run.pk, n) if first else ()), run.pk, n)])
+                rows += cursor.fetchall()
+    return {name: (lo, hi) for name, lo, hi in rows if hi is not None}
+
+
+def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
+          ts: float | None) -> None:
+    """Write the ``wanted`` buckets, finest tier first (each coarser one is folded from
+    the finer rows just written): 10-step ones from the stored points with ``batch``'s
+    over them, stamped ``ts`` (when they were closed: the wall clock the charts use)."""
+    for i, width in enumerate(TIERS):
+        keys = wanted.get(width)
+        if not keys:
+            continue
+        buckets: dict[tuple[str, int], Bucket] = {}
+        if width == FINEST:
+            values = dict(((n, s), v) for n, s, v in raw_points(run, keys))
+            values.update(((n, s), v) for (n, s), v in batch.items() if (n, s // width) in keys)
+            for (name, step), value in sorted(values.items(), key=lambda kv: kv[0][1]):
+                bucket = buckets.setdefault((name, step // width), Bucket(ts=ts))
+                bucket.add(step, value)
+        else:
+            finer = TIERS[i - 1]
+            ratio = width // finer
+            for row in rollup_rows(run, finer, {(n, b * ratio, (b + 1) * ratio)
+                                                for n, b in keys}):
+                buckets.setdefault((row.name, row.bucket // ratio), Bucket()).merge(row)
+        upsert(run, width, buckets)
+
+
+ROLLUP_FIELDS = ("name", "bucket", "count", "total", "low", "low_step", "high", "high_step",
+                 "last_step", "last", "ts")
+
+
+@dataclass
+class RollupRow:
+    name: str
+    bucket: int
+    count: int
+    total: float
+    low: float | None
+    low_step: int | None
+    high: float | None
+    high_step: int | None
+    last_step: int
+    last: float | None
+    ts: float | None
+
+
+def ranges(model, fields: Sequence[str], run: Run, width: int | None, field: str,
+           spans: Iterable[tuple[str, int, int]]):
+    """``fields`` of ``model``'s rows of the run (and width) with name = n and
+    lo <= ``field`` < hi, for each (n, lo, hi): one index range each. PostgreSQL: a
+    LATERAL join over unnest(spans), planned once (a UNION ALL arm per span cost ~1 ms of
+    planning each); OFFSET 0 keeps the subquery a parameterized index scan per span
+    (pulled up into a join, it was hashed against every point of the run). SQLite: a
+    UNION ALL arm per span."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    q = connection.ops.quote_name
+    cols = ", ".join(map(q, fields))
+    where = "run_id = %s" + ("" if width is None else " AND width = %s")
+    head = [run.pk] if width is None else [run.pk, width]
+    spans = sorted(spans)
+    if not spans:
+        return
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"SELECT x.* FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) "
+                f"AS t(n, lo, hi) CROSS JOIN LATERAL (SELECT {cols} FROM {table} "
+                f"WHERE {where} AND name = t.n AND {q(field)} >= t.lo "
+                f"AND {q(field)} < t.hi OFFSET 0) AS x",
+                [[n for n, _, _ in spans], [lo for _, lo, _ in spans],
+                 [hi for _, _, hi in spans], *head])
+            yield from cursor.fetchall()
+            return
+        arm = (f"SELECT {cols} FROM {table} WHERE {where} AND name = %s "
+               f"AND {q(field)} >= %s AND {q(field)} < %s")
+        for start in range(0, len(spans), 200):  # SQLite: at most 500 terms per compound
+            chunk = spans[start:start + 200]
+            cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
+                           [v for n, lo, hi in chunk for v in (*head, n, lo, hi)])
+            yield from cursor.fetchall()
+
+
+def raw_points(run: Run, keys: set[tuple[str, int]]):
+    """(name, step, value) of the stored points in these finest-tier buckets."""
+    return ranges(MetricPoint, ("name", "step", "value"), run, None, "step",
+                  {(n, b * FINEST, (b + 1) * FINEST) for n, b in keys})
+
+
+def rollup_rows(run: Run, width: int, spans: set[tuple[str, int, int]]):
+    return (RollupRow(*row) for row in ranges(MetricRollup, ROLLUP_FIELDS, run, width,
+                                              "bucket", spans))
+
+
+COLUMNS = ("run_id", "name", "width", "bucket", "count", "total", "low", "low_step", "high",
+           "high_step", "last_step", "last", "ts")
+UPSERT_ROWS = 500  # rows per INSERT: under SQLite's 32,766 bound parameters at 13 each
+
+
+def upsert(run: Run, width: int, buckets: dict[tuple[str, int], Bucket]) -> None:
+    """INSERT ... ON CONFLICT DO UPDATE (SQLite and PostgreSQL alike): the buckets in
+    place of what was stored, keeping the later ts."""
+    if not buckets:
+        return
+    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
+    table = connection.ops.quote_name(MetricRollup._meta.db_table)
+    q = connection.ops.quote_name
+    sets = [f"{q(c)} = excluded.{q(c)}" for c in COLUMNS[4:-1]]
+    sets.append(f"{q('ts')} = {greatest}(COALESCE({table}.ts, excluded.ts), "
+                f"COALESCE(excluded.ts, {table}.ts))")
+    rows = [(run.pk, name, width, b, k.count, k.total, k.low, k.low_step, k.high,
+             k.high_step, k.last_step, k.last, k.ts) for (name, b), k in buckets.items()]
+    one = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), UPSERT_ROWS):
+            chunk = rows[start:start + UPSERT_ROWS]
+            cursor.execute(
+                f"INSERT INTO {table} ({', '.join(map(q, COLUMNS))}) VALUES "
+                f"{', '.join([one] * len(chunk))} ON CONFLICT "
+                f"({q('run_id')}, {q('width')}, {q('name')}, {q('bucket')}) DO UPDATE SET "
+                + ", ".join(sets), [v for row in chunk for v in row])
+
+
+def last_metrics_ts(run: Run) -> float | None:
+    return (RunEvent.objects.filter(run=run, type="metrics.append").order_by("-seq")
+            .values_list("ts", flat=True).first())
+
+
+def close_open_buckets(run: Run) -> None:
+    """Close every metric's open bucket at every tier (the run will report no more)."""
+    names = MetricPoint.objects.filter(run=run).values_list("name", flat=True).distinct()
+    last = last_steps(run, set(names))
+    close(run, {width: {(n, s // width) for n, s in last.items()} for width in TIERS},
+          {}, last_metrics_ts(run))
+
+
+def rebuild_rollups(run: Run) -> None:
+    """The run's tiers again from its raw points, every bucket closed (no wall times:
+    the points keep none). One pass over the points in the unique index's order."""
+    with transaction.atomic():
+        MetricRollup.objects.filter(run=run).delete()
+        tiers: dict[int, dict[tuple[str, int], Bucket]] = {width: {} for width in TIERS}
+        rows = (MetricPoint.objects.filter(run=run).order_by("name", "step")
+                .values_list("name", "step", "value").iterator(chunk_size=20_000))
+        for name, step, value in rows:
+            for width, buckets in tiers.items():
+                key = (name, step // width)
+                bucket = buckets.get(key)
+                if bucket is None:
+                    bucket = buckets[key] = Bucket()
+                bucket.add(step, value)
+        for width, buckets in tiers.items():
+            upsert(run, width, buckets)
+
+
+def drop_raw_points(run: Run) -> int:
+    """Delete a finished run's raw points, its tiers closed first; the number deleted."""
+    with transaction.atomic():
+        if not MetricRollup.objects.filter(run=run).exists():
+            rebuild_rollups(run)  # stored before tiers existed
+        else:
+            close_open_buckets(run)
+        deleted, _ = MetricPoint.objects.filter(run=run).delete()
+    return deleted
+
+
+def expired_runs(days: float):
+    """Finished runs that finished more than ``days`` ago and still hold raw points."""
+    cutoff = timezone.now() - timedelta(days=days)
+    return Run.objects.filter(status__in=list(TERMINAL), finished_at__lt=cutoff,
+                              metric_points__isnull=False).distinct()
+
+
+@shared_task
+def drop_expired_points(days: float | None = None) -> dict[int, int]:
+    """The retention: {run id: raw points deleted} of every run past
+    RLPLANE_RAW_POINTS_RETENTION_DAYS (unset or 0: raw points are kept forever)."""
+    days = settings.RLPLANE_RAW_POINTS_RETENTION_DAYS if days is None else days
+    if not days:
+        return {}
+    return {run.pk: drop_raw_points(run) for run in expired_runs(days)}

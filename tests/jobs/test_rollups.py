@@ -1,0 +1,193 @@
+"""A run's metric tiers (jobs/rollups.py): kept as points arrive, equal to the aggregate of
+their points, what long charts draw, and what stays once the retention drops raw points."""
+
+import json
+import math
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from jobs.ingest.store import do_ingest_events
+from jobs.models import MetricPoint, MetricRollup, RunStatus
+from jobs.queries import history
+from jobs.queries.run_page import chart_data, runs_with_latest_metrics
+from jobs.rollups import TIERS, Bucket, drop_expired_points, rebuild_rollups
+
+from .helpers import api_token, metrics
+
+REWARD, GAP = "reward/mean", "logprob_gap/mean"
+
+
+def ingest(run, steps, seq0, value=lambda s: math.sin(s / 7)):
+    events = [metrics(seq0 + i, s, **{REWARD: value(s), GAP: float(s % 5)})
+              for i, s in enumerate(steps)]
+    do_ingest_events(run, events)
+    return seq0 + len(events)
+
+
+def aggregate_of_points(run, name, width, bucket):
+    expected = Bucket()
+    for step, value in (MetricPoint.objects.filter(
+            run=run, name=name, step__gte=bucket * width, step__lt=(bucket + 1) * width)
+            .order_by("step").values_list("step", "value")):
+        expected.add(step, value)
+    return expected
+
+
+def assert_tiers_are_their_points(run):
+    rows = list(MetricRollup.objects.filter(run=run))
+    assert rows
+    for row in rows:
+        expected = aggregate_of_points(run, row.name, row.width, row.bucket)
+        assert (row.count, row.low, row.low_step, row.high, row.high_step, row.last_step,
+                row.last) == (expected.count, expected.low, expected.low_step, expected.high,
+                              expected.high_step, expected.last_step, expected.last), row
+        assert math.isclose(row.total, expected.total, abs_tol=1e-9)
+
+
+def test_each_closed_bucket_is_the_aggregate_of_its_points_a_re_reported_step_included(run):
+    seq = ingest(run, range(0, 7), 1)
+    seq = ingest(run, range(7, 140), seq)          # closes 10-step buckets 0..12, 100's 0
+    seq = ingest(run, [141, 143, 150, 151], seq)   # sparse steps close 13 and 14
+    # A resumed run redoes steps 15 and 120 (closed buckets): the later value replaces
+    # the stored one in the point and in every bucket holding it, NaN counted nowhere.
+    seq = ingest(run, [15, 120], seq, value=lambda s: {15: 9.0, 120: float("nan")}[s])
+    ingest(run, [261], seq)
+
+    assert_tiers_are_their_points(run)
+    closed = {(w, b) for w, b in MetricRollup.objects.filter(run=run, name=REWARD)
+              .values_list("width", "bucket")}
+    assert closed == ({(10, b) for b in range(16)} | {(50, b) for b in range(4)}
+                      | {(100, 0), (100, 1)})
+    hundred = MetricRollup.objects.get(run=run, name=REWARD, width=100, bucket=0)
+    assert (hundred.high, hundred.high_step) == (9.0, 15)
+    assert MetricRollup.objects.get(run=run, name=REWARD, width=10, bucket=12).count == 9
+
+
+def test_rebuilt_tiers_equal_the_ones_kept_at_ingest(run):
+    seq = ingest(run, range(0, 90), 1)
+    ingest(run, range(90, 2_050, 7), seq)
+    kept = {(r.name, r.width, r.bucket): (r.count, r.low, r.high, r.last)
+            for r in MetricRollup.objects.filter(run=run)}
+
+    rebuild_rollups(run)
+
+    rebuilt = {(r.name, r.width, r.bucket): (r.count, r.low, r.high, r.last)
+               for r in MetricRollup.objects.filter(run=run)}
+    # The rebuild also closes each series' open buckets.
+    assert {k: v for k, v in rebuilt.items() if k in kept} == kept
+    assert_tiers_are_their_points(run)
+
+
+def long_run(run, steps: int, spike_at: int):
+    """``steps`` steps of the page's reward series (and a sparse held-out one), stored as
+    ingest stores them, without going through it: bulk rows, tiers rebuilt."""
+    rows = [MetricPoint(run=run, step=s, name=name, value=value)
+            for s in range(steps)
+            for name, value in ((REWARD, 50.0 if s == spike_at else math.sin(s / 300)),
+                                ("reward/std", 0.1), (GAP, 0.01))]
+    rows += [MetricPoint(run=run, step=s, name="eval/reward_mean", value=0.5)
+             for s in range(0, steps, 500)]
+    MetricPoint.objects.bulk_create(rows, batch_size=5_000)
+    rebuild_rollups(run)
+
+
+def test_a_long_runs_page_data_stays_under_its_cap_and_keeps_a_one_step_spike(operator, run):
+    long_run(run, 30_000, spike_at=21_337)
+
+    data = chart_data(run)
+
+    assert len(json.dumps(data)) < 150_000
+    reward = next(f for f in data["charts"] if f["id"] == "reward")
+    assert "30,000 steps, each 500-step bucket's min and max drawn" in \
+        reward["layout"]["title"]["text"]
+    for figure in data["charts"]:
+        for trace in figure["traces"]:
+            assert len(trace["x"]) <= 2 * history.MAX_BUCKETS
+    mean = reward["traces"][2]
+    assert max(mean["y"]) == 50.0 and 21_000 <= mean["x"][mean["y"].index(50.0)] < 21_500
+    assert mean["x"] == sorted(mean["x"])
+    response = operator.get(f"/runs/{run.pk}")
+    assert response.status_code == 200 and len(response.content) < 400_000
+
+
+def finished(make_run, days_ago: float):
+    run = make_run(RunStatus.SUCCEEDED)
+    run.finished_at = timezone.now() - timedelta(days=days_ago)
+    run.save(update_fields=["finished_at"])
+    return run
+
+
+def test_the_retention_drops_raw_points_of_runs_finished_long_ago_and_keeps_their_tiers(
+        make_run, settings):
+    settings.RLPLANE_RAW_POINTS_RETENTION_DAYS = 7
+    old, recent, live = finished(make_run, 10), finished(make_run, 1), make_run()
+    for r in (old, recent, live):
+        ingest(r, range(0, 35), 1, value=lambda s: 7.0 if s == 33 else 0.0)
+    before = {(r.name, r.width, r.bucket): r.count for r in MetricRollup.objects.filter(run=old)}
+
+    dropped = drop_expired_points()
+
+    assert dropped == {old.pk: 70}
+    assert not MetricPoint.objects.filter(run=old).exists()
+    assert MetricPoint.objects.filter(run=recent).count() == MetricPoint.objects.filter(
+        run=live).count() == 70
+    after = {(r.name, r.width, r.bucket): r.count for r in MetricRollup.objects.filter(run=old)}
+    # What was closed stays; the open buckets (steps 30-34, of every tier) closed too.
+    assert {k: after[k] for k in before} == before
+    assert after[REWARD, 10, 3] == 5 and after[REWARD, TIERS[-1], 0] == 35
+    assert drop_expired_points() == {}
+
+
+def test_a_run_whose_raw_points_were_dropped_still_charts_and_lists(
+        operator, make_run, settings):
+    settings.RLPLANE_RAW_POINTS_RETENTION_DAYS = 7
+    old = finished(make_run, 10)
+    ingest(old, range(0, 35), 1, value=lambda s: 7.0 if s == 33 else float(s) / 100)
+    drop_expired_points()
+
+    page = operator.get(f"/runs/{old.pk}")
+
+    assert page.status_code == 200
+    reward = next(f for f in page.context["data"]["charts"] if f["id"] == "reward")
+    mean = reward["traces"][2]
+    assert max(mean["y"]) == 7.0 and min(mean["y"]) == 0.0
+    listed = runs_with_latest_metrics().get(pk=old.pk)
+    assert (listed.reward_mean, listed.step) == (0.34, None)
+
+
+def test_the_history_command_rebuilds_runs_stored_before_tiers_and_applies_the_retention(
+        make_run):
+    stored_before = finished(make_run, 3)
+    MetricPoint.objects.bulk_create(MetricPoint(run=stored_before, step=s, name=REWARD,
+                                                value=float(s)) for s in range(25))
+    out = StringIO()
+
+    call_command("history", "--rebuild", stdout=out)
+    call_command("history", "--drop", "--days", "2", stdout=out)
+
+    assert out.getvalue() == (f"run {stored_before.pk}: tiers rebuilt\n"
+                              f"run {stored_before.pk}: 25 raw points dropped\n")
+    assert MetricRollup.objects.get(run=stored_before, width=100).high == 24.0
+    with pytest.raises(CommandError, match="one of --rebuild or --drop"):
+        call_command("history")
+
+
+def test_the_api_serves_a_dropped_runs_series_from_its_buckets(make_run, settings, client):
+    settings.RLPLANE_RAW_POINTS_RETENTION_DAYS = 7
+    old = finished(make_run, 10)
+    ingest(old, range(0, 35), 1, value=lambda s: 7.0 if s == 33 else float(s) / 100)
+    drop_expired_points()
+    auth = {"Authorization": f"Bearer {api_token('viewer', operator=False)}"}
+
+    series = client.get(f"/api/v1/runs/{old.pk}/metrics", {"name": REWARD},
+                        headers=auth).json()["series"]
+    names = client.get(f"/api/v1/runs/{old.pk}/metric-names", headers=auth).json()["names"]
+
+    assert series[REWARD] == {"steps": [0, 9, 10, 19, 20, 29, 30, 33],
+                              "values": [0.0, 0.09, 0.1, 0.19, 0.2, 0.29, 0.3, 7.0]}
+    assert names == [GAP, REWARD]
