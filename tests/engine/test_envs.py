@@ -60,7 +60,7 @@ def test_an_env_task_round_trips_through_toml_with_its_class_key():
     ("os.path:join", "names a module of the standard library; point it at your own"),
     ("engine.envs.calculator:CalculatorEnv", "names a module of rlplane; point it at your"),
     ("missing_env.py:Env", "no such file 'missing_env.py'; fix the path"),
-    ("calculater", "neither a built-in environment (calculator) nor"),
+    ("calculater", "neither a built-in environment (calculator, code_repair, guess) nor"),
     ("my_envs.py:", 'must be "package.module:Class" or "path/to/file.py:Class"'),
 ])
 def test_a_bad_env_class_is_a_field_error_naming_the_fix(spec, says):
@@ -77,11 +77,19 @@ def test_a_stdlib_file_named_by_its_path_is_refused_like_its_module():
 
 @pytest.mark.parametrize("section, values, field", [
     ("reward", {"type": "math"}, "reward.type"),
-    ("algorithm", {"type": "ppo"}, "algorithm.type"),
-    ("async_policy", {"type": "partial_rollout"}, "async_policy.type"),
+    ("rollout", {"type": "vllm"}, "rollout.type"),
+    ("task", env_task(reward_credit="turn"), "task.env.reward_credit"),
 ])
 def test_what_trajectories_do_not_run_on_yet_is_refused_by_name(section, values, field):
     assert field_error({"task": env_task(), section: values})[0] == field
+
+
+def test_ppo_and_partial_rollout_take_an_env_task_and_turn_credit_needs_ppo():
+    cfg = validate_config({"task": env_task(reward_credit="turn"), "algorithm": {"type": "ppo"},
+                           "async_policy": {"type": "partial_rollout"}})
+    assert cfg.task.env.reward_credit == "turn"
+    _, message = field_error({"task": env_task(reward_credit="turn")})
+    assert 'use algorithm.type = "ppo"' in message
 
 
 def test_a_class_that_the_file_lacks_is_a_config_error_when_the_worker_loads_it(tmp_path):

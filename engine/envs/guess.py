@@ -1,0 +1,77 @@
+"""The built-in long-horizon environment: guess a secret number, told "up" or "down".
+
+Its turn count is long-tailed by construction, which is what the async policies are for:
+a problem's range is 2^k wide with k drawn geometrically (P(k) ~ tail^k, k <= max_bits),
+so most trajectories end in a few turns and a few need many (a binary search takes ~k).
+The range starts anywhere in 1..999, so problems differ by their prompts (the held-out
+split is by prompt). In the built-in model's alphabet one trajectory reads
+
+    guess 101 164:     the prompt (reset): the secret is in 101..164
+    132<eos>           a guess (a model turn ends on EOS)
+    up:                the observation: the secret is larger ("down:" smaller)
+    148<eos> down: 140<eos> up: 144<eos>      ... reward 1 and done at the secret
+
+Each wrong guess is a per-turn reward of -turn_cost, so a trajectory's reward (the sum of
+its steps') is 1 - turn_cost x its wrong guesses when it finds the secret. A guess that
+is not a number ends the trajectory with -format_penalty.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from engine.envs.base import Message, StepResult
+
+NUMBER = re.compile(r"\d{1,7}")
+
+
+class GuessEnv:
+    stop = ()
+
+    def __init__(self, max_bits: int = 8, tail: float = 0.6, turn_cost: float = 0.02,
+                 format_penalty: float = 0.1):
+        if not 1 <= max_bits <= 20:
+            raise ValueError(f"max_bits={max_bits}: use 1..20")
+        if not 0.0 < tail < 1.0:
+            raise ValueError(f"tail={tail}: use a value in (0, 1)")
+        self.max_bits, self.tail = max_bits, tail
+        self.turn_cost, self.format_penalty = turn_cost, format_penalty
+        self.secret = 0
+
+    def draw(self, rng: random.Random) -> dict[str, Any]:
+        k = rng.choices(range(1, self.max_bits + 1),
+                        weights=[self.tail ** k for k in range(1, self.max_bits + 1)])[0]
+        lo = rng.randint(1, 999)
+        hi = lo + 2 ** k - 1
+        secret = rng.randint(lo, hi)
+        return {"lo": lo, "hi": hi, "secret": secret, "answer": str(secret)}
+
+    def reset(self, row: dict[str, Any]) -> list[Message]:
+        self.secret = int(row["secret"])
+        return [{"role": "user", "content": f"guess {row['lo']} {row['hi']}:"}]
+
+    def step(self, text: str) -> StepResult:
+        if NUMBER.fullmatch(text) is None:
+            return StepResult([], -self.format_penalty, True, {"reason": "format"})
+        guess = int(text)
+        if guess == self.secret:
+            return StepResult([], 1.0, True, {"reason": "found"})
+        hint = "up:" if guess < self.secret else "down:"
+        return StepResult([{"role": "user", "content": hint}], -self.turn_cost, False, {})
+
+    def demonstration(self, row: dict[str, Any], rng: random.Random) -> list[Message]:
+        """A binary search from the range's middle to the secret."""
+        lo, hi, secret, out = int(row["lo"]), int(row["hi"]), int(row["secret"]), []
+        while True:
+            mid = (lo + hi) // 2
+            out.append({"role": "assistant", "content": str(mid)})
+            if mid == secret:
+                return out
+            if mid < secret:
+                lo = mid + 1
+                out.append({"role": "user", "content": "up:"})
+            else:
+                hi = mid - 1
+                out.append({"role": "user", "content": "down:"})
