@@ -1,7 +1,8 @@
 """Multi-turn rollout: trajectories that interleave generation with environment steps.
 
-    envs = one fresh environment per trajectory; reset(row) -> the prompt   [span: env]
-    for turn < task.env.max_turns, while any trajectory is live:
+    start: one fresh environment per trajectory; reset(row) -> the prompt   [span: env]
+    advance: while any trajectory is live (and, partial rollout, not enough() groups
+             have ended), each live one's next turn, bounded by its own task.env.max_turns:
         engine.generate(live contexts, stops = EOS + the env's stop tokens,
                         budgets = each one's tokens left, at most max_new_tokens)
                                                                             [span: rollout]
@@ -11,15 +12,19 @@
             done -> finished; raised / timed out -> ended (env_error / env_timeout)
             else the observations' tokens are appended to the context (loss mask 0),
             cut at the trajectory's token budget (then it ends, unfinished)
-    env.close(), where it has one, bounded alike                            [span: env]
+        env.close() of those that ended, where it has one, bounded alike    [span: env]
     -> one Sample per trajectory: response = turns and observations, loss_mask, reward =
-       the sum of its steps' rewards, version = the oldest that generated a turn
+       the sum of its steps' rewards, version = the oldest that generated a turn,
+       env.turn_log = each turn's tokens, version and step reward (and, with
+       task.env.reward_credit = "turn", credit: each step's reward on its turn's end)
 
 It drives the rollout seam (engine.rollout.base.RolloutEngine): each turn the engine
 prefills the trajectory's whole context again (the torch sampler keeps no KV cache across
 calls; prefix reuse is left to an engine that has it). Turns of different trajectories
 are batched into one generate call; their environment steps overlap one another, not the
-generation.
+generation. A trajectory that ``advance`` leaves live (partial rollout:
+engine.orchestration.partial.continue_trajectories) goes on in a later call, under the
+weights served then.
 """
 
 from __future__ import annotations
