@@ -407,6 +407,43 @@ def test_observation_tokens_get_exactly_zero_gradient_and_are_left_out_of_the_ga
     assert m["learner/kl_ref"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_ppo_on_trajectories_trains_neither_actor_nor_critic_on_observations(tiny_dir):
+    """PPO's critic reads the observations as context, but its values there are no
+    steps: advantages and returns are 0 on them and the value loss sends them no
+    gradient; the actor's update then trains on the model's turns only."""
+    from engine.config import PpoConfig
+    from engine.learner.ppo import PpoLearner
+    from engine.model import load_critic
+
+    tok = load_tokenizer(tiny_dir)
+    samples = trajectory_batch(tok, load_policy(tiny_dir))
+    for s, r in zip(samples, (1.0, 0.0), strict=True):
+        s.reward = r
+    learner = PpoLearner(load_policy(tiny_dir), load_critic(tiny_dir),
+                         PpoConfig(minibatches=1, critic={"lr": 1e-2}), 1.0, seed=0,
+                         setup=LearnerConfig(packing=False))
+    captured = {}
+
+    def keep(_module, _inputs, output):
+        if output.requires_grad:                         # a training forward, not old values
+            output.retain_grad()
+            captured.setdefault("hidden", []).append(output)
+
+    batch = pack(samples, tok.pad_token_id)
+    learner.update_critic(batch)                        # a first value step: values move
+    handle = learner.critic.model.model.norm.register_forward_hook(keep)
+    adv, _ = learner.update_critic(batch)
+    handle.remove()
+    grad = next(h.grad for h in captured["hidden"] if h.grad is not None)   # (B, P+R, H)
+    P, obs = batch.prompt_len, batch.response_mask == 0
+    assert bool((adv[obs] == 0).all()) and bool((adv[~obs] != 0).any())
+    for i, s in enumerate(samples):
+        for t, trained in enumerate(s.loss_mask):
+            at = grad[i, P + t - 1]             # the output V(s_t) of response token t reads
+            assert (at.abs().sum() > 0) == bool(trained), (i, t)
+    assert learner.update(batch, adv)["learner/loss"] != 0.0
+
+
 def test_packed_and_padded_layouts_agree_on_a_trajectory_with_observations(tiny_dir):
     tok = load_tokenizer(tiny_dir)
     policy = load_policy(tiny_dir).eval()
