@@ -211,7 +211,7 @@ class TrajectoryRunner:
             if t.ended and not t.closed:
                 # one that ended at its reset generated nothing: it is of this call's version
                 t.versions = t.versions or [version]
-                t.end_s -= start
+                t.end_s = max(0.0, t.end_s - start)     # (0: it ended at its reset)
         self._close([t for t in trajs if t.ended and not t.closed], step, version)
 
     def _close(self, trajs: list[Trajectory], step: int, version: int) -> None:
