@@ -13,7 +13,10 @@ split is by prompt). In the built-in model's alphabet one trajectory reads
 
 Each wrong guess is a per-turn reward of -turn_cost, so a trajectory's reward (the sum of
 its steps') is 1 - turn_cost x its wrong guesses when it finds the secret. A guess that
-is not a number ends the trajectory with -format_penalty.
+is not a number ends the trajectory with -format_penalty. The cost is 0 by default: a
+trajectory cut by its budget (a turn without EOS, max_turns, max_tokens) scores the sum
+so far, so with a cost a policy that rarely finds the secret learns to stop guessing
+(measured: turns per trajectory 2.2 -> 1.1 in 12 steps at turn_cost 0.02).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ NUMBER = re.compile(r"\d{1,7}")
 class GuessEnv:
     stop = ()
 
-    def __init__(self, max_bits: int = 8, tail: float = 0.6, turn_cost: float = 0.02,
+    def __init__(self, max_bits: int = 8, tail: float = 0.6, turn_cost: float = 0.0,
                  format_penalty: float = 0.1):
         if not 1 <= max_bits <= 20:
             raise ValueError(f"max_bits={max_bits}: use 1..20")

@@ -227,7 +227,7 @@ def test_a_carried_trajectory_continues_under_the_next_weights_and_records_both(
     context and environment; after a weight sync it ends, its turns of both versions."""
     tok = load_tokenizer(tiny_dir)
     task = EnvTask(EnvTaskConfig.model_validate({"eval_size": 8, "env": {
-        "class": "guess", "max_turns": 12, "max_tokens": 96}}))
+        "class": "guess", "max_turns": 12, "max_tokens": 96, "args": {"turn_cost": 0.02}}}))
     engine = ScriptedPolicy(tok, bisect, version=4)
     runner = TrajectoryRunner(engine, task, tok, SamplingParams(max_new_tokens=4),
                               SpanRecorder(["cpu:0"]))
