@@ -171,24 +171,25 @@ def bisect(context: str) -> str:
     return str((lo + hi) // 2)
 
 
-def test_guess_hints_up_or_down_and_charges_each_wrong_guess(tiny_dir):
-    env = GuessEnv(turn_cost=0.05)
+def test_guess_hints_up_or_down_and_rewards_guesses_where_the_secret_may_be(tiny_dir):
+    env = GuessEnv(turn_reward=0.05)
     env.reset({"lo": 1, "hi": 64, "secret": 40, "answer": "40"})
     assert env.step("32").observations == [{"role": "user", "content": "up:"}]
     assert env.step("48").observations == [{"role": "user", "content": "down:"}]
-    assert env.step("48").reward == -0.05
+    assert env.step("30").reward == 0.0               # below 33: the first hint ruled it out
+    assert env.step("44").reward == 0.05
     assert (env.step("40").reward, env.step("40").done) == (1.0, True)
     assert env.step("forty").reward == -0.1 and env.step("forty").done
 
     tok = load_tokenizer(tiny_dir)
     runner, trajs = run_env(tok, {"class": "guess", "max_turns": 12, "max_tokens": 128,
-                                  "args": {"turn_cost": 0.05}}, bisect, problems=8)
+                                  "args": {"turn_reward": 0.05}}, bisect, problems=8)
     for s in runner.samples(trajs):
         wrong = s.env.turns - 1
         width = s.problem.row["hi"] - s.problem.row["lo"] + 1
         assert s.reason == "found" and s.env.turns <= width.bit_length()
-        assert [r.reward for r in s.env.turn_log] == [-0.05] * wrong + [1.0]
-        assert s.reward == pytest.approx(1.0 - 0.05 * wrong)
+        assert [r.reward for r in s.env.turn_log] == [0.05] * wrong + [1.0]
+        assert s.reward == pytest.approx(1.0 + 0.05 * wrong)
         assert s.credit is None                     # task.env.reward_credit = "trajectory"
     assert len({t.trace.turns for t in trajs}) > 1                 # a variable turn count
 
@@ -227,7 +228,7 @@ def test_a_carried_trajectory_continues_under_the_next_weights_and_records_both(
     context and environment; after a weight sync it ends, its turns of both versions."""
     tok = load_tokenizer(tiny_dir)
     task = EnvTask(EnvTaskConfig.model_validate({"eval_size": 8, "env": {
-        "class": "guess", "max_turns": 12, "max_tokens": 96, "args": {"turn_cost": 0.02}}}))
+        "class": "guess", "max_turns": 12, "max_tokens": 96, "args": {"turn_reward": 0.02}}}))
     engine = ScriptedPolicy(tok, bisect, version=4)
     runner = TrajectoryRunner(engine, task, tok, SamplingParams(max_new_tokens=4),
                               SpanRecorder(["cpu:0"]))
@@ -244,7 +245,7 @@ def test_a_carried_trajectory_continues_under_the_next_weights_and_records_both(
     done, carry = continue_trajectories(runner, carry, target=1, seed=1, step=4)
     assert carry == []
     for s in done[0]:
-        assert (s.reason, s.reward, s.env.turns) == ("found", pytest.approx(0.9), 6)
+        assert (s.reason, s.reward, s.env.turns) == ("found", pytest.approx(1.1), 6)
         assert (s.version, s.last_version, s.mixes_versions, s.recycled) == (4, 5, True, 1)
         assert [r.version for r in s.env.turn_log] == [4, 5, 5, 5, 5, 5]
         assert s.text.startswith("32up:48down:")        # one context across both calls
