@@ -16,7 +16,8 @@ still be (inside the range and on the side the hints so far point to), 0 when it
 not; a trajectory that finds the secret adds 1. The shaping gives a weak guesser a
 signal before it finds secrets (a guess that copies the range's first number is in
 range) and rewards using the hints. A guess that is not a number ends the trajectory
-with -format_penalty. No wrong guess costs anything: a trajectory cut by its budget
+with -format_penalty; the max_guesses-th wrong guess ends it, lost (a finished game, not
+one cut by the run's budget). No wrong guess costs anything: a trajectory cut by its budget
 scores the sum so far, and with a cost per guess (or per out-of-range guess) GRPO taught
 the tiny model to stop guessing (turns per trajectory 2.2 -> 1.1, and 10.4 -> 1.5, in 12
 steps).
@@ -37,13 +38,14 @@ class GuessEnv:
     stop = ()
 
     def __init__(self, max_bits: int = 6, tail: float = 0.6, turn_reward: float = 0.02,
-                 format_penalty: float = 0.1):
+                 format_penalty: float = 0.1, max_guesses: int = 8):
         if not 1 <= max_bits <= 20:
             raise ValueError(f"max_bits={max_bits}: use 1..20")
         if not 0.0 < tail < 1.0:
             raise ValueError(f"tail={tail}: use a value in (0, 1)")
         self.max_bits, self.tail = max_bits, tail
         self.turn_reward, self.format_penalty = turn_reward, format_penalty
+        self.max_guesses, self.guesses = max_guesses, 0
         self.secret, self.lo, self.hi = 0, 0, 0
 
     def draw(self, rng: random.Random) -> dict[str, Any]:
@@ -56,6 +58,7 @@ class GuessEnv:
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         self.secret, self.lo, self.hi = int(row["secret"]), int(row["lo"]), int(row["hi"])
+        self.guesses = 0
         return [{"role": "user", "content": f"guess {row['lo']} {row['hi']}:"}]
 
     def step(self, text: str) -> StepResult:
@@ -65,6 +68,10 @@ class GuessEnv:
         if guess == self.secret:
             return StepResult([], 1.0, True, {"reason": "found"})
         useful = self.lo <= guess <= self.hi
+        self.guesses += 1
+        if self.guesses >= self.max_guesses:          # the game's own end: lost, finished
+            return StepResult([], self.turn_reward if useful else 0.0, True,
+                              {"reason": "out_of_guesses"})
         if guess < self.secret:
             self.lo = max(self.lo, guess + 1)
         else:
