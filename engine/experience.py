@@ -28,17 +28,25 @@ from engine.tasks.base import Problem
 
 
 @dataclass
+class TurnRecord:
+    """One model turn of a trajectory: its response tokens [start, end), the policy
+    version that generated it, and the reward of the environment step that answered it
+    (0.0 when none did: a turn cut by its budget)."""
+    start: int
+    end: int
+    version: int
+    reward: float = 0.0
+
+
+@dataclass
 class EnvTrace:
     """What one trajectory's environment did (engine.rollout.multiturn fills it)."""
     turns: int = 0                    # model turns taken
+    turn_log: list[TurnRecord] = field(default_factory=list)   # each of them, in order
     step_s: list[float] = field(default_factory=list)   # each reset / step call, seconds
     errors: int = 0                   # calls that raised
     timeouts: int = 0                 # calls still running at task.env.step_timeout_s
     tool_calls: int = 0               # steps whose info said "tool_call"
-    turn_versions: list[int] = field(default_factory=list)   # the version of each model turn
-    # the reward of the step after each model turn (a prefix: a turn cut by its budget or
-    # whose step raised has none, and it is the trajectory's last)
-    turn_rewards: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -64,6 +72,10 @@ class Sample:
     # per response token: 1 sampled by the policy, 0 an observation; None: all sampled
     loss_mask: list[int] | None = None
     env: EnvTrace | None = None       # a trajectory's environment record (task.type "env")
+    # per-token credit, (response index, reward): rewards PPO's GAE places there instead of
+    # on the last sampled token, which keeps learning_reward minus their sum; None: none
+    # (task.env.reward_credit = "turn" sets each turn's step reward at its last token)
+    credit: list[tuple[int, float]] | None = None
 
     @property
     def learning_reward(self) -> float:

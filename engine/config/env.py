@@ -10,7 +10,9 @@ from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 from engine.config._base import FieldError, _Section
 from engine.config.reward import target_problem
 
-BUILTIN_ENVS = {"calculator": "engine.envs.calculator:CalculatorEnv"}
+BUILTIN_ENVS = {"calculator": "engine.envs.calculator:CalculatorEnv",
+                "code_repair": "engine.envs.code_repair:CodeRepairEnv",
+                "guess": "engine.envs.guess:GuessEnv"}
 """Environments the engine ships, by name: the class each is (imported only when used)."""
 
 
@@ -23,8 +25,11 @@ class EnvConfig(_Section):
 
     class_: str = Field(default="calculator", alias="class", min_length=3, max_length=1000)
     """The environment: a built-in name ("calculator": the model calls a calculator tool,
-    then answers) or your own class, ``package.module:Class`` (importable on the workers)
-    or ``path/to/file.py:Class`` (relative paths as for task.path). The class is built
+    then answers; "code_repair": the model rewrites a buggy program, the code sandbox runs
+    it and answers with the first failing test; "guess": the model guesses a number, told
+    up or down, over a long-tailed number of turns) or your own class,
+    ``package.module:Class`` (importable on the workers) or ``path/to/file.py:Class``
+    (relative paths as for task.path). The class is built
     with ``args`` as keywords, once per trajectory, and has draw(rng) -> row,
     reset(row) -> messages and step(text) -> StepResult (reset and step may be ``async
     def``); see engine/envs/base.py."""
@@ -39,6 +44,14 @@ class EnvConfig(_Section):
     step_timeout_s: float = Field(default=10.0, gt=0.0, le=3600.0)
     """Bound on one reset or step call. One that runs past it ends its trajectory
     (reason "env_timeout", counted in env/timeouts); its thread is left to finish."""
+
+    reward_credit: Literal["trajectory", "turn"] = "trajectory"
+    """Where a trajectory's step rewards are credited. "trajectory": their sum is its
+    reward, at its end (GRPO's advantage; PPO's reward on its last sampled token).
+    "turn": PPO's GAE gets each step's reward on the last token of the turn it answered
+    (SkyRL's turn-level rewards; veRL's GAE passes over the observations between turns);
+    the trajectory's reward is still their sum. GRPO's advantage is one per trajectory,
+    so "turn" needs algorithm.type = "ppo"."""
 
     @model_validator(mode="after")
     def _class_named(self, info: ValidationInfo) -> EnvConfig:
@@ -59,7 +72,8 @@ class EnvConfig(_Section):
 class EnvTaskConfig(_Section):
     """Multi-turn trajectories: the policy's turns interleave with an environment's
     observations (tool results), which are context for the next turn and never trained
-    on; the trajectory's reward is the sum of its steps' rewards."""
+    on; the trajectory's reward is the sum of its steps' rewards (task.env.reward_credit
+    says where PPO credits them)."""
 
     type: Literal["env"] = "env"
     seed: int = Field(default=1234, ge=0, le=2**31 - 1)

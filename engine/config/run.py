@@ -179,9 +179,8 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _env_task_fits_the_run(self) -> RunConfig:
-        """What multi-turn trajectories run on so far: GRPO's per-trajectory advantages
-        (PPO's GAE reads a contiguous response), policies that generate whole
-        trajectories in one call, and the environment's own reward."""
+        """What multi-turn trajectories run on so far: the environment's own reward, and
+        per-turn credit only where an advantage can use it."""
         if self.task.type != "env":
             for fault in ("slow_env", "env_error"):
                 if getattr(self.faults, fault) is not None:
@@ -194,12 +193,11 @@ class RunConfig(_Section):
             ("reward.type", self.reward.type != "rule",
              f'reward.type="{self.reward.type}": with task.type = "env" the environment\'s '
              'steps give the reward; remove the [reward] section (or set type = "rule")'),
-            ("algorithm.type", self.algorithm.type == "ppo",
-             'algorithm.type="ppo" needs a contiguous response for GAE, and a trajectory\'s '
-             'observations break it; use algorithm.type = "grpo" with task.type = "env"'),
-            ("async_policy.type", self.async_policy.type == "partial_rollout",
-             'async_policy.type="partial_rollout" continues single-turn completions only; '
-             'use "sync", "one_step_off" or "fully_async" with task.type = "env"'),
+            ("task.env.reward_credit",
+             self.task.env.reward_credit == "turn" and self.algorithm.type != "ppo",
+             f'task.env.reward_credit="turn" credits each turn\'s reward to its tokens, and '
+             f'algorithm.type="{self.algorithm.type}" gives one advantage per trajectory; '
+             'use algorithm.type = "ppo" or reward_credit = "trajectory"'),
         )
         for field, bad, message in checks:
             if bad:

@@ -39,6 +39,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.experience import Sample
+from engine.learner.losses import terminal_rewards
 from engine.moe import RouterHooks, same_experts
 from engine.sampling import entropy as token_entropy
 from engine.sampling import processed_logprobs
@@ -64,7 +65,9 @@ class PackedBatch:
     advantages: torch.Tensor       # (B,)
     prompt_len: int                # P
     in_loss: torch.Tensor          # (B,) float, 0 for a sequence masked out of the loss
-    rewards: torch.Tensor          # (B,) learning rewards (PPO's GAE reads them)
+    rewards: torch.Tensor          # (B,) learning rewards
+    token_rewards: torch.Tensor    # (B, R) where PPO's GAE finds them: each row's credit
+                                   # (Sample.credit), the rest on its last sampled token
     routing: torch.Tensor | None = None  # (B, P+R, L, k) recorded experts, -1: none (engine.moe)
 
     def __len__(self) -> int:
@@ -74,7 +77,7 @@ class PackedBatch:
         return PackedBatch(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
                            self.response_mask[idx], self.behaviour_logp[idx],
                            self.advantages[idx], self.prompt_len, self.in_loss[idx],
-                           self.rewards[idx],
+                           self.rewards[idx], self.token_rewards[idx],
                            self.routing[idx] if self.routing is not None else None)
 
     def to(self, device: torch.device) -> PackedBatch:
@@ -82,6 +85,7 @@ class PackedBatch:
                            self.position_ids.to(device), self.response_mask.to(device),
                            self.behaviour_logp.to(device), self.advantages.to(device),
                            self.prompt_len, self.in_loss.to(device), self.rewards.to(device),
+                           self.token_rewards.to(device),
                            self.routing.to(device) if self.routing is not None else None)
 
     def row_tokens(self) -> list[int]:
@@ -110,7 +114,19 @@ def pack(samples: list[Sample], pad_id: int) -> PackedBatch:
     in_loss = torch.tensor([float(s.in_loss) for s in samples])
     rewards = torch.tensor([s.learning_reward for s in samples], dtype=torch.float32)
     return PackedBatch(ids, attn, pos, rmask, beh, adv, P, in_loss, rewards,
-                       pack_routing(samples, P, R))
+                       token_rewards(samples, rewards, rmask), pack_routing(samples, P, R))
+
+
+def token_rewards(samples: list[Sample], rewards: torch.Tensor,
+                  rmask: torch.Tensor) -> torch.Tensor:
+    """(B, R) each sample's learning reward spread as PPO's GAE reads it: its credit
+    (per-turn rewards) where it says, the rest on its last sampled token; a row sums to
+    its learning reward."""
+    placed = torch.zeros_like(rmask)
+    for i, s in enumerate(samples):
+        for t, r in s.credit or ():
+            placed[i, t] += r
+    return placed + terminal_rewards(rewards - placed.sum(-1), rmask)
 
 
 def pack_routing(samples: list[Sample], P: int, R: int) -> torch.Tensor | None:

@@ -61,8 +61,11 @@ def advantages(estimator: str, rewards: torch.Tensor, lengths: torch.Tensor, gro
 
 def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B,) sequence rewards -> (B, R) token-level rewards: each on its sequence's last
-    response token, 0 elsewhere (an outcome reward; PPO's critic spreads it back)."""
-    last = (mask.sum(dim=-1).long() - 1).clamp(min=0)                  # (B,)
+    sampled token (mask 1; a trajectory's response may end on an observation), 0
+    elsewhere (an outcome reward; PPO's critic spreads it back)."""
+    R = mask.shape[-1]
+    cols = torch.arange(R, device=mask.device).expand_as(mask)
+    last = torch.where(mask > 0, cols, -1).max(dim=-1).values.clamp(min=0)   # (B,)
     out = torch.zeros_like(mask)
     out[torch.arange(len(rewards)), last] = rewards.to(out.dtype) * (mask.sum(dim=-1) > 0)
     return out
@@ -76,19 +79,24 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, g
         A_t     = delta_t + gamma * lam * A_{t+1}       A = 0 past the last token
         returns = A + V                                 (the critic's targets)
 
-    Every sequence ends its episode at its last response token (the terminal step: no
-    value beyond it). (B, R) rewards, values, mask -> (B, R) advantages, returns; 0 off
-    the response."""
+    Every sequence ends its episode at its last sampled token (the terminal step: no
+    value beyond it). Tokens off the mask are no steps: a trajectory's observations
+    between two turns are passed over, so t+1 is the next sampled token (veRL's GAE
+    does the same). (B, R) rewards, values, mask -> (B, R) advantages, returns; 0 off
+    the mask."""
     values = values * mask
     B, R = mask.shape
     adv = torch.zeros_like(values)
     running = torch.zeros(B, dtype=values.dtype, device=values.device)
+    next_value = torch.zeros_like(running)
     for t in reversed(range(R)):
-        next_value = values[:, t + 1] if t + 1 < R else torch.zeros_like(running)
+        m = mask[:, t]
         delta = token_rewards[:, t] + gamma * next_value - values[:, t]
-        # Past a sequence's end the mask is 0: nothing carries back into its last token.
-        running = (delta + gamma * lam * running) * mask[:, t]
-        adv[:, t] = running
+        # Off the mask (pad after the end, an observation) nothing changes: the next
+        # sampled token's value and advantage carry over it, unchanged.
+        running = (delta + gamma * lam * running) * m + running * (1 - m)
+        next_value = values[:, t] * m + next_value * (1 - m)
+        adv[:, t] = running * m
     return adv, (adv + values) * mask
 
 

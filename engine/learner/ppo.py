@@ -1,8 +1,10 @@
 """PPO: the policy learner plus a critic (``algorithm.type = "ppo"``), one step:
 
     values  = critic(batch)                               (B, R) V(s_t), before any step
-    r_t     = reward on the last response token, 0 before it    (losses.terminal_rewards)
-    A, G    = gae(r, values, gamma, lam)                  returns G = A + values
+    r_t     = reward on the last sampled token, 0 before it  (batch.token_rewards; a
+              trajectory's per-turn rewards on their turns with task.env.reward_credit)
+    A, G    = gae(r, values, gamma, lam)                  returns G = A + values; a
+              trajectory's observations are passed over (no step, no value)
     A       = whiten(A) over the batch's response tokens  (algorithm.whiten_advantages)
     critic:  for epoch, minibatch (as the actor's):        [span: critic]
                  0.5 * max((V - G)^2, (clip(V, V_old +- value_clip_eps) - G)^2)
@@ -42,7 +44,6 @@ from engine.learner.losses import (
     gae,
     masked_mean,
     masked_whiten,
-    terminal_rewards,
     token_weights,
 )
 from engine.seeds import minibatch_seed
@@ -86,8 +87,7 @@ class Critic:
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, R) the actor's advantages and the critic's targets (returns)."""
         cfg, mask = self.cfg, batch.response_mask
-        adv, returns = gae(terminal_rewards(batch.rewards, mask), values, mask, cfg.gamma,
-                           cfg.lam)
+        adv, returns = gae(batch.token_rewards, values, mask, cfg.gamma, cfg.lam)
         if cfg.whiten_advantages:
             adv = masked_whiten(adv, mask)
         return adv, returns

@@ -13,6 +13,13 @@ call open for tokens that are cut away, and count as complete only at the full b
 Carried groups that would train more than the policy's staleness bound after their oldest
 tokens are dropped (and counted) before they cost more generation (PartialRolloutPolicy,
 engine.orchestration.policies).
+
+A multi-turn task's rows are trajectories (continue_trajectories): fresh rows start with
+their environment's reset, every live one takes turns, and the call stops at a turn
+boundary once ``target`` groups have ended; a trajectory carried over keeps its context,
+its environment (with the state it has: pickled when a Ray worker returns it) and its
+turn count, and its next turn is generated under the weights served then, so its sample
+records both versions (each turn's in Sample.env.turn_log).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from engine.experience import Sample
 from engine.model import encode_prompt
 from engine.reward import RewardFn
 from engine.rollout.base import Completion, RolloutEngine, SamplingParams
+from engine.rollout.multiturn import Trajectory, TrajectoryRunner
 from engine.tasks.base import Problem
 from engine.telemetry.recorder import SpanRecorder
 
@@ -66,7 +74,7 @@ class Row:
 @dataclass
 class PartialGroup:
     problem: Problem
-    rows: list[Row]
+    rows: list[Row] | list[Trajectory]     # a multi-turn task's: trajectories once started
     recycled: int = 0                 # steps it has been carried over
 
     @property
@@ -126,4 +134,38 @@ def continue_groups(engine: RolloutEngine, reward: RewardFn, tok, params: Sampli
     finished_groups = set(done)
     carry = [replace(groups[gi], rows=rows[gi], recycled=groups[gi].recycled + 1)
              for gi in range(len(groups)) if gi not in finished_groups]
+    return samples, carry
+
+
+def continue_trajectories(runner: TrajectoryRunner, groups: list[PartialGroup], target: int,
+                          seed: int, step: int
+                          ) -> tuple[list[list[Sample]], list[PartialGroup]]:
+    """continue_groups for a multi-turn task: (ended groups as samples, the groups to
+    carry). A group's rows are all fresh (Row(): started here) or all trajectories."""
+    fresh = [g for g in groups if isinstance(g.rows[0], Row)]
+    started = runner.start([g.problem for g in fresh], len(fresh[0].rows) if fresh else 1,
+                           step)
+    trajs: list[list[Trajectory]] = []
+    for g in groups:
+        if isinstance(g.rows[0], Row):
+            trajs.append(started[:len(g.rows)])
+            started = started[len(g.rows):]
+        else:
+            trajs.append(list(g.rows))
+
+    def ended(ts: list[Trajectory]) -> bool:
+        return all(t.ended for t in ts)
+
+    runner.advance([t for ts in trajs for t in ts], seed, step,
+                   enough=lambda: sum(ended(ts) for ts in trajs) >= target)
+    samples, carry = [], []
+    for g, ts in zip(groups, trajs, strict=True):
+        if not ended(ts):
+            for t in ts:
+                t.recycled += 1
+            carry.append(replace(g, rows=ts, recycled=g.recycled + 1))
+            continue
+        for t in ts:
+            t.group = len(samples)
+        samples.append(runner.samples(ts))
     return samples, carry

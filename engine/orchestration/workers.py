@@ -3,7 +3,8 @@
     RolloutWorker(cfg, policy_dir, model_dir, devices)   engine + reward + tokenizer
         .produce(step, problems, seed) -> groups           [spans: rollout, reward]
                                     a multi-turn task: trajectories [spans: rollout, env]
-        .continue_groups(step, groups, target, seed)       partial rollout (APRIL)
+        .continue_groups(step, groups, target, seed)       partial rollout (APRIL); of a
+                                                           multi-turn task: trajectories
         .setup_weight_receiver(...); .receive_weights(ticket, step) -> Served
                                                            [span: weight_sync]
         .evaluate(...), .preflight(...), .sleep(), .wake_up(), .reward_metrics(),
@@ -57,7 +58,7 @@ from engine.learner.ppo import Critic, PpoLearner, critic_source
 from engine.model import load_critic, load_policy, load_tokenizer, stop_token_ids
 from engine.orchestration.actors import concurrent
 from engine.orchestration.evaluation import evaluate
-from engine.orchestration.partial import PartialGroup, continue_groups
+from engine.orchestration.partial import PartialGroup, continue_groups, continue_trajectories
 from engine.orchestration.producer import RolloutProducer, TrajectoryProducer
 from engine.reward import build_reward, service_metrics
 from engine.rollout import DTYPES, build_rollout
@@ -138,6 +139,8 @@ class RolloutWorker(Telemetered, WeightReceiverHost):
                         seed: int) -> tuple[list[list[Sample]], list[PartialGroup]]:
         self.step = step
         dies_at(self.cfg.faults, step)
+        if isinstance(self.producer, TrajectoryProducer):
+            return continue_trajectories(self.producer.runner, groups, target, seed, step)
         return continue_groups(self.engine, self.reward, self.tok, self.params, groups,
                                target, seed, step, self.rec)
 

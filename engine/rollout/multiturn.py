@@ -1,7 +1,8 @@
 """Multi-turn rollout: trajectories that interleave generation with environment steps.
 
-    envs = one fresh environment per trajectory; reset(row) -> the prompt   [span: env]
-    for turn < task.env.max_turns, while any trajectory is live:
+    start: one fresh environment per trajectory; reset(row) -> the prompt   [span: env]
+    advance: while any trajectory is live (and, partial rollout, not enough() groups
+             have ended), each live one's next turn, bounded by its own task.env.max_turns:
         engine.generate(live contexts, stops = EOS + the env's stop tokens,
                         budgets = each one's tokens left, at most max_new_tokens)
                                                                             [span: rollout]
@@ -11,15 +12,19 @@
             done -> finished; raised / timed out -> ended (env_error / env_timeout)
             else the observations' tokens are appended to the context (loss mask 0),
             cut at the trajectory's token budget (then it ends, unfinished)
-    env.close(), where it has one, bounded alike                            [span: env]
+        env.close() of those that ended, where it has one, bounded alike    [span: env]
     -> one Sample per trajectory: response = turns and observations, loss_mask, reward =
-       the sum of its steps' rewards, version = the oldest that generated a turn
+       the sum of its steps' rewards, version = the oldest that generated a turn,
+       env.turn_log = each turn's tokens, version and step reward (and, with
+       task.env.reward_credit = "turn", credit: each step's reward on its turn's end)
 
 It drives the rollout seam (engine.rollout.base.RolloutEngine): each turn the engine
 prefills the trajectory's whole context again (the torch sampler keeps no KV cache across
 calls; prefix reuse is left to an engine that has it). Turns of different trajectories
 are batched into one generate call; their environment steps overlap one another, not the
-generation.
+generation. A trajectory that ``advance`` leaves live (partial rollout:
+engine.orchestration.partial.continue_trajectories) goes on in a later call, under the
+weights served then.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any
 
 from engine import metrics as M
 from engine.envs.base import StepResult, call_all, render
-from engine.experience import EnvTrace, Sample
+from engine.experience import EnvTrace, Sample, TurnRecord
 from engine.model import encode_prompt
 from engine.rollout.base import RolloutEngine, SamplingParams
 from engine.tasks.base import Problem
@@ -55,6 +60,14 @@ class Trajectory:
     ended: bool = False
     trace: EnvTrace = field(default_factory=EnvTrace)
     end_s: float = 0.0
+    closed: bool = False              # ended, and its environment's close was called
+    recycled: int = 0                 # calls it was carried over unfinished (partial)
+
+    @property
+    def version(self) -> int | None:
+        """The oldest version that generated a turn of it (None: none yet), as a partial
+        rollout's Row says (engine.orchestration.partial)."""
+        return min(self.versions, default=None)
 
     def end(self, reason: str, finished: bool = False) -> None:
         self.ended, self.reason, self.finished = True, reason, finished
@@ -133,31 +146,52 @@ class TrajectoryRunner:
 
     def run(self, problems: list[Problem], group_size: int, seed: int, step: int,
             params: SamplingParams | None = None) -> list[Trajectory]:
-        params = self._turn_params(params or self.params)
+        """``group_size`` trajectories of each problem, each run to its end."""
+        trajs = self.start(problems, group_size, step)
+        self.advance(trajs, seed, step, params)
+        return trajs
+
+    def start(self, problems: list[Problem], group_size: int, step: int) -> list[Trajectory]:
+        """Fresh trajectories, ``group_size`` per problem in order, each reset by its own
+        environment (one whose reset failed has ended already)."""
         version = self.engine.weight_version()
-        start = time.monotonic()
-        trajs = [Trajectory(p, self.wrap(self.task.new_env()), i // group_size,
+        trajs = [Trajectory(p, self.task.new_env(), i // group_size,
                             prompt_ids=encode_prompt(self.tok, p.prompt))
                  for i, p in enumerate(q for q in problems for _ in range(group_size))]
-        opened = self._calls(trajs, [lambda t=t: t.env.reset(t.problem.row) for t in trajs],
-                             step, version)
+        opened = self._calls(trajs, [lambda t=t: self.wrap(t.env).reset(t.problem.row)
+                                     for t in trajs], step, version)
         for t, o in zip(trajs, opened, strict=True):
             if not t.ended:                    # this trajectory's own environment's opening
                 t.prompt_ids = encode_prompt(self.tok, render(o.value))
-        for turn in range(self.cfg.max_turns):
+        return trajs
+
+    def advance(self, trajs: list[Trajectory], seed: int, step: int,
+                params: SamplingParams | None = None,
+                enough: Callable[[], bool] = lambda: False) -> None:
+        """Turn by turn over every live trajectory until each has ended, or, checked
+        before each turn, ``enough()`` (partial rollout: the rest go on in a later call,
+        under the weights served then). Each trajectory keeps its own turn count, so one
+        carried over ends at task.env.max_turns all the same. The environments of those
+        that ended are closed."""
+        params = self._turn_params(params or self.params)
+        version = self.engine.weight_version()
+        start = time.monotonic()
+        for rnd in range(self.cfg.max_turns):
             live = [t for t in trajs if not t.ended]
-            if not live:
+            if not live or enough():
                 break
             budgets = [min(params.max_new_tokens, self.cfg.max_tokens - len(t.response_ids))
                        for t in live]
             with self.rec.phase("rollout", step, version):
                 outs = self.engine.generate([t.prompt_ids + t.response_ids for t in live],
-                                            params, seed=seed + 7919 * turn, budgets=budgets)
+                                            params, seed=seed + 7919 * rnd, budgets=budgets)
             stepping, texts = [], []
             for t, o in zip(live, outs, strict=True):
+                t.trace.turn_log.append(TurnRecord(len(t.response_ids),
+                                                   len(t.response_ids) + len(o.token_ids),
+                                                   o.version))
                 t.append(o.token_ids, o.logprobs)
                 t.versions.append(o.version)
-                t.trace.turn_versions.append(o.version)
                 t.trace.turns += 1
                 if not o.finished:              # its budget, not a stop token, ended it
                     t.end("truncated")
@@ -165,26 +199,29 @@ class TrajectoryRunner:
                 stepping.append(t)
                 texts.append(self.tok.decode(o.token_ids, skip_special_tokens=True))
             outcomes = self._calls(
-                stepping, [lambda t=t, x=x: t.env.step(x) for t, x in zip(stepping, texts,
-                                                                        strict=True)],
+                stepping, [lambda t=t, x=x: self.wrap(t.env).step(x)
+                           for t, x in zip(stepping, texts, strict=True)],
                 step, version)
             for t, o in zip(stepping, outcomes, strict=True):
                 if not t.ended:
-                    self._observe(t, o.value, last=turn == self.cfg.max_turns - 1)
+                    self._observe(t, o.value, last=t.trace.turns >= self.cfg.max_turns)
         for t in trajs:
-            if not t.ended:
+            if not t.ended and t.trace.turns >= self.cfg.max_turns:
                 t.end("max_turns")
-            # one that ended at its reset generated nothing: it is of this call's version
-            t.versions = t.versions or [version]
-            t.end_s -= start
-        self._close([t for t in trajs if hasattr(t.env, "close")], step, version)
-        return trajs
+            if t.ended and not t.closed:
+                # one that ended at its reset generated nothing: it is of this call's version
+                t.versions = t.versions or [version]
+                t.end_s = max(0.0, t.end_s - start)     # (0: it ended at its reset)
+        self._close([t for t in trajs if t.ended and not t.closed], step, version)
 
     def _close(self, trajs: list[Trajectory], step: int, version: int) -> None:
         """Each environment's close, bounded like its steps; one that raises or hangs is
         counted (it changes nothing of its finished trajectory)."""
-        for t, o in zip(trajs, call_all([t.env.close for t in trajs], self.cfg.step_timeout_s),
-                        strict=True):
+        for t in trajs:
+            t.closed = True
+        trajs = [t for t in trajs if hasattr(t.env, "close")]
+        for t, o in zip(trajs, call_all([self.wrap(t.env).close for t in trajs],
+                                        self.cfg.step_timeout_s), strict=True):
             self.rec.record("env", o.start, o.end, step, version)
             t.trace.errors += int(o.status == "error")
             t.trace.timeouts += int(o.status == "timeout")
@@ -201,8 +238,15 @@ class TrajectoryRunner:
                        text=self.tok.decode(t.response_ids, skip_special_tokens=True),
                        reward=t.reward, reason=t.reason, gen_s=t.end_s,
                        last_version=max(t.versions) if len(set(t.versions)) > 1 else None,
-                       loss_mask=t.mask, env=t.trace)
+                       loss_mask=t.mask, env=t.trace, recycled=t.recycled,
+                       credit=self._credit(t))
                 for t in trajs]
+
+    def _credit(self, t: Trajectory) -> list[tuple[int, float]] | None:
+        """task.env.reward_credit = "turn": each stepped turn's reward on its last token."""
+        if self.cfg.reward_credit != "turn":
+            return None
+        return [(r.end - 1, r.reward) for r in t.trace.turn_log if r.end > r.start]
 
     def _observe(self, t: Trajectory, value: Any, last: bool) -> None:
         try:
@@ -214,7 +258,7 @@ class TrajectoryRunner:
                 self.log(f"environment {self.cfg.class_!r}: {exc}", level="warning")
             return
         t.reward += float(res.reward)
-        t.trace.turn_rewards.append(float(res.reward))
+        t.trace.turn_log[-1].reward = float(res.reward)
         if res.info.get("tool_call"):
             t.trace.tool_calls += 1
         if res.done:

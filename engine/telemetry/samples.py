@@ -57,23 +57,19 @@ def samples_event(step: int, samples: Sequence[Sample], rows: list[int],
 
 
 def trajectory_turns(s: Sample) -> list[TrajectoryTurn]:
-    """A multi-turn sample's turns: the runs of its loss mask (1: a model turn, 0: the
-    environment's observation), each model turn with its version and step reward from its
-    environment record; [] for a single-turn sample."""
-    if s.loss_mask is None:
+    """A multi-turn sample's turns: its environment record's model turns (tokens, version,
+    the reward of the step that answered each) and the observations between and after
+    them; [] for a single-turn sample."""
+    if s.loss_mask is None or s.env is None:
         return []
-    versions = s.env.turn_versions if s.env is not None else []
-    rewards = s.env.turn_rewards if s.env is not None else []
     turns: list[TrajectoryTurn] = []
-    for i, m in enumerate(s.loss_mask):
-        role = "model" if m else "env"
-        if turns and turns[-1].role == role:
-            turns[-1].end = i + 1
-            continue
-        turn = TrajectoryTurn(role, i, i + 1)
-        if role == "model":
-            k = sum(t.role == "model" for t in turns)
-            turn.version = versions[k] if k < len(versions) else s.version
-            turn.reward = rewards[k] if k < len(rewards) else None
-        turns.append(turn)
+    at = 0
+    for r in s.env.turn_log:
+        if r.start > at:
+            turns.append(TrajectoryTurn("env", at, r.start))
+        if r.end > r.start:
+            turns.append(TrajectoryTurn("model", r.start, r.end, r.version, r.reward))
+        at = max(at, r.end)
+    if len(s.loss_mask) > at:
+        turns.append(TrajectoryTurn("env", at, len(s.loss_mask)))
     return turns

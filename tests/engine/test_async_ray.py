@@ -7,7 +7,15 @@ model and tears them down.
 
 import pytest
 
-from engine.api import LogEvent, MetricsEvent, SpanEvent, WeightSyncEvent, run_local
+from engine.api import (
+    LogEvent,
+    MetricsEvent,
+    SamplesEvent,
+    SpanEvent,
+    WeightSyncEvent,
+    run_local,
+)
+from engine.config import validate_config
 from engine.telemetry.sinks import MemorySink
 
 from .conftest import small_run
@@ -106,3 +114,38 @@ def test_a_placed_rollout_workers_reward_pool_joins_the_runs_placement_group(
     logs = [e.message for e in sink.events if isinstance(e, LogEvent)]
     pool = next(m for m in logs if m.startswith("reward pool: 2 Ray worker(s)"))
     assert "none" not in pool and "," not in pool          # one group: the run's own
+
+
+def test_a_trajectory_continues_across_a_weight_sync_on_ray_and_records_both_versions(
+        ray_gpus, tmp_path, model_cache):
+    """The guessing env (configs/guess_env.toml's law) under partial rollout, its rollout
+    worker and learner actors on two bundles: trajectories still guessing when the step's
+    groups have ended are carried, and their next turns are generated after the weight
+    sync, by the next version. A 10-step warm start teaches the tiny model to end a guess
+    with EOS (a random one runs every turn to its budget: one turn, nothing to carry)."""
+    cfg = validate_config({
+        "name": "guess", "steps": 3,
+        "task": {"type": "env", "eval_size": 8,
+                 "env": {"class": "guess", "max_turns": 12, "max_tokens": 64}},
+        "warm_start": {"steps": 10, "batch_size": 16},
+        "algorithm": {"group_size": 2, "minibatches": 1},
+        "rollout": {"prompts_per_step": 2, "max_new_tokens": 4},
+        "placement": PLACEMENTS["disaggregated"], "weight_sync": {"type": "object_store"},
+        "async_policy": {"type": "partial_rollout", "over_provision": 2.0},
+        "telemetry": {"eval_samples": 1, "eval_every_steps": 0, "sample_groups": 2}})
+    sink = MemorySink()
+
+    summary = run_local(cfg, tmp_path, sink=sink)
+
+    assert (summary.status, summary.steps_done) == ("succeeded", 3)
+    steps = step_metrics(sink.events)
+    assert steps[-1]["buffer/recycled"] > 0
+    assert any(m["samples/mixed_versions"] > 0 for m in steps[1:])
+    assert all(m["staleness/max"] <= 1 for m in steps)
+    syncs = [e for e in sink.events if isinstance(e, WeightSyncEvent)]
+    assert all(s.matched for s in syncs) and len(syncs) == 4
+    mixed = [s for e in sink.events if isinstance(e, SamplesEvent) for s in e.samples
+             if s.last_version > s.version]
+    assert mixed and all(s.last_version == s.version + 1 for s in mixed)
+    assert all(s.prompt.startswith("guess ") and ("up:" in s.completion
+                                                  or "down:" in s.completion) for s in mixed)

@@ -62,7 +62,7 @@ def test_an_env_task_round_trips_through_toml_with_its_class_key():
     ("os.path:join", "names a module of the standard library; point it at your own"),
     ("engine.envs.calculator:CalculatorEnv", "names a module of rlplane; point it at your"),
     ("missing_env.py:Env", "no such file 'missing_env.py'; fix the path"),
-    ("calculater", "neither a built-in environment (calculator) nor"),
+    ("calculater", "neither a built-in environment (calculator, code_repair, guess) nor"),
     ("my_envs.py:", 'must be "package.module:Class" or "path/to/file.py:Class"'),
 ])
 def test_a_bad_env_class_is_a_field_error_naming_the_fix(spec, says):
@@ -79,11 +79,18 @@ def test_a_stdlib_file_named_by_its_path_is_refused_like_its_module():
 
 @pytest.mark.parametrize("section, values, field", [
     ("reward", {"type": "math"}, "reward.type"),
-    ("algorithm", {"type": "ppo"}, "algorithm.type"),
-    ("async_policy", {"type": "partial_rollout"}, "async_policy.type"),
+    ("task", env_task(reward_credit="turn"), "task.env.reward_credit"),
 ])
 def test_what_trajectories_do_not_run_on_yet_is_refused_by_name(section, values, field):
     assert field_error({"task": env_task(), section: values})[0] == field
+
+
+def test_ppo_and_partial_rollout_take_an_env_task_and_turn_credit_needs_ppo():
+    cfg = validate_config({"task": env_task(reward_credit="turn"), "algorithm": {"type": "ppo"},
+                           "async_policy": {"type": "partial_rollout"}})
+    assert cfg.task.env.reward_credit == "turn"
+    _, message = field_error({"task": env_task(reward_credit="turn")})
+    assert 'use algorithm.type = "ppo"' in message
 
 
 def test_a_class_that_the_file_lacks_is_a_config_error_when_the_worker_loads_it(tmp_path):
@@ -432,6 +439,43 @@ def test_observation_tokens_get_exactly_zero_gradient_and_are_left_out_of_the_ga
     # -40 behaviour logprobs sit on every observation token: none reaches the gap
     assert m["logprob_gap/max"] < 1e-4 and m["tis/clip_frac"] == 0.0
     assert m["learner/kl_ref"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_ppo_on_trajectories_trains_neither_actor_nor_critic_on_observations(tiny_dir):
+    """PPO's critic reads the observations as context, but its values there are no
+    steps: advantages and returns are 0 on them and the value loss sends them no
+    gradient; the actor's update then trains on the model's turns only."""
+    from engine.config import PpoConfig
+    from engine.learner.ppo import PpoLearner
+    from engine.model import load_critic
+
+    tok = load_tokenizer(tiny_dir)
+    samples = trajectory_batch(tok, load_policy(tiny_dir))
+    for s, r in zip(samples, (1.0, 0.0), strict=True):
+        s.reward = r
+    learner = PpoLearner(load_policy(tiny_dir), load_critic(tiny_dir),
+                         PpoConfig(minibatches=1, critic={"lr": 1e-2}), 1.0, seed=0,
+                         setup=LearnerConfig(packing=False))
+    captured = {}
+
+    def keep(_module, _inputs, output):
+        if output.requires_grad:                         # a training forward, not old values
+            output.retain_grad()
+            captured.setdefault("hidden", []).append(output)
+
+    batch = pack(samples, tok.pad_token_id)
+    learner.update_critic(batch)                        # a first value step: values move
+    handle = learner.critic.model.model.norm.register_forward_hook(keep)
+    adv, _ = learner.update_critic(batch)
+    handle.remove()
+    grad = next(h.grad for h in captured["hidden"] if h.grad is not None)   # (B, P+R, H)
+    P, obs = batch.prompt_len, batch.response_mask == 0
+    assert bool((adv[obs] == 0).all()) and bool((adv[~obs] != 0).any())
+    for i, s in enumerate(samples):
+        for t, trained in enumerate(s.loss_mask):
+            at = grad[i, P + t - 1]             # the output V(s_t) of response token t reads
+            assert (at.abs().sum() > 0) == bool(trained), (i, t)
+    assert learner.update(batch, adv)["learner/loss"] != 0.0
 
 
 def test_packed_and_padded_layouts_agree_on_a_trajectory_with_observations(tiny_dir):

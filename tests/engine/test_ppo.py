@@ -55,6 +55,33 @@ def test_gae_between_the_extremes_mixes_them_by_lambda():
     assert float(a[0, 0]) == pytest.approx(-0.32 + 0.45 * 0.16 + 0.45 ** 2 * 0.6)
 
 
+def test_gae_passes_over_a_trajectorys_observations_as_if_they_were_not_there():
+    """A trajectory: two model tokens, an observation of two (mask 0, values there are
+    nonsense), one model token, then pad; its reward on its last sampled token. GAE
+    equals the contiguous sequence's with the observation cut out (veRL's GAE)."""
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.2, 9.0, -9.0, 0.4, 5.0]])
+    rewards = terminal_rewards(torch.tensor([1.0]), mask)
+    assert rewards.tolist() == [[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]]
+    a, g = gae(rewards, values, mask, gamma=0.9, lam=0.5)
+    plain, plain_g = gae(terminal_rewards(REWARDS[:1], MASK[:1]), VALUES[:1], MASK[:1],
+                         gamma=0.9, lam=0.5)
+    keep = mask[0].bool()
+    assert torch.allclose(a[0, keep], plain[0]) and torch.allclose(g[0, keep], plain_g[0])
+    assert a[0, ~keep].abs().sum() == 0 and g[0, ~keep].abs().sum() == 0
+
+
+def test_turn_credit_places_each_turns_reward_and_the_rest_at_the_end():
+    s = Sample(Problem("1:", ""), [1], [5, 6, 7, 8, 9], [0.0] * 5, True, 0, 0, reward=0.9,
+               shaping=-0.1, loss_mask=[1, 1, 0, 1, 0], credit=[(1, -0.1), (3, 1.0)])
+    plain = Sample(Problem("1:", ""), [1], [5, 6], [0.0] * 2, True, 0, 0, reward=1.0)
+    batch = pack([s, plain], pad_id=0)
+    # the shaping (-0.1) sits on the last sampled token, beside that turn's reward
+    assert torch.allclose(batch.token_rewards, torch.tensor(
+        [[0.0, -0.1, 0.0, 1.0 - 0.1, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0]]))
+    assert batch.token_rewards.sum(-1).tolist() == pytest.approx([0.8, 1.0])
+
+
 def test_clipped_value_loss_takes_the_worse_of_the_plain_and_the_clipped_value():
     # token 0: V moved 0.5 -> 1.0, clipped to 0.7: (0.7-2)^2 = 1.69 > (1-2)^2 = 1
     # token 1: V moved 0.5 -> 0.0, clipped to 0.3: (0-0.4)^2 = 0.16 > (0.3-0.4)^2 = 0.01
