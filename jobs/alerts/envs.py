@@ -1,6 +1,7 @@
 """The rules of a multi-turn task's environment (task.type = "env"): EnvErrors when its
 calls raise, EnvHang when it, not generation, holds the step (calls past their timeout, or
-most of the step's wall time spent in environment calls). Runs without an environment
+most of the step's wall time spent in environment calls that have grown well past the
+run's own usual). Runs without an environment
 report no env/* metrics and raise neither."""
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ def env_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Find
     env_s = h.metrics.get(M.TIME_ENV_S, {}).get(step, 0.0)
     step_s = h.metrics.get(M.TIME_STEP_S, {}).get(step, 0.0)
     share = env_s / step_s if step_s > 0 else 0.0
-    if timeouts <= 0 and share <= t.env_share:
+    # An environment that is slow by nature (a sandbox running each turn's program) holds
+    # most of every step from the start: only a share that grew with the environment's
+    # time, against the run's own earlier steps, says it started to hang.
+    before = sorted(v for s, v in h.metrics.get(M.TIME_ENV_S, {}).items() if s < step)[-20:]
+    usual = before[len(before) // 2] if len(before) >= 3 else None
+    grew = usual is not None and env_s > t.env_rise * usual
+    if timeouts <= 0 and not (share > t.env_share and grew):
         return []
     return [Finding(
         kind="EnvHang", key="EnvHang", step=step,
@@ -52,5 +59,5 @@ def env_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Find
                  "trajectory: lower the timeout so a hung call costs less, or make step "
                  "async so a slow call does not hold the rest."),
         evidence={"values": {M.ENV_TIMEOUTS: timeouts, "env_share": share,
-                             "threshold": t.env_share},
+                             "threshold": t.env_share, "usual_env_s": usual},
                   "series": chart(h, M.TIME_ENV_S)})]

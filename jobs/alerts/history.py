@@ -228,7 +228,12 @@ class Thresholds(BaseModel):
     (env/errors)."""
     env_share: float = Field(default=0.5, gt=0.0, le=1.0)
     """EnvHang when environment calls take more than this share of a step's wall time
-    (time/env_s / time/step_s), or any call ran past task.env.step_timeout_s."""
+    (time/env_s / time/step_s) and more than env_rise times their median over the run's
+    earlier steps (at least 3 of them), or any call ran past task.env.step_timeout_s."""
+    env_rise: float = Field(default=2.0, gt=1.0, le=1000.0)
+    """How many times the run's usual environment time (the median of its earlier steps'
+    time/env_s) a step's must reach for its share to count towards EnvHang: an
+    environment slow by nature (a code sandbox) holds most of every step, healthy."""
     early_steps: int = Field(default=2, ge=1, le=1000)
     """The run's first this-many steps give the early level that EntropyCollapse,
     LengthBlowup and NonTermination compare with."""
