@@ -48,6 +48,13 @@ shared 2-core box, 2026-12-03), two runs of the bench:
     another 2-thread test     trl 6.890 s/step (generation 2.749 + update 4.141),
     running alongside         rlplane 6.287 (rollout 2.384 + learner 3.952): ratio 1.10
 
+and with the overlapped side (2026-12-03 evening, load average 1.6: one other job):
+
+    trl 0.200 s/step, rlplane 0.175 (ratio 1.14), rlplane one_step_off on a thread of
+    its own with 1 of the 2 torch threads 0.227 (ratio 0.88: generation 0.043 -> 0.077 s
+    and the update 0.120 -> 0.213 s with half the threads each, more than the overlap
+    hides; with the learner kept at 2 threads, 0.201, ratio 1.00)
+
 Two 2-thread jobs on 2 cores slow both sides ~25x (their threads wait on each other),
 so each round's line prints the load average: read a ratio together with it.
 """
