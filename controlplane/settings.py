@@ -247,9 +247,10 @@ RLPLANE_SAMPLE_STEPS = max(1, int(os.environ.get("RLPLANE_SAMPLE_STEPS", "200"))
 # names is refused, so a run token cannot make every read and scrape megabytes.
 RLPLANE_MAX_METRIC_NAMES = max(1, int(os.environ.get("RLPLANE_MAX_METRIC_NAMES", "1000")))
 
-# --- Alerts after ingest (jobs/alerts/debounce.py): a run's rules run at most once per
-# this many seconds, on the Celery worker, after the batch committed; 0 evaluates in the
-# ingest request itself, right after its transaction (tests; an install without a worker).
+# --- Alerts after ingest (jobs/alerts/debounce.py): > 0, a run's rules run on the Celery
+# worker after the batch committed, the batches that arrive while its evaluation waits in
+# the queue coalesced into it; 0 evaluates in the ingest request itself, right after its
+# transaction (tests; an install without a worker).
 RLPLANE_ALERT_DEBOUNCE_S = max(0.0, float(os.environ.get("RLPLANE_ALERT_DEBOUNCE_S", "1")))
 
 # Ingest batches one web process stores at once (jobs/ingest/endpoints.py); the others

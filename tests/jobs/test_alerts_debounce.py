@@ -15,13 +15,13 @@ from .test_alerts import sync
 
 @pytest.fixture
 def queued(settings, monkeypatch):
-    """Evaluations queued for the worker (the Celery seam), as (run id, countdown); the
+    """Evaluations queued for the worker (the Celery seam), as (run id, options); the
     due keys under a prefix of this test's own on the real Redis."""
     settings.RLPLANE_ALERT_DEBOUNCE_S = 1.0
     monkeypatch.setattr(debounce, "DUE_KEY", f"test-{uuid.uuid4().hex}:{{}}")
     calls = []
     monkeypatch.setattr(debounce.evaluate_run_alerts, "apply_async",
-                        lambda args, countdown: calls.append((*args, countdown)))
+                        lambda args, **options: calls.append((*args, options)))
     return calls
 
 
@@ -31,7 +31,7 @@ def test_batches_in_a_burst_queue_one_evaluation_which_sees_them_all(
         do_ingest_events(run, [sync(1, 0)])
         do_ingest_events(run, [sync(2, 1, rollout_fp="fp1")])
         do_ingest_events(run, [sync(3, 2, rollout_fp="fp1")])
-    assert queued == [(run.pk, 1.0)]
+    assert queued == [(run.pk, {})]            # at once: no ETA held unacknowledged
     assert not Alert.objects.filter(run=run).exists()      # not in the ingest call
 
     debounce.evaluate_run_alerts(run.pk)                     # what the worker runs
@@ -41,7 +41,7 @@ def test_batches_in_a_burst_queue_one_evaluation_which_sees_them_all(
     with django_capture_on_commit_callbacks(execute=True):
         do_ingest_events(run, [sync(4, 3)])                  # after it started: queued anew
         do_ingest_events(run, [sync(2, 1)])                  # a replay, nothing new: none
-    assert queued == [(run.pk, 1.0), (run.pk, 1.0)]
+    assert queued == [(run.pk, {}), (run.pk, {})]
 
 
 def test_nothing_is_queued_before_the_batch_commits(run, channel_layer, queued,
