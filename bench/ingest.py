@@ -39,7 +39,6 @@ through the real stack on loopback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import http.client
 import json
 import multiprocessing
@@ -56,12 +55,12 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.fanout import watch  # noqa: E402
 from engine import metrics as M  # noqa: E402
 from engine.api import MetricsEvent, SpanEvent  # noqa: E402
 
 PHASES = ("rollout", "reward", "learner", "weight_sync")
 SPREAD_RUNS = 10
-QUIET_S, LATE_S = 3.0, 60.0   # a client's wait for late deliveries after the probes end
 
 
 def metric_names(count: int) -> list[str]:
@@ -144,90 +143,6 @@ def send(port: int, run_id: int, token: str, batch: int, values: int, deadline: 
 
 
 # --- fan-out -----------------------------------------------------------------------------
-
-
-def watch(port: int, cookie: str, groups: list[tuple[str, list[int], int]], slow: int,
-          slow_run: int, ready, start, seconds: float, results) -> None:
-    """A client process: ``groups`` of (name, run ids, clients per run); ``slow`` clients
-    on ``slow_run`` that stop reading. Puts {group: [latency s, ...]} and the counts."""
-    try:
-        results.put(asyncio.run(watch_async(port, cookie, groups, slow, slow_run, ready,
-                                            start, seconds)))
-    except BaseException as exc:  # reported by the parent
-        results.put({"error": repr(exc)})
-        raise
-
-
-async def watch_async(port, cookie, groups, slow, slow_run, ready, start, seconds) -> dict:
-    import websockets
-
-    latencies: dict[str, list[float]] = {name: [] for name, _, _ in groups}
-    seen: dict[str, list[tuple[int, int]]] = {name: [] for name, _, _ in groups}
-    backfilled = dict.fromkeys(latencies, 0)
-    connected, errors = [], []
-
-    def connect(run_id: int, **kwargs):
-        return websockets.connect(f"ws://127.0.0.1:{port}/ws/runs/{run_id}/",
-                                  origin=f"http://127.0.0.1:{port}",
-                                  additional_headers={"Cookie": cookie}, max_size=None,
-                                  open_timeout=60, **kwargs)
-
-    async def client(name: str, run_id: int, stop_at: list) -> None:
-        try:
-            await receive(name, run_id, stop_at)
-        except Exception as exc:   # counted: a client the server dropped misses events
-            errors.append(f"{name}: {exc!r}")
-            seen[name].append((run_id, 0))
-
-    async def receive(name: str, run_id: int, stop_at: list) -> None:
-        count = 0
-        async with connect(run_id) as ws:
-            await ws.send(json.dumps({"last_seq": 0}))
-            warm, last = False, time.time()
-            # Until the probes stopped and nothing came for QUIET_S (or LATE_S passed):
-            # a late delivery is counted late, not missed.
-            while not stop_at or (time.time() < stop_at[0] + LATE_S and (
-                    time.time() < stop_at[0] or time.time() - last < QUIET_S)):
-                try:
-                    raw = await asyncio.wait_for(ws.recv(), timeout=1.0)
-                except TimeoutError:
-                    continue
-                now = last = time.time()
-                for event in json.loads(raw).get("events", []):
-                    if event["seq"] == 1:      # the warm-up (WARM_UP), live or backfilled
-                        warm = True
-                        connected.append(1)
-                    elif warm and "committed_at" in event:
-                        latencies[name].append(now - event["committed_at"])
-                        count += 1
-                    elif warm:   # refilled from the database after a dropped message
-                        backfilled[name] += 1
-                        count += 1
-        seen[name].append((run_id, count))
-
-    async def slow_client(stop_at: list) -> None:
-        # A small queue and no reads: the library stops reading the socket, the kernel's
-        # buffers fill, and the server's sends to it block.
-        async with connect(slow_run, max_queue=1, ping_interval=None) as ws:
-            sock = ws.transport.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            await ws.send(json.dumps({"last_seq": 0}))
-            connected.append(1)
-            while not stop_at or time.time() < stop_at[0] + QUIET_S:
-                await asyncio.sleep(0.5)
-
-    stop_at: list[float] = []
-    tasks = [asyncio.create_task(client(name, run_id, stop_at))
-             for name, run_ids, per_run in groups for run_id in run_ids
-             for _ in range(per_run)]
-    tasks += [asyncio.create_task(slow_client(stop_at)) for _ in range(slow)]
-    while len(connected) + len(errors) < len(tasks):   # a failed client is reported
-        await asyncio.sleep(0.05)
-    ready.set()
-    await asyncio.to_thread(start.wait)
-    stop_at.append(time.time() + seconds)
-    await asyncio.gather(*tasks, return_exceptions=True)   # a slow client may be dropped
-    return {"latencies": latencies, "seen": seen, "errors": errors, "backfilled": backfilled}
 
 
 def probe(port: int, run_id: int, token: str, interval: float, deadline: float) -> int:
