@@ -18,7 +18,8 @@ phase seconds per step laid end to end (rollout + reward + learner + weight sync
 over its busiest device's seconds, what a perfect overlap would take. The ratio splits
 into phase cost (sync's step / this run's phase seconds: below 1 when overlapped actors
 slow each other down on shared cores) x schedule (busiest device / step: idle waits).
-Sync and partial rollout do not overlap by design, so their ratio is what overlap leaves.
+Sync does not overlap by design, so its ratio is what overlap leaves; partial rollout
+runs in its default form (async_policy.overlap = true: one step ahead, its tail carried).
 
 Overlap buys throughput only from idle cores: each round prints the machine's load
 average, since on a shared box other work takes the core the overlap would use.

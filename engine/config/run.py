@@ -169,12 +169,15 @@ class RunConfig(_Section):
                              "its rollout worker and learner, and placement.ray = true puts "
                              "them in Ray actors; set placement.threads_per_actor instead, "
                              "or placement.ray = false")
-        if self.async_policy.type not in ("one_step_off", "fully_async"):
+        p = self.async_policy
+        if p.type == "sync" or (p.type == "partial_rollout" and not p.overlap):
+            what = (f'async_policy.type="{p.type}"' if p.type == "sync" else
+                    "partial rollout with async_policy.overlap = false")
             raise FieldError("placement.overlap_threads",
-                             f'placement.overlap_threads runs generation beside the update, '
-                             f'and async_policy.type="{self.async_policy.type}" waits for '
-                             f'one before the other; use "one_step_off" or "fully_async", '
-                             f"or set placement.overlap_threads = 0")
+                             f"placement.overlap_threads runs generation beside the update, "
+                             f"and {what} waits for one before the other; use "
+                             f'"one_step_off", "fully_async" or "partial_rollout" (overlap = '
+                             f"true), or set placement.overlap_threads = 0")
         return self
 
     @model_validator(mode="after")

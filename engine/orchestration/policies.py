@@ -12,7 +12,9 @@ checks every step:
     fully_async   every worker always generates; "wait" starts a call only if its
                   groups cannot train more than eta versions later, "drop" never
                   waits and the buffer drops (and counts) groups older than eta     eta
-    partial_rollout  over-provision, carry unfinished groups into the next step      eta
+    partial_rollout  over-provision, stop at the step's groups, carry the unfinished
+                  ones into the next call; overlap (default): one_step_off's schedule,
+                  each worker's next call starts as soon as a step's groups are taken eta
 
 Every scored group enters through ``Experience.admit``: overlong shaping, then dynamic
 sampling (algorithm.dynamic_sampling) drops a group whose rewards all agree, and each
@@ -273,14 +275,16 @@ class StreamingPolicy:
     Call c of the stream fills groups [g_c, g_c + n_c); with steps of N groups its last
     group trains at update (g_c + n_c - 1) // N, i.e. at learner version start + that.
     A worker whose weights are at version v may start it ("wait") only if
-    start + (g_c + n_c - 1) // N - v <= eta.
+    start + (g_c + n_c - 1) // N - v <= ahead (eta unless given: overlapped partial
+    rollout starts calls one step ahead, and its carried groups may age to eta).
     """
 
     overlaps = True
 
     def __init__(self, exp: Experience, name: str, eta: int, wait: bool, per_call: int,
-                 start_version: int, over_provision: float = 1.0):
+                 start_version: int, over_provision: float = 1.0, ahead: int | None = None):
         self.exp, self.name, self.eta, self.wait = exp, name, eta, wait
+        self.ahead = eta if ahead is None else ahead
         self.per_call, self.over = per_call, over_provision
         self.start = start_version
         self.sent = [start_version] * len(exp.workers)   # version each worker will serve
@@ -294,7 +298,7 @@ class StreamingPolicy:
             if w in self.inflight:
                 continue
             trains_at = self.start + (self.planned + self.per_call - 1) // self.exp.n_prompts
-            if self.wait and trains_at - self.sent[w] > self.eta:
+            if self.wait and trains_at - self.sent[w] > self.ahead:
                 continue
             self.inflight[w] = self._start(w, trains_at, step)
             self.calls += 1
@@ -374,6 +378,9 @@ class StreamingPolicy:
 
 
 class PartialRolloutPolicy:
+    """The synchronous form (async_policy.overlap = false): each step's generation after
+    the previous update; the overlapped form is a StreamingPolicy (build_policy)."""
+
     name, overlaps = "partial_rollout", False
 
     def __init__(self, exp, cfg: PartialRolloutPolicyConfig):
@@ -441,6 +448,9 @@ def build_policy(cfg: AsyncPolicyConfig, exp: Experience, start_version: int) ->
         return StreamingPolicy(exp, cfg.type, cfg.staleness_bound, cfg.on_stale == "wait",
                                cfg.prompts_per_call or per_worker, start_version,
                                cfg.over_provision)
+    if isinstance(cfg, PartialRolloutPolicyConfig) and cfg.overlap:
+        return StreamingPolicy(exp, cfg.type, cfg.staleness_bound, True, per_worker,
+                               start_version, cfg.over_provision, ahead=1)
     if isinstance(cfg, PartialRolloutPolicyConfig):
         return PartialRolloutPolicy(exp, cfg)
     return SyncPolicy(exp)

@@ -166,7 +166,8 @@ def fit_run(cfg: RunConfig, metrics: list[dict[str, float]], spans=(),
     overhead = statistics.median(
         max(0.0, m[M.TIME_STEP_S] - sum(m.get(M.PHASE_TIME.of(phase=p), 0.0) for p in BUSY))
         for m in rows) \
-        if cfg.async_policy.type in ("sync", "partial_rollout") else \
+        if cfg.async_policy.type == "sync" or (cfg.async_policy.type == "partial_rollout"
+                                               and not cfg.async_policy.overlap) else \
         statistics.median(max(0.0, m[M.TIME_STEP_S] - max(
             m[M.TIME_ROLLOUT_S] + m[M.TIME_REWARD_S] + m.get(M.TIME_ENV_S, 0.0),
             m[M.TIME_LEARNER_S] + m[M.TIME_WEIGHT_SYNC_S])) for m in rows)

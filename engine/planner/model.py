@@ -5,7 +5,8 @@ The loop as engine.orchestration.loop drives it, one driver and its actors:
     driver:   batch = policy.next_batch(step, version)      (waits on worker calls)
               learner update (tokens)                       [learner devices]
               send: learner-side sync; each worker's receive is queued behind its calls
-              settle: sync and partial_rollout wait for every receive, streaming ones don't
+              settle: sync and partial_rollout without overlap wait for every receive,
+                      streaming ones don't
               loop overhead (metrics, spans; no device busy)
     worker w: runs its calls in submit order: generate + reward, or a weight receive;
               a call generates with the version of the last receive queued before it
@@ -282,9 +283,10 @@ class _Streaming(_Sync):
     overlaps = True
 
     def __init__(self, loop: _Loop, eta: int, wait: bool, per_call: int, over: float,
-                 bound: int | None):
+                 bound: int | None, ahead: int | None = None):
         super().__init__(loop, bound)
         self.eta, self.wait, self.per_call, self.over = eta, wait, per_call, over
+        self.ahead = eta if ahead is None else ahead
         self.sent = 0
         self.inflight: dict[int, _Call] = {}
         self.carry: list[list[_Group]] = [[] for _ in range(loop.shape.workers)]
@@ -296,7 +298,7 @@ class _Streaming(_Sync):
             if w in self.inflight:
                 continue
             trains_at = (self.planned + self.per_call - 1) // n
-            if self.wait and trains_at - self.sent > self.eta:
+            if self.wait and trains_at - self.sent > self.ahead:
                 break                 # every worker serves `sent`: none may start
             self.inflight[w] = self._start(w, trains_at)
             self.planned += self.per_call
@@ -344,6 +346,9 @@ def _policy(loop: _Loop, cfg: AsyncPolicyConfig) -> _Sync:
         return _Streaming(loop, cfg.staleness_bound, cfg.on_stale == "wait",
                           cfg.prompts_per_call or per_worker, cfg.over_provision,
                           cfg.staleness_bound)
+    if isinstance(cfg, PartialRolloutPolicyConfig) and cfg.overlap:
+        return _Streaming(loop, cfg.staleness_bound, True, per_worker, cfg.over_provision,
+                          cfg.staleness_bound, ahead=1)
     if isinstance(cfg, PartialRolloutPolicyConfig):
         return _Partial(loop, cfg)
     return _Sync(loop, None)

@@ -39,6 +39,9 @@ def _async_levers(cfg: RunConfig, problem: str) -> list[str]:
         out.append('async_policy.type = "fully_async" with max_staleness = 2: workers '
                    "generate continuously instead of one step ahead")
     elif p.type == "partial_rollout":
+        if not p.overlap and problem != "straggler":
+            out.append("generate the next step during the update: async_policy.overlap = "
+                       f"true (with max_staleness >= 2; now {p.max_staleness})")
         if p.over_provision < 8.0:
             out.append(f"start more prompts per step: async_policy.over_provision "
                        f"{p.over_provision:g} -> {min(p.over_provision * 1.5, 8.0):g}")

@@ -50,7 +50,9 @@ def test_a_thread_actor_runs_calls_in_order_on_its_thread_with_its_own_torch_thr
 
 
 @pytest.mark.parametrize("changes, says", [
-    ({"async_policy": {"type": "sync"}}, 'use "one_step_off" or "fully_async"'),
+    ({"async_policy": {"type": "sync"}}, 'use "one_step_off", "fully_async" or'),
+    ({"async_policy": {"type": "partial_rollout", "overlap": False, "max_staleness": 1}},
+     "partial rollout with async_policy.overlap = false waits"),
     ({"placement": {**OVERLAPPED, "ray": True}}, "placement.threads_per_actor"),
 ])
 def test_overlap_threads_need_an_overlapping_policy_in_the_drivers_process(changes, says):

@@ -86,11 +86,13 @@ def longtail() -> PlanInputs:
                  sync_send_s=0.01, sync_recv_s=0.01)
 
 
-def test_on_a_long_tail_partial_rollout_beats_sync_within_its_staleness_bound():
+@pytest.mark.parametrize("overlap", [True, False])
+def test_on_a_long_tail_partial_rollout_beats_sync_within_its_staleness_bound(overlap):
+    cfg = PartialRolloutPolicyConfig(overlap=overlap, max_staleness=2 if overlap else 1)
     sync = simulate(longtail(), ONE_PLUS_ONE, SyncPolicyConfig(), steps=40)
-    partial = simulate(longtail(), ONE_PLUS_ONE, PartialRolloutPolicyConfig(), steps=40)
+    partial = simulate(longtail(), ONE_PLUS_ONE, cfg, steps=40)
     assert partial.samples_per_s > 1.3 * sync.samples_per_s
-    assert partial.staleness_max <= 1 and partial.recycled_per_step > 0
+    assert partial.staleness_max <= cfg.staleness_bound and partial.recycled_per_step > 0
 
 
 @pytest.mark.parametrize("on_stale", ["wait", "drop"])

@@ -215,6 +215,42 @@ def test_interruptible_fully_async_carries_the_tail_and_stays_within_eta():
     assert exp.recycled > 0 and mixed > 0     # long rows were continued under new weights
 
 
+def test_overlapped_partial_rollout_generates_the_next_step_during_the_update():
+    """The default form: a step's groups taken, the worker's next call starts before the
+    learner's weights change (one step ahead), its tail is carried and continued under the
+    next version, and no group trains more than two versions after its first tokens."""
+    worker = TailWorker()
+    buffer = ExperienceBuffer(max_staleness=2)
+    exp = Experience([LocalActor(worker)], TailTask(), buffer, 2, G, seed=0)
+    cfg = PartialRolloutPolicyConfig(over_provision=2.0)
+    policy = build_policy(cfg, exp, start_version=0)
+    assert policy.overlaps and cfg.staleness_bound == 2
+    mixed = 0
+    for step in range(6):
+        samples = [s for g in policy.next_batch(step, step) for s in g]
+        assert max(check_staleness(samples, step)) <= 2
+        if step:
+            assert min(check_staleness(samples, step)) >= 1    # generated a step ahead
+        mixed += sum(s.mixes_versions for s in samples)
+        worker.version = step + 1
+        policy.weights_sent(step + 1)
+    assert len(worker.engine.calls) == 7      # one call per step, and the one in flight
+    assert exp.recycled > 0 and mixed > 0     # long rows continued under the next weights
+    policy.close()
+
+
+def test_overlap_with_a_staleness_bound_under_two_is_a_field_error():
+    from engine.config import ConfigError, validate_config
+
+    with pytest.raises(ConfigError) as err:
+        validate_config({"async_policy": {"type": "partial_rollout", "max_staleness": 1}})
+    assert "async_policy.max_staleness" in str(err.value) and "overlap = false" in str(
+        err.value)
+    cfg = validate_config({"async_policy": {"type": "partial_rollout", "max_staleness": 1,
+                                            "overlap": False}})
+    assert cfg.async_policy.staleness_bound == 1
+
+
 # --------------------------------------------------------------------------- the driver
 
 def test_a_sample_newer_than_the_learner_is_an_error_event(tmp_path, model_cache, monkeypatch):
@@ -281,6 +317,11 @@ class AlternatingWorker(VersionedWorker):
         return groups
 
 
+def _complete(result):
+    """A generation call's complete groups (continue_groups returns them with its carry)."""
+    return result[0] if isinstance(result, tuple) else result
+
+
 def dynamic_experience(worker, bound=None, rounds=4):
     alg = GrpoConfig(group_size=G, dynamic_sampling=True, max_resample_rounds=rounds)
     return Experience([LocalActor(worker)], FakeTask(), ExperienceBuffer(max_staleness=bound),
@@ -322,7 +363,10 @@ def test_without_dynamic_sampling_flat_groups_train_and_are_counted():
 @pytest.mark.parametrize("policy_cfg", [OneStepOffPolicyConfig(),
                                         FullyAsyncPolicyConfig(max_staleness=1,
                                                                prompts_per_call=1),
-                                        PartialRolloutPolicyConfig(over_provision=1.5)])
+                                        PartialRolloutPolicyConfig(over_provision=1.5),
+                                        PartialRolloutPolicyConfig(over_provision=1.5,
+                                                                   overlap=False,
+                                                                   max_staleness=1)])
 def test_every_policy_hands_the_learner_no_flat_group_within_its_staleness_bound(policy_cfg):
     worker = AlternatingWorker()
     exp = dynamic_experience(worker, bound=policy_cfg.staleness_bound)
@@ -337,7 +381,8 @@ def test_every_policy_hands_the_learner_no_flat_group_within_its_staleness_bound
         worker.version = step + 1
         policy.weights_sent(step + 1)
     # every group drawn is trained, dropped (and counted), buffered or still in flight
-    in_flight = sum(len(g.future.result()) for g in getattr(policy, "inflight", {}).values())
+    in_flight = sum(len(_complete(g.future.result()))
+                    for g in getattr(policy, "inflight", {}).values())
     assert worker.produced == trained + dropped + len(exp.buffer) + in_flight
     assert dropped > 0
     policy.close()

@@ -348,6 +348,14 @@ def test_bubble_high_on_a_fully_async_run_does_not_recommend_fully_async():
     assert "over_provision 2 -> 3" in f.runbook and "(now 1)" not in f.runbook
 
 
+def test_bubble_high_under_synchronous_partial_rollout_names_its_overlap():
+    facts = async_facts(type="partial_rollout", overlap=False, max_staleness=1)
+    f = finding(fully_async(bubble=0.45), facts, "BubbleHigh")
+    assert "async_policy.overlap = true (with max_staleness >= 2; now 1)" in f.runbook
+    f = finding(fully_async(bubble=0.45), async_facts(type="partial_rollout"), "BubbleHigh")
+    assert "async_policy.overlap" not in f.runbook       # it overlaps already
+
+
 def test_a_straggler_under_fully_async_is_named_as_stragglers():
     # From step 6 one generation of each batch takes 8 s; the step shares stay what fully
     # async makes them (generation is always running), so only the samples show it.
