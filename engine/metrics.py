@@ -165,6 +165,9 @@ DEVICE_MEMORY_GB = _family("device/memory_gb/{device}", "GB",
                            "measured accelerator memory used (or the process's RSS)")
 DEVICE_MEMORY_TOTAL_GB = _family("device/memory_total_gb/{device}", "GB",
                                  "the accelerator's total memory")
+HOST_CORUN_SLOWDOWN = _family("host/corun_slowdown/{actor}", "ratio",
+                              "an actor's (learner, rollout) speed alone / beside the others "
+                              "computing at once, probed at the run's start on CPU devices")
 
 # --- off-policy: staleness and the logprob gap ------------------------------------------
 STALENESS_MEAN = _metric("staleness/mean", "versions",

@@ -30,6 +30,7 @@ each worker as a Ray actor on its bundle, joined by the configured two-sided tra
 from __future__ import annotations
 
 import os
+import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -51,6 +52,7 @@ from engine.orchestration.workers import (
     RolloutWorker,
     Telemetered,
 )
+from engine.telemetry.contention import LEARNER_ROWS, slowdowns
 from engine.weightsync.base import SyncResult
 from engine.weightsync.session import WeightSyncSession
 
@@ -163,6 +165,31 @@ class Deployment:
         handle.kill()
         self.places.give_back()
         return spans
+
+    def corun_slowdown(self, weight_bytes: int, rows: int, seconds: float = 0.1,
+                       rounds: int = 3) -> dict[str, float]:
+        """How much the learner and the rollout workers slow one another computing at
+        once, {"learner": x, "rollout": y} (engine.telemetry.contention; ``rows``: a
+        worker's rows per generate call), the median of ``rounds`` rounds: probed where
+        they can overlap (on Ray, or the worker on a thread of its own); {} where nothing
+        runs beside anything, or on CUDA devices."""
+        if (self.start_worker is None and not self.threaded) or not self.workers:
+            return {}
+        probe = Telemetered.corun_probe
+        learner_args = (LEARNER_ROWS, weight_bytes, seconds)
+        rollout_args = (rows, weight_bytes, seconds)
+        measured: list[dict[str, float]] = []
+        for _ in range(rounds):
+            alone = {"learner": self.learner.call(probe, *learner_args).result(),
+                     "rollout": self.workers[0].call(probe, *rollout_args).result()}
+            # the workers' calls first: a learner in this process runs its call when made
+            rollout = [w.call(probe, *rollout_args) for w in self.workers]
+            learner = self.learner.call(probe, *learner_args)
+            together = {"learner": learner.result(), "rollout": rollout[0].result()}
+            for f in rollout[1:]:
+                f.result()
+            measured.append(slowdowns(alone, together))
+        return {k: statistics.median(m[k] for m in measured) for k in measured[0]}
 
     def update(self, samples: list[Sample], step: int, version: int) -> dict[str, float]:
         """The learner's update of ``step``, colocated rollout engines asleep meanwhile (they

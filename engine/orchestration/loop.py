@@ -75,6 +75,7 @@ from engine.reward import reward_metrics
 from engine.rollout.preflight import preflight_verdict
 from engine.seeds import seed_everything, step_seed
 from engine.tasks import task_for
+from engine.telemetry.contention import weight_bytes
 from engine.telemetry.export import ExportSink
 from engine.telemetry.recorder import Telemetry
 from engine.telemetry.samples import inspected_rows, samples_event
@@ -196,6 +197,15 @@ class StepLoop:
         message, level = preflight_verdict(res, cfg.rollout)
         if message:
             self.tel.log(message, level=level)
+        # reported with every step: the planner reads it from the steps it fits on
+        rows = -(-cfg.rollout.prompts_per_step * cfg.algorithm.group_size // len(d.workers))
+        slow = d.corun_slowdown(weight_bytes(policy_dir), rows)
+        self.corun = {M.HOST_CORUN_SLOWDOWN.of(actor=k): v for k, v in slow.items()}
+        if slow:
+            self.tel.log("co-run probe: computing at once, "
+                         + ", ".join(f"the {k} runs at {1 / x:.2f} of its speed alone"
+                                     for k, x in slow.items())
+                         + " (host/corun_slowdown/*: the planner's overlap figures use it)")
 
     def steps(self, total: int) -> dict[str, float]:
         """Train up to step ``total``; ``ended_by`` then says why it stopped there (the
@@ -270,6 +280,7 @@ class StepLoop:
         m[M.BUFFER_DROPPED_STALE] = float(self.buffer.dropped_stale)
         m[M.BUFFER_RECYCLED] = float(self.experience.recycled)
         m[M.ROLLOUT_WORKERS] = float(len(d.workers))
+        m |= self.corun
         m |= self.ledger.metrics()
         self.tel.emit(MetricsEvent(step=step, values=m))
         self._emit_samples(step, groups, samples, staleness)

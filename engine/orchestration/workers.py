@@ -69,6 +69,7 @@ from engine.seeds import seed_everything
 from engine.tasks import task_for
 from engine.tasks.base import Problem
 from engine.tasks.env import EnvTask
+from engine.telemetry.contention import probe_rate
 from engine.telemetry.devices import DeviceSampler
 from engine.telemetry.recorder import SpanRecorder
 from engine.weightsync.session import WeightReceiverHost, WeightSenderHost
@@ -99,6 +100,11 @@ class Telemetered:
     @concurrent("telemetry")
     def sample_devices(self) -> dict[str, float]:
         return self.sampler.sample()
+
+    def corun_probe(self, rows: int, weight_bytes: int, seconds: float) -> float | None:
+        """The co-run probe's stand-in workload on this actor's threads: passes/s
+        (engine.telemetry.contention)."""
+        return probe_rate(rows, weight_bytes, seconds)
 
 
 class RolloutWorker(Telemetered, WeightReceiverHost):

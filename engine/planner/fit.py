@@ -36,7 +36,7 @@ from engine import metrics as M
 from engine.config import RunConfig, load_config
 from engine.orchestration.placement import layout_for
 from engine.planner.inputs import LengthModel, PlanInputs
-from engine.planner.model import Shape, shape_of
+from engine.planner.model import Shape, overlap_share, shape_of
 
 QUANTILE_METRICS = ((M.RESPONSE_LENGTH_MIN, 0.0),
                     *((M.RESPONSE_LENGTH_QUANTILE[q], q / 100) for q in M.LENGTH_QUANTILES),
@@ -180,7 +180,38 @@ def fit_run(cfg: RunConfig, metrics: list[dict[str, float]], spans=(),
         sync_send_s=send_s, sync_recv_s=recv_s,
         sync_bytes=statistics.fmean(m.get(M.WEIGHT_SYNC_BYTES, 0.0) for m in rows),
         env_call_s=env_s)
-    return Fit(inputs, shape, overhead, len(rows), cfg.async_policy.type)
+    return Fit(_sequential(inputs, rows, spans), shape, overhead, len(rows),
+               cfg.async_policy.type)
+
+
+def _sequential(inputs: PlanInputs, rows: list[dict[str, float]], spans) -> PlanInputs:
+    """The co-run slowdowns the run probed (host/corun_slowdown/*), and its costs as if
+    nothing had run beside them: a run whose learner and rollout workers overlapped
+    measured each phase stretched by the other side's computing, in the share of its time
+    the spans show them together (the same stretch simulate applies)."""
+    slow = {k: statistics.median(m[M.HOST_CORUN_SLOWDOWN.of(actor=k)] for m in rows
+                                 if M.HOST_CORUN_SLOWDOWN.of(actor=k) in m)
+            for k in ("learner", "rollout")
+            if any(M.HOST_CORUN_SLOWDOWN.of(actor=k) in m for m in rows)}
+    if not slow:
+        return inputs
+    c_learner, c_rollout = slow.get("learner", 1.0), slow.get("rollout", 1.0)
+    learner = [(s.start, s.end) for s in spans if s.phase == "learner"]
+    rollout = [(s.start, s.end) for s in spans if s.phase in ("rollout", "reward", "env")]
+    if learner and rollout:
+        a = min(x for x, _ in learner + rollout)
+        b = max(y for _, y in learner + rollout)
+        div_l = 1.0 + (c_learner - 1.0) * overlap_share(learner, rollout, a, b)
+        div_r = 1.0 + (c_rollout - 1.0) * overlap_share(rollout, learner, a, b)
+    else:
+        div_l = div_r = 1.0
+    return replace(inputs, corun_learner=c_learner, corun_rollout=c_rollout,
+                   learner_step_s=inputs.learner_step_s / div_l,
+                   learner_token_s=inputs.learner_token_s / div_l,
+                   prefill_s=inputs.prefill_s / div_r, decode_step_s=inputs.decode_step_s / div_r,
+                   decode_row_s=inputs.decode_row_s / div_r,
+                   reward_sample_s=inputs.reward_sample_s / div_r,
+                   env_call_s=inputs.env_call_s / div_r)
 
 
 def fit_run_dir(run_dir: Path) -> Fit:

@@ -87,6 +87,11 @@ class PlanInputs:
     # reset and a step after each turn, each round concurrent over the call's rows (so
     # neither more workers nor fewer rows per worker shorten it)
     env_call_s: float = 0.0
+    # how much slower the learner / a rollout worker runs while the other side computes
+    # too (1: not at all): CPU devices of one host share its caches, memory bandwidth and
+    # clock (engine.telemetry.contention's probe, host/corun_slowdown/*)
+    corun_learner: float = 1.0
+    corun_rollout: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

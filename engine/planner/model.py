@@ -20,8 +20,10 @@ finishes; the other rows keep what they generated and are carried.
 
 The policies are ports of engine.orchestration.policies (SyncPolicy, StreamingPolicy,
 PartialRolloutPolicy) with the same staleness bounds, wait and drop rules, carried groups
-and the ExperienceBuffer's take (FIFO, older than the bound: dropped). Not modelled:
-dynamic sampling's extra rounds, and contention between actors that share a CPU.
+and the ExperienceBuffer's take (FIFO, older than the bound: dropped). Actors that
+share a host's CPUs slow each other while both compute: each side's phases are stretched
+by its probed co-run slowdown (PlanInputs.corun_*) in the share of its time the other
+side computes too (simulate). Not modelled: dynamic sampling's extra rounds.
 
 Placements: an actor's calls never overlap; a colocated worker shares the learner's device
 (device 0) and waits for it; in the driver's process (colocated, ray = false) nothing
@@ -47,6 +49,7 @@ from engine.config import (
 from engine.planner.inputs import PlanInputs
 
 SIM_STEPS = 24        # simulated steps; the first (pipeline fill) is left out of the figures
+PASSES = 3            # simulate passes when actors slow each other (see simulate)
 
 
 @dataclass(frozen=True)
@@ -131,8 +134,12 @@ def _sizes(n: int, parts: int) -> list[int]:
 class _Loop:
     """The actors' clocks and busy intervals, the learner's version, the counters."""
 
-    def __init__(self, inp: PlanInputs, shape: Shape, seed: int):
+    def __init__(self, inp: PlanInputs, shape: Shape, seed: int,
+                 scale: tuple[float, float] = (1.0, 1.0)):
         self.inp, self.shape = inp, shape
+        # the learner's and the rollout workers' phases stretched by co-running
+        self.scale_learner, self.scale_rollout = scale
+        self.spans: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
         self.rng = np.random.default_rng(seed)
         self.t = 0.0                                  # the driver's clock
         self.free = [0.0] * shape.workers             # each worker's queue drains at
@@ -163,7 +170,15 @@ class _Loop:
         devices = (self.shape.devices if self.shape.serial else
                    self.shape.learner_devices if w is None else self.shape.per_worker)
         self.busy.append((start, end, devices, rollout))
+        if rollout or w is None:
+            self.spans[rollout].append((start, end))
         return end
+
+    def overlapped(self, a: float, b: float) -> tuple[float, float]:
+        """The share of the learner's busy time in [a, b] during which a rollout worker
+        computed too, and the rollout workers' share during which the learner did."""
+        learner, rollout = self.spans[False], self.spans[True]
+        return overlap_share(learner, rollout, a, b), overlap_share(rollout, learner, a, b)
 
     def fresh(self, k: int) -> list[_Group]:
         inp = self.inp
@@ -190,7 +205,8 @@ class _Loop:
         gen = inp.generate_s(steps, tokens) if steps > 0 else 0.0
         scored = len(complete) * inp.group_size
         env = inp.env_call_s if steps > 0 else 0.0
-        end = self._occupy(ready, w, gen + env + inp.reward_sample_s * scored, rollout=True)
+        end = self._occupy(ready, w, (gen + env + inp.reward_sample_s * scored)
+                           * self.scale_rollout, rollout=True)
         self.recycled += len(carry)
         return _Call(end, complete, carry)
 
@@ -199,7 +215,8 @@ class _Loop:
         inp = self.inp
         staleness = [self.version - v for g in batch for v in g.versions]
         tokens = sum(g.tokens for g in batch)
-        self.t = self._occupy(self.t, None, inp.learner_s(tokens, self.shape.learner_devices))
+        self.t = self._occupy(self.t, None, inp.learner_s(tokens, self.shape.learner_devices)
+                              * self.scale_learner)
         self.version += 1
         return staleness
 
@@ -354,6 +371,24 @@ def _policy(loop: _Loop, cfg: AsyncPolicyConfig) -> _Sync:
     return _Sync(loop, None)
 
 
+def overlap_share(mine: list[tuple[float, float]], other: list[tuple[float, float]],
+                  a: float, b: float) -> float:
+    """The share of ``mine``'s time in [a, b] that ``other`` covers too."""
+    if not mine or not other:
+        return 0.0
+    m = np.clip(np.asarray(mine, dtype=float), a, b)
+    o = np.asarray(other, dtype=float)
+    o = o[np.argsort(o[:, 0], kind="stable")]
+    reach = np.maximum.accumulate(o[:, 1])        # merged into disjoint intervals
+    first = np.r_[True, o[1:, 0] > reach[:-1]]
+    last = np.r_[np.nonzero(first)[0][1:] - 1, len(o) - 1]
+    o = np.clip(np.column_stack([o[first, 0], reach[last]]), a, b)
+    total = float((m[:, 1] - m[:, 0]).sum())
+    both = np.clip(np.minimum(m[:, 1, None], o[None, :, 1])
+                   - np.maximum(m[:, 0, None], o[None, :, 0]), 0.0, None).sum()
+    return float(both) / total if total > 0 else 0.0
+
+
 def _union(intervals: list[tuple[float, float]], a: float, b: float) -> float:
     total, cur = 0.0, None
     for s, e in sorted((max(s, a), min(e, b)) for s, e in intervals if e > a and s < b):
@@ -368,9 +403,30 @@ def _union(intervals: list[tuple[float, float]], a: float, b: float) -> float:
 def simulate(inp: PlanInputs, placement: PlacementConfig | Shape, policy: AsyncPolicyConfig,
              loop_overhead_s: float = 0.0, steps: int = SIM_STEPS, seed: int = 0) -> Prediction:
     """Run ``steps`` steps of the loop in model time; figures over steps 1.. (step 0 fills
-    the pipeline, as the benches leave it out)."""
+    the pipeline, as the benches leave it out).
+
+    Co-running (``inp.corun_learner`` / ``corun_rollout`` above 1): a first pass at the
+    sequential costs says what share of each side's busy time the other side computes
+    too; each side's phases are then stretched by its slowdown in that share, and the
+    loop simulated again (twice: the stretch changes how much they overlap)."""
     shape = placement if isinstance(placement, Shape) else shape_of(placement)
-    loop = _Loop(inp, shape, seed)
+    scale = (1.0, 1.0)
+    for _ in range(PASSES if max(inp.corun_learner, inp.corun_rollout) > 1.0
+                   and not shape.serial else 1):
+        pred, loop, window = _simulate(inp, shape, policy, loop_overhead_s, steps, seed,
+                                       scale)
+        f_learner, f_rollout = loop.overlapped(*window)
+        if f_learner == f_rollout == 0.0:
+            break                     # nothing ran beside anything (sync's schedule)
+        scale = (1.0 + (inp.corun_learner - 1.0) * f_learner,
+                 1.0 + (inp.corun_rollout - 1.0) * f_rollout)
+    return pred
+
+
+def _simulate(inp: PlanInputs, shape: Shape, policy: AsyncPolicyConfig,
+              loop_overhead_s: float, steps: int, seed: int, scale: tuple[float, float]
+              ) -> tuple[Prediction, _Loop, tuple[float, float]]:
+    loop = _Loop(inp, shape, seed, scale)
     pol = _policy(loop, policy)
     bounds, samples, staleness = [], 0, []
     dropped_at_1 = 0
@@ -402,4 +458,4 @@ def simulate(inp: PlanInputs, placement: PlacementConfig | Shape, policy: AsyncP
         rollout_share=rollout / wall,
         staleness={int(k): float(c) / len(staleness) for k, c in zip(ages, counts, strict=True)},
         dropped_per_step=(loop.dropped - dropped_at_1) / counted,
-        recycled_per_step=(loop.recycled - recycled_at_1) / counted)
+        recycled_per_step=(loop.recycled - recycled_at_1) / counted), loop, (a, b)

@@ -64,6 +64,9 @@ def test_each_policy_runs_to_completion_within_its_staleness_bound(
     assert all(s.matched and s.transport == TRANSPORT[placement] for s in syncs)
     devices = {"colocated": ["gpu:0"], "disaggregated": ["gpu:0", "gpu:1"]}[placement]
     assert all(f"device/utilization/{d}" in m for d in devices for m in steps)
+    # the co-run probe, with every step (engine.telemetry.contention)
+    assert all(m[f"host/corun_slowdown/{a}"] > 0 for a in ("learner", "rollout")
+               for m in steps)
     spans = [e for e in sink.events if isinstance(e, SpanEvent)]
     rollout_dev, learner_dev = devices[0], devices[-1]
     assert {"rollout", "reward", "weight_sync"} <= {s.phase for s in spans

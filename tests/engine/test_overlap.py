@@ -77,6 +77,8 @@ def test_in_process_one_step_off_generates_the_next_batch_during_the_update(tmp_
     assert any(r.start < u.end and u.start < r.end for u in learner for r in rollout)
     steps = [e.values for e in sink.of_type(MetricsEvent) if "staleness/max" in e.values]
     assert [v["staleness/max"] for v in steps] == [0, 1, 1, 1]
+    # the worker's thread and the learner were probed computing at once
+    assert all(v["host/corun_slowdown/learner"] > 0 for v in steps)
     syncs = sink.of_type(WeightSyncEvent)
     assert [s.version_learner for s in syncs] == [0, 1, 2, 3, 4]
     assert all(s.matched for s in syncs)

@@ -76,6 +76,47 @@ def test_in_the_drivers_process_nothing_overlaps():
     assert sync.bubble == pytest.approx(0.0)
 
 
+def test_actors_that_slow_each_other_stretch_only_the_time_they_overlap():
+    """One-step-off on the generation-bound recipe (generation side 5.0 s, learner 2.0 s):
+    the learner 1.5x slower beside generation still fits under it (3.0 s), generation 1.2x
+    slower in the share of its time the learner runs beside it (about 2/5) sets the
+    period; sync and the driver's process overlap nothing."""
+    slow = replace(fixed(), corun_learner=1.5, corun_rollout=1.2)
+    assert simulate(slow, ONE_PLUS_ONE, SyncPolicyConfig()).step_s == pytest.approx(
+        simulate(fixed(), ONE_PLUS_ONE, SyncPolicyConfig()).step_s)
+    base, stretched = period(fixed(), OneStepOffPolicyConfig()), period(
+        slow, OneStepOffPolicyConfig())
+    assert base < stretched < base * 1.2
+    serial = ColocatedPlacementConfig(devices=2)            # nothing overlaps there
+    assert simulate(slow, serial, OneStepOffPolicyConfig()).step_s == pytest.approx(
+        simulate(fixed(), serial, OneStepOffPolicyConfig()).step_s)
+
+
+def test_the_fit_takes_the_probed_slowdown_and_undoes_it_where_the_run_overlapped():
+    truth = fixed(reward_sample_s=0.0)
+    cfg = small_run(rollout={"prompts_per_step": N, "max_new_tokens": 64},
+                    algorithm={"group_size": G},
+                    placement=ONE_PLUS_ONE.model_dump(), weight_sync={"type": "shm"})
+    probe = {"host/corun_slowdown/learner": 1.5, "host/corun_slowdown/rollout": 1.25}
+    rows = [m | probe for m in trace(truth, [(9, 9), (10, 40), (30, 60), (12, 80),
+                                             (50, 100), (20, 30)])]
+    seq = fit_run(cfg, rows).inputs                  # no spans: nothing seen overlapping
+    assert (seq.corun_learner, seq.corun_rollout) == (1.5, 1.25)
+    assert seq.learner_token_s == pytest.approx(truth.learner_token_s)
+
+    class Span:
+        def __init__(self, phase, start, end, step):
+            self.phase, self.start, self.end, self.step = phase, start, end, step
+            self.device = "gpu:1" if phase == "learner" else "gpu:0"
+
+    # every learner span entirely beside generation: its costs were 1.5x stretched
+    spans = [Span(p, 10.0 * k, 10.0 * k + 4, k) for k in range(6)
+             for p in ("learner", "rollout")]
+    over = fit_run(cfg, rows, spans).inputs
+    assert over.learner_token_s == pytest.approx(truth.learner_token_s / 1.5)
+    assert over.decode_row_s == pytest.approx(truth.decode_row_s / 1.25)
+
+
 def longtail() -> PlanInputs:
     """Most answers short, a few near the budget; a prompt's rows alike; a decode step
     costs about the same for 1 row as for 64 (a GPU batch)."""
@@ -221,6 +262,8 @@ def test_a_real_run_directory_fits_and_plans(run_dir):
     steps = [e.values for e in sink.of_type(MetricsEvent) if "time/step_s" in e.values]
     assert all("response_length/group_max_mean" in m and "response_length/p90" in m
                for m in steps)
+    # in the driver's process nothing runs beside anything: no co-run probe
+    assert not any(k.startswith("host/corun_slowdown/") for m in steps for k in m)
     assert fit.inputs.learner_step_s + fit.inputs.learner_token_s > 0
     cfg = small_run(steps=4)
     table = plan_table(fit, cfg, devices=4)
