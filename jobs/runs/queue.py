@@ -10,6 +10,8 @@ What a run asks for (``run_demand``):
     a Ray placement  its placement bundles, summed (engine.api.placement_demand): {GPU: 4};
                      a live run resized (set_rollout_workers) holds its launch bundles and
                      one per rollout worker beyond the launch's (Run.rollout_workers)
+    every rlplane driver  RLPLANE_DRIVER_RESOURCES on top (its Ray job's entrypoint
+                     resources: the nodes that may hold a driver)
     a launched external run  its command's CPUs and GPUs (the Ray job's entrypoint)
     an external run reporting from elsewhere  nothing
     in process       one run slot; RLPLANE_MAX_LOCAL_RUNS of them (the default colocated
@@ -54,7 +56,13 @@ Resources = dict[str, float]
 
 
 def demand_of(cfg: RunConfig, rollout_workers: int | None = None) -> Resources:
-    return placement_demand(cfg, rollout_workers) or {RUN_SLOT: 1.0}
+    """The run's placement (or a run slot) and its driver's RLPLANE_DRIVER_RESOURCES,
+    which the Ray job reserves as its entrypoint's resources: counted here, a run waits
+    in the queue saying so instead of PENDING inside Ray."""
+    demand = dict(placement_demand(cfg, rollout_workers) or {RUN_SLOT: 1.0})
+    for name, amount in settings.RLPLANE_DRIVER_RESOURCES.items():
+        demand[name] = demand.get(name, 0.0) + float(amount)
+    return demand
 
 
 def run_demand(run: Run) -> Resources:
@@ -107,9 +115,17 @@ def ray_capacity() -> tuple[Resources, Resources]:
     usage = (status.get("loadMetricsReport") or {}).get("usage") or {}
     if not usage:
         raise ClusterUnreachable("the Ray cluster has not reported its resources yet")
-    total = {name: float(of) for name, (_, of) in usage.items()}
-    used = {name: float(in_use) for name, (in_use, _) in usage.items()}
+    # The dashboard spells resource names in camelCase ("rlplane_driver" reads
+    # "rlplaneDriver"): the driver resources are named back as settings spell them.
+    named = {_camel(name): name for name in settings.RLPLANE_DRIVER_RESOURCES}
+    total = {named.get(name, name): float(of) for name, (_, of) in usage.items()}
+    used = {named.get(name, name): float(in_use) for name, (in_use, _) in usage.items()}
     return total, used
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
 def plural(name: str, amount: float) -> str:
@@ -168,9 +184,14 @@ def never_reason(asked: Resources, total: Resources) -> str | None:
         return None
     missing = "; ".join(f"it asks for {asked[name]:g} {plural(name, asked[name])} and the "
                         f"Ray cluster has {total.get(name, 0.0):g} in all" for name in short)
-    return (f"no node set of the cluster could ever hold this placement: {missing}. Ask "
-            "for fewer (placement.rollout_workers, devices_per_worker, learner_devices) "
-            "or add nodes that have them")
+    driver = [n for n in short if n in settings.RLPLANE_DRIVER_RESOURCES]
+    fix = ("Ask for fewer (placement.rollout_workers, devices_per_worker, learner_devices) "
+           "or add nodes that have them")
+    if driver:
+        fix += (f"; {', '.join(driver)} is what every run's driver reserves "
+                f"(RLPLANE_DRIVER_RESOURCES): start a Ray node with it (ray start "
+                f"--resources) or change that setting")
+    return f"no node set of the cluster could ever hold this placement: {missing}. {fix}"
 
 
 def short_of(asked: Resources, total: Resources) -> list[str]:

@@ -59,6 +59,28 @@ def test_what_a_placement_asks_for():
         "waits for 2 GPUs; 0 of 4 free"
 
 
+def test_every_driver_counts_its_driver_resources_and_waits_for_them_in_the_queue(
+        settings, submitted, schedule, make_run, monkeypatch):
+    settings.RLPLANE_DRIVER_RESOURCES = {"rlplane_driver": 1.0}
+    settings.RLPLANE_MAX_LOCAL_RUNS = 4
+    assert queue.demand_of(validate_config(LOCAL)) == {queue.RUN_SLOT: 1.0,
+                                                       "rlplane_driver": 1.0}
+    assert queue.demand_of(validate_config(on_gpus(2))) == {"GPU": 2.0, "rlplane_driver": 1.0}
+    # one node may hold a driver (ray start --resources '{"rlplane_driver": 1}'), one runs
+    monkeypatch.setattr(queue, "ray_capacity", lambda: ({"rlplane_driver": 1.0, "GPU": 4.0},
+                                                        {}))
+    holder = make_run(RunStatus.RUNNING)
+    Run.objects.filter(pk=holder.pk).update(config=Run(config=LOCAL).config)
+    waiting = queued(LOCAL)
+
+    assert schedule() == []
+    waiting.refresh_from_db()
+    assert waiting.status_reason == "waits for 1 rlplane_driver; 0 of 1 free"
+    # a cluster with no such node: refused at launch, naming the setting
+    why = queue.never_reason(queue.demand_of(validate_config(LOCAL)), {"GPU": 4.0})
+    assert "RLPLANE_DRIVER_RESOURCES" in why and "ray start --resources" in why
+
+
 def test_with_one_local_slot_a_second_run_waits_and_starts_when_the_first_ends(
         settings, submitted, schedule, make_run, django_capture_on_commit_callbacks):
     settings.RLPLANE_MAX_LOCAL_RUNS = 1
