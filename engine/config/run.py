@@ -57,6 +57,11 @@ class TelemetryConfig(_Section):
     """Samples per held-out prompt at the eval temperature (more = less noisy mean)."""
     jsonl: bool = True
     """Write every event to events.jsonl in the run directory."""
+    corun_probe_s: float = Field(default=0.1, ge=0.0, le=5.0)
+    """Seconds of each window of the co-run probe at the run's start (3 rounds of 3
+    windows), where the learner and rollout workers can compute at once on CPUs: how much
+    they slow each other (host/corun_slowdown/*), which the planner uses; 0 = no probe
+    (the planner then assumes they do not)."""
     sample_groups: int = Field(default=2, ge=0, le=32)
     """Prompt groups per step sent to the control plane's rollout inspector as a
     ``samples`` event (prompt, completion, reward, advantage, per-token logprobs); 0 = off."""

@@ -199,7 +199,8 @@ class StepLoop:
             self.tel.log(message, level=level)
         # reported with every step: the planner reads it from the steps it fits on
         rows = -(-cfg.rollout.prompts_per_step * cfg.algorithm.group_size // len(d.workers))
-        slow = d.corun_slowdown(weight_bytes(policy_dir), rows)
+        slow = d.corun_slowdown(weight_bytes(policy_dir), rows, cfg.telemetry.corun_probe_s) \
+            if cfg.telemetry.corun_probe_s > 0 else {}
         self.corun = {M.HOST_CORUN_SLOWDOWN.of(actor=k): v for k, v in slow.items()}
         if slow:
             self.tel.log("co-run probe: computing at once, "

@@ -50,7 +50,8 @@ def test_each_policy_runs_to_completion_within_its_staleness_bound(
     warm = LENGTHS_VARY if policy == "partial_rollout" else {"steps": 0}
     cfg = small_run(steps=3, placement=PLACEMENTS[placement], async_policy=table,
                     rollout={"max_new_tokens": 8}, warm_start=warm,
-                    weight_sync={"type": TRANSPORT[placement]})
+                    weight_sync={"type": TRANSPORT[placement]},
+                    telemetry={"corun_probe_s": 0.05})
     sink = MemorySink()
 
     summary = run_local(cfg, tmp_path, sink=sink)

@@ -66,7 +66,8 @@ def test_overlap_threads_need_an_overlapping_policy_in_the_drivers_process(chang
 def test_in_process_one_step_off_generates_the_next_batch_during_the_update(tmp_path,
                                                                            model_cache):
     sink = MemorySink()
-    cfg = small_run(steps=4, async_policy={"type": "one_step_off"}, placement=OVERLAPPED)
+    cfg = small_run(steps=4, async_policy={"type": "one_step_off"}, placement=OVERLAPPED,
+                    telemetry={"corun_probe_s": 0.05})
     summary = run_local(cfg, tmp_path, sink=sink)
     assert summary.status == "succeeded" and summary.steps_done == 4
     spans = sink.of_type(SpanEvent)

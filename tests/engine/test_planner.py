@@ -249,7 +249,7 @@ def test_a_row_for_another_config_matches_its_layout_and_policy_type_not_its_lab
 def run_dir(tmp_path_factory, model_cache):
     out = tmp_path_factory.mktemp("planned")
     sink = MemorySink()
-    run_local(small_run(steps=4), out, sink=sink)
+    run_local(small_run(steps=4, telemetry={"corun_probe_s": 0.05}), out, sink=sink)
     return out, sink
 
 
