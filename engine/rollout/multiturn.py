@@ -7,8 +7,9 @@
                         budgets = each one's tokens left, at most max_new_tokens)
                                                                             [span: rollout]
             a turn cut by its budget ends its trajectory (unfinished)
-        env.step(turn text) for every turn at once, each on a thread of its own,
-            bounded by task.env.step_timeout_s                              [span: env]
+        env.step(turn text) of each turn the moment it ends (on_complete), on a thread
+            of its own while the rest still decode, bounded by task.env.step_timeout_s;
+            all waited for before the next turn                             [span: env]
             done -> finished; raised / timed out -> ended (env_error / env_timeout)
             else the observations' tokens are appended to the context (loss mask 0),
             cut at the trajectory's token budget (then it ends, unfinished)
@@ -21,8 +22,8 @@
 It drives the rollout seam (engine.rollout.base.RolloutEngine): each turn the engine
 prefills the trajectory's whole context again (the torch sampler keeps no KV cache across
 calls; prefix reuse is left to an engine that has it). Turns of different trajectories
-are batched into one generate call; their environment steps overlap one another, not the
-generation. A trajectory that ``advance`` leaves live (partial rollout:
+are batched into one generate call; an early finisher's environment step (a tool call)
+runs while the batch's longer turns still decode, and overlaps the other steps. A trajectory that ``advance`` leaves live (partial rollout:
 engine.orchestration.partial.continue_trajectories) goes on in a later call, under the
 weights served then.
 """
@@ -35,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import metrics as M
-from engine.envs.base import StepResult, call_all, render
+from engine.envs.base import EnvCalls, Outcome, StepResult, call_all, render
 from engine.experience import EnvTrace, Sample, TurnRecord
 from engine.model import encode_prompt
-from engine.rollout.base import RolloutEngine, SamplingParams
+from engine.rollout.base import Completion, RolloutEngine, SamplingParams
 from engine.tasks.base import Problem
 from engine.tasks.env import EnvTask
 from engine.telemetry.recorder import SpanRecorder
@@ -126,10 +127,14 @@ class TrajectoryRunner:
                               stop_token_ids=(*params.stop_token_ids, *self.stops))
 
     def _calls(self, trajs: list[Trajectory], calls: list[Callable[[], Any]],
-               step: int, version: int) -> list:
-        """The environment calls of ``trajs``, at once, each an env span; failures end
-        their trajectory and are counted (and said once, through ``log``)."""
-        outcomes = call_all(calls, self.cfg.step_timeout_s)
+               step: int, version: int) -> list[Outcome]:
+        """The environment calls of ``trajs``, at once (see _settle)."""
+        return self._settle(trajs, call_all(calls, self.cfg.step_timeout_s), step, version)
+
+    def _settle(self, trajs: list[Trajectory], outcomes: list[Outcome], step: int,
+                version: int) -> list[Outcome]:
+        """The outcomes of the environment calls of ``trajs``, each an env span; failures
+        end their trajectory and are counted (and said once, through ``log``)."""
         for t, o in zip(trajs, outcomes, strict=True):
             self.rec.record("env", o.start, o.end, step, version)
             t.trace.step_s.append(o.seconds)
@@ -182,11 +187,25 @@ class TrajectoryRunner:
                 break
             budgets = [min(params.max_new_tokens, self.cfg.max_tokens - len(t.response_ids))
                        for t in live]
+            # a turn that ends on a stop token has its step started at once, on a thread
+            # of its own, while the rest of the batch still decodes (an engine that calls
+            # no on_complete gets them started after the call)
+            steps = EnvCalls(self.cfg.step_timeout_s)
+            started: dict[int, int] = {}       # live row -> its place among steps' calls
+
+            def step_now(i: int, c: Completion) -> bool:
+                if c.finished and i not in started:
+                    text = self.tok.decode(c.token_ids, skip_special_tokens=True)
+                    started[i] = steps.start(lambda env=live[i].env, x=text:
+                                             self.wrap(env).step(x))
+                return False
+
             with self.rec.phase("rollout", step, version):
                 outs = self.engine.generate([t.prompt_ids + t.response_ids for t in live],
-                                            params, seed=seed + 7919 * rnd, budgets=budgets)
-            stepping, texts = [], []
-            for t, o in zip(live, outs, strict=True):
+                                            params, seed=seed + 7919 * rnd, budgets=budgets,
+                                            on_complete=step_now)
+            stepping = []
+            for i, (t, o) in enumerate(zip(live, outs, strict=True)):
                 t.trace.turn_log.append(TurnRecord(len(t.response_ids),
                                                    len(t.response_ids) + len(o.token_ids),
                                                    o.version))
@@ -196,13 +215,13 @@ class TrajectoryRunner:
                 if not o.finished:              # its budget, not a stop token, ended it
                     t.end("truncated")
                     continue
-                stepping.append(t)
-                texts.append(self.tok.decode(o.token_ids, skip_special_tokens=True))
-            outcomes = self._calls(
-                stepping, [lambda t=t, x=x: self.wrap(t.env).step(x)
-                           for t, x in zip(stepping, texts, strict=True)],
-                step, version)
-            for t, o in zip(stepping, outcomes, strict=True):
+                step_now(i, o)
+                stepping.append((i, t))
+            done = steps.wait()                # every step, before the next turn
+            stepped = [t for _, t in stepping]
+            outcomes = self._settle(stepped, [done[started[i]] for i, _ in stepping],
+                                    step, version)
+            for t, o in zip(stepped, outcomes, strict=True):
                 if not t.ended:
                     self._observe(t, o.value, last=t.trace.turns >= self.cfg.max_turns)
         for t in trajs:

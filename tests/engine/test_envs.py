@@ -28,6 +28,7 @@ from engine.learner.warmstart import demonstration_sample
 from engine.model import load_policy, load_tokenizer
 from engine.rollout.base import Completion, SamplingParams
 from engine.rollout.multiturn import TrajectoryRunner
+from engine.rollout.torch_backend import TorchRollout
 from engine.tasks import Problem
 from engine.tasks.env import EnvTask
 from engine.telemetry.recorder import SpanRecorder
@@ -343,6 +344,66 @@ def test_an_environment_that_raises_or_hangs_ends_its_trajectory_and_is_counted(
         assert (s.env.errors, s.env.timeouts) == ((1, 0) if reason == "env_error" else (0, 1))
         assert time.monotonic() - t0 < 10        # not the 30 s the hang would take
     assert said == [f"environment {spec!r} raised ValueError: tool crashed"]
+
+
+class Sequential:
+    """A rollout engine that calls no on_complete (as one might): every step starts after
+    the generate call, the path before steps overlapped generation."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def weight_version(self) -> int:
+        return self.inner.weight_version()
+
+    def generate(self, prompts, params, seed, on_complete=None, budgets=None):
+        return self.inner.generate(prompts, params, seed, budgets=budgets)
+
+
+DIGIT_ENV = '''
+class DigitEnv:
+    """A turn ends at the first digit the model writes (the untrained tiny model writes
+    one soon, after a varying number of tokens); each step answers "ok:" and pays the
+    turn's length, the third ends it."""
+    stop = tuple("0123456789")
+
+    def __init__(self):
+        self.turn = 0
+
+    def draw(self, rng):
+        return {"word": rng.choice("abcdefgh") * rng.randint(1, 4)}
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["word"] + ":"}]
+
+    def step(self, text):
+        self.turn += 1
+        return ([{"role": "tool", "content": "ok:"}], float(len(text)), self.turn == 3, {})
+'''
+
+
+def test_a_turns_env_step_starts_while_the_batch_decodes_and_changes_no_trajectory(
+        tiny_dir, tmp_path):
+    tok = load_tokenizer(tiny_dir)
+    engine = TorchRollout.from_pretrained(tiny_dir)
+    spec = user_env_file(tmp_path, DIGIT_ENV).replace(":EchoEnv", ":DigitEnv")
+    got = []
+    for eng in (engine, Sequential(engine)):
+        task, run = echo_run(tok, spec, eng, max_turns=3)
+        rec = run.rec
+        trajs = run.run(task.train_problems(0, 3), group_size=2, seed=11, step=0)
+        got.append(([(t.response_ids, t.logprobs, t.mask, t.reward, t.reason, t.trace.turns,
+                      t.trace.tool_calls) for t in trajs], rec.drain()[0]))
+    (overlapped, spans), (sequential, sequential_spans) = got
+    assert overlapped == sequential
+    assert len(spans) == len(sequential_spans)
+    assert sum(t[5] for t in overlapped) > len(overlapped)      # some went on to a 2nd turn
+    rollouts = [s for s in spans if s.phase == "rollout"]
+    envs = [s for s in spans if s.phase == "env"]
+    # an early finisher's step began inside the generate call that produced its turn
+    assert any(r.start < e.start < r.end for r in rollouts for e in envs)
+    assert not any(r.start < e.start < r.end for r in rollouts
+                   for e in sequential_spans if e.phase == "env")
 
 
 def test_a_reset_that_raises_ends_the_trajectory_before_any_turn_at_the_served_version(
