@@ -60,8 +60,9 @@ class Environment(Protocol):
 
 
 def render(messages: list[Message]) -> str:
-    """The text a list of messages adds to the context. The built-in model has no chat
-    template: the contents, concatenated (a template per turn is left to come)."""
+    """The text a list of messages adds to the context without a chat template (the
+    built-in model's): the contents, concatenated. With one, engine.rollout.turns
+    renders each turn with it."""
     return "".join(m["content"] for m in messages)
 
 

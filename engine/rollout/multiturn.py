@@ -11,8 +11,9 @@
             of its own while the rest still decode, bounded by task.env.step_timeout_s;
             all waited for before the next turn                             [span: env]
             done -> finished; raised / timed out -> ended (env_error / env_timeout)
-            else the observations' tokens are appended to the context (loss mask 0),
-            cut at the trajectory's token budget (then it ends, unfinished)
+            else the observations' tokens are appended to the context (loss mask 0;
+            with a chat template, its rendering of them: engine.rollout.turns), cut at
+            the trajectory's token budget (then it ends, unfinished)
         env.close() of those that ended, where it has one, bounded alike    [span: env]
     -> one Sample per trajectory: response = turns and observations, loss_mask, reward =
        the sum of its steps' rewards, version = the oldest that generated a turn,
@@ -36,10 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import metrics as M
-from engine.envs.base import EnvCalls, Outcome, StepResult, call_all, render
+from engine.envs.base import EnvCalls, Outcome, StepResult, call_all
 from engine.experience import EnvTrace, Sample, TurnRecord
 from engine.model import encode_prompt
 from engine.rollout.base import Completion, RolloutEngine, SamplingParams
+from engine.rollout.turns import TurnTemplate
 from engine.tasks.base import Problem
 from engine.tasks.env import EnvTask
 from engine.telemetry.recorder import SpanRecorder
@@ -117,6 +119,7 @@ class TrajectoryRunner:
         self.wrap = wrap
         self.cfg = task.cfg.env
         self.stops = stop_ids(tokenizer, task.stop)
+        self.turns = TurnTemplate(tokenizer)
         self.params = params
         self.log = log
 
@@ -167,7 +170,7 @@ class TrajectoryRunner:
                                      for t in trajs], step, version)
         for t, o in zip(trajs, opened, strict=True):
             if not t.ended:                    # this trajectory's own environment's opening
-                t.prompt_ids = encode_prompt(self.tok, render(o.value))
+                t.prompt_ids = self.turns.opening(o.value)
         return trajs
 
     def advance(self, trajs: list[Trajectory], seed: int, step: int,
@@ -286,7 +289,7 @@ class TrajectoryRunner:
         if last:
             t.end("max_turns")
             return
-        obs = self.tok(render(res.observations), add_special_tokens=False)["input_ids"]
+        obs = self.turns.after(t.response_ids[t.trace.turn_log[-1].start:], res.observations)
         room = self.cfg.max_tokens - len(t.response_ids)
         t.append(obs[:room], None)
         if len(obs) >= room:                    # no room left for the model's next turn

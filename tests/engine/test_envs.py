@@ -25,16 +25,19 @@ from engine.experience import EnvTrace, Sample
 from engine.learner.batch import pack, response_logprobs
 from engine.learner.learner import Learner
 from engine.learner.warmstart import demonstration_sample
-from engine.model import load_policy, load_tokenizer
+from engine.model import encode_prompt, load_policy, load_tokenizer
 from engine.rollout.base import Completion, SamplingParams
 from engine.rollout.multiturn import TrajectoryRunner
 from engine.rollout.torch_backend import TorchRollout
+from engine.rollout.turns import TurnTemplate
 from engine.tasks import Problem
 from engine.tasks.env import EnvTask
 from engine.telemetry.recorder import SpanRecorder
 from engine.telemetry.samples import samples_event
 from engine.telemetry.spans import phase_metrics
 from engine.telemetry.step_metrics import env_metrics
+
+from .hf_models import build_hf_model
 
 
 def env_task(**env) -> dict:
@@ -166,8 +169,9 @@ class ScriptedEngine:
     """The rollout seam with scripted turns (a fake at the seam): each call answers every
     row with the next text of ``turns``, ending on EOS unless it ends on a stop mark."""
 
-    def __init__(self, tok, turns: list[str], version: int = 3):
+    def __init__(self, tok, turns: list[str], version: int = 3, end: int | None = None):
         self.tok, self.turns, self.version, self.calls = tok, list(turns), version, []
+        self.end = tok.eos_token_id if end is None else end     # what an answer ends on
 
     def weight_version(self) -> int:
         return self.version
@@ -179,7 +183,7 @@ class ScriptedEngine:
         out = []
         for cap in budgets:
             stop = text.endswith("=")
-            toks = ids + ([] if stop else [self.tok.eos_token_id])
+            toks = ids + ([] if stop else [self.end])
             out.append(Completion(toks[:cap], [-0.5] * len(toks[:cap]), len(toks) <= cap,
                                   self.version))
         return out
@@ -212,6 +216,48 @@ def test_a_tool_call_turn_gets_the_observation_appended_masked_then_the_answer(t
     closed, _ = rec.drain()
     assert [x.phase for x in closed].count("env") == 2 * 3     # reset + 2 steps, 2 rows
     assert {x.step for x in closed} == {5}
+
+
+def test_with_a_chat_template_the_context_is_the_templates_rendering_of_the_conversation(
+        tmp_path):
+    tok = load_tokenizer(build_hf_model(tmp_path / "chatml", "llama"))
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    task, run = runner(tok, None)
+    problem = task.train_problems(0, 1)[0]
+    a, b, answer = problem.row["a"], problem.row["b"], problem.row["answer"]
+    call = f"{a}*{b}="                   # ends on the env's stop: the template closes it
+    run.engine = ScriptedEngine(tok, [call, answer], end=eot)    # the answer, on <|im_end|>
+    (t,) = run.run([problem], group_size=1, seed=0, step=0)
+    assert (t.reward, t.finished, t.trace.turns) == (1.0, True, 2)
+    conversation = [{"role": "user", "content": f"{a}*{b}:"},
+                    {"role": "assistant", "content": call},
+                    {"role": "tool", "content": f"{answer}:"},
+                    {"role": "assistant", "content": answer}]
+    # the model's last turn ends on its own <|im_end|>; the template writes "\n" after it
+    rendered = tok.apply_chat_template(conversation, tokenize=False).removesuffix("\n")
+    assert t.prompt_ids + t.response_ids == tok(rendered, add_special_tokens=False)["input_ids"]
+    assert tok.decode(t.prompt_ids) == tok.apply_chat_template(
+        conversation[:1], tokenize=False, add_generation_prompt=True)
+    # trained: the model's turns (its <|im_end|> included); read: the template's close of
+    # the tool call, the tool message and the next generation prompt
+    n_call, n_answer = len(tok(call)["input_ids"]), len(tok(answer)["input_ids"]) + 1
+    assert t.mask[:n_call] == [1] * n_call and t.mask[-n_answer:] == [1] * n_answer
+    between = t.response_ids[n_call:-n_answer]
+    assert tok.decode(between) == (f"<|im_end|>\n<|im_start|>tool\n{answer}:<|im_end|>\n"
+                                   "<|im_start|>assistant\n")
+    assert t.mask[n_call:-n_answer] == [0] * len(between)
+    assert t.logprobs[n_call:-n_answer] == [0.0] * len(between)
+
+
+def test_without_a_chat_template_the_turns_are_the_contents_concatenated(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    assert not getattr(tok, "chat_template", None)
+    turns = TurnTemplate(tok)
+    opening = [{"role": "user", "content": "12*34:"}]
+    assert turns.opening(opening) == encode_prompt(tok, "12*34:")
+    tool = [{"role": "tool", "content": "408:"}]
+    assert turns.after(tok("12*34=")["input_ids"], tool) == tok(
+        "408:", add_special_tokens=False)["input_ids"]
 
 
 class SyncedBetweenTurns(ScriptedEngine):
