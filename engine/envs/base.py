@@ -18,8 +18,9 @@ metadata) and verifiers' MultiTurnEnv (env_response(messages, state) -> messages
 is_completed) share: text in, messages out, the episode's end said by the environment.
 reset and step may be ``async def`` (an HTTP tool, a sandbox): each call runs on a thread
 of its own, bounded by task.env.step_timeout_s, so the steps of a batch's trajectories
-overlap one another, and a turn's step starts as soon as that turn is generated. ``info`` is the environment's own; the engine reads "tool_call" (True: the step
-ran a tool; env/tool_calls counts them).
+overlap one another, and a turn's step starts as soon as that turn is generated.
+``info`` is the environment's own; the engine reads "tool_call" (True: the step ran a
+tool; env/tool_calls counts them).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ It drives the rollout seam (engine.rollout.base.RolloutEngine): each turn the en
 prefills the trajectory's whole context again (the torch sampler keeps no KV cache across
 calls; prefix reuse is left to an engine that has it). Turns of different trajectories
 are batched into one generate call; an early finisher's environment step (a tool call)
-runs while the batch's longer turns still decode, and overlaps the other steps. A trajectory that ``advance`` leaves live (partial rollout:
+runs while the batch's longer turns still decode, and overlaps the other steps. A
+trajectory that ``advance`` leaves live (partial rollout:
 engine.orchestration.partial.continue_trajectories) goes on in a later call, under the
 weights served then.
 """
@@ -190,19 +191,9 @@ class TrajectoryRunner:
                 break
             budgets = [min(params.max_new_tokens, self.cfg.max_tokens - len(t.response_ids))
                        for t in live]
-            # a turn that ends on a stop token has its step started at once, on a thread
-            # of its own, while the rest of the batch still decodes (an engine that calls
-            # no on_complete gets them started after the call)
             steps = EnvCalls(self.cfg.step_timeout_s)
             started: dict[int, int] = {}       # live row -> its place among steps' calls
-
-            def step_now(i: int, c: Completion) -> bool:
-                if c.finished and i not in started:
-                    text = self.tok.decode(c.token_ids, skip_special_tokens=True)
-                    started[i] = steps.start(lambda env=live[i].env, x=text:
-                                             self.wrap(env).step(x))
-                return False
-
+            step_now = self._stepper(live, steps, started)
             with self.rec.phase("rollout", step, version):
                 outs = self.engine.generate([t.prompt_ids + t.response_ids for t in live],
                                             params, seed=seed + 7919 * rnd, budgets=budgets,
@@ -236,14 +227,23 @@ class TrajectoryRunner:
                 t.end_s = max(0.0, t.end_s - start)     # (0: it ended at its reset)
         self._close([t for t in trajs if t.ended and not t.closed], step, version)
 
+    def _stepper(self, live: list[Trajectory], steps: EnvCalls,
+                 started: dict[int, int]) -> Callable[[int, Completion], bool]:
+        """generate's on_complete: a turn that ends on a stop token has its step started
+        at once, on a thread of its own, while the rest of the batch still decodes (an
+        engine that calls no on_complete has them started after the call)."""
+        def step_now(i: int, c: Completion) -> bool:
+            if c.finished and i not in started:
+                text = self.tok.decode(c.token_ids, skip_special_tokens=True)
+                started[i] = steps.start(lambda: self.wrap(live[i].env).step(text))
+            return False
+
+        return step_now
+
     def _close(self, trajs: list[Trajectory], step: int, version: int) -> None:
         """Each environment's close, bounded like its steps; one that raises or hangs is
         counted (it changes nothing of its finished trajectory)."""
-        for t in trajs:
-            t.closed = True
-        trajs = [t for t in trajs if hasattr(t.env, "close")]
-        for t, o in zip(trajs, call_all([self.wrap(t.env).close for t in trajs],
-                                        self.cfg.step_timeout_s), strict=True):
+        for t, o in zip(*close_envs(trajs, self.cfg.step_timeout_s, self.wrap), strict=True):
             self.rec.record("env", o.start, o.end, step, version)
             t.trace.errors += int(o.status == "error")
             t.trace.timeouts += int(o.status == "timeout")
@@ -294,6 +294,17 @@ class TrajectoryRunner:
         t.append(obs[:room], None)
         if len(obs) >= room:                    # no room left for the model's next turn
             t.end("max_tokens")
+
+
+def close_envs(trajs: list[Trajectory], timeout_s: float,
+               wrap: Callable[[Any], Any] = lambda env: env
+               ) -> tuple[list[Trajectory], list[Outcome]]:
+    """The close of each trajectory's environment, once (each is marked closed): those
+    that have one, at once, each bounded by ``timeout_s``; returns them and the outcomes."""
+    for t in trajs:
+        t.closed = True
+    having = [t for t in trajs if hasattr(t.env, "close")]
+    return having, call_all([wrap(t.env).close for t in having], timeout_s)
 
 
 def trajectory_metrics(trajs: list[Trajectory]) -> dict[str, float]:

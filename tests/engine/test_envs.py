@@ -9,11 +9,13 @@ import time
 import pytest
 import torch
 
+from engine import metrics as M
 from engine.config import (
     ConfigError,
     EnvTaskConfig,
     GrpoConfig,
     LearnerConfig,
+    PartialRolloutPolicyConfig,
     dump_config,
     loads_config,
     validate_config,
@@ -21,13 +23,15 @@ from engine.config import (
 from engine.envs.base import call_all
 from engine.envs.calculator import CalculatorEnv
 from engine.events import TrajectoryTurn
-from engine.experience import EnvTrace, Sample
+from engine.experience import EnvTrace, ExperienceBuffer, Sample
 from engine.learner.batch import pack, response_logprobs
 from engine.learner.learner import Learner
 from engine.learner.warmstart import demonstration_sample
 from engine.model import encode_prompt, load_policy, load_tokenizer
+from engine.orchestration.partial import PartialGroup
+from engine.orchestration.policies import Experience, PartialRolloutPolicy
 from engine.rollout.base import Completion, SamplingParams
-from engine.rollout.multiturn import TrajectoryRunner
+from engine.rollout.multiturn import Trajectory, TrajectoryRunner
 from engine.rollout.torch_backend import TorchRollout
 from engine.rollout.turns import TurnTemplate
 from engine.tasks import Problem
@@ -333,7 +337,7 @@ class EchoEnv:
     """Two turns: the first is answered with "ok:", the second ends it (reward 1 when it
     says "a"). Its step is async, as an HTTP tool's would be."""
     stop = ()
-    made = 0
+    made = closes = 0
 
     def __init__(self, hang_at=-1, fail_at=-1, fail_reset=False, fail_close=False):
         self.turn, self.hang_at, self.fail_at = 0, hang_at, fail_at
@@ -351,6 +355,7 @@ class EchoEnv:
         return [{"role": "user", "content": row["word"] + ":"}]
 
     def close(self):
+        EchoEnv.closes += 1
         if self.fail_close:
             raise OSError("socket already closed")
 
@@ -472,6 +477,38 @@ def test_a_close_that_raises_is_counted_and_leaves_the_finished_trajectory_be(
                          ScriptedEngine(tok, ["aa", "ab"]), args={"fail_close": True})
     (s,) = run.samples(run.run(task.train_problems(0, 1), 1, seed=0, step=0))
     assert (s.finished, s.reward, s.reason, s.env.errors) == (True, 1.0, "done", 1)
+
+
+def carried(task: EnvTask, version: int) -> PartialGroup:
+    """A group of two trajectories carried unfinished, generated at ``version``."""
+    (problem,) = task.train_problems(0, 1)
+    return PartialGroup(problem, [Trajectory(problem, task.new_env(), 0, versions=[version])
+                                  for _ in range(2)], recycled=1)
+
+
+def test_carried_trajectories_dropped_stale_or_left_at_the_end_have_their_env_closed(
+        tmp_path):
+    spec = user_env_file(tmp_path, ECHO_ENV)
+    for args, errors in (({}, 0), ({"fail_close": True}, 2)):
+        task = EnvTask(EnvTaskConfig.model_validate({"eval_size": 8, "env": {
+            "class": spec, "args": args}}))
+        exp = Experience([], task, ExperienceBuffer(), 2, 2, seed=0)
+        stale, fresh = carried(task, 1), carried(task, 4)
+        assert exp.keep_fresh([stale, fresh], trains_at=5, eta=1) == [fresh]
+        assert all(t.closed for t in stale.rows) and not any(t.closed for t in fresh.rows)
+        assert task.env_cls.closes == 2
+        # a failed close is the step's env error: nothing else would count it
+        assert env_metrics([Sample(Problem("p", "a"), [1], [2], [0.0], True, 0, 0,
+                                   env=EnvTrace())],
+                           exp.take_close_faults())[M.ENV_ERRORS] == errors
+        assert exp.take_close_faults() == EnvTrace()
+        policy = PartialRolloutPolicy(exp, PartialRolloutPolicyConfig())
+        policy.carry = [fresh]
+        policy.close()                                    # the run ends with it carried
+        assert task.env_cls.closes == 4 and all(t.closed for t in fresh.rows)
+        exp.close_trajectories([stale, fresh])            # each closed once
+        assert task.env_cls.closes == 4
+        task.env_cls.closes = 0
 
 
 def test_a_user_environment_class_from_a_file_runs_from_a_config(tmp_path, model_cache):
