@@ -166,6 +166,22 @@ def test_a_warm_start_demonstration_trains_on_the_model_turns_only(tiny_dir):
     assert s.loss_mask == [1] * len(call) + [0] * len(obs) + [1] * (len(answer) + 1)
 
 
+def test_with_a_chat_template_a_demonstration_is_the_templates_rendering(tmp_path):
+    tok = load_tokenizer(build_hf_model(tmp_path / "chatml", "llama"))
+    task = EnvTask(EnvTaskConfig.model_validate({"env": {"args": {"demo_tool_frac": 1.0}}}))
+    problem = task.train_problems(0, 1)[0]
+    s = demonstration_sample(tok, task, problem)
+    a, b, answer = problem.row["a"], problem.row["b"], problem.row["answer"]
+    conversation = [{"role": "user", "content": f"{a}*{b}:"},
+                    {"role": "assistant", "content": f"{a}*{b}="},
+                    {"role": "tool", "content": f"{answer}:"},
+                    {"role": "assistant", "content": answer}]
+    rendered = tok.apply_chat_template(conversation, tokenize=False).removesuffix("\n")
+    assert s.prompt_ids + s.response_ids == tok(rendered, add_special_tokens=False)["input_ids"]
+    trained = [t for t, m in zip(s.response_ids, s.loss_mask, strict=True) if m]
+    assert tok.decode(trained) == f"{a}*{b}={answer}<|im_end|>"
+
+
 # --------------------------------------------------------------------------- trajectories
 
 
