@@ -81,7 +81,8 @@ class Outcome:
         return self.end - self.start
 
 
-def _resolve(fn: Callable[[], Any]) -> Any:
+def resolve(fn: Callable[[], Any]) -> Any:
+    """fn(), awaited when it returns an awaitable (an ``async def`` call)."""
     value = fn()
     if inspect.isawaitable(value):
         async def wait():
@@ -109,7 +110,7 @@ class EnvCalls:
 
         def run() -> None:
             try:
-                out.value = _resolve(fn)
+                out.value = resolve(fn)
             except Exception as exc:       # the environment's bug: recorded, never raised
                 out.status, out.detail = "error", f"{type(exc).__name__}: {exc}"
             out.end = self.clock()

@@ -39,6 +39,7 @@ from typing import Any
 
 from engine import metrics as M
 from engine.envs.base import EnvCalls, Outcome, StepResult, call_all
+from engine.envs.pool import env_pool
 from engine.experience import EnvTrace, Sample, TurnRecord
 from engine.model import encode_prompt
 from engine.rollout.base import Completion, RolloutEngine, SamplingParams
@@ -121,6 +122,7 @@ class TrajectoryRunner:
         self.cfg = task.cfg.env
         self.stops = stop_ids(tokenizer, task.stop)
         self.turns = TurnTemplate(tokenizer)
+        self.pool = env_pool(self.cfg.ray_actors) if self.cfg.workers == "ray" else None
         self.params = params
         self.log = log
 
@@ -167,7 +169,7 @@ class TrajectoryRunner:
         trajs = [Trajectory(p, self.task.new_env(), i // group_size,
                             prompt_ids=encode_prompt(self.tok, p.prompt))
                  for i, p in enumerate(q for q in problems for _ in range(group_size))]
-        opened = self._calls(trajs, [lambda t=t: self.wrap(t.env).reset(t.problem.row)
+        opened = self._calls(trajs, [lambda t=t: self._env(t).reset(t.problem.row)
                                      for t in trajs], step, version)
         for t, o in zip(trajs, opened, strict=True):
             if not t.ended:                    # this trajectory's own environment's opening
@@ -227,6 +229,11 @@ class TrajectoryRunner:
                 t.end_s = max(0.0, t.end_s - start)     # (0: it ended at its reset)
         self._close([t for t in trajs if t.ended and not t.closed], step, version)
 
+    def _env(self, t: Trajectory) -> Any:
+        """What the calls of ``t``'s environment go through: the run's wrapper (faults),
+        and with task.env.workers = "ray" the pool's actors (engine.envs.pool)."""
+        return self.wrap(t.env if self.pool is None else self.pool.proxy(t))
+
     def _stepper(self, live: list[Trajectory], steps: EnvCalls,
                  started: dict[int, int]) -> Callable[[int, Completion], bool]:
         """generate's on_complete: a turn that ends on a stop token has its step started
@@ -235,7 +242,7 @@ class TrajectoryRunner:
         def step_now(i: int, c: Completion) -> bool:
             if c.finished and i not in started:
                 text = self.tok.decode(c.token_ids, skip_special_tokens=True)
-                started[i] = steps.start(lambda: self.wrap(live[i].env).step(text))
+                started[i] = steps.start(lambda: self._env(live[i]).step(text))
             return False
 
         return step_now
@@ -243,7 +250,7 @@ class TrajectoryRunner:
     def _close(self, trajs: list[Trajectory], step: int, version: int) -> None:
         """Each environment's close, bounded like its steps; one that raises or hangs is
         counted (it changes nothing of its finished trajectory)."""
-        for t, o in zip(*close_envs(trajs, self.cfg.step_timeout_s, self.wrap), strict=True):
+        for t, o in zip(*close_envs(trajs, self.cfg.step_timeout_s, self._env), strict=True):
             self.rec.record("env", o.start, o.end, step, version)
             t.trace.errors += int(o.status == "error")
             t.trace.timeouts += int(o.status == "timeout")
@@ -297,14 +304,15 @@ class TrajectoryRunner:
 
 
 def close_envs(trajs: list[Trajectory], timeout_s: float,
-               wrap: Callable[[Any], Any] = lambda env: env
+               env_of: Callable[[Trajectory], Any] = lambda t: t.env
                ) -> tuple[list[Trajectory], list[Outcome]]:
-    """The close of each trajectory's environment, once (each is marked closed): those
-    that have one, at once, each bounded by ``timeout_s``; returns them and the outcomes."""
+    """The close of each trajectory's environment (as ``env_of`` calls it), once (each is
+    marked closed): those that have one, at once, each bounded by ``timeout_s``; returns
+    them and the outcomes."""
     for t in trajs:
         t.closed = True
     having = [t for t in trajs if hasattr(t.env, "close")]
-    return having, call_all([wrap(t.env).close for t in having], timeout_s)
+    return having, call_all([env_of(t).close for t in having], timeout_s)
 
 
 def trajectory_metrics(trajs: list[Trajectory]) -> dict[str, float]:

@@ -88,6 +88,7 @@ def test_a_stdlib_file_named_by_its_path_is_refused_like_its_module():
 @pytest.mark.parametrize("section, values, field", [
     ("reward", {"type": "math"}, "reward.type"),
     ("task", env_task(reward_credit="turn"), "task.env.reward_credit"),
+    ("task", env_task(workers="ray"), "task.env.workers"),          # in one process
 ])
 def test_what_trajectories_do_not_run_on_yet_is_refused_by_name(section, values, field):
     assert field_error({"task": env_task(), section: values})[0] == field
