@@ -8,7 +8,8 @@
                                                                             [span: rollout]
             a turn cut by its budget ends its trajectory (unfinished)
         env.step(turn text) of each turn the moment it ends (on_complete), on a thread
-            of its own while the rest still decode, bounded by task.env.step_timeout_s;
+            of its own while the rest still decode (task.env.workers = "ray": the thread
+            waits on a pool actor, engine.envs.pool), bounded by task.env.step_timeout_s;
             all waited for before the next turn                             [span: env]
             done -> finished; raised / timed out -> ended (env_error / env_timeout)
             else the observations' tokens are appended to the context (loss mask 0;

@@ -415,8 +415,8 @@ def test_an_environment_that_raises_or_hangs_ends_its_trajectory_and_is_counted(
 
 
 class Sequential:
-    """A rollout engine that calls no on_complete (as one might): every step starts after
-    the generate call, the path before steps overlapped generation."""
+    """A rollout engine that calls no on_complete (as one may): every step starts after
+    the generate call, none overlaps generation."""
 
     def __init__(self, inner):
         self.inner = inner
