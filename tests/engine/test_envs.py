@@ -29,7 +29,7 @@ from engine.learner.learner import Learner
 from engine.learner.warmstart import demonstration_sample
 from engine.model import encode_prompt, load_policy, load_tokenizer
 from engine.orchestration.partial import PartialGroup
-from engine.orchestration.policies import Experience, PartialRolloutPolicy
+from engine.orchestration.policies import Experience, PartialRolloutPolicy, StreamingPolicy
 from engine.rollout.base import Completion, SamplingParams
 from engine.rollout.multiturn import Trajectory, TrajectoryRunner
 from engine.rollout.torch_backend import TorchRollout
@@ -525,6 +525,10 @@ def test_carried_trajectories_dropped_stale_or_left_at_the_end_have_their_env_cl
         assert task.env_cls.closes == 4 and all(t.closed for t in fresh.rows)
         exp.close_trajectories([stale, fresh])            # each closed once
         assert task.env_cls.closes == 4
+        streaming = StreamingPolicy(exp, "fully_async", 0, False, 2, 0, over_provision=2.0)
+        streaming.carry = [[later := carried(task, 4)]]   # a worker's carried groups
+        streaming.close()
+        assert task.env_cls.closes == 6 and all(t.closed for t in later.rows)
         task.env_cls.closes = 0
 
 
