@@ -113,6 +113,17 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return ids
 
 
+def chat_prompt(tokenizer, messages: list[dict]) -> str:
+    """``messages`` as the chat template renders them for the assistant's next turn (its
+    generation prompt), less a BOS the template writes itself when the tokenizer adds one
+    anyway (encode_prompt would give it a second)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]:
+        text = text[len(bos):]
+    return text
+
+
 def _ids(value) -> list[int]:
     if value is None:
         return []

@@ -44,6 +44,14 @@ class EnvConfig(_Section):
     step_timeout_s: float = Field(default=10.0, gt=0.0, le=3600.0)
     """Bound on one reset or step call. One that runs past it ends its trajectory
     (reason "env_timeout", counted in env/timeouts); its thread is left to finish."""
+    workers: Literal["thread", "ray"] = "thread"
+    """Where environment calls run. "thread": each on a thread of the rollout worker's
+    process. "ray": on a small pool of Ray actors of its own (needs the run on Ray): a
+    call ships the environment there pickled and brings it back with the state it left
+    (a heavy or GIL-bound tool runs beside generation, not in its process)."""
+    ray_actors: int = Field(default=2, ge=1, le=64)
+    """With workers = "ray": the actors in each rollout worker's pool (num_cpus = 0; each
+    runs many calls at once, on threads)."""
 
     reward_credit: Literal["trajectory", "turn"] = "trajectory"
     """Where a trajectory's step rewards are credited. "trajectory": their sum is its

@@ -206,6 +206,13 @@ class RunConfig(_Section):
              f'task.env.reward_credit="turn" credits each turn\'s reward to its tokens, and '
              f'algorithm.type="{self.algorithm.type}" gives one advantage per trajectory; '
              'use algorithm.type = "ppo" or reward_credit = "trajectory"'),
+            ("task.env.workers",
+             self.task.env.workers == "ray" and isinstance(self.placement,
+                                                           ColocatedPlacementConfig)
+             and not self.placement.ray,
+             'task.env.workers="ray" runs environment calls on Ray actors, and this run '
+             'is in one process without Ray; set placement.ray = true or task.env.workers '
+             '= "thread"'),
         )
         for field, bad, message in checks:
             if bad:

@@ -18,8 +18,9 @@ metadata) and verifiers' MultiTurnEnv (env_response(messages, state) -> messages
 is_completed) share: text in, messages out, the episode's end said by the environment.
 reset and step may be ``async def`` (an HTTP tool, a sandbox): each call runs on a thread
 of its own, bounded by task.env.step_timeout_s, so the steps of a batch's trajectories
-overlap. ``info`` is the environment's own; the engine reads "tool_call" (True: the step
-ran a tool; env/tool_calls counts them).
+overlap one another, and a turn's step starts as soon as that turn is generated.
+``info`` is the environment's own; the engine reads "tool_call" (True: the step ran a
+tool; env/tool_calls counts them).
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ class Environment(Protocol):
 
 
 def render(messages: list[Message]) -> str:
-    """The text a list of messages adds to the context. The built-in model has no chat
-    template: the contents, concatenated (a template per turn is left to come)."""
+    """The text a list of messages adds to the context without a chat template (the
+    built-in model's): the contents, concatenated. With one, engine.rollout.turns
+    renders each turn with it."""
     return "".join(m["content"] for m in messages)
 
 
@@ -79,7 +81,8 @@ class Outcome:
         return self.end - self.start
 
 
-def _resolve(fn: Callable[[], Any]) -> Any:
+def resolve(fn: Callable[[], Any]) -> Any:
+    """fn(), awaited when it returns an awaitable (an ``async def`` call)."""
     value = fn()
     if inspect.isawaitable(value):
         async def wait():
@@ -89,32 +92,51 @@ def _resolve(fn: Callable[[], Any]) -> Any:
     return value
 
 
+class EnvCalls:
+    """Environment calls started one by one, each on a daemon thread of its own the moment
+    it is started (a turn's step while the rest of the batch still decodes), and waited
+    for together; each is waited for up to ``timeout_s`` from its own start. A call still
+    running then is reported "timeout" and left to finish on its thread (Python cannot
+    stop a thread; a daemon one does not hold the process open at exit). A raise is
+    "error" with its exception."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.time):
+        self.timeout_s, self.clock = timeout_s, clock
+        self._calls: list[tuple[Outcome, threading.Thread]] = []
+
+    def start(self, fn: Callable[[], Any]) -> int:
+        """Starts ``fn``; returns its place among the outcomes wait() returns."""
+        out = Outcome(start=self.clock())        # written by its thread only from here
+
+        def run() -> None:
+            try:
+                out.value = resolve(fn)
+            except Exception as exc:       # the environment's bug: recorded, never raised
+                out.status, out.detail = "error", f"{type(exc).__name__}: {exc}"
+            out.end = self.clock()
+
+        thread = threading.Thread(target=run, daemon=True, name="env-call")
+        thread.start()
+        self._calls.append((out, thread))
+        return len(self._calls) - 1
+
+    def wait(self) -> list[Outcome]:
+        """Every call's outcome, in the order they were started."""
+        outcomes = []
+        for out, thread in self._calls:
+            thread.join(max(0.0, out.start + self.timeout_s - self.clock()))
+            if thread.is_alive():
+                out = Outcome(status="timeout", start=out.start,
+                              end=out.start + self.timeout_s,
+                              detail=f"still running after {self.timeout_s:g}s")
+            outcomes.append(out)
+        return outcomes
+
+
 def call_all(calls: list[Callable[[], Any]], timeout_s: float,
              clock: Callable[[], float] = time.time) -> list[Outcome]:
-    """Each call on a daemon thread of its own, all at once; each waited for up to
-    ``timeout_s`` from its start. A call still running then is reported "timeout" and
-    left to finish on its thread (Python cannot stop a thread; a daemon one does not hold
-    the process open at exit). A raise is "error" with its exception."""
-    own = [Outcome() for _ in calls]          # each written by its thread only
-    threads = []
-
-    def run(out: Outcome, fn: Callable[[], Any]) -> None:
-        try:
-            out.value = _resolve(fn)
-        except Exception as exc:       # the environment's bug: recorded, never raised
-            out.status, out.detail = "error", f"{type(exc).__name__}: {exc}"
-        out.end = clock()
-
-    for out, fn in zip(own, calls, strict=True):
-        out.start = clock()
-        t = threading.Thread(target=run, args=(out, fn), daemon=True, name="env-call")
-        t.start()
-        threads.append(t)
-    outcomes = []
-    for out, t in zip(own, threads, strict=True):
-        t.join(max(0.0, out.start + timeout_s - clock()))
-        if t.is_alive():
-            out = Outcome(status="timeout", start=out.start, end=out.start + timeout_s,
-                          detail=f"still running after {timeout_s:g}s")
-        outcomes.append(out)
-    return outcomes
+    """Each call on a thread of its own, all at once (EnvCalls)."""
+    pool = EnvCalls(timeout_s, clock)
+    for fn in calls:
+        pool.start(fn)
+    return pool.wait()

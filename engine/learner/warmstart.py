@@ -35,7 +35,9 @@ from engine.model import (
     load_policy,
     load_tokenizer,
 )
+from engine.rollout.turns import TurnTemplate
 from engine.tasks import Problem, Task, task_for
+from engine.tasks.env import EnvTask
 from engine.tinymodel import _key, atomic_dir, cache_root
 
 
@@ -52,6 +54,8 @@ def demonstration_sample(tok, task: Task, problem: Problem) -> Sample:
     demonstration and the token that ends it (demonstration_end), which are all the loss
     is taken over (the prompt is context only; so are a multi-turn demonstration's
     observations: its loss mask leaves them out)."""
+    if isinstance(task, EnvTask) and (turns := TurnTemplate(tok)).chat:
+        return chat_demonstration_sample(tok, turns, task, problem)
     response, mask = [], []
     for text, trained in task.demonstration_turns(problem):
         ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -62,6 +66,31 @@ def demonstration_sample(tok, task: Task, problem: Problem) -> Sample:
                   response_ids=response, behaviour_logprobs=[0.0] * len(response),
                   finished=True, version=0, group=0,
                   loss_mask=None if all(mask) else mask)
+
+
+def chat_demonstration_sample(tok, turns: TurnTemplate, task: EnvTask,
+                              problem: Problem) -> Sample:
+    """A multi-turn demonstration as a trajectory under the chat template reads: the
+    opening rendered with it, each assistant message's tokens trained on, what follows
+    one (the template's close, the observations, the next generation prompt) read only,
+    and the last answer closed by the end-of-turn token the model then learns to write."""
+    end = end_of_turn_token_id(tok)
+    response, mask = [], []
+    messages = task.demonstration_messages(problem)    # the model's turn first
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        ids = tok(m["content"], add_special_tokens=False)["input_ids"]
+        rest = messages[i + 1:]
+        answers = [j for j, n in enumerate(rest) if n["role"] == "assistant"]
+        if answers:
+            read = turns.after(ids, rest[:answers[0]])
+        else:                                           # the answer
+            ids, read = ids + [tok.eos_token_id if end is None else end], []
+        response, mask = response + ids + read, mask + [1] * len(ids) + [0] * len(read)
+    return Sample(problem=problem, prompt_ids=turns.opening(task.opening(problem)),
+                  response_ids=response, behaviour_logprobs=[0.0] * len(response),
+                  finished=True, version=0, group=0, loss_mask=mask)
 
 
 def base_identity(base: Path) -> str:

@@ -275,7 +275,8 @@ class StepLoop:
                             m)
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
         m |= group_metrics(groups, self.experience.dropped) | group_length_metrics(groups)
-        m |= sync_metrics(self.last_sync) | env_metrics(samples)
+        m |= sync_metrics(self.last_sync) | env_metrics(samples,
+                                                          self.experience.take_close_faults())
         m |= {k: v for values in d.each(Telemetered.sample_devices, lost={})
               for k, v in values.items()}
         m[M.BUFFER_DROPPED_STALE] = float(self.buffer.dropped_stale)

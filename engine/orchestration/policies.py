@@ -52,12 +52,19 @@ from engine.config import (
     OneStepOffPolicyConfig,
     PartialRolloutPolicyConfig,
 )
-from engine.experience import ExperienceBuffer, Sample, apply_overlong, zero_variance
+from engine.experience import (
+    EnvTrace,
+    ExperienceBuffer,
+    Sample,
+    apply_overlong,
+    zero_variance,
+)
 from engine.orchestration.actors import ActorLost, wait_any
 from engine.orchestration.ledger import DataStream
 from engine.orchestration.partial import PartialGroup, Row
 from engine.orchestration.producer import split
 from engine.orchestration.workers import RolloutWorker
+from engine.rollout.multiturn import Trajectory, close_envs
 from engine.seeds import resample_seed, worker_seed
 from engine.tasks import Problem, Task
 
@@ -119,6 +126,7 @@ class Experience:
         self.filtering = algorithm is not None and algorithm.dynamic_sampling
         self.drop_budget = algorithm.max_resample_rounds * n_prompts if self.filtering else 0
         self.dropped = 0                  # zero-variance groups dropped in this step
+        self.close_faults = EnvTrace()    # closes of dropped trajectories that failed
         # (place, handle, cause, step) of a worker that died in a generation call: the
         # loop replaces it (None: its error is the run's)
         self.on_lost: Callable[[int, Any, str, int], None] | None = None
@@ -148,7 +156,28 @@ class Experience:
             else:
                 self.buffer.dropped_stale += 1
                 self._resolve(g.problem, "stale")
+                self.close_trajectories([g])
         return keep
+
+    def close_trajectories(self, groups: list[PartialGroup]) -> None:
+        """The environments of carried trajectories that go no further (dropped stale, or
+        the run ends), closed here in the driver: a Ray worker's come back pickled, with
+        the state they had, so an environment whose close must run where it was made (a
+        process or socket of the worker's) cannot be reached from here. Bounded like any
+        environment call; one that raises or hangs is counted in env/errors or
+        env/timeouts of the step (close_faults)."""
+        trajs = [t for g in groups for t in g.rows
+                 if isinstance(t, Trajectory) and not t.closed]
+        if not trajs:
+            return
+        _, outcomes = close_envs(trajs, self.task.cfg.env.step_timeout_s)
+        self.close_faults.errors += sum(o.status == "error" for o in outcomes)
+        self.close_faults.timeouts += sum(o.status == "timeout" for o in outcomes)
+
+    def take_close_faults(self) -> EnvTrace:
+        """The driver's failed closes since the last call (for the step's env/* metrics)."""
+        out, self.close_faults = self.close_faults, EnvTrace()
+        return out
 
     def _dropped_stale(self, group: list[Sample]) -> None:
         self._resolve(group[0].problem, "stale")
@@ -372,9 +401,13 @@ class StreamingPolicy:
         self.sent.pop(worker)
 
     def close(self) -> None:
-        for call in self.inflight.values():
-            self.exp.finish(call)     # let the workers finish before they are torn down
+        for w, call in list(self.inflight.items()):
+            res = self.exp.finish(call)  # let the workers finish before they are torn down
+            if self.over != 1.0 and res is not None:
+                self.carry[w] += res[1]
         self.inflight.clear()
+        self.exp.close_trajectories([g for carried in self.carry for g in carried])
+        self.carry = [[] for _ in self.carry]
 
 
 class PartialRolloutPolicy:
@@ -428,7 +461,8 @@ class PartialRolloutPolicy:
         pass                          # no call outlives next_batch
 
     def close(self) -> None:
-        pass
+        self.exp.close_trajectories(self.carry)
+        self.carry = []
 
 
 def buffer_bound(cfg: AsyncPolicyConfig) -> int | None:

@@ -7,11 +7,14 @@
                         budgets = each one's tokens left, at most max_new_tokens)
                                                                             [span: rollout]
             a turn cut by its budget ends its trajectory (unfinished)
-        env.step(turn text) for every turn at once, each on a thread of its own,
-            bounded by task.env.step_timeout_s                              [span: env]
+        env.step(turn text) of each turn the moment it ends (on_complete), on a thread
+            of its own while the rest still decode (task.env.workers = "ray": the thread
+            waits on a pool actor, engine.envs.pool), bounded by task.env.step_timeout_s;
+            all waited for before the next turn                             [span: env]
             done -> finished; raised / timed out -> ended (env_error / env_timeout)
-            else the observations' tokens are appended to the context (loss mask 0),
-            cut at the trajectory's token budget (then it ends, unfinished)
+            else the observations' tokens are appended to the context (loss mask 0;
+            with a chat template, its rendering of them: engine.rollout.turns), cut at
+            the trajectory's token budget (then it ends, unfinished)
         env.close() of those that ended, where it has one, bounded alike    [span: env]
     -> one Sample per trajectory: response = turns and observations, loss_mask, reward =
        the sum of its steps' rewards, version = the oldest that generated a turn,
@@ -21,8 +24,9 @@
 It drives the rollout seam (engine.rollout.base.RolloutEngine): each turn the engine
 prefills the trajectory's whole context again (the torch sampler keeps no KV cache across
 calls; prefix reuse is left to an engine that has it). Turns of different trajectories
-are batched into one generate call; their environment steps overlap one another, not the
-generation. A trajectory that ``advance`` leaves live (partial rollout:
+are batched into one generate call; an early finisher's environment step (a tool call)
+runs while the batch's longer turns still decode, and overlaps the other steps. A
+trajectory that ``advance`` leaves live (partial rollout:
 engine.orchestration.partial.continue_trajectories) goes on in a later call, under the
 weights served then.
 """
@@ -35,10 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import metrics as M
-from engine.envs.base import StepResult, call_all, render
+from engine.envs.base import EnvCalls, Outcome, StepResult, call_all
+from engine.envs.pool import env_pool
 from engine.experience import EnvTrace, Sample, TurnRecord
 from engine.model import encode_prompt
-from engine.rollout.base import RolloutEngine, SamplingParams
+from engine.rollout.base import Completion, RolloutEngine, SamplingParams
+from engine.rollout.turns import TurnTemplate
 from engine.tasks.base import Problem
 from engine.tasks.env import EnvTask
 from engine.telemetry.recorder import SpanRecorder
@@ -116,6 +122,8 @@ class TrajectoryRunner:
         self.wrap = wrap
         self.cfg = task.cfg.env
         self.stops = stop_ids(tokenizer, task.stop)
+        self.turns = TurnTemplate(tokenizer)
+        self.pool = env_pool(self.cfg.ray_actors) if self.cfg.workers == "ray" else None
         self.params = params
         self.log = log
 
@@ -126,10 +134,14 @@ class TrajectoryRunner:
                               stop_token_ids=(*params.stop_token_ids, *self.stops))
 
     def _calls(self, trajs: list[Trajectory], calls: list[Callable[[], Any]],
-               step: int, version: int) -> list:
-        """The environment calls of ``trajs``, at once, each an env span; failures end
-        their trajectory and are counted (and said once, through ``log``)."""
-        outcomes = call_all(calls, self.cfg.step_timeout_s)
+               step: int, version: int) -> list[Outcome]:
+        """The environment calls of ``trajs``, at once (see _settle)."""
+        return self._settle(trajs, call_all(calls, self.cfg.step_timeout_s), step, version)
+
+    def _settle(self, trajs: list[Trajectory], outcomes: list[Outcome], step: int,
+                version: int) -> list[Outcome]:
+        """The outcomes of the environment calls of ``trajs``, each an env span; failures
+        end their trajectory and are counted (and said once, through ``log``)."""
         for t, o in zip(trajs, outcomes, strict=True):
             self.rec.record("env", o.start, o.end, step, version)
             t.trace.step_s.append(o.seconds)
@@ -158,11 +170,11 @@ class TrajectoryRunner:
         trajs = [Trajectory(p, self.task.new_env(), i // group_size,
                             prompt_ids=encode_prompt(self.tok, p.prompt))
                  for i, p in enumerate(q for q in problems for _ in range(group_size))]
-        opened = self._calls(trajs, [lambda t=t: self.wrap(t.env).reset(t.problem.row)
+        opened = self._calls(trajs, [lambda t=t: self._env(t).reset(t.problem.row)
                                      for t in trajs], step, version)
         for t, o in zip(trajs, opened, strict=True):
             if not t.ended:                    # this trajectory's own environment's opening
-                t.prompt_ids = encode_prompt(self.tok, render(o.value))
+                t.prompt_ids = self.turns.opening(o.value)
         return trajs
 
     def advance(self, trajs: list[Trajectory], seed: int, step: int,
@@ -182,11 +194,15 @@ class TrajectoryRunner:
                 break
             budgets = [min(params.max_new_tokens, self.cfg.max_tokens - len(t.response_ids))
                        for t in live]
+            steps = EnvCalls(self.cfg.step_timeout_s)
+            started: dict[int, int] = {}       # live row -> its place among steps' calls
+            step_now = self._stepper(live, steps, started)
             with self.rec.phase("rollout", step, version):
                 outs = self.engine.generate([t.prompt_ids + t.response_ids for t in live],
-                                            params, seed=seed + 7919 * rnd, budgets=budgets)
-            stepping, texts = [], []
-            for t, o in zip(live, outs, strict=True):
+                                            params, seed=seed + 7919 * rnd, budgets=budgets,
+                                            on_complete=step_now)
+            stepping = []
+            for i, (t, o) in enumerate(zip(live, outs, strict=True)):
                 t.trace.turn_log.append(TurnRecord(len(t.response_ids),
                                                    len(t.response_ids) + len(o.token_ids),
                                                    o.version))
@@ -196,13 +212,13 @@ class TrajectoryRunner:
                 if not o.finished:              # its budget, not a stop token, ended it
                     t.end("truncated")
                     continue
-                stepping.append(t)
-                texts.append(self.tok.decode(o.token_ids, skip_special_tokens=True))
-            outcomes = self._calls(
-                stepping, [lambda t=t, x=x: self.wrap(t.env).step(x)
-                           for t, x in zip(stepping, texts, strict=True)],
-                step, version)
-            for t, o in zip(stepping, outcomes, strict=True):
+                step_now(i, o)
+                stepping.append((i, t))
+            done = steps.wait()                # every step, before the next turn
+            stepped = [t for _, t in stepping]
+            outcomes = self._settle(stepped, [done[started[i]] for i, _ in stepping],
+                                    step, version)
+            for t, o in zip(stepped, outcomes, strict=True):
                 if not t.ended:
                     self._observe(t, o.value, last=t.trace.turns >= self.cfg.max_turns)
         for t in trajs:
@@ -214,14 +230,28 @@ class TrajectoryRunner:
                 t.end_s = max(0.0, t.end_s - start)     # (0: it ended at its reset)
         self._close([t for t in trajs if t.ended and not t.closed], step, version)
 
+    def _env(self, t: Trajectory) -> Any:
+        """What the calls of ``t``'s environment go through: the run's wrapper (faults),
+        and with task.env.workers = "ray" the pool's actors (engine.envs.pool)."""
+        return self.wrap(t.env if self.pool is None else self.pool.proxy(t))
+
+    def _stepper(self, live: list[Trajectory], steps: EnvCalls,
+                 started: dict[int, int]) -> Callable[[int, Completion], bool]:
+        """generate's on_complete: a turn that ends on a stop token has its step started
+        at once, on a thread of its own, while the rest of the batch still decodes (an
+        engine that calls no on_complete has them started after the call)."""
+        def step_now(i: int, c: Completion) -> bool:
+            if c.finished and i not in started:
+                text = self.tok.decode(c.token_ids, skip_special_tokens=True)
+                started[i] = steps.start(lambda: self._env(live[i]).step(text))
+            return False
+
+        return step_now
+
     def _close(self, trajs: list[Trajectory], step: int, version: int) -> None:
         """Each environment's close, bounded like its steps; one that raises or hangs is
         counted (it changes nothing of its finished trajectory)."""
-        for t in trajs:
-            t.closed = True
-        trajs = [t for t in trajs if hasattr(t.env, "close")]
-        for t, o in zip(trajs, call_all([self.wrap(t.env).close for t in trajs],
-                                        self.cfg.step_timeout_s), strict=True):
+        for t, o in zip(*close_envs(trajs, self.cfg.step_timeout_s, self._env), strict=True):
             self.rec.record("env", o.start, o.end, step, version)
             t.trace.errors += int(o.status == "error")
             t.trace.timeouts += int(o.status == "timeout")
@@ -267,11 +297,23 @@ class TrajectoryRunner:
         if last:
             t.end("max_turns")
             return
-        obs = self.tok(render(res.observations), add_special_tokens=False)["input_ids"]
+        obs = self.turns.after(t.response_ids[t.trace.turn_log[-1].start:], res.observations)
         room = self.cfg.max_tokens - len(t.response_ids)
         t.append(obs[:room], None)
         if len(obs) >= room:                    # no room left for the model's next turn
             t.end("max_tokens")
+
+
+def close_envs(trajs: list[Trajectory], timeout_s: float,
+               env_of: Callable[[Trajectory], Any] = lambda t: t.env
+               ) -> tuple[list[Trajectory], list[Outcome]]:
+    """The close of each trajectory's environment (as ``env_of`` calls it), once (each is
+    marked closed): those that have one, at once, each bounded by ``timeout_s``; returns
+    them and the outcomes."""
+    for t in trajs:
+        t.closed = True
+    having = [t for t in trajs if hasattr(t.env, "close")]
+    return having, call_all([env_of(t).close for t in having], timeout_s)
 
 
 def trajectory_metrics(trajs: list[Trajectory]) -> dict[str, float]:

@@ -36,7 +36,7 @@ from engine.config.datafile import (
     lookup,
     probe,
 )
-from engine.model import encode_prompt
+from engine.model import chat_prompt, encode_prompt
 from engine.tasks.base import Problem, Task
 
 
@@ -93,13 +93,7 @@ def render(cfg: DatasetTaskConfig, prompt: Any, tokenizer) -> str:
         raise ConfigError([("task.chat_template", "task.chat_template=true, and the model's "
                             "tokenizer has no chat template; set task.chat_template = false "
                             "or use a model whose tokenizer_config.json has one")])
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    # The prompt is tokenized later with the tokenizer's special tokens: a template that
-    # writes BOS itself would get a second one.
-    bos = tokenizer.bos_token
-    if bos and text.startswith(bos) and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]:
-        text = text[len(bos):]
-    return text
+    return chat_prompt(tokenizer, messages)
 
 
 def _hash(text: str) -> str:

@@ -6,6 +6,7 @@
     task.new_env()                           a fresh environment for one trajectory
     task.demonstration_turns(problem)        the environment's worked trajectory, for the
                                              warm start: (text, trained) per message
+                                             (demonstration_messages: as messages)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from engine.config import EnvTaskConfig
 from engine.config.datafile import resolve
 from engine.config.reward import is_file_target
 from engine.envs import env_class
-from engine.envs.base import render
+from engine.envs.base import Message, render
 from engine.tasks.base import Problem, Task
 
 
@@ -43,14 +44,21 @@ class EnvTask(Task):
         """Never asked: a trajectory is scored by its environment's steps."""
         raise TypeError("an environment task's trajectories are scored by its steps")
 
-    def demonstration_turns(self, problem: Problem) -> list[tuple[str, bool]]:
+    def demonstration_messages(self, problem: Problem) -> list[Message]:
         demo = getattr(self.law, "demonstration", None)
         if demo is None:
             raise ValueError(f"task.env.class={self.cfg.env.class_!r} has no demonstration"
                              "(row, rng) for the supervised warm start; add one, or set "
                              "warm_start.steps = 0")
+        return demo(problem.row, self._demo_rng)
+
+    def demonstration_turns(self, problem: Problem) -> list[tuple[str, bool]]:
         return [(m["content"], m["role"] == "assistant")
-                for m in demo(problem.row, self._demo_rng)]
+                for m in self.demonstration_messages(problem)]
+
+    def opening(self, problem: Problem) -> list[Message]:
+        """The messages a trajectory of ``problem`` opens with (its environment's reset)."""
+        return self.law.reset(problem.row)
 
     def demonstration(self, problem: Problem) -> str:
         return "".join(text for text, _ in self.demonstration_turns(problem))

@@ -19,7 +19,7 @@ import statistics
 import numpy as np
 
 from engine import metrics as M
-from engine.experience import Sample, zero_variance
+from engine.experience import EnvTrace, Sample, zero_variance
 from engine.weightsync.base import SyncResult
 
 
@@ -66,17 +66,20 @@ def sample_metrics(samples: list[Sample], staleness: list[int]) -> dict[str, flo
     }
 
 
-def env_metrics(samples: list[Sample]) -> dict[str, float]:
-    """env/* over the step's trajectories; {} when they had no environment."""
+def env_metrics(samples: list[Sample], closes: EnvTrace | None = None) -> dict[str, float]:
+    """env/* over the step's trajectories; {} when they had no environment. ``closes``:
+    the failed closes of trajectories that trained on nothing (dropped while carried),
+    counted in env/errors and env/timeouts."""
     traces = [s.env for s in samples if s.env is not None]
     if not traces:
         return {}
     turns = [t.turns for t in traces]
+    counted = [*traces, closes or EnvTrace()]
     calls = [x for t in traces for x in t.step_s] or [0.0]
     return {M.ENV_TURNS_MEAN: statistics.fmean(turns), M.ENV_TURNS_MAX: float(max(turns)),
             M.ENV_STEP_S_P50: percentile(calls, 50), M.ENV_STEP_S_P99: percentile(calls, 99),
-            M.ENV_ERRORS: float(sum(t.errors for t in traces)),
-            M.ENV_TIMEOUTS: float(sum(t.timeouts for t in traces)),
+            M.ENV_ERRORS: float(sum(t.errors for t in counted)),
+            M.ENV_TIMEOUTS: float(sum(t.timeouts for t in counted)),
             M.ENV_TOOL_CALLS: float(sum(t.tool_calls for t in traces))}
 
 

@@ -112,7 +112,9 @@ class RunFacts:
     config: RunConfig = field(default_factory=RunConfig)   # the runbooks' levers read it
     framework: str = "rlplane"           # who trains the run: its engine, or an external one
     params: dict = field(default_factory=dict)   # an external run's own parameters
-    max_new_tokens: int | None = None    # the completion cap (LengthBlowup)
+    # the cap on a response's length (LengthBlowup): rollout.max_new_tokens, or for a
+    # multi-turn task the trajectory's budget (task.env.max_tokens: turns and observations)
+    max_new_tokens: int | None = None
     # ThroughputRegression's baseline as stored (a run an operator marked, a fork's
     # parent's, the run's first steps: lifecycle.baseline_for); None: from the history's
     # first steps
@@ -127,6 +129,14 @@ class RunFacts:
         """Another framework trains the run: ``config`` is a placeholder, so runbooks
         name that framework's knobs (jobs/alerts/knobs.py), never a RunConfig field."""
         return self.framework != NATIVE
+
+    @property
+    def length_cap(self) -> str:
+        """The setting ``max_new_tokens`` stands for, as the run's config names it."""
+        if self.is_external:
+            return "max_new_tokens"
+        return ("task.env.max_tokens" if self.config.task.type == "env"
+                else "rollout.max_new_tokens")
 
     @classmethod
     def of(cls, run, status: str) -> RunFacts:
@@ -148,7 +158,8 @@ class RunFacts:
         bound = cfg.async_policy.staleness_bound
         return cls(status=status, temperature=cfg.rollout.temperature, staleness_bound=bound,
                    async_policy=cfg.async_policy.type, config=cfg,
-                   max_new_tokens=cfg.rollout.max_new_tokens)
+                   max_new_tokens=(cfg.task.env.max_tokens if cfg.task.type == "env"
+                                   else cfg.rollout.max_new_tokens))
 
 
 class Thresholds(BaseModel):
@@ -261,7 +272,7 @@ class Thresholds(BaseModel):
     """LengthBlowup and NonTermination: steps their condition must hold."""
     length_cap_share: float = Field(default=0.9, gt=0.0, le=1.0)
     """LengthBlowup when response_length/p99 reaches this share of the completion cap
-    (rollout.max_new_tokens) ..."""
+    (rollout.max_new_tokens; a multi-turn task's task.env.max_tokens) ..."""
     truncated_rise: float = Field(default=0.2, ge=0.0, le=1.0)
     """... and the truncated share (response/truncated_frac) rose by at least this over
     its early level (NonTermination needs the same rise)."""

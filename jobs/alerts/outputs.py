@@ -216,7 +216,7 @@ def length_blowup(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list
     return [Finding(
         kind="LengthBlowup", key="LengthBlowup", step=step,
         cause=(f"Completions are growing into the cap: at step {step} the p99 length is "
-               f"{p99[step]:.0f} of max_new_tokens {cap} and {truncated:.0%} are cut there "
+               f"{p99[step]:.0f} of {f.length_cap} {cap} and {truncated:.0%} are cut there "
                f"(early level {early:.0%}), for {len(window)} steps."),
         runbook=_length_runbook(f),
         evidence={"values": {M.RESPONSE_LENGTH_P99: p99[step], "cap": cap,
@@ -241,9 +241,8 @@ def _length_runbook(f: RunFacts) -> str:
     if cfg.algorithm.overlong.type != "filter":
         out.append('keep cut completions out of the loss: algorithm.overlong = '
                    '{type = "filter"}')
-    cap = cfg.rollout.max_new_tokens
-    out.append(f"if the task needs the room: rollout.max_new_tokens {cap} -> "
-               f"{min(cap * 2, 1024)}")
+    cap = f.max_new_tokens
+    out.append(f"if the task needs the room: {f.length_cap} {cap} -> {min(cap * 2, 1024)}")
     return listed(out, lead)
 
 

@@ -15,10 +15,16 @@ from engine.api import (
     WeightSyncEvent,
     run_local,
 )
-from engine.config import validate_config
+from engine.config import EnvTaskConfig, validate_config
+from engine.model import load_tokenizer
+from engine.rollout.base import SamplingParams
+from engine.rollout.multiturn import Trajectory, TrajectoryRunner
+from engine.tasks.env import EnvTask
+from engine.telemetry.recorder import SpanRecorder
 from engine.telemetry.sinks import MemorySink
 
 from .conftest import small_run
+from .test_envs import ScriptedEngine
 
 pytestmark = pytest.mark.slow
 
@@ -120,17 +126,21 @@ def test_a_placed_rollout_workers_reward_pool_joins_the_runs_placement_group(
     assert "none" not in pool and "," not in pool          # one group: the run's own
 
 
+@pytest.mark.parametrize("env_workers", ["thread", "ray"])
 def test_a_trajectory_continues_across_a_weight_sync_on_ray_and_records_both_versions(
-        ray_gpus, tmp_path, model_cache):
+        ray_gpus, tmp_path, model_cache, env_workers):
     """The guessing env (configs/guess_env.toml's law) under partial rollout's synchronous
-    form, its rollout worker and learner actors on two bundles: trajectories still guessing when the step's
-    groups have ended are carried, and their next turns are generated after the weight
-    sync, by the next version. A 10-step warm start teaches the tiny model to end a guess
-    with EOS (a random one runs every turn to its budget: one turn, nothing to carry)."""
+    form, its rollout worker and learner actors on two bundles: trajectories still
+    guessing when the step's groups have ended are carried, and their next turns are
+    generated after the weight sync, by the next version. A 10-step warm start teaches the tiny model to end a guess
+    with EOS (a random one runs every turn to its budget: one turn, nothing to carry).
+    With task.env.workers = "ray" the environments' calls run on the worker's pool of
+    actors, a carried one's state going there and back across the steps."""
     cfg = validate_config({
         "name": "guess", "steps": 3,
         "task": {"type": "env", "eval_size": 8,
-                 "env": {"class": "guess", "max_turns": 12, "max_tokens": 64}},
+                 "env": {"class": "guess", "max_turns": 12, "max_tokens": 64,
+                         "workers": env_workers}},
         "warm_start": {"steps": 10, "batch_size": 16},
         "algorithm": {"group_size": 2, "minibatches": 1},
         "rollout": {"prompts_per_step": 2, "max_new_tokens": 4},
@@ -154,3 +164,26 @@ def test_a_trajectory_continues_across_a_weight_sync_on_ray_and_records_both_ver
     assert mixed and all(s.last_version == s.version + 1 for s in mixed)
     assert all(s.prompt.startswith("guess ") and ("up:" in s.completion
                                                   or "down:" in s.completion) for s in mixed)
+
+
+def test_env_calls_on_ray_actors_take_the_environment_there_and_bring_its_state_back(
+        ray_gpus, tiny_dir):
+    """task.env.workers = "ray": every reset, step and close goes through the pool's
+    actors; the calculator's reset stores the answer in the copy it ran on, and only that
+    copy coming back lets the step score the right answer."""
+    tok = load_tokenizer(tiny_dir)
+    task = EnvTask(EnvTaskConfig.model_validate({"eval_size": 8, "env": {"workers": "ray"}}))
+    (problem,) = task.train_problems(0, 1)
+    call, answer = f"{problem.row['a']}*{problem.row['b']}=", problem.row["answer"]
+    called = []
+    run = TrajectoryRunner(ScriptedEngine(tok, [call, answer]), task, tok,
+                           SamplingParams(max_new_tokens=12), SpanRecorder(["cpu:0"]),
+                           wrap=lambda env: called.append(type(env).__name__) or env)
+    samples = run.samples(run.run([problem], group_size=2, seed=0, step=0))
+    assert [(s.reward, s.reason, s.env.turns, s.env.tool_calls, s.env.errors)
+            for s in samples] == [(1.0, "correct", 2, 1, 0)] * 2
+    assert set(called) == {"RemoteEnv"} and len(called) == 2 * 3     # reset + 2 steps each
+    assert task.new_env().answer == ""                 # a fresh one has none of its own
+    # what an environment raises there is raised here as itself, as under threads
+    with pytest.raises(AttributeError):
+        run.pool.proxy(Trajectory(problem, task.new_env(), 0)).step(None)

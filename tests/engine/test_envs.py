@@ -9,11 +9,13 @@ import time
 import pytest
 import torch
 
+from engine import metrics as M
 from engine.config import (
     ConfigError,
     EnvTaskConfig,
     GrpoConfig,
     LearnerConfig,
+    PartialRolloutPolicyConfig,
     dump_config,
     loads_config,
     validate_config,
@@ -21,19 +23,25 @@ from engine.config import (
 from engine.envs.base import call_all
 from engine.envs.calculator import CalculatorEnv
 from engine.events import TrajectoryTurn
-from engine.experience import EnvTrace, Sample
+from engine.experience import EnvTrace, ExperienceBuffer, Sample
 from engine.learner.batch import pack, response_logprobs
 from engine.learner.learner import Learner
 from engine.learner.warmstart import demonstration_sample
-from engine.model import load_policy, load_tokenizer
+from engine.model import encode_prompt, load_policy, load_tokenizer
+from engine.orchestration.partial import PartialGroup
+from engine.orchestration.policies import Experience, PartialRolloutPolicy, StreamingPolicy
 from engine.rollout.base import Completion, SamplingParams
-from engine.rollout.multiturn import TrajectoryRunner
+from engine.rollout.multiturn import Trajectory, TrajectoryRunner
+from engine.rollout.torch_backend import TorchRollout
+from engine.rollout.turns import TurnTemplate
 from engine.tasks import Problem
 from engine.tasks.env import EnvTask
 from engine.telemetry.recorder import SpanRecorder
 from engine.telemetry.samples import samples_event
 from engine.telemetry.spans import phase_metrics
 from engine.telemetry.step_metrics import env_metrics
+
+from .hf_models import build_hf_model
 
 
 def env_task(**env) -> dict:
@@ -80,6 +88,7 @@ def test_a_stdlib_file_named_by_its_path_is_refused_like_its_module():
 @pytest.mark.parametrize("section, values, field", [
     ("reward", {"type": "math"}, "reward.type"),
     ("task", env_task(reward_credit="turn"), "task.env.reward_credit"),
+    ("task", env_task(workers="ray"), "task.env.workers"),          # in one process
 ])
 def test_what_trajectories_do_not_run_on_yet_is_refused_by_name(section, values, field):
     assert field_error({"task": env_task(), section: values})[0] == field
@@ -158,6 +167,22 @@ def test_a_warm_start_demonstration_trains_on_the_model_turns_only(tiny_dir):
     assert s.loss_mask == [1] * len(call) + [0] * len(obs) + [1] * (len(answer) + 1)
 
 
+def test_with_a_chat_template_a_demonstration_is_the_templates_rendering(tmp_path):
+    tok = load_tokenizer(build_hf_model(tmp_path / "chatml", "llama"))
+    task = EnvTask(EnvTaskConfig.model_validate({"env": {"args": {"demo_tool_frac": 1.0}}}))
+    problem = task.train_problems(0, 1)[0]
+    s = demonstration_sample(tok, task, problem)
+    a, b, answer = problem.row["a"], problem.row["b"], problem.row["answer"]
+    conversation = [{"role": "user", "content": f"{a}*{b}:"},
+                    {"role": "assistant", "content": f"{a}*{b}="},
+                    {"role": "tool", "content": f"{answer}:"},
+                    {"role": "assistant", "content": answer}]
+    rendered = tok.apply_chat_template(conversation, tokenize=False).removesuffix("\n")
+    assert s.prompt_ids + s.response_ids == tok(rendered, add_special_tokens=False)["input_ids"]
+    trained = [t for t, m in zip(s.response_ids, s.loss_mask, strict=True) if m]
+    assert tok.decode(trained) == f"{a}*{b}={answer}<|im_end|>"
+
+
 # --------------------------------------------------------------------------- trajectories
 
 
@@ -165,8 +190,9 @@ class ScriptedEngine:
     """The rollout seam with scripted turns (a fake at the seam): each call answers every
     row with the next text of ``turns``, ending on EOS unless it ends on a stop mark."""
 
-    def __init__(self, tok, turns: list[str], version: int = 3):
+    def __init__(self, tok, turns: list[str], version: int = 3, end: int | None = None):
         self.tok, self.turns, self.version, self.calls = tok, list(turns), version, []
+        self.end = tok.eos_token_id if end is None else end     # what an answer ends on
 
     def weight_version(self) -> int:
         return self.version
@@ -178,7 +204,7 @@ class ScriptedEngine:
         out = []
         for cap in budgets:
             stop = text.endswith("=")
-            toks = ids + ([] if stop else [self.tok.eos_token_id])
+            toks = ids + ([] if stop else [self.end])
             out.append(Completion(toks[:cap], [-0.5] * len(toks[:cap]), len(toks) <= cap,
                                   self.version))
         return out
@@ -211,6 +237,48 @@ def test_a_tool_call_turn_gets_the_observation_appended_masked_then_the_answer(t
     closed, _ = rec.drain()
     assert [x.phase for x in closed].count("env") == 2 * 3     # reset + 2 steps, 2 rows
     assert {x.step for x in closed} == {5}
+
+
+def test_with_a_chat_template_the_context_is_the_templates_rendering_of_the_conversation(
+        tmp_path):
+    tok = load_tokenizer(build_hf_model(tmp_path / "chatml", "llama"))
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    task, run = runner(tok, None)
+    problem = task.train_problems(0, 1)[0]
+    a, b, answer = problem.row["a"], problem.row["b"], problem.row["answer"]
+    call = f"{a}*{b}="                   # ends on the env's stop: the template closes it
+    run.engine = ScriptedEngine(tok, [call, answer], end=eot)    # the answer, on <|im_end|>
+    (t,) = run.run([problem], group_size=1, seed=0, step=0)
+    assert (t.reward, t.finished, t.trace.turns) == (1.0, True, 2)
+    conversation = [{"role": "user", "content": f"{a}*{b}:"},
+                    {"role": "assistant", "content": call},
+                    {"role": "tool", "content": f"{answer}:"},
+                    {"role": "assistant", "content": answer}]
+    # the model's last turn ends on its own <|im_end|>; the template writes "\n" after it
+    rendered = tok.apply_chat_template(conversation, tokenize=False).removesuffix("\n")
+    assert t.prompt_ids + t.response_ids == tok(rendered, add_special_tokens=False)["input_ids"]
+    assert tok.decode(t.prompt_ids) == tok.apply_chat_template(
+        conversation[:1], tokenize=False, add_generation_prompt=True)
+    # trained: the model's turns (its <|im_end|> included); read: the template's close of
+    # the tool call, the tool message and the next generation prompt
+    n_call, n_answer = len(tok(call)["input_ids"]), len(tok(answer)["input_ids"]) + 1
+    assert t.mask[:n_call] == [1] * n_call and t.mask[-n_answer:] == [1] * n_answer
+    between = t.response_ids[n_call:-n_answer]
+    assert tok.decode(between) == (f"<|im_end|>\n<|im_start|>tool\n{answer}:<|im_end|>\n"
+                                   "<|im_start|>assistant\n")
+    assert t.mask[n_call:-n_answer] == [0] * len(between)
+    assert t.logprobs[n_call:-n_answer] == [0.0] * len(between)
+
+
+def test_without_a_chat_template_the_turns_are_the_contents_concatenated(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    assert not getattr(tok, "chat_template", None)
+    turns = TurnTemplate(tok)
+    opening = [{"role": "user", "content": "12*34:"}]
+    assert turns.opening(opening) == encode_prompt(tok, "12*34:")
+    tool = [{"role": "tool", "content": "408:"}]
+    assert turns.after(tok("12*34=")["input_ids"], tool) == tok(
+        "408:", add_special_tokens=False)["input_ids"]
 
 
 class SyncedBetweenTurns(ScriptedEngine):
@@ -286,7 +354,7 @@ class EchoEnv:
     """Two turns: the first is answered with "ok:", the second ends it (reward 1 when it
     says "a"). Its step is async, as an HTTP tool's would be."""
     stop = ()
-    made = 0
+    made = closes = 0
 
     def __init__(self, hang_at=-1, fail_at=-1, fail_reset=False, fail_close=False):
         self.turn, self.hang_at, self.fail_at = 0, hang_at, fail_at
@@ -304,6 +372,7 @@ class EchoEnv:
         return [{"role": "user", "content": row["word"] + ":"}]
 
     def close(self):
+        EchoEnv.closes += 1
         if self.fail_close:
             raise OSError("socket already closed")
 
@@ -345,6 +414,66 @@ def test_an_environment_that_raises_or_hangs_ends_its_trajectory_and_is_counted(
     assert said == [f"environment {spec!r} raised ValueError: tool crashed"]
 
 
+class Sequential:
+    """A rollout engine that calls no on_complete (as one may): every step starts after
+    the generate call, none overlaps generation."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def weight_version(self) -> int:
+        return self.inner.weight_version()
+
+    def generate(self, prompts, params, seed, on_complete=None, budgets=None):
+        return self.inner.generate(prompts, params, seed, budgets=budgets)
+
+
+DIGIT_ENV = '''
+class DigitEnv:
+    """A turn ends at the first digit the model writes (the untrained tiny model writes
+    one soon, after a varying number of tokens); each step answers "ok:" and pays the
+    turn's length, the third ends it."""
+    stop = tuple("0123456789")
+
+    def __init__(self):
+        self.turn = 0
+
+    def draw(self, rng):
+        return {"word": rng.choice("abcdefgh") * rng.randint(1, 4)}
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["word"] + ":"}]
+
+    def step(self, text):
+        self.turn += 1
+        return ([{"role": "tool", "content": "ok:"}], float(len(text)), self.turn == 3, {})
+'''
+
+
+def test_a_turns_env_step_starts_while_the_batch_decodes_and_changes_no_trajectory(
+        tiny_dir, tmp_path):
+    tok = load_tokenizer(tiny_dir)
+    engine = TorchRollout.from_pretrained(tiny_dir)
+    spec = user_env_file(tmp_path, DIGIT_ENV).replace(":EchoEnv", ":DigitEnv")
+    got = []
+    for eng in (engine, Sequential(engine)):
+        task, run = echo_run(tok, spec, eng, max_turns=3)
+        rec = run.rec
+        trajs = run.run(task.train_problems(0, 3), group_size=2, seed=11, step=0)
+        got.append(([(t.response_ids, t.logprobs, t.mask, t.reward, t.reason, t.trace.turns,
+                      t.trace.tool_calls) for t in trajs], rec.drain()[0]))
+    (overlapped, spans), (sequential, sequential_spans) = got
+    assert overlapped == sequential
+    assert len(spans) == len(sequential_spans)
+    assert sum(t[5] for t in overlapped) > len(overlapped)      # some went on to a 2nd turn
+    rollouts = [s for s in spans if s.phase == "rollout"]
+    envs = [s for s in spans if s.phase == "env"]
+    # an early finisher's step began inside the generate call that produced its turn
+    assert any(r.start < e.start < r.end for r in rollouts for e in envs)
+    assert not any(r.start < e.start < r.end for r in rollouts
+                   for e in sequential_spans if e.phase == "env")
+
+
 def test_a_reset_that_raises_ends_the_trajectory_before_any_turn_at_the_served_version(
         tiny_dir, tmp_path):
     tok = load_tokenizer(tiny_dir)
@@ -365,6 +494,42 @@ def test_a_close_that_raises_is_counted_and_leaves_the_finished_trajectory_be(
                          ScriptedEngine(tok, ["aa", "ab"]), args={"fail_close": True})
     (s,) = run.samples(run.run(task.train_problems(0, 1), 1, seed=0, step=0))
     assert (s.finished, s.reward, s.reason, s.env.errors) == (True, 1.0, "done", 1)
+
+
+def carried(task: EnvTask, version: int) -> PartialGroup:
+    """A group of two trajectories carried unfinished, generated at ``version``."""
+    (problem,) = task.train_problems(0, 1)
+    return PartialGroup(problem, [Trajectory(problem, task.new_env(), 0, versions=[version])
+                                  for _ in range(2)], recycled=1)
+
+
+def test_carried_trajectories_dropped_stale_or_left_at_the_end_have_their_env_closed(
+        tmp_path):
+    spec = user_env_file(tmp_path, ECHO_ENV)
+    for args, errors in (({}, 0), ({"fail_close": True}, 2)):
+        task = EnvTask(EnvTaskConfig.model_validate({"eval_size": 8, "env": {
+            "class": spec, "args": args}}))
+        exp = Experience([], task, ExperienceBuffer(), 2, 2, seed=0)
+        stale, fresh = carried(task, 1), carried(task, 4)
+        assert exp.keep_fresh([stale, fresh], trains_at=5, eta=1) == [fresh]
+        assert all(t.closed for t in stale.rows) and not any(t.closed for t in fresh.rows)
+        assert task.env_cls.closes == 2
+        # a failed close is the step's env error: nothing else would count it
+        assert env_metrics([Sample(Problem("p", "a"), [1], [2], [0.0], True, 0, 0,
+                                   env=EnvTrace())],
+                           exp.take_close_faults())[M.ENV_ERRORS] == errors
+        assert exp.take_close_faults() == EnvTrace()
+        policy = PartialRolloutPolicy(exp, PartialRolloutPolicyConfig())
+        policy.carry = [fresh]
+        policy.close()                                    # the run ends with it carried
+        assert task.env_cls.closes == 4 and all(t.closed for t in fresh.rows)
+        exp.close_trajectories([stale, fresh])            # each closed once
+        assert task.env_cls.closes == 4
+        streaming = StreamingPolicy(exp, "fully_async", 0, False, 2, 0, over_provision=2.0)
+        streaming.carry = [[later := carried(task, 4)]]   # a worker's carried groups
+        streaming.close()
+        assert task.env_cls.closes == 6 and all(t.closed for t in later.rows)
+        task.env_cls.closes = 0
 
 
 def test_a_user_environment_class_from_a_file_runs_from_a_config(tmp_path, model_cache):

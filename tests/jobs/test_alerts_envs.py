@@ -5,6 +5,7 @@ named with the field to fix; a healthy environment's run and a run without one a
 from jobs.alerts.history import Thresholds
 from jobs.alerts.rules import evaluate
 
+from .test_alerts_outputs import facts_of, found, lengths
 from .test_alerts_rules import FACTS, healthy
 
 
@@ -57,3 +58,19 @@ def test_an_environment_slow_by_nature_is_not_a_hang():
 def test_a_healthy_environment_and_a_run_without_one_raise_neither():
     for h in (with_env(30), healthy(30)):
         assert findings(h, "EnvErrors") == findings(h, "EnvHang") == []
+
+
+def test_a_trajectory_growing_into_its_token_budget_is_a_length_blowup_of_that_budget():
+    """A trajectory's response is its turns and observations: its cap is task.env.max_tokens
+    (96 here), not rollout.max_new_tokens (the cap of one turn, 16)."""
+    env = facts_of(task={"type": "env", "env": {"max_tokens": 96}},
+                   rollout={"max_new_tokens": 16})
+
+    def rising(step):
+        return 0.05 if step < 4 else 0.5
+
+    at_turn_cap = lengths(rising, p99=lambda s: 16.0)
+    assert found(at_turn_cap, "LengthBlowup", facts=env) == []
+    [f] = found(lengths(rising, p99=lambda s: 90.0), "LengthBlowup", facts=env)
+    assert "p99 length is 90 of task.env.max_tokens 96" in f.cause
+    assert "task.env.max_tokens 96 -> 192" in f.runbook and "max_new_tokens" not in f.runbook

@@ -125,7 +125,7 @@ def lengths(truncated, p99=lambda s: 16.0, repetition=lambda s: 0.0, steps=6):
 def test_lengths_growing_into_the_cap_are_a_blowup_that_links_the_worst_step():
     h = lengths(lambda s: {4: 0.45, 5: 0.3}.get(s, 0.05))
     [f] = found(h, "LengthBlowup")
-    assert "p99 length is 16 of max_new_tokens 16" in f.cause and "30% are cut" in f.cause
+    assert "p99 length is 16 of rollout.max_new_tokens 16" in f.cause and "30% are cut" in f.cause
     assert f.evidence["samples"] == {"step": 4, "truncated": True,
                                      "why": "highest response/truncated_frac of the window"}
     assert 'overlong = {type = "penalty"}' in f.runbook
