@@ -88,7 +88,8 @@ def bench(recipe: str, steps: int, threads: int, quick: bool, saved: dict,
           f"+ {i.decode_step_s * 1e3:.2f} ms/step + {i.decode_row_s * 1e3:.3f} ms/token; "
           f"reward {i.reward_sample_s * 1e3:.2f} ms/sample; learner "
           f"{i.learner_step_s * 1e3:.1f} ms + {i.learner_token_s * 1e3:.3f} ms/token; sync "
-          f"{i.sync_send_s * 1e3:.1f} + {i.sync_recv_s * 1e3:.1f} ms; loop overhead "
+          f"{i.sync_send_s * 1e3:.1f} + {i.sync_recv_s * 1e3:.1f} ms; co-run slowdown "
+          f"learner {i.corun_learner:.2f}x, rollout {i.corun_rollout:.2f}x; loop overhead "
           f"{fit.loop_overhead_s * 1e3:.1f} ms; lengths {i.lengths.lengths} at "
           f"{i.lengths.quantiles}, group_corr {i.lengths.group_corr}; the whole table at "
           f"1024 devices: {plan_cost(fit, cfg):.2f} s CPU", flush=True)
