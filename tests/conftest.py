@@ -78,7 +78,7 @@ CI_FILE_SECONDS = {
     "tests/engine/test_hf_models_vllm.py": 92,
     "tests/engine/test_reward_service.py": 85,
     "tests/engine/test_sharded_ray.py": 55,
-    "tests/engine/test_env_learning.py": 40,
+    "tests/engine/test_env_learning.py": 60,
     "tests/engine/test_faults.py": 55,
     "tests/test_stack.py": 52,
     "tests/engine/test_vllm_backend.py": 50,
