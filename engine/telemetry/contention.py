@@ -13,8 +13,9 @@ planner's error on every overlapping policy there. The probe measures it once pe
 
 Each actor runs a stand-in for its own phase on its own torch threads, over weights the
 size of the policy's (capped): a rollout worker decodes (its calls' rows through every
-weight: one decode step), the learner trains (512 rows: a minibatch's matmuls). Actors computing on a CUDA device do not share a host's cores that
-way and report no probe. About 3 x ``seconds`` of wall time at the start of a run.
+weight: one decode step), the learner trains (512 rows: a minibatch's matmuls). Actors
+computing on a CUDA device do not share a host's cores that way and report no probe.
+About 3 x 3 x ``seconds`` of wall time at the start of a run (telemetry.corun_probe_s).
 """
 
 from __future__ import annotations

@@ -132,8 +132,9 @@ def test_a_trajectory_continues_across_a_weight_sync_on_ray_and_records_both_ver
     """The guessing env (configs/guess_env.toml's law) under partial rollout's synchronous
     form, its rollout worker and learner actors on two bundles: trajectories still
     guessing when the step's groups have ended are carried, and their next turns are
-    generated after the weight sync, by the next version. A 10-step warm start teaches the tiny model to end a guess
-    with EOS (a random one runs every turn to its budget: one turn, nothing to carry).
+    generated after the weight sync, by the next version. A 10-step warm start teaches
+    the tiny model to end a guess with EOS (a random one runs every turn to its budget:
+    one turn, nothing to carry).
     With task.env.workers = "ray" the environments' calls run on the worker's pool of
     actors, a carried one's state going there and back across the steps."""
     cfg = validate_config({
