@@ -3,9 +3,11 @@
 On Ray each rollout worker and the learner are processes of their own, and on CPU devices
 of one host they share its cores' caches, memory bandwidth and clock. The planner lays the
 phases of an overlapping policy side by side at the durations a sync run measured them in
-sequence; on a 2-core box the overlapped phases of the long-tail recipe ran 18-57 % longer
-than the same phases in sequence (bench/planner_accuracy.py, 2026-12-04), which is the
-planner's error on every overlapping policy there. The probe measures it once per run:
+sequence; on a 2-core box the overlapped phases of the long-tail recipe ran 5-15 % longer
+than the same phases in sequence with the box to themselves, and 19-57 % longer with
+another job's work on it (bench/async_policies.py, bench/planner_accuracy.py,
+2026-12-04): the planner's over-prediction on every overlapping policy there. The probe
+measures it once per run:
 
     alone:     the learner's workload, then worker 0's, each with the others idle
     together:  every actor's workload at once
