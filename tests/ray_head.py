@@ -79,7 +79,7 @@ class RayHead:
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         return log
 
-    def wait_ready(self, timeout_s: float = 90.0) -> None:
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
         request = urllib.request.Request(f"{self.dashboard}/api/version", headers={
             "Authorization": f"Bearer {self.token_path.read_text()}"})
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -93,8 +93,10 @@ class RayHead:
                         return
             except OSError:
                 time.sleep(0.5)
+        # read before stop(), which removes the head's directory and its log with it
+        said = (self.dir / "head.log").read_text()
         self.stop()
-        raise RuntimeError(f"the Ray head did not come up:\n{(self.dir / 'head.log').read_text()}")
+        raise RuntimeError(f"the Ray head did not come up in {timeout_s:g} s:\n{said}")
 
     def runs_a_job(self, deadline: float) -> bool:
         """The dashboard answers before its job agent does: a job submitted in between
