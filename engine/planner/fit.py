@@ -36,7 +36,7 @@ from engine import metrics as M
 from engine.config import RunConfig, load_config
 from engine.orchestration.placement import layout_for
 from engine.planner.inputs import LengthModel, PlanInputs
-from engine.planner.model import Shape, overlap_share, shape_of
+from engine.planner.model import Shape, overlap_share, shape_of, stretch
 
 QUANTILE_METRICS = ((M.RESPONSE_LENGTH_MIN, 0.0),
                     *((M.RESPONSE_LENGTH_QUANTILE[q], q / 100) for q in M.LENGTH_QUANTILES),
@@ -201,8 +201,8 @@ def _sequential(inputs: PlanInputs, rows: list[dict[str, float]], spans) -> Plan
     if learner and rollout:
         a = min(x for x, _ in learner + rollout)
         b = max(y for _, y in learner + rollout)
-        div_l = 1.0 + (c_learner - 1.0) * overlap_share(learner, rollout, a, b)
-        div_r = 1.0 + (c_rollout - 1.0) * overlap_share(rollout, learner, a, b)
+        div_l = stretch(c_learner, overlap_share(learner, rollout, a, b))
+        div_r = stretch(c_rollout, overlap_share(rollout, learner, a, b))
     else:
         div_l = div_r = 1.0
     return replace(inputs, corun_learner=c_learner, corun_rollout=c_rollout,

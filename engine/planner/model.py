@@ -371,6 +371,12 @@ def _policy(loop: _Loop, cfg: AsyncPolicyConfig) -> _Sync:
     return _Sync(loop, None)
 
 
+def stretch(slowdown: float, share: float) -> float:
+    """How much longer a phase takes that runs ``share`` of its time beside the other
+    side computing, slowed by ``slowdown`` there (the planner's co-run model)."""
+    return 1.0 + (slowdown - 1.0) * share
+
+
 def overlap_share(mine: list[tuple[float, float]], other: list[tuple[float, float]],
                   a: float, b: float) -> float:
     """The share of ``mine``'s time in [a, b] that ``other`` covers too."""
@@ -418,8 +424,7 @@ def simulate(inp: PlanInputs, placement: PlacementConfig | Shape, policy: AsyncP
         f_learner, f_rollout = loop.overlapped(*window)
         if f_learner == f_rollout == 0.0:
             break                     # nothing ran beside anything (sync's schedule)
-        scale = (1.0 + (inp.corun_learner - 1.0) * f_learner,
-                 1.0 + (inp.corun_rollout - 1.0) * f_rollout)
+        scale = (stretch(inp.corun_learner, f_learner), stretch(inp.corun_rollout, f_rollout))
     return pred
 
 
