@@ -156,7 +156,7 @@ def _what_if(h: RunHistory, f: RunFacts) -> str:
     # until a metric value or a span of a timed step arrives.
     timed = h.metrics.get(M.TIME_STEP_S, {})
     inputs = (f.config, sum(map(len, h.metrics.values())),
-              sum(s.step in timed for s in h.spans))
+              sum(h.spans_of_step.get(step, 0) for step in timed))
     advice = h.derived("what_if", inputs,
                        lambda: planner_advice(f.config, h.metrics, h.spans))
     return f" {advice}" if advice else ""

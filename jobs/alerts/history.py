@@ -32,6 +32,9 @@ class RunHistory:
         self.spans: list[SpanEvent] = []
         self.last_ts = 0.0
         self.step_ts: dict[int, float] = {}   # when each step's first metrics arrived
+        self.last_span: SpanEvent | None = None   # the span that ended last
+        self.spans_of_step: dict[int, int] = {}   # how many spans each step has sent
+        self._steps: tuple[int, int, list[int]] = (0, 0, [])   # steps, sorted per new step
         # What a rule derives at some cost from the whole history (the planner's what-if),
         # kept while its inputs are unchanged: evaluate() runs at every event, most of
         # which (spans, syncs) leave those inputs as they were.
@@ -58,6 +61,9 @@ class RunHistory:
                     self.metrics.setdefault(name, {})[event.step] = value
         elif isinstance(event, SpanEvent):
             self.spans.append(event)
+            self.spans_of_step[event.step] = self.spans_of_step.get(event.step, 0) + 1
+            if self.last_span is None or event.end > self.last_span.end:
+                self.last_span = event
         elif isinstance(event, WeightSyncEvent):
             self.syncs.append(event)
 
@@ -69,8 +75,13 @@ class RunHistory:
 
     @property
     def steps(self) -> list[int]:
-        """Training steps reported so far (eval-only metric events carry no reward/mean)."""
-        return sorted(self.metrics.get(M.REWARD_MEAN, {}))
+        """Training steps reported so far (eval-only metric events carry no reward/mean).
+        Sorted once per new step: the rules read it at every event (a multi-turn run
+        sends thousands of spans), and a fresh sort each time made their cost quadratic."""
+        rewards = self.metrics.get(M.REWARD_MEAN, {})
+        if self._steps[:2] != (id(rewards), len(rewards)):    # steps only ever arrive
+            self._steps = (id(rewards), len(rewards), sorted(rewards))
+        return self._steps[2]
 
 
 # An external run's parameters that give its staleness bound (prime-rl's

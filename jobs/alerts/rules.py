@@ -298,21 +298,26 @@ def version_regression(h: RunHistory, f: RunFacts, t: Thresholds, now: float) ->
 def phase_hang(h: RunHistory, f: RunFacts, t: Thresholds, now: float) -> list[Finding]:
     if f.status != "running" or len(h.steps) < 2 or not h.spans:
         return []
-    last = max(h.spans, key=lambda s: s.end)
-    order = [s.phase for s in sorted((s for s in h.spans if s.step == h.steps[-1]),
+    # Nothing can be stalled for less than hang_min_s: most evaluations (one per event)
+    # end here, before the walks over every span below.
+    last = h.last_span
+    stalled = now - max(h.last_ts, last.end)
+    if stalled <= t.hang_min_s:
+        return []
+    current = h.steps[-1]
+    order = [s.phase for s in sorted((s for s in h.spans if s.step == current),
                                      key=lambda s: s.start)]
     order = list(dict.fromkeys(order))
     if last.phase not in order:
         return []
     i = order.index(last.phase)
     phase = order[(i + 1) % len(order)]
-    durations = [s.end - s.start for s in h.spans if s.phase == phase]
-    median = statistics.median(durations)
-    stalled = now - max(h.last_ts, last.end)
-    if stalled <= max(t.hang_factor * median, t.hang_min_s):
+    spans = [s for s in h.spans if s.phase == phase]
+    median = statistics.median(s.end - s.start for s in spans)
+    if stalled <= t.hang_factor * median:
         return []
-    devices = sorted({s.device for s in h.spans if s.phase == phase
-                      and s.step == max(x.step for x in h.spans if x.phase == phase)})
+    latest = max(s.step for s in spans)
+    devices = sorted({s.device for s in spans if s.step == latest})
     where = ", ".join(devices)
     return [Finding(
         kind="PhaseHang", key=f"PhaseHang:{phase}", step=last.step,
