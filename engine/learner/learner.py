@@ -12,11 +12,13 @@
         AdamW step with global grad-norm clip
     version += 1                                         # weights changed: a new policy
 
-One optimizer step per batch (epochs = minibatches = 1, as in the demo recipes) needs no
-separate recompute: the training forward runs before any update, so its detached
-logprobs are old_logp (ratio = 1), and the learner saves that forward pass (veRL's
-on-policy shortcut). Not where dropout is active (train and eval forwards differ), where
-MoE routing is recorded or replayed, or on a sharded learner (each rank trains its rows).
+The first optimizer step's rows need no separate recompute: its training forward runs
+before any update, so its detached logprobs are their old_logp (ratio = 1), and the
+learner saves that forward pass (veRL's on-policy shortcut, for the whole batch where
+epochs = minibatches = 1 as in the demo recipes; 1/minibatches of it otherwise, the other
+rows recomputed first). Not where dropout is active (train and eval forwards differ),
+where MoE routing is recorded or replayed, or on a sharded learner (each rank trains its
+rows).
 
 The loss aggregates the whole minibatch (algorithm.loss_agg_mode: a token mean, or a mean
 over sequences of their token sums or means): every token's weight w is fixed from the
@@ -41,7 +43,7 @@ import torch
 from engine import metrics as M
 from engine.config import AlgorithmConfig, LearnerConfig
 from engine.learner.batch import PackedBatch, micro_batches, response_logprobs
-from engine.learner.device import autocast, resolve_device
+from engine.learner.device import adamw, autocast, resolve_device
 from engine.learner.losses import (
     clipped_surrogate,
     k3,
@@ -140,8 +142,7 @@ class Learner:
         # rollout's, and learner.routing_replay (engine.moe). Dense models have none.
         self.router = (RouterHooks(self.policy, replay=setup.routing_replay)
                        if setup.routing_replay or moe_routers(self.policy) else None)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr,
-                                           weight_decay=cfg.weight_decay)
+        self.optimizer = adamw(self.policy, cfg.lr, cfg.weight_decay)
         self.version = 0
         self.step = 0
         self.last_logprobs: torch.Tensor | None = None   # (B, R) of the last update
@@ -242,17 +243,27 @@ class Learner:
             untempered = float(masked_mean((batch.behaviour_logp - raw).abs(), mask))
         gen = torch.Generator().manual_seed(minibatch_seed(self.seed, self.step))
         sums = {"loss": [], "grad_norm": [], "entropy": [], "kl_ref": [], "clip_frac": []}
+        n = len(batch)
+        perm = torch.randperm(n, generator=gen)
         if self.fuses_recompute():
-            # the one optimizer step's own forward fills old_logp (and weighs by it)
+            # the first optimizer step's own forward fills old_logp for its rows (and
+            # weighs them by it); the other rows are recomputed, also before that step
             old_logp, agreed, w_tis = torch.zeros_like(batch.behaviour_logp), None, None
+            rest = torch.ones(n, dtype=torch.bool)
+            rest[perm.chunk(cfg.minibatches)[0]] = False
+            if rest.any():
+                rest = rest.nonzero().squeeze(1).to(self.device)
+                old_logp[rest] = self.recompute(batch.select(rest))[0]
         else:
             old_logp, agreed = self.recompute(batch)                       # (B, R)
             w_tis = tis_weights(old_logp, batch.behaviour_logp, cfg.tis_cap)[0]
-        n = len(batch)
-        for _ in range(cfg.epochs):
-            perm = torch.randperm(n, generator=gen)
+        for epoch in range(cfg.epochs):
+            if epoch:
+                perm = torch.randperm(n, generator=gen)
             for idx in perm.chunk(cfg.minibatches):
                 step = self._minibatch_step(batch, idx, adv, old_logp, w_tis, ref_logp)
+                if w_tis is None:                        # old_logp is whole from here on
+                    w_tis = tis_weights(old_logp, batch.behaviour_logp, cfg.tis_cap)[0]
                 for k, v in step.items():
                     sums[k].append(v)
         self.last_logprobs = old_logp                  # what the inspector shows per token
@@ -278,10 +289,9 @@ class Learner:
         return metrics
 
     def fuses_recompute(self) -> bool:
-        """Whether update() takes old_logp from its one optimizer step's own forward
-        instead of a separate no-grad recompute (see the module docstring)."""
-        return (self.cfg.epochs == 1 and self.cfg.minibatches == 1 and self.router is None
-                and type(self)._train_runs is Learner._train_runs
+        """Whether update() takes the first minibatch's old_logp from its own optimizer
+        step's forward instead of a separate no-grad recompute (module docstring)."""
+        return (self.router is None and type(self)._train_runs is Learner._train_runs
                 and not dropout_active(self.policy))
 
     def _minibatch_step(self, batch: PackedBatch, idx: torch.Tensor, adv: torch.Tensor,

@@ -36,7 +36,7 @@ import torch
 from engine import metrics as M
 from engine.config import LearnerConfig, PpoConfig
 from engine.learner.batch import PackedBatch, response_values
-from engine.learner.device import autocast, resolve_device
+from engine.learner.device import adamw, autocast, resolve_device
 from engine.learner.learner import Learner, split_rows
 from engine.learner.losses import (
     clipped_value_loss,
@@ -66,8 +66,7 @@ class Critic:
         if setup.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.critic.lr,
-                                           weight_decay=cfg.critic.weight_decay)
+        self.optimizer = adamw(self.model, cfg.critic.lr, cfg.critic.weight_decay)
 
     def values(self, batch: PackedBatch) -> torch.Tensor:
         """(B, R) the critic's values of ``batch`` (on its device)."""

@@ -110,18 +110,21 @@ def test_a_top_p_learner_recomputes_the_nucleus_the_engine_sampled_from(tiny_dir
     assert full["logprob_gap/mean"] > 0.05
 
 
-@pytest.mark.parametrize("tis_cap", [2.0, 1.0 + 1e-6])
-def test_one_optimizer_step_takes_old_logprobs_from_its_own_forward_with_the_same_update(
-        tiny_dir, rollout_batch, tis_cap, monkeypatch):
-    """epochs = minibatches = 1: no separate recompute, and the same step, the same
-    metrics and the same per-token logprobs as with it (TIS clipping included)."""
+@pytest.mark.parametrize("tis_cap, minibatches, epochs",
+                         [(2.0, 1, 1), (1.0 + 1e-6, 1, 1), (2.0, 2, 1), (1.0 + 1e-6, 2, 2)])
+def test_the_first_optimizer_step_takes_old_logprobs_from_its_own_forward_with_the_same_update(
+        tiny_dir, rollout_batch, tis_cap, minibatches, epochs, monkeypatch):
+    """The first minibatch's rows are not recomputed (epochs = minibatches = 1: no
+    recompute at all), and the update is the same step, with the same metrics and the
+    same per-token logprobs, as with the whole recompute (TIS clipping included)."""
     samples, pad = rollout_batch
     skewed = [copy.copy(s) for s in samples]
     for i, s in enumerate(skewed):          # some tokens over the TIS cap, some under
         s.behaviour_logprobs = [lp + (0.3 if (i + j) % 2 else -0.3)
                                 for j, lp in enumerate(s.behaviour_logprobs)]
-    cfg = GrpoConfig(minibatches=1, tis_cap=tis_cap, lr=1e-2)
+    cfg = GrpoConfig(minibatches=minibatches, epochs=epochs, tis_cap=tis_cap, lr=1e-2)
     runs = {}
+    n = len(skewed)
     for fused in (True, False):
         learner = Learner(load_policy(tiny_dir), cfg, 0.7, seed=0)
         assert learner.fuses_recompute()
@@ -129,9 +132,10 @@ def test_one_optimizer_step_takes_old_logprobs_from_its_own_forward_with_the_sam
         recompute = learner.recompute
         monkeypatch.setattr(learner, "fuses_recompute", lambda f=fused: f)
         monkeypatch.setattr(learner, "recompute",
-                            lambda b, c=calls, r=recompute: c.append(1) or r(b))
+                            lambda b, c=calls, r=recompute: c.append(len(b)) or r(b))
         m = learner.update(pack(skewed, pad))
-        assert calls == ([] if fused else [1])
+        rows = n - len(torch.arange(n).chunk(minibatches)[0])       # all but the first's
+        assert calls == (([rows] if rows else []) if fused else [n])
         runs[fused] = (m, learner.last_logprobs,
                        {n: p.detach().clone() for n, p in learner.policy.named_parameters()})
     (m1, lp1, w1), (m0, lp0, w0) = runs[True], runs[False]
@@ -148,5 +152,4 @@ def test_a_policy_with_dropout_keeps_the_separate_recompute(tiny_dir):
     policy = load_policy(tiny_dir)
     policy.config.attention_dropout = 0.1
     assert not Learner(policy, GrpoConfig(minibatches=1), 1.0, seed=0).fuses_recompute()
-    assert not Learner(load_policy(tiny_dir), GrpoConfig(minibatches=2), 1.0,
-                       seed=0).fuses_recompute()
+
