@@ -22,7 +22,7 @@ alternating so machine noise hits both; medians are quoted.
 
     .venv/bin/python bench/learner_throughput.py [--recipes demo_arithmetic longtail_reverse]
         [--sizes tiny small] [--rounds 3] [--device cpu|cuda] [--precision fp32|bf16]
-        [--sampled] [--quick]
+        [--sampled] [--compile] [--quick]
 """
 
 from __future__ import annotations
@@ -123,9 +123,9 @@ def bench_recipe(recipe: Path, args) -> None:
     for size in args.sizes:
         model_dir = ensure_base_model(size, cfg.model.seed)
         learners = {}
-        for layout in ("padded", "packed"):
+        for layout in ("padded", "packed") + (("compiled",) if args.compile else ()):
             setup = LearnerConfig(device=args.device, precision=args.precision,
-                                  packing=layout == "packed")
+                                  packing=layout != "padded", compile=layout == "compiled")
             learners[layout] = Learner(load_policy(model_dir), alg, cfg.rollout.temperature,
                                        seed=0, setup=setup, top_p=cfg.rollout.top_p)
         policy = learners["padded"].policy
@@ -135,7 +135,7 @@ def bench_recipe(recipe: Path, args) -> None:
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in learners}
         peaks = []
         for learner in learners.values():
-            learner.update(batch)                        # warm up
+            learner.update(batch)                        # warm up (and compile)
         for _ in range(args.rounds):
             peaks.append(matmul_peak(args.peak_n, clock, args.dtype))
             for name, learner in learners.items():
@@ -148,6 +148,9 @@ def bench_recipe(recipe: Path, args) -> None:
                       f"{flops / sec / 1e9:9.1f} {flops / sec / peak:8.1%}")
             print(f"  {size:6s} ratio packed / padded = {med['padded'] / med['packed']:.2f} "
                   f"by {c} time; {args.precision} matmul peak {peak / 1e9:.1f} GFLOP/s")
+            if "compiled" in med:
+                print(f"  {size:6s} ratio compiled / packed = "
+                      f"{med['packed'] / med['compiled']:.2f} by {c} time")
         print(f"  {size:6s} params {n_params / 1e6:.1f}M, medians of {args.rounds} rounds")
 
 
@@ -162,6 +165,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="the learner's, and the peak matmul's dtype")
+    ap.add_argument("--compile", action="store_true",
+                    help="also the packed layout with learner.compile (torch.compile of "
+                         "each decoder layer; its compile is in the untimed warm-up)")
     ap.add_argument("--quick", action="store_true", help="tiny, demo, 1 round: a smoke run")
     args = ap.parse_args()
     args.dtype = torch.float32 if args.precision == "fp32" else torch.bfloat16

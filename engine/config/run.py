@@ -254,6 +254,23 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _compile_fits_the_learner(self) -> RunConfig:
+        if not self.learner.compile:
+            return self
+        if self.learner.routing_replay:
+            raise FieldError("learner.compile",
+                             "learner.compile = true compiles dense decoder layers, and "
+                             "learner.routing_replay routes them by hooks on the MoE "
+                             "routers; set learner.compile = false")
+        devices = getattr(self.placement, "learner_devices", 1)
+        if devices > 1:
+            raise FieldError("learner.compile",
+                             f"learner.compile = true compiles an unsharded learner, and "
+                             f"placement.learner_devices = {devices} shards it with FSDP2; "
+                             f"set learner.compile = false or placement.learner_devices = 1")
+        return self
+
+    @model_validator(mode="after")
     def _routing_needs_an_moe_torch_rollout(self, info: ValidationInfo) -> RunConfig:
         rollout, learner = self.rollout, self.learner
         if not (rollout.record_routing or learner.routing_replay):

@@ -61,3 +61,16 @@ def adamw(module: torch.nn.Module, lr: float, weight_decay: float) -> torch.opti
         type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda")
         and p.dtype in FUSED_ADAMW_DTYPES for p in params)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
+
+
+def compile_layers(model: torch.nn.Module) -> None:
+    """learner.compile: torch.compile each decoder layer of ``model`` in place (its
+    parameters, names and state dict unchanged: checkpoints and weight sync see the same
+    model), with dynamic shapes so a new batch shape does not recompile."""
+    layers = getattr(model.base_model, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise ValueError(f"learner.compile = true compiles the model's decoder layers "
+                         f"(base_model.layers), and {type(model).__name__} has none there; "
+                         f"set learner.compile = false")
+    for layer in layers:
+        layer.compile(dynamic=True)

@@ -43,7 +43,7 @@ import torch
 from engine import metrics as M
 from engine.config import AlgorithmConfig, LearnerConfig
 from engine.learner.batch import PackedBatch, micro_batches, response_logprobs
-from engine.learner.device import adamw, autocast, resolve_device
+from engine.learner.device import adamw, autocast, compile_layers, resolve_device
 from engine.learner.losses import (
     clipped_surrogate,
     k3,
@@ -142,6 +142,12 @@ class Learner:
         # rollout's, and learner.routing_replay (engine.moe). Dense models have none.
         self.router = (RouterHooks(self.policy, replay=setup.routing_replay)
                        if setup.routing_replay or moe_routers(self.policy) else None)
+        if setup.compile:
+            if self.router is not None:
+                raise ValueError("learner.compile = true compiles dense decoder layers, and "
+                                 "this policy's MoE routers carry hooks (routing agreement, "
+                                 "learner.routing_replay); set learner.compile = false")
+            compile_layers(self.policy)
         self.optimizer = adamw(self.policy, cfg.lr, cfg.weight_decay)
         self.version = 0
         self.step = 0

@@ -141,3 +141,13 @@ def test_a_worker_kill_is_refused_where_no_worker_could_replace_the_dead_one():
     assert path == "faults.kill_rollout_worker" and '"object_store" or "shm"' in msg
     validate_config({"faults": kill, "placement": {"type": "disaggregated"},
                      "weight_sync": {"type": "object_store"}})
+
+
+def test_a_compiled_learner_is_refused_where_it_would_be_sharded_or_routed_by_hooks():
+    [(path, msg)] = errors_of({"learner": {"compile": True},
+                               "placement": {"type": "disaggregated", "learner_devices": 2},
+                               "weight_sync": {"type": "object_store"}})
+    assert path == "learner.compile" and "placement.learner_devices = 1" in msg
+    [(path, msg)] = errors_of({"learner": {"compile": True, "routing_replay": True}})
+    assert path == "learner.compile" and "learner.compile = false" in msg
+    validate_config({"learner": {"compile": True}})
