@@ -37,7 +37,7 @@ samples one version old (staleness 1), so its ratio is a throughput ratio at tha
 staleness, not the same algorithm as TRL's on-policy step.
 
     PYTHONPATH=. .venv/bin/python bench/vs_trl.py [--rounds 3] [--steps-per-round 4]
-        [--threads 2] [--overlap-threads 1] [--quick]
+        [--threads 2] [--overlap-threads 1] [--compile] [--quick]
 
 Measured with the defaults (3 rounds x 4 steps, 2 threads; trl 1.16.0; this project's
 shared 2-core box, 2026-12-03), two runs of the bench:
@@ -54,6 +54,10 @@ and with the overlapped side (2026-12-03 evening, load average 1.6: one other jo
     its own with 1 of the 2 torch threads 0.227 (ratio 0.88: generation 0.043 -> 0.077 s
     and the update 0.120 -> 0.213 s with half the threads each, more than the overlap
     hides; with the learner kept at 2 threads, 0.201, ratio 1.00)
+
+On 2026-12-04 (an AMD EPYC 2-core box, load average 1.1; --compile --overlap-threads 0):
+trl 0.200 s/step (generation 0.052 + update 0.148), rlplane 0.168 (rollout 0.043 +
+learner 0.113): ratio 1.19; rlplane with learner.compile 0.151 (learner 0.097): 1.33.
 
 Two 2-thread jobs on 2 cores slow both sides ~25x (their threads wait on each other),
 so each round's line prints the load average: read a ratio together with it.
@@ -99,14 +103,17 @@ def recipe(steps: int, quick: bool) -> RunConfig:
     return validate_config(data)
 
 
-def starting_from(cfg: RunConfig, model_dir: Path, overlap_threads: int = 0) -> RunConfig:
+def starting_from(cfg: RunConfig, model_dir: Path, overlap_threads: int = 0,
+                  compile: bool = False) -> RunConfig:
     """cfg's run from ``model_dir`` as a model.path, warm start off: rlplane loads the
     very directory TRL does, not another warm start of its own. ``overlap_threads``:
     one-step-off in the same process, the rollout worker on a thread of its own with
-    that many torch threads (placement.overlap_threads), the learner the rest."""
+    that many torch threads (placement.overlap_threads), the learner the rest.
+    ``compile``: learner.compile (its compile falls in the untimed warm-up step)."""
     data = cfg.model_dump(mode="json")
     data["model"].update(size=None, path=str(model_dir))
     data["warm_start"]["steps"] = 0
+    data["learner"]["compile"] = compile
     if overlap_threads:
         data["async_policy"] = {"type": "one_step_off"}
         data["placement"] = {"type": "colocated", "overlap_threads": overlap_threads}
@@ -209,6 +216,8 @@ def main() -> None:
                     help="rlplane one-step-off with the rollout worker on a thread of its "
                          "own with this many torch threads (default: half of --threads; "
                          "0: leave this side out)")
+    ap.add_argument("--compile", action="store_true",
+                    help="a fourth side: rlplane with learner.compile (TRL left as it is)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 1 round of 1 step, base model, 4 prompts x 2")
     args = ap.parse_args()
@@ -221,6 +230,8 @@ def main() -> None:
              "rlplane": lambda: time_rlplane(starting_from(cfg, model_dir))}
     if overlap:
         sides["overlap"] = lambda: time_rlplane(starting_from(cfg, model_dir, overlap))
+    if args.compile:
+        sides["compiled"] = lambda: time_rlplane(starting_from(cfg, model_dir, compile=True))
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for r in range(rounds):
         order = list(sides) if r % 2 == 0 else list(sides)[::-1]
@@ -252,6 +263,12 @@ def main() -> None:
               f"the phases overlap)")
         print(f"  ratio trl / rlplane overlapped {med('trl', 'step') / med('overlap', 'step'):.2f}"
               f"  (staleness 1, TIS as configured)")
+    if args.compile:
+        split = " + ".join(f"{p} {med('compiled', p):.3f}" for p in RLPLANE_PHASES)
+        print(f"  rlplane with learner.compile: {med('compiled', 'step'):.3f} s/step  ({split}"
+              f" + rest)")
+        print(f"  ratio trl / rlplane compiled {med('trl', 'step') / med('compiled', 'step'):.2f}"
+              f"  (TRL uncompiled, its default)")
 
 
 if __name__ == "__main__":
