@@ -9,8 +9,13 @@ does on a shared box). Each call is timed by the wall clock and by the process's
 over its torch threads (bench/learner_throughput.py's Clock: what the call would take
 with its threads to itself, the figure that holds on a shared machine).
 
+--group G makes the batch batch/G prompts x G completions each, as an RL step's groups
+are (the demo recipe: 16 x 8): the torch backend prefills each prompt once and copies its
+cache to its group; HF generate gets the same rows (``num_return_sequences = G``), which
+it expands before its prefill.
+
     .venv/bin/python bench/rollout_throughput.py [--size tiny] [--batch 64] [--new 32]
-        [--rounds 5] [--threads N]
+        [--group 1] [--rounds 5] [--threads N]
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ def main() -> None:
     ap.add_argument("--size", default="tiny", choices=["tiny", "small"])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--new", type=int, default=32, help="new tokens per sequence")
+    ap.add_argument("--group", type=int, default=1,
+                    help="completions per prompt (batch / group prompts)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     args = ap.parse_args()
@@ -48,8 +55,10 @@ def main() -> None:
     tok = load_tokenizer(path)
     hf = load_policy(path).eval()
     ours = TorchRollout.from_pretrained(path)
-    problems = ArithmeticTask(ArithmeticTaskConfig()).train_problems(0, args.batch)
-    prompts = [tok(p.prompt)["input_ids"] for p in problems]
+    if args.batch % args.group:
+        ap.error(f"--batch {args.batch} is not a multiple of --group {args.group}")
+    problems = ArithmeticTask(ArithmeticTaskConfig()).train_problems(0, args.batch // args.group)
+    prompts = [tok(p.prompt)["input_ids"] for p in problems for _ in range(args.group)]
     enc = tok([p.prompt for p in problems], return_tensors="pt", padding=True)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new, ignore_eos=True)
 
@@ -61,6 +70,7 @@ def main() -> None:
     def run_hf() -> int:
         out = hf.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                           max_new_tokens=args.new, min_new_tokens=args.new,
+                          num_return_sequences=args.group,
                           pad_token_id=tok.pad_token_id, eos_token_id=None)
         return (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]
 
@@ -77,7 +87,7 @@ def main() -> None:
                 n = fn()
             for c, seconds in zip(("wall", "cpu"), clock.time(call), strict=True):
                 rates[c][name].append(n / seconds)
-    print(f"model={args.size} batch={args.batch} new_tokens={args.new} "
+    print(f"model={args.size} batch={args.batch} group={args.group} new_tokens={args.new} "
           f"rounds={args.rounds} threads={torch.get_num_threads()}")
     for c, by_engine in rates.items():
         paired = [a / b for a, b in zip(by_engine["torch"], by_engine["hf_generate"],

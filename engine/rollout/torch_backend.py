@@ -78,6 +78,8 @@ def prefill_buckets(lengths: list[int], min_rows: int = 8,
 class TorchRollout:
     """Holds its own copy of the weights; ``load_weights`` is the only way they change."""
 
+    share_prefixes = True     # prefill a prompt repeated in a call once (generate)
+
     def __init__(self, model: LlamaKV | HFKV, tensors: dict[str, torch.Tensor],
                  eos_ids: Iterable[int], pad_id: int, version: int = 0,
                  router: RouterHooks | None = None):
@@ -134,18 +136,10 @@ class TorchRollout:
 
     # ------------------------------------------------------------------ sampling
 
-    @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
-                 on_complete: OnComplete | None = None,
-                 budgets: list[int] | None = None) -> list[Completion]:
-        gen = torch.Generator().manual_seed(seed)
-        B, P = len(prompts), max(len(p) for p in prompts)
-        cap = torch.tensor(budgets if budgets else [params.max_new_tokens] * B)   # (B,)
-        if bool((cap < 1).any()) or bool((cap > params.max_new_tokens).any()):
-            raise ValueError(f"budgets must lie in [1, max_new_tokens = "
-                             f"{params.max_new_tokens}], got {sorted(set(cap.tolist()))}")
-        steps = int(cap.max())
-        S = P + steps
+    def _prefill(self, prompts: list[list[int]], P: int, S: int):
+        """The prompts' forward into a new cache of S slots, each left-padded to P:
+        (last logits (B, V), valid slots (B, S), next positions (B,), cache)."""
+        B = len(prompts)
         # for the prefill, batch row j holds prompt order[j]: buckets need contiguous rows
         order, buckets = torch.arange(B), []
         if self.router is None and isinstance(self.model, LlamaKV):
@@ -161,18 +155,42 @@ class TorchRollout:
         positions = (valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)     # (B, P)
         next_pos = valid[:, :P].sum(-1)                                    # (B,)
         cache = self.model.new_cache(B, S, self.dtype)
-        if buckets:
-            logits = torch.cat([
-                self.model.forward(ids[a:b, P - w:], positions[a:b, P - w:],
-                                   self.model.rows(cache, a, b), P - w, valid[a:b],
-                                   last_only=True)[:, -1]
-                for a, b, w in buckets])
-            # back to the prompts' order: sampling draws per row in it, as unbucketed
-            back = torch.argsort(order)
-            logits, valid, next_pos = logits[back], valid[back], next_pos[back]
-            cache = self.model.select(cache, back)
-        else:
+        if not buckets:
             logits = self.model.forward(ids, positions, cache, 0, valid, last_only=True)[:, -1]
+            return logits, valid, next_pos, cache
+        logits = torch.cat([
+            self.model.forward(ids[a:b, P - w:], positions[a:b, P - w:],
+                               self.model.rows(cache, a, b), P - w, valid[a:b],
+                               last_only=True)[:, -1]
+            for a, b, w in buckets])
+        # back to the prompts' order: sampling draws per row in it, as unbucketed
+        back = torch.argsort(order)
+        return logits[back], valid[back], next_pos[back], self.model.select(cache, back)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
+                 on_complete: OnComplete | None = None,
+                 budgets: list[int] | None = None) -> list[Completion]:
+        gen = torch.Generator().manual_seed(seed)
+        B, P = len(prompts), max(len(p) for p in prompts)
+        cap = torch.tensor(budgets if budgets else [params.max_new_tokens] * B)   # (B,)
+        if bool((cap < 1).any()) or bool((cap > params.max_new_tokens).any()):
+            raise ValueError(f"budgets must lie in [1, max_new_tokens = "
+                             f"{params.max_new_tokens}], got {sorted(set(cap.tolist()))}")
+        steps = int(cap.max())
+        S = P + steps
+        # A group's completions share their prompt: each distinct prompt is prefilled once
+        # and its cache rows copied to its group (vLLM shares them through its prefix
+        # cache), so a group of 8 costs one prompt's prefill, not 8. Routing is recorded
+        # per row, so a recording engine prefills every row.
+        first: dict[tuple[int, ...], int] = {}
+        group = torch.tensor([first.setdefault(tuple(p), len(first)) for p in prompts])
+        shared = self.share_prefixes and self.router is None and len(first) < B
+        pre = [list(p) for p in first] if shared else prompts
+        logits, valid, next_pos, cache = self._prefill(pre, P, S)
+        if shared:
+            logits, valid, next_pos = logits[group], valid[group], next_pos[group]
+            cache = self.model.select(cache, group)
         routing = None
         if self.router is not None:   # (B, S, L, k) by slot; -1 where nothing was fed
             routing = torch.full((B, S, self.router.layers, self.router.top_k), -1,

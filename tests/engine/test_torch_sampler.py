@@ -196,3 +196,21 @@ def test_a_bucketed_prefill_samples_what_one_padded_prefill_samples(parts, tiny_
     assert [o.token_ids for o in fast] == [o.token_ids for o in generic]
     for a, b in zip(fast, generic, strict=True):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
+def test_a_group_prefills_its_prompt_once_and_samples_what_a_prefill_per_row_samples(
+        parts, monkeypatch):
+    engine, _, tok = parts
+    prompts = [tok(t)["input_ids"] for t in PROMPTS for _ in range(4)]    # groups of 4
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    rows, prefill = [], engine._prefill
+    monkeypatch.setattr(engine, "_prefill",
+                        lambda pre, *a: rows.append(len(pre)) or prefill(pre, *a))
+    shared = engine.generate(prompts, params, seed=3)
+    monkeypatch.setattr(engine, "share_prefixes", False)
+    per_row = engine.generate(prompts, params, seed=3)
+    assert rows == [len(PROMPTS), len(prompts)]
+    assert [o.token_ids for o in shared] == [o.token_ids for o in per_row]
+    assert len({tuple(o.token_ids) for o in shared}) > len(PROMPTS)   # groups still differ
+    for a, b in zip(shared, per_row, strict=True):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
