@@ -14,7 +14,13 @@ alternating so machine noise hits both; medians are quoted.
     FLOP/s    = 6 x params x tokens per optimizer step / update seconds, summed over the
                 update's optimizer steps; params exclude the input embedding (a lookup).
                 The recompute forward the update also runs (2 x params x tokens) is not
-                counted, so this is the training-step convention, not all work done.
+                counted, so this is the training-step convention: what the update
+                achieves. The packed layout computes a group's prompt once for all its
+                responses (engine.learner.batch.shared_layout), so it does less work
+                than this counts, and its figure can pass the peak.
+    run FLOP/s = the matmul FLOPs the update actually ran (torch.utils.flop_counter over
+                one untimed update: linear layers, attention, the recompute, pad slots)
+                / update seconds: how busy the matmul units were, the utilization.
     peak      = torch.matmul of two square matrices (1024 on CPU, 8192 on CUDA) in the
                 learner's precision, the best of a burst measured
                 before every round (same threads), median over rounds: on a shared
@@ -33,10 +39,11 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from engine.config import LearnerConfig, RunConfig, load_config
 from engine.experience import Sample
-from engine.learner.batch import pack, packed_layout, padded_layout
+from engine.learner.batch import pack, packed_layout, padded_layout, shared_layout
 from engine.learner.learner import Learner
 from engine.learner.warmstart import ensure_warm_start
 from engine.model import encode_prompt, load_policy, load_tokenizer
@@ -114,10 +121,12 @@ def bench_recipe(recipe: Path, args) -> None:
     resp = batch.response_mask.sum(-1)
     print(f"\nrecipe {recipe.stem}: {len(batch)} samples, response tokens mean "
           f"{float(resp.mean()):.1f} max {int(resp.max())}; real tokens {real}, the padded "
-          f"layout computes {padded_layout(batch).tokens}, packed {packed_layout(batch).tokens}")
+          f"layout computes {padded_layout(batch).tokens}, packed "
+          f"{packed_layout(batch).tokens}, packed with shared prompts "
+          f"{shared_layout(batch).tokens} (one minibatch)")
     alg = cfg.algorithm
     print(f"  {'model':6s} {'layout':7s} {'clock':5s} {'tokens/s':>10s} {'GFLOP/s':>9s} "
-          f"{'of peak':>8s}")
+          f"{'of peak':>8s} {'run GFLOP/s':>12s} {'of peak':>8s}")
     clock = Clock(args.device)
     clocks = ("wall", "cpu") if args.device == "cpu" else ("wall",)
     for size in args.sizes:
@@ -134,8 +143,12 @@ def bench_recipe(recipe: Path, args) -> None:
         flops = 6 * n_params * real * alg.epochs      # every token, once per epoch
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in learners}
         peaks = []
-        for learner in learners.values():
+        ran = {}
+        for name, learner in learners.items():
             learner.update(batch)                        # warm up (and compile)
+            with FlopCounterMode(display=False) as counter:
+                learner.update(batch)
+            ran[name] = counter.get_total_flops()
         for _ in range(args.rounds):
             peaks.append(matmul_peak(args.peak_n, clock, args.dtype))
             for name, learner in learners.items():
@@ -145,7 +158,8 @@ def bench_recipe(recipe: Path, args) -> None:
             med = {n: statistics.median(t[k] for t in v) for n, v in times.items()}
             for name, sec in med.items():
                 print(f"  {size:6s} {name:7s} {c:5s} {real / sec:10.0f} "
-                      f"{flops / sec / 1e9:9.1f} {flops / sec / peak:8.1%}")
+                      f"{flops / sec / 1e9:9.1f} {flops / sec / peak:8.1%} "
+                      f"{ran[name] / sec / 1e9:12.1f} {ran[name] / sec / peak:8.1%}")
             print(f"  {size:6s} ratio packed / padded = {med['padded'] / med['packed']:.2f} "
                   f"by {c} time; {args.precision} matmul peak {peak / 1e9:.1f} GFLOP/s")
             if "compiled" in med:

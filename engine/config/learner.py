@@ -44,8 +44,10 @@ class LearnerConfig(_Section):
     frees the device memory of a whole model at the cost of a CPU forward per step."""
     packing: bool = True
     """Pack prompt+response sequences end to end into dense rows (positions restart per
-    sequence, attention never crosses sequences) instead of padding each to the longest.
-    Same logprobs and loss as the padded layout, fewer wasted tokens."""
+    sequence, attention never crosses sequences) instead of padding each to the longest,
+    and compute a prompt once for the responses that share it (a group's; by a 4-D
+    attention mask, on sdpa models without a sliding window). Same logprobs and loss as
+    the padded layout, fewer wasted tokens."""
     routing_replay: bool = False
     """Mixture-of-Experts models: route the learner's forward through the experts the
     rollout recorded (rollout.record_routing) instead of the learner's own top-k; the

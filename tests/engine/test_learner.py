@@ -116,7 +116,11 @@ def test_the_first_optimizer_step_takes_old_logprobs_from_its_own_forward_with_t
         tiny_dir, rollout_batch, tis_cap, minibatches, epochs, monkeypatch):
     """The first minibatch's rows are not recomputed (epochs = minibatches = 1: no
     recompute at all), and the update is the same step, with the same metrics and the
-    same per-token logprobs, as with the whole recompute (TIS clipping included)."""
+    same per-token logprobs, as with the whole recompute (TIS clipping included). In the
+    padded layout, where a row's forward is the same whatever rows it is batched with, so
+    the two bookkeepings are compared bit for bit; the packed layout shares a prompt
+    among the rows of the forward that holds them (test_learner_devices compares it with
+    the padded update)."""
     samples, pad = rollout_batch
     skewed = [copy.copy(s) for s in samples]
     for i, s in enumerate(skewed):          # some tokens over the TIS cap, some under
@@ -126,7 +130,8 @@ def test_the_first_optimizer_step_takes_old_logprobs_from_its_own_forward_with_t
     runs = {}
     n = len(skewed)
     for fused in (True, False):
-        learner = Learner(load_policy(tiny_dir), cfg, 0.7, seed=0)
+        learner = Learner(load_policy(tiny_dir), cfg, 0.7, seed=0,
+                          setup=LearnerConfig(packing=False))
         assert learner.fuses_recompute()
         calls = []
         recompute = learner.recompute

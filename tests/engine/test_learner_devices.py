@@ -22,6 +22,8 @@ from engine.learner.batch import (
     packed_layout,
     padded_layout,
     response_logprobs,
+    shared_layout,
+    shares_prompts,
 )
 from engine.learner.device import DeviceUnavailableError, resolve_device
 from engine.learner.learner import Learner
@@ -150,6 +152,29 @@ def test_packed_rows_hold_several_sequences_and_give_the_padded_logprobs(tiny_di
             assert (lp - lp_pad).abs()[mask].max() < 1e-5
             assert (ent - ent_pad).abs()[mask].max() < 1e-5
             assert float(lp[~mask].abs().max()) == 0.0
+
+
+def test_a_groups_prompt_is_computed_once_and_gives_each_row_its_own_logprobs(
+        tiny_dir, ragged_batch):
+    """4 prompts x 4 responses: the shared layout holds each prompt once per segment (all
+    four responses after it where they fit): fewer slots than packing, and the padded
+    rows' logprobs and entropies for every response token."""
+    model = load_policy(tiny_dir).eval()
+    assert shares_prompts(model)
+    mask = ragged_batch.response_mask.bool()
+    with torch.no_grad():
+        lp_pad, ent_pad = response_logprobs(model, ragged_batch, 0.7, with_entropy=True)
+    for rows in (16, 40, 256):         # a group split over segments; a group per row; all
+        shared = shared_layout(ragged_batch, row_tokens=rows)
+        assert shared.tokens < packed_layout(ragged_batch, row_tokens=rows).tokens
+        with torch.no_grad():
+            lp, ent = response_logprobs(model, ragged_batch, 0.7, with_entropy=True,
+                                        packed=True, row_tokens=rows)
+        assert (lp - lp_pad).abs()[mask].max() < 1e-5
+        assert (ent - ent_pad).abs()[mask].max() < 1e-5
+    windowed = load_policy(tiny_dir)
+    windowed.config.sliding_window = 4            # a custom mask would drop the window
+    assert not shares_prompts(windowed)
 
 
 def test_a_packed_update_equals_the_padded_one(tiny_dir, ragged_batch):
