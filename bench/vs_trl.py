@@ -55,9 +55,12 @@ and with the overlapped side (2026-12-03 evening, load average 1.6: one other jo
     and the update 0.120 -> 0.213 s with half the threads each, more than the overlap
     hides; with the learner kept at 2 threads, 0.201, ratio 1.00)
 
-On 2026-12-04 (an AMD EPYC 2-core box, load average 1.1; --compile --overlap-threads 0):
-trl 0.200 s/step (generation 0.052 + update 0.148), rlplane 0.168 (rollout 0.043 +
-learner 0.113): ratio 1.19; rlplane with learner.compile 0.151 (learner 0.097): 1.33.
+On 2026-12-04 (an AMD EPYC 2-core box, load average 0.7-1.1), three runs of the defaults
+after the sampler prefilled a group's prompt once and the learner computed it once:
+trl 0.205 / 0.215 / 0.209 s/step (generation ~0.053 + update ~0.155), rlplane 0.094 /
+0.098 / 0.091 (rollout 0.027-0.028 + learner 0.054-0.060): ratios 2.17, 2.19, 2.29
+(median 2.19; 1.19 before those two changes); overlapped one-step-off 1.78, 1.79, 1.90.
+With --compile, learner.compile adds ~2 % (2.25 against 2.20 in one run).
 
 Two 2-thread jobs on 2 cores slow both sides ~25x (their threads wait on each other),
 so each round's line prints the load average: read a ratio together with it.

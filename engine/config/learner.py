@@ -57,7 +57,9 @@ class LearnerConfig(_Section):
     """torch.compile each decoder layer of the policy (inductor, dynamic shapes: packed
     batches change shape every step): the norms, rotary embedding, activation and
     residual passes between the matmuls fused into a few kernels. Costs a compile of
-    ~10-15 s at the first update (and one more for a no-grad recompute); the updates then
-    ran 1.13-1.20x faster on CPU on both presets (bench/learner_throughput.py --compile),
-    so it pays on runs of more than ~100 steps. Dense models with base_model.layers, one
-    learner device; the same step up to float rounding."""
+    ~10-15 s at the first update (and one more for a no-grad recompute). On CPU it sped
+    the update 1.13-1.20x in the plain packed layout, and 1.01-1.05x once a group's
+    prompt is computed once (packing), which leaves the matmuls ~70 % of the update
+    (bench/learner_throughput.py --compile, both presets): measure before turning it
+    on. Dense models with base_model.layers, one learner device; the same step up to
+    float rounding."""
