@@ -59,43 +59,44 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: -weight[file_of(item.nodeid)])
 
 
-# What the longest files took in their pass (setup included; this machine type, 2026-12-03,
-# the "time per test file" section each pass prints, less what the cuts of the same day
-# took out). Ordering by the count of slow tests started the sandbox learning module (2
-# slow tests, 250 s) among the last and left one worker ~90 s alone at the end. A file
-# not named weighs SLOW_TEST_S per slow test; a stale figure only reorders, it cannot fail
-# a test.
+# What the longest files took in their pass (setup included; this machine type, an AMD
+# EPYC 2-core, 2026-12-04, the "time per test file" section each pass prints, after the
+# learner computed a group's prompt once). Ordering by the count of slow tests started the
+# sandbox learning module among the last and left one worker ~90 s alone at the end. A
+# file not named weighs SLOW_TEST_S per slow test; a stale figure only reorders, it cannot
+# fail a test.
 SLOW_TEST_S = 8.0
 CI_FILE_SECONDS = {
-    "tests/engine/test_learning.py": 270,
-    "tests/engine/test_bench_smoke.py": 150,
-    "tests/engine/test_async_ray.py": 215,   # + ~5 s idle: the guess env across a sync
-    "tests/engine/test_no_false_alarms.py": 330,   # + guess (87 s) and code repair (75 s)
-    "tests/engine/test_reward_learning.py": 165,
-    "tests/engine/test_reward_overopt.py": 130,
-    "tests/engine/test_faults_async.py": 120,
-    "tests/engine/test_gsm8k_sample.py": 135,   # three path-model runs, ~45 s each
-    "tests/engine/test_hf_models_vllm.py": 92,
-    "tests/engine/test_reward_service.py": 85,
-    "tests/engine/test_sharded_ray.py": 55,
-    "tests/engine/test_env_learning.py": 60,
-    "tests/engine/test_faults.py": 55,
-    "tests/test_stack.py": 52,
-    "tests/engine/test_vllm_backend.py": 50,
-    "tests/jobs/test_tasks.py": 48,
-    "tests/jobs/test_multinode.py": 60,   # the PostgreSQL pass only (postgres_only)
-    "tests/engine/test_transports_vllm.py": 45,
-    "tests/engine/test_moe.py": 37,
-    "tests/engine/test_no_false_alarms_presets.py": 30,
-    "tests/engine/test_resizing.py": 25,   # one Ray run that starts a worker (14-28 s here)
-    # the e2e pass (its own two workers; alone, 2026-12-03)
-    "tests/e2e/test_chaos_drills.py": 80,
-    "tests/e2e/test_browser.py": 90,
-    "tests/e2e/test_stack_drills.py": 90,
-    "tests/e2e/test_operate_remotely.py": 66,
-    "tests/e2e/test_alerts_browser.py": 30,
-    "tests/e2e/test_inspector_browser.py": 25,
-    "tests/e2e/test_external_trl_browser.py": 25,
+    "tests/engine/test_no_false_alarms.py": 270,   # code repair 106 s, long-tail 75, guess 72
+    "tests/engine/test_learning.py": 160,
+    "tests/engine/test_bench_smoke.py": 136,
+    "tests/engine/test_async_ray.py": 115,
+    "tests/engine/test_gsm8k_sample.py": 100,   # three path-model runs, ~30 s each
+    "tests/engine/test_reward_learning.py": 95,
+    "tests/engine/test_faults_async.py": 76,
+    "tests/engine/test_reward_overopt.py": 67,
+    "tests/engine/test_faults.py": 46,
+    "tests/jobs/test_tasks.py": 39,
+    "tests/jobs/test_multinode.py": 37,   # the PostgreSQL pass only (postgres_only)
+    "tests/engine/test_hf_models_vllm.py": 32,
+    "tests/engine/test_env_learning.py": 32,
+    "tests/engine/test_reward_service.py": 31,
+    "tests/engine/test_sharded_ray.py": 26,
+    "tests/test_stack.py": 25,
+    "tests/engine/test_transports_vllm.py": 20,
+    "tests/test_bench_ingest_smoke.py": 20,
+    "tests/jobs/test_rest_schemathesis.py": 18,
+    "tests/engine/test_transports.py": 18,
+    "tests/engine/test_vllm_backend.py": 17,
+    "tests/engine/test_learner.py": 16,   # learner.compile's test: inductor, ~15 s
+    # the e2e pass (its own two workers)
+    "tests/e2e/test_chaos_drills.py": 87,
+    "tests/e2e/test_browser.py": 85,
+    "tests/e2e/test_stack_drills.py": 81,
+    "tests/e2e/test_operate_remotely.py": 58,
+    "tests/e2e/test_alerts_browser.py": 22,
+    "tests/e2e/test_inspector_browser.py": 20,
+    "tests/e2e/test_external_trl_browser.py": 15,
 }
 
 

@@ -286,17 +286,18 @@ def shared_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> Fo
             out.append(seg)
         return out
 
+    def tokens(rows: list[int]) -> int:              # rows of one prompt, after one copy
+        return prompt_lens[rows[0]] + sum(lengths[i] - prompt_lens[i] for i in rows)
+
     def binned(capacity: int):
         segs = segments(capacity)
-        seg_len = [prompt_lens[g[0]] + sum(lengths[i] - prompt_lens[i] for i in g)
-                   for g in segs]
+        seg_len = [tokens(g) for g in segs]
         seg_bin, seg_off, n_bins = bin_rows(seg_len, capacity)
         T = max(o + n for o, n in zip(seg_off, seg_len, strict=True))
         return segs, seg_bin, seg_off, n_bins, T
 
     longest, cap = max(lengths), max(row_tokens, max(lengths))
-    whole = max(prompt_lens[g[0]] + sum(lengths[i] - prompt_lens[i] for i in g)
-                for g in groups)                       # the longest group in one segment
+    whole = max(tokens(g) for g in groups)               # the longest group in one segment
     segs, seg_bin, seg_off, n_bins, T = min(
         (binned(c) for c in {longest, cap, max(longest, min(whole, cap))}),
         key=lambda b: (b[3] * b[4], b[4]))
@@ -306,15 +307,17 @@ def shared_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> Fo
     S = batch.input_ids.shape[1]
     # row i, member j (from 0) of segment s: its prompt at the segment's base, its response
     # after the prompt and the responses of members 0..j-1
-    base, after, seg_of_row, member = [0] * len(batch), [0] * len(batch), [0] * len(batch), \
-        [0] * len(batch)
+    base, after, seg_of_row, member = ([0] * len(batch) for _ in range(4))
     for s, rows in enumerate(segs):
         p, at = prompt_lens[rows[0]], prompt_lens[rows[0]]
         for j, i in enumerate(rows):
             base[i] = seg_bin[s] * T + seg_off[s]
             after[i], seg_of_row[i], member[i] = at, s, j + 1
             at += lengths[i] - p
-    t = lambda xs: torch.tensor(xs, device=device)                      # noqa: E731
+
+    def t(xs: list[int]) -> torch.Tensor:
+        return torch.tensor(xs, device=device)
+
     base, after, plen = t(base)[:, None], t(after)[:, None], t(prompt_lens)[:, None]
     col = torch.arange(S, device=device)[None, :]
     dest = torch.where(col < P, base + col - (P - plen), base + after + col - P)   # (B, S)
