@@ -15,7 +15,7 @@ and measures each policy again), and the table shows each row's worst repeat (it
 farthest from 1) beside every repeat's ratio: a figure that holds once and not again shows
 as not holding.
 
-    .venv/bin/python bench/planner_accuracy.py [--steps 6] [--repeats 3] [--recipes NAME ...]
+    .venv/bin/python bench/planner_accuracy.py [--steps 12] [--repeats 3] [--recipes NAME ...]
     .venv/bin/python bench/planner_accuracy.py --quick     # smoke: toy sizes, 3 steps, once
     .venv/bin/python bench/planner_accuracy.py --policies sync fully_async   # fewer runs
     .venv/bin/python bench/planner_accuracy.py --save runs.json    # keep what was measured
@@ -127,7 +127,10 @@ def worst_of(repeats: list[list[tuple]]) -> list[tuple]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=12,
+                    help="steps per run (the first left out): a long-tail step's batch "
+                         "swings its learner time 2-4x, so 5 measured steps read +-15 %% "
+                         "on their own")
     ap.add_argument("--repeats", type=int,
                     help="times to fit and measure it all, the table showing the worst "
                          "(default 3; 1 with --quick)")
