@@ -10,8 +10,8 @@ for step 0, 1, ...), with ``torch.set_num_threads(--threads)`` on both. TRL is s
 rlplane's GRPO defaults: loss_type "dapo" (token-mean over the batch: rlplane's
 loss_agg_mode "token-mean"), scale_rewards "group" (normalize_std), epsilon 0.2, beta 0,
 max_grad_norm 1.0, weight decay 0, num_iterations 1, per-device batch 128, gradient
-accumulation 1, no vLLM, no eval, logging or saving. Each keeps its own AdamW kernel
-(TRL: transformers' default optim, adamw_torch_fused; rlplane: torch.optim.AdamW).
+accumulation 1, no vLLM, no eval, logging or saving. Both step torch's fused AdamW
+(TRL: transformers' default optim, adamw_torch_fused; rlplane: engine.learner.device.adamw).
 
     round r:  TRL  [warm-up step][K timed steps]   rlplane [warm-up step][K timed steps]
     (the first of the two alternates by round, so machine noise hits both)

@@ -271,6 +271,8 @@ def shared_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> Fo
     P = batch.prompt_len
     prompt_lens = (P - batch.attention_mask.argmax(-1)).tolist()
     groups = prompt_groups(batch)
+    if len(groups) == len(batch):                 # no prompt repeats: plain packing
+        return packed_layout(batch, row_tokens)
 
     def segments(capacity: int) -> list[list[int]]:
         out = []
@@ -301,7 +303,7 @@ def shared_layout(batch: PackedBatch, row_tokens: int = PACKED_ROW_TOKENS) -> Fo
     segs, seg_bin, seg_off, n_bins, T = min(
         (binned(c) for c in {longest, cap, max(longest, min(whole, cap))}),
         key=lambda b: (b[3] * b[4], b[4]))
-    if len(segs) == len(batch):                   # nothing shared: plain packing
+    if len(segs) == len(batch):                   # no two responses fit a row together
         return packed_layout(batch, row_tokens)
     device = batch.input_ids.device
     S = batch.input_ids.shape[1]
