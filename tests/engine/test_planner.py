@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from engine.api import MetricsEvent, PlanError, plan_run, run_local
@@ -298,3 +299,52 @@ def test_fitted_lengths_reproduce_the_mean_and_the_group_max_the_run_reported():
     drawn = model.sample_groups(np.random.default_rng(1), 4000, 8, 49)
     assert drawn.mean() == pytest.approx(7.1, rel=0.05)
     assert drawn.max(1).mean() == pytest.approx(20.0, rel=0.05)
+
+
+def test_fitted_lengths_pool_the_steps_rows_so_a_long_steps_tail_survives():
+    """Steps of short answers (all 10 tokens) and of long ones (30 to 40): half the run's
+    rows are past 30. Averaging the steps' quantiles would put every row near 20-25."""
+    from engine.planner.fit import fit_lengths
+
+    short = {f"response_length/{k}": 10.0 for k in ("min", "p50", "p99", "max")}
+    long = dict(zip((f"response_length/{k}" for k in ("min", "p50", "p99", "max")),
+                    (30.0, 35.0, 39.9, 40.0), strict=True))
+    model = fit_lengths([short, long] * 3, group_size=4, budget=64)
+    drawn = model.tokens_at(np.random.default_rng(0).random(20_000))
+    assert (drawn <= 10.5).mean() == pytest.approx(0.5, abs=0.02)
+    assert (drawn >= 35).mean() == pytest.approx(0.25, abs=0.02)    # half the long rows
+    assert max(model.lengths) == 40.0
+
+
+def test_a_step_a_hiccup_slowed_does_not_set_the_cost_of_every_step():
+    truth = fixed(reward_sample_s=0.0)
+    cfg = small_run(rollout={"prompts_per_step": N, "max_new_tokens": 64},
+                    algorithm={"group_size": G},
+                    placement=ONE_PLUS_ONE.model_dump(), weight_sync={"type": "shm"})
+    rows = trace(truth, [(9, 9), (10, 40), (30, 60), (12, 80), (50, 100), (20, 30),
+                         (25, 50), (40, 70)])
+    for r, noise in zip(rows, (1.0, 1.01, 0.99, 1.8, 0.98, 1.02, 1.0, 0.99), strict=True):
+        r["time/learner_s"] *= noise              # a step's own noise; step 3 stalled (GC)
+    got = fit_run(cfg, rows).inputs
+    per_step = [got.learner_s(t, 1) / truth.learner_s(t, 1) for t in (30, 60, 100)]
+    assert per_step == pytest.approx([1.0] * 3, abs=0.04)   # 24 % off with the stall
+
+
+def test_a_learner_costlier_per_token_on_bigger_batches_is_fitted_to_the_runs_total():
+    """Per-token cost that grows with the batch (longer packed rows) and no fixed part: a
+    line through the origin fitted by plain least squares follows the biggest steps and
+    charges every step more than the run spent; weighting each step by 1 / its tokens
+    makes the line's total the run's."""
+    cfg = small_run(rollout={"prompts_per_step": N, "max_new_tokens": 64},
+                    algorithm={"group_size": G},
+                    placement=ONE_PLUS_ONE.model_dump(), weight_sync={"type": "shm"})
+    tokens = [60, 500, 800, 1100, 1400, 1700, 2000, 2300, 2600]
+    rows = trace(fixed(reward_sample_s=0.0), [(20, t) for t in tokens])
+    for r, t in zip(rows, tokens, strict=True):
+        r["time/learner_s"] = 3e-4 * t + 1e-7 * t * t
+    got = fit_run(cfg, rows).inputs
+    used = rows[1:]                                   # the first step left out
+    spent = sum(r["time/learner_s"] for r in used)
+    fitted = sum(got.learner_s(r["throughput/tokens_per_s"] * r["time/step_s"], 1)
+                 for r in used)
+    assert fitted == pytest.approx(spent, rel=0.01)
