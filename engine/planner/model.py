@@ -16,7 +16,10 @@ A generate call over rows with r_i tokens still to produce costs
 (the sampler compacts finished rows, so a step costs by its active rows), plus
 reward_sample x (scored rows). A call that stops at a target of complete groups
 (partial rollout, interruptible fully_async) runs until the target-th group's slowest row
-finishes; the other rows keep what they generated and are carried.
+finishes; the other rows keep what they generated and are carried. A carried row's
+tokens so far are fed again in the call that continues it (its cache was computed by older
+weights), each at what a decoded token costs: on this box's torch sampler a call carrying
+8 of 24 groups 15 tokens in costs 1.3-1.6x the same call fresh.
 
 The policies are ports of engine.orchestration.policies (SyncPolicy, StreamingPolicy,
 PartialRolloutPolicy) with the same staleness bounds, wait and drop rules, carried groups
@@ -112,6 +115,7 @@ class _Group:
     versions: list[int | None]        # per row: oldest version among its tokens
     done: np.ndarray                  # (G,) bool
     tokens: int = 0                   # tokens generated so far (all rows)
+    fed: np.ndarray | None = None     # (G,) tokens each row has generated so far
 
     @property
     def oldest(self) -> int | None:
@@ -191,6 +195,9 @@ class _Loop:
         complete) and scores the complete ones."""
         inp, version = self.inp, self.served[w]
         left = [np.where(g.done, 0, g.rem) for g in groups]
+        # A carried row's tokens so far are fed again under the call's weights (its cache
+        # was computed by older ones): a token fed costs what a decoded one does.
+        refed = sum(int(g.fed[~g.done].sum()) for g in groups if g.fed is not None)
         finish = np.array([x.max() for x in left])          # decode steps to complete each
         steps = float(finish.max()) if target is None else \
             float(np.sort(finish)[min(target, len(groups)) - 1])
@@ -200,9 +207,11 @@ class _Loop:
             tokens += int(made.sum())
             versions = [v if v is not None or m == 0 else version
                         for v, m in zip(g.versions, made, strict=True)]
-            after = _Group(x - made, versions, g.done | (x <= steps), g.tokens + int(made.sum()))
+            fed = made if g.fed is None else g.fed + made
+            after = _Group(x - made, versions, g.done | (x <= steps), g.tokens + int(made.sum()),
+                           fed)
             (complete if f <= steps else carry).append(after)
-        gen = inp.generate_s(steps, tokens) if steps > 0 else 0.0
+        gen = inp.generate_s(steps, tokens + refed) if steps > 0 else 0.0
         scored = len(complete) * inp.group_size
         env = inp.env_call_s if steps > 0 else 0.0
         end = self._occupy(ready, w, (gen + env + inp.reward_sample_s * scored)

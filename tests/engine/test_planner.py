@@ -348,3 +348,20 @@ def test_a_learner_costlier_per_token_on_bigger_batches_is_fitted_to_the_runs_to
     fitted = sum(got.learner_s(r["throughput/tokens_per_s"] * r["time/step_s"], 1)
                  for r in used)
     assert fitted == pytest.approx(spent, rel=0.01)
+
+
+def test_a_carried_row_feeds_its_tokens_again_under_the_new_weights():
+    """Partial rollout continues a row under newer weights than made its cache: the call
+    feeds its tokens so far again, at what a decoded token costs."""
+    from engine.planner.model import _Loop, shape_of
+
+    inp = fixed(decode_step_s=0.0, prefill_s=0.0, reward_sample_s=0.0,
+                lengths=LengthModel((0.0, 1.0), (2.0, 2.0)), max_new_tokens=64)
+    loop = _Loop(inp, shape_of(ONE_PLUS_ONE), seed=0)
+    group = loop.fresh(1)[0]
+    group.rem[:] = 10                                  # both rows: 10 tokens to make
+    half = loop.call(0, 0.0, [group], target=None)
+    assert half.end == pytest.approx(inp.decode_row_s * 20)
+    carried = replace(half.complete[0], rem=np.full(2, 5), done=np.zeros(2, dtype=bool))
+    again = loop.call(0, half.end, [carried], target=None)
+    assert again.end - half.end == pytest.approx(inp.decode_row_s * (2 * 5 + 2 * 10))
