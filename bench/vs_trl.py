@@ -30,11 +30,14 @@ optimizer). With one optimizer step per batch neither side runs a separate recom
 of the old logprobs: both take them from the update's own forward (rlplane's
 Learner.fuses_recompute; TRL's detached per-token logprobs at num_iterations 1).
 
-A third side, "overlap": rlplane's one-step-off in the same single process, the next
-batch generated on a thread of its own (placement.overlap_threads = --overlap-threads,
-half of --threads by default) while the learner updates on the rest; each trains on
-samples one version old (staleness 1), so its ratio is a throughput ratio at that
-staleness, not the same algorithm as TRL's on-policy step.
+Two more sides, "idle" and "split": rlplane's one-step-off in the same single process,
+the next batch generated on a thread of its own (placement.overlap_threads =
+--overlap-threads, half of --threads by default) while the learner updates, the two
+sharing the cores as placement.overlap_share says: "idle", the learner keeping every core
+and the rollout thread at the lowest CPU priority (the cycles the update leaves idle);
+"split", the learner keeping the rest at equal priority. Each trains on samples one
+version old (staleness 1), so its ratio is a throughput ratio at that staleness, not the
+same algorithm as TRL's on-policy step.
 
     PYTHONPATH=. .venv/bin/python bench/vs_trl.py [--rounds 3] [--steps-per-round 4]
         [--threads 2] [--overlap-threads 1] [--compile] [--quick]
@@ -73,6 +76,7 @@ import os
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -106,20 +110,27 @@ def recipe(steps: int, quick: bool) -> RunConfig:
     return validate_config(data)
 
 
+# placement.overlap_share: how the overlapped side's rollout thread shares the cores
+SHARES = {"idle": "the learner keeping every core, the rollout at nice 19",
+          "split": "the learner keeping the rest"}
+
+
 def starting_from(cfg: RunConfig, model_dir: Path, overlap_threads: int = 0,
-                  compile: bool = False) -> RunConfig:
+                  compile: bool = False, share: str = "idle") -> RunConfig:
     """cfg's run from ``model_dir`` as a model.path, warm start off: rlplane loads the
     very directory TRL does, not another warm start of its own. ``overlap_threads``:
     one-step-off in the same process, the rollout worker on a thread of its own with
-    that many torch threads (placement.overlap_threads), the learner the rest.
-    ``compile``: learner.compile (its compile falls in the untimed warm-up step)."""
+    that many torch threads (placement.overlap_threads), sharing the cores as ``share``
+    says (placement.overlap_share). ``compile``: learner.compile (its compile falls in
+    the untimed warm-up step)."""
     data = cfg.model_dump(mode="json")
     data["model"].update(size=None, path=str(model_dir))
     data["warm_start"]["steps"] = 0
     data["learner"]["compile"] = compile
     if overlap_threads:
         data["async_policy"] = {"type": "one_step_off"}
-        data["placement"] = {"type": "colocated", "overlap_threads": overlap_threads}
+        data["placement"] = {"type": "colocated", "overlap_threads": overlap_threads,
+                             "overlap_share": share}
     return validate_config(data)
 
 
@@ -231,8 +242,9 @@ def main() -> None:
     model_dir = ensure_warm_start(cfg)
     sides = {"trl": lambda: time_trl(cfg, model_dir, args.threads),
              "rlplane": lambda: time_rlplane(starting_from(cfg, model_dir))}
-    if overlap:
-        sides["overlap"] = lambda: time_rlplane(starting_from(cfg, model_dir, overlap))
+    for share in SHARES if overlap else ():
+        sides[share] = partial(lambda sh: time_rlplane(
+            starting_from(cfg, model_dir, overlap, share=sh)), share)
     if args.compile:
         sides["compiled"] = lambda: time_rlplane(starting_from(cfg, model_dir, compile=True))
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
@@ -259,13 +271,14 @@ def main() -> None:
     print(f"  rlplane  {med('rlplane', 'step'):.3f} s/step  ({split} + rest)")
     print(f"  ratio trl / rlplane {med('trl', 'step') / med('rlplane', 'step'):.2f}  "
           f"(> 1: rlplane is faster)")
-    if overlap:
-        split = " | ".join(f"{p} {med('overlap', p):.3f}" for p in RLPLANE_PHASES)
-        print(f"  rlplane one_step_off, rollout on its own thread ({overlap} of "
-              f"{args.threads} torch threads): {med('overlap', 'step'):.3f} s/step  ({split}; "
-              f"the phases overlap)")
-        print(f"  ratio trl / rlplane overlapped {med('trl', 'step') / med('overlap', 'step'):.2f}"
-              f"  (staleness 1, TIS as configured)")
+    for share, how in SHARES.items() if overlap else ():
+        split = " | ".join(f"{p} {med(share, p):.3f}" for p in RLPLANE_PHASES)
+        print(f"  rlplane one_step_off, rollout on a thread of its own with {overlap} torch "
+              f"thread(s), {how}: {med(share, 'step'):.3f} s/step  ({split}; the phases "
+              f"overlap)")
+        print(f"  ratio trl / rlplane overlapped ({share}) "
+              f"{med('trl', 'step') / med(share, 'step'):.2f}  (staleness 1, TIS as "
+              f"configured)")
     if args.compile:
         split = " + ".join(f"{p} {med('compiled', p):.3f}" for p in RLPLANE_PHASES)
         print(f"  rlplane with learner.compile: {med('compiled', 'step'):.3f} s/step  ({split}"

@@ -55,9 +55,17 @@ class ColocatedPlacementConfig(_PlacementCommon):
     overlap_threads: int = Field(default=0, ge=0, le=256)
     """In the driver's process (ray = false) with an overlapping async policy
     (one_step_off, fully_async): run the rollout worker on a thread of its own with this
-    many torch CPU threads, the learner keeping the rest (at least one), so the next
-    batch is generated while the learner updates. 0 (the default): the worker runs in
+    many torch CPU threads, so the next batch is generated while the learner updates
+    (how the two share the cores: overlap_share). 0 (the default): the worker runs in
     the driver's thread and each phase has every core."""
+    overlap_share: Literal["idle", "split"] = "idle"
+    """How the overlapped rollout thread (overlap_threads) shares the cores with the
+    learner. "idle" (the default): the learner keeps every core and the rollout thread
+    runs at the lowest CPU priority (nice 19, Linux), on the cycles the update leaves idle
+    (its Python, its single-threaded small kernels, its waits); "split": the learner
+    keeps all but overlap_threads cores and both run at the same priority. On this
+    2-core box's demo recipe "idle" overlapped made the step faster than sync's, "split"
+    slower (bench/vs_trl.py prints both)."""
 
 
 class DisaggregatedPlacementConfig(_PlacementCommon):

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import inspect
+import os
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -156,13 +159,19 @@ class ThreadActor:
     are waited for on that thread), and its ``@concurrent`` methods at once on the
     caller's thread, as in their own concurrency group. ``threads``: the torch CPU
     threads its thread computes with (torch's count is per thread), so it and the
-    driver's thread can split the cores."""
+    driver's thread can split the cores. ``nice``: its thread's CPU priority (Linux's
+    per-thread nice; 19 = it runs on what the other threads leave idle), inherited by
+    the threads it starts."""
 
-    def __init__(self, obj: Any, threads: int, name: str = "worker"):
+    def __init__(self, obj: Any, threads: int, name: str = "worker", nice: int = 0):
+        if nice and not sys.platform.startswith("linux"):
+            raise RuntimeError(
+                f"a thread of its own at a lower CPU priority needs Linux's per-thread nice "
+                f"(this is {sys.platform}): set placement.overlap_share = \"split\"")
         self.obj = obj
         self.pool = cf.ThreadPoolExecutor(
             1, thread_name_prefix=f"rlplane-{name}",
-            initializer=_torch_threads, initargs=(threads,))
+            initializer=_thread_setup, initargs=(threads, nice))
 
     def call(self, method: Callable, *args: Any) -> Done | ThreadFuture:
         fn = getattr(self.obj, method.__name__)
@@ -174,10 +183,12 @@ class ThreadActor:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _torch_threads(n: int) -> None:
+def _thread_setup(n: int, nice: int) -> None:
     import torch
 
     torch.set_num_threads(n)
+    if nice:      # on Linux a thread id names one thread to setpriority, not the process
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
 class RayActor:

@@ -21,8 +21,9 @@
 
 Colocated with ``ray = false`` (the default) the learner and one rollout worker live in
 this process and weights are copied in place; with ``overlap_threads`` the worker runs on a
-thread of its own with that many torch threads (the learner keeps the rest), so an
-overlapping async policy generates the next batch while the learner updates. Any other
+thread of its own with that many torch threads, so an overlapping async policy generates
+the next batch while the learner updates: by default (``overlap_share = "idle"``) at the
+lowest CPU priority, the learner keeping every core; "split": the learner keeps the rest. Any other
 placement reserves a Ray placement group, refused up front when it cannot fit, and starts
 each worker as a Ray actor on its bundle, joined by the configured two-sided transport.
 """
@@ -57,6 +58,7 @@ from engine.weightsync.base import SyncResult
 from engine.weightsync.session import WeightSyncSession
 
 RAISE = object()     # Deployment.each: a dead actor's error propagates
+IDLE_NICE = 19       # placement.overlap_share = "idle": the rollout thread's priority
 
 
 @dataclass(frozen=True)
@@ -234,14 +236,16 @@ def deploy(cfg: RunConfig, layout: Layout, policy_dir: Path, model_dir: Path,
     try:
         if not layout.on_ray:
             overlap = getattr(cfg.placement, "overlap_threads", 0)
-            if overlap:
+            idle = getattr(cfg.placement, "overlap_share", "split") == "idle"
+            if overlap and not idle:
                 cores = torch.get_num_threads()
                 torch.set_num_threads(max(1, cores - overlap))     # the learner's share
                 restore_threads = cores
             learner = LocalActor(LearnerWorker(*learner_args))
             started.append((learner, LearnerWorker))
             workers = [ThreadActor(RolloutWorker(cfg, policy_dir, model_dir, w.devices),
-                                   overlap, "rollout") if overlap else
+                                   overlap, "rollout", nice=IDLE_NICE if idle else 0)
+                       if overlap else
                        LocalActor(RolloutWorker(cfg, policy_dir, model_dir, w.devices))
                        for w in layout.workers]
             started += [(w, RolloutWorker) for w in workers]

@@ -18,7 +18,9 @@ That is also what a "gpu:k" device is on a CPU box, where Ray's GPUs are only lo
 process holding several logical devices is sampled once and its CPU time split evenly
 among them; each reports the process's whole resident memory. The logical devices are
 those of every sampler alive in the process: a rollout worker on a thread of its own beside
-the learner (placement.overlap_threads) has a device of its own, and the two split it.
+the learner (placement.overlap_threads) has a device of its own, and the two split it
+evenly (what each thread used is not told apart: with overlap_share = "idle" the learner
+takes most of it).
 
 Pure: no Ray, no torch. ``nvml_error`` says why a sampler is on the CPU path.
 """

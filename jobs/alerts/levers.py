@@ -75,6 +75,10 @@ def _placement_lever(cfg: RunConfig) -> str:
     if pl.type == "colocated" and not pl.ray:
         ray = ('placement.ray = true or placement.type = "disaggregated" (Ray actors on '
                'devices of their own)')
+        if pl.overlap_threads and pl.overlap_share == "idle":
+            return ('give generation cores of its own when the learner waits for experience: '
+                    'placement.overlap_share = "split" (the rollout thread now runs on the '
+                    "cycles the update leaves idle); or run on Ray: " + ray)
         if pl.overlap_threads:
             return (f"move cores between the sides: placement.overlap_threads "
                     f"{pl.overlap_threads} -> {pl.overlap_threads + 1} when the learner "

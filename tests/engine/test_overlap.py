@@ -49,6 +49,27 @@ def test_a_thread_actor_runs_calls_in_order_on_its_thread_with_its_own_torch_thr
         actor.kill()
 
 
+def test_a_thread_actor_at_idle_priority_runs_below_the_driver():
+    """placement.overlap_share = "idle": the rollout thread at nice 19 (what the update
+    leaves idle), the driver's thread, and so the learner, as it was."""
+    import os
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    class Probe:
+        def priority(self):
+            return nice(), torch.get_num_threads()
+
+    before = nice()
+    actor = ThreadActor(Probe(), threads=1, name="idle", nice=19)
+    try:
+        assert actor.call(Probe.priority).result(10) == (19, 1)
+        assert nice() == before
+    finally:
+        actor.kill()
+
+
 @pytest.mark.parametrize("changes, says", [
     ({"async_policy": {"type": "sync"}}, 'use "one_step_off", "fully_async" or'),
     ({"async_policy": {"type": "partial_rollout", "overlap": False, "max_staleness": 1}},

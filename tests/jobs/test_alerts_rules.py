@@ -444,3 +444,16 @@ def test_bubble_high_leaves_out_the_first_step_where_an_async_pipeline_fills():
     assert "BubbleHigh" not in kinds(fill, facts=async_facts())
     held = fully_async(steps=3, bubble=0.45)     # steps 1 and 2: past the fill, it holds
     assert "BubbleHigh" in kinds(held, facts=async_facts())
+
+
+@pytest.mark.parametrize("share, says", [
+    ("idle", 'placement.overlap_share = "split"'),
+    ("split", "placement.overlap_threads 1 -> 2 when the learner waits"),
+])
+def test_an_overlapped_thread_in_process_is_told_the_lever_its_sharing_has(share, says):
+    from jobs.alerts.levers import next_levers
+
+    cfg = validate_config({
+        "placement": {"type": "colocated", "overlap_threads": 1, "overlap_share": share},
+        "async_policy": {"type": "one_step_off"}})
+    assert says in next_levers(cfg, "generation")[0]
