@@ -65,6 +65,12 @@ trl 0.205 / 0.215 / 0.209 s/step (generation ~0.053 + update ~0.155), rlplane 0.
 (median 2.19; 1.19 before those two changes); overlapped one-step-off 1.78, 1.79, 1.90.
 With --compile, learner.compile adds ~2 % (2.25 against 2.20 in one run).
 
+The same day, three runs of the defaults once the overlapped side ran at both shares
+(placement.overlap_share; load average 1.7-2.2): trl 0.270-0.272 s/step, rlplane
+0.113-0.116 (ratios 2.35, 2.36, 2.40), "idle" 0.083-0.089 (3.26, 3.05, 3.06: the update
+0.073-0.079 s, as in the sync run, generation 0.076-0.082 s in its gaps), "split"
+0.132-0.137 (2.05, 1.96, 2.06).
+
 Two 2-thread jobs on 2 cores slow both sides ~25x (their threads wait on each other),
 so each round's line prints the load average: read a ratio together with it.
 """
