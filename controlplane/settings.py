@@ -158,7 +158,7 @@ else:
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         # redis-py's asyncio pool refuses a 101st connection in use at once (it does not
         # wait): 200 sockets opening together (watchers reloading a page) each join their
         # groups at once, and the ones past 100 failed with MaxConnectionsError.
