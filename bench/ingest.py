@@ -249,7 +249,8 @@ def start(argv: list[str], log_path: Path) -> subprocess.Popen:
 def start_server(port: int, workers: int, log_path: Path) -> subprocess.Popen:
     proc = start([sys.executable, "-m", "uvicorn", "bench.ingest_asgi:application",
                   "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-                  "--log-level", "warning", "--no-access-log"], log_path)
+                  "--log-level", "warning", "--no-access-log",
+                  "--ws-per-message-deflate", "false"], log_path)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         try:
