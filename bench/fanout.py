@@ -1,16 +1,22 @@
 """The fan-out bench's websocket clients (bench/ingest.py --fanout starts them in their
 own processes): real clients on ws/runs/<id>/, each timing every event from its commit
-(``committed_at``, stamped by bench/ingest_asgi.py) to its receipt, and slow clients that
-stop reading."""
+(``committed_at``, stamped by bench/ingest_asgi.py) to its receipt, with the stages
+between (STAGES), and slow clients that stop reading."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import time
 
 QUIET_S, LATE_S = 3.0, 60.0   # a client's wait for late deliveries after the probes end
+# The stamps bench/ingest_asgi.py puts on an event on its way, in order; a delivery's
+# stage i is stamp i+1 - stamp i, the last one's end the client's receipt.
+STAMPS = ("committed_at", "published_at", "received_at", "encoding_at")
+STAGES = ("commit -> group_send", "group_send -> consumer", "consumer -> encoding",
+          "encoding -> client")
 
 
 def watch(port: int, cookie: str, groups: list[tuple[str, list[int], int]], slow: int,
@@ -29,6 +35,7 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
     import websockets
 
     latencies: dict[str, list[float]] = {name: [] for name, _, _ in groups}
+    stages: dict[str, list[list[float]]] = {name: [] for name, _, _ in groups}
     seen: dict[str, list[tuple[int, int]]] = {name: [] for name, _, _ in groups}
     backfilled = dict.fromkeys(latencies, 0)
     connected, errors = [], []
@@ -66,6 +73,9 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
                         connected.append(1)
                     elif warm and "committed_at" in event:
                         latencies[name].append(now - event["committed_at"])
+                        stamps = [event.get(k) for k in STAMPS] + [now]
+                        if None not in stamps:
+                            stages[name].append([b - a for a, b in itertools.pairwise(stamps)])
                         count += 1
                     elif warm:   # refilled from the database after a dropped message
                         backfilled[name] += 1
@@ -94,4 +104,5 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
     await asyncio.to_thread(start.wait)
     stop_at.append(time.time() + seconds)
     await asyncio.gather(*tasks, return_exceptions=True)   # a slow client may be dropped
-    return {"latencies": latencies, "seen": seen, "errors": errors, "backfilled": backfilled}
+    return {"latencies": latencies, "stages": stages, "seen": seen, "errors": errors,
+            "backfilled": backfilled}

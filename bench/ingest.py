@@ -55,7 +55,7 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fanout import watch  # noqa: E402
+from bench.fanout import STAGES, watch  # noqa: E402
 from engine import metrics as M  # noqa: E402
 from engine.api import MetricsEvent, SpanEvent  # noqa: E402
 
@@ -156,6 +156,13 @@ def probe(port: int, run_id: int, token: str, interval: float, deadline: float) 
     return seq - 1
 
 
+def cpu_times() -> tuple[int, int]:
+    """(busy, all) jiffies of the machine so far (/proc/stat's first line)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]   # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -242,7 +249,8 @@ def start(argv: list[str], log_path: Path) -> subprocess.Popen:
 def start_server(port: int, workers: int, log_path: Path) -> subprocess.Popen:
     proc = start([sys.executable, "-m", "uvicorn", "bench.ingest_asgi:application",
                   "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-                  "--log-level", "warning", "--no-access-log"], log_path)
+                  "--log-level", "warning", "--no-access-log",
+                  "--ws-per-message-deflate", "false"], log_path)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -435,7 +443,7 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
             for _, ready in watchers:
                 if not ready.wait(300):
                     raise RuntimeError("the websocket clients did not all get the warm-up")
-        began = time.time()
+        began, cpu_began = time.time(), cpu_times()
         deadline = began + args.seconds
         procs = [ctx.Process(target=send, args=(port, run_id, token, args.batch, args.values,
                                                 deadline, args.replay_every, results))
@@ -452,6 +460,8 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
                       for run_id, token in watched]
         sent = [results.get(timeout=args.seconds + 300) for _ in procs]
         elapsed = time.time() - began
+        busy, total = (b - a for a, b in zip(cpu_began, cpu_times(), strict=True))
+        load = {"cpu_busy": busy / max(1, total), "load_1min": os.getloadavg()[0]}
         for proc in procs:
             proc.join()
         probed = {run_id: f.result() for (run_id, _), f in zip(watched, probes, strict=True)}
@@ -477,10 +487,10 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
         first = max(0, log.find("Internal Server Error"))
         print(f"--- uvicorn.log (its first 500)\n{log[first:first + 8000]}", file=sys.stderr)
         raise RuntimeError(f"{len(errors)} senders failed, the first: {errors[0]}")
-    return report(args, database, workdir, sent, elapsed, probed, fanned, drain_s)
+    return report(args, database, workdir, sent, elapsed, probed, fanned, drain_s, load)
 
 
-def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s) -> dict:
+def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s, load) -> dict:
     stored = count_stored([s["run_id"] for s in sent])
     acked_events = sum(s["events"] for s in sent)
     values = sum(s["steps"] for s in sent) * args.values
@@ -499,12 +509,13 @@ def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s) -> d
         "points_missing": values - points,
         "replays": sum(s["replays"] for s in sent),
         "replays_wrong": sum(s["replays_wrong"] for s in sent),
-        "alert_evaluations": evaluations, "alert_drain_s": drain_s,
+        "alert_evaluations": evaluations, "alert_drain_s": drain_s, **load,
     }
     print(f"ingest ({result['database']}, {args.runs} sender processes, {args.workers} uvicorn "
           f"workers): {result['values_per_s']:,.0f} metric values/s ({values:,} values, "
           f"{acked_events:,} events in {result['posts']:,} POSTs of {args.batch} events, "
-          f"{elapsed:.1f} s)")
+          f"{elapsed:.1f} s); the machine's CPUs {100 * load['cpu_busy']:.0f} % busy, load "
+          f"average {load['load_1min']:.1f} at the end")
     print(f"counted: {lost} events lost, {doubled} doubled, {extra} unexpected, "
           f"{result['points_missing']} metric points missing; {result['replays']} replayed "
           f"batches, {result['replays_wrong']} not answered as all duplicates; "
@@ -541,6 +552,12 @@ def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s) -> d
               f"): {len(latencies):,} deliveries, commit -> client p50 {stats['p50_ms']:.1f} ms, "
               f"p99 {stats['p99_ms']:.1f} ms, max {stats['max_ms']:.1f} ms; {refilled:,} more "
               f"refilled from the database (a dropped message), {missed} of {expected:,} missed")
+        timed = [row for f in fanned for row in f["stages"].get(name, [])]
+        if timed:
+            print("    stages, p50 / p99 ms: " + ", ".join(
+                f"{stage} {1000 * percentile(column, 0.5):.1f} / "
+                f"{1000 * percentile(column, 0.99):.1f}"
+                for stage, column in zip(STAGES, zip(*timed, strict=True), strict=True)))
     result.pop("fanout", None)
     return result
 

@@ -1,8 +1,13 @@
 """The control plane's ASGI app as bench/ingest.py serves it: the same application, with
-each broadcast event stamped ``committed_at`` (unix seconds) when it leaves for the
-channel layer. Ingest broadcasts on commit (transaction.on_commit), so the stamp is the
-commit's time to within the on_commit call, and a client's receipt minus the stamp is
-the commit -> client latency the fan-out figures report. Nothing is stored stamped: the
+each broadcast event stamped at the stages of its way to a client (unix seconds):
+
+    committed_at   ingest's on_commit ran broadcast_events (the commit, to within it)
+    published_at   the channel layer's group_send began (in the ingest process's loop)
+    received_at    the first consumer of the serving process got it from the layer
+    encoding_at    that consumer's queries were done and run_update began its message
+
+A client's receipt minus ``committed_at`` is the commit -> client latency the fan-out
+figures report; the stages between show where it went. Nothing is stored stamped: the
 stored payloads were written before the commit.
 
     uvicorn bench.ingest_asgi:application
@@ -11,7 +16,10 @@ stored payloads were written before the commit.
 import logging
 import time
 
+from channels.layers import get_channel_layer
+
 from controlplane.asgi import application  # noqa: F401 (served; sets Django up)
+from jobs import consumers
 from jobs.ingest import store
 
 _broadcast = store.broadcast_events
@@ -23,6 +31,41 @@ def broadcast_stamped(run_id: int, events: list[dict], summary: dict | None = No
 
 
 store.broadcast_events = broadcast_stamped
+
+_layer = get_channel_layer()
+_group_send = _layer.group_send
+
+
+async def group_send_stamped(group: str, message: dict) -> None:
+    if message.get("type") == "run.events":
+        now = time.time()
+        message = {**message, "events": [{**e, "published_at": now} for e in message["events"]]}
+    await _group_send(group, message)
+
+
+_layer.group_send = group_send_stamped
+
+_run_events = consumers.RunConsumer.run_events
+
+
+async def run_events_stamped(self, message: dict) -> None:
+    now = time.time()
+    for event in message["events"]:
+        event.setdefault("received_at", now)
+    await _run_events(self, message)
+
+
+consumers.RunConsumer.run_events = run_events_stamped
+
+_run_update = consumers.run_update
+
+
+def run_update_stamped(events: list[dict], *args, **kwargs) -> dict:
+    now = time.time()
+    return _run_update([{**e, "encoding_at": now} for e in events], *args, **kwargs)
+
+
+consumers.run_update = run_update_stamped
 
 # A 500's traceback in the bench's server log (Django prints it only under DEBUG).
 logging.getLogger("django.request").addHandler(logging.StreamHandler())

@@ -158,7 +158,12 @@ else:
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # Pub/sub: a broadcast reaches each web process as one message, fanned out to its
+        # sockets in memory (the list-based RedisChannelLayer took four Redis round trips
+        # per message under one receive lock: seconds behind with 200 watchers). At most
+        # once, like the list layer's dropped messages: a socket that misses one fills
+        # the gap from the database (jobs/consumers.py).
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         # redis-py's asyncio pool refuses a 101st connection in use at once (it does not
         # wait): 200 sockets opening together (watchers reloading a page) each join their
         # groups at once, and the ones past 100 failed with MaxConnectionsError.

@@ -347,8 +347,11 @@ def service_argv(python: str, host: str, port: str, beat_schedule: str) -> dict[
                           "--loglevel=INFO", "--concurrency=2", f"--hostname=rlplane-{port}@%h"],
         "celery-beat": [python, "-m", "celery", "-A", "controlplane", "beat",
                         "--loglevel=INFO", f"--schedule={beat_schedule}"],
+        # No permessage-deflate: each socket compressed the same message again (a run's
+        # 100 watchers, 100 zlib passes per broadcast; ~15 % of a websocket process's
+        # CPU in bench/ingest.py --fanout), and the pages' messages are small.
         "web": [python, "-m", "uvicorn", "controlplane.asgi:application",
-                "--host", host, "--port", port],
+                "--host", host, "--port", port, "--ws-per-message-deflate", "false"],
     }
 
 

@@ -27,7 +27,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from importlib import import_module
+from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -41,7 +43,7 @@ from jobs.auth import is_operator
 from jobs.groups import RUNS_GROUP, run_group, session_group
 from jobs.models import Alert, Run, RunEvent
 from jobs.models.controls import display_status
-from jobs.queries.run_page import REPLACED, log_lines, run_progress
+from jobs.queries.run_page import REPLACED, clock_after, log_lines, run_progress
 
 BACKFILL_CHUNK = 500  # events per message while catching up
 SESSION_CHECK_S = 10.0  # how stale "the login still exists" may be before a message goes
@@ -84,22 +86,37 @@ def run_update(events: list[dict], status: tuple[str, str] | None,
 
 
 SHARED_FOR_S = 2.0  # how long one socket's message is kept for the run's other sockets
+# How old the header clock and health strip in a live message may be before a new read
+# starts; the message goes with the last read meanwhile. A run's progress is a handful of
+# queries and a template on the one thread every consumer's queries wait for: read per
+# broadcast, 11 runs broadcasting 10 times a second queued seconds of them there, and
+# read once a second, every watcher of the run still waited for each read (hundreds of
+# ms under ingest load; bench/ingest.py --fanout).
+PROGRESS_FRESH_S = 1.0
 _shared: dict[tuple, asyncio.Future] = {}
+# run id -> (monotonic time a read began, (clock, health strip), the loop it ran on)
+_progress: dict[int, tuple[float, tuple[dict, str], asyncio.AbstractEventLoop]] = {}
 
 
-async def shared(key: tuple, make: Callable[[], Awaitable[str]]) -> str:
-    """``make()``'s result, made once per ``key`` in this process for every socket that
-    asks within SHARED_FOR_S: a broadcast reaches each watcher of a run at once, and each
-    made its own message (a few queries, the charts' data, the JSON) -- 100 watchers
-    cost 100 times one, on the one thread every consumer's queries wait for."""
+def shared_future(key: tuple, make: Callable[[], Awaitable[Any]],
+                  keep_s: float = SHARED_FOR_S) -> asyncio.Future:
+    """``make()``'s task, made once per ``key`` in this process for every socket that
+    asks within ``keep_s`` after it is done: a broadcast reaches each watcher of a run at
+    once, and each made its own message (a few queries, the charts' data, the JSON) --
+    100 watchers cost 100 times one, on the one thread every consumer's queries wait for."""
     loop = asyncio.get_running_loop()
     future = _shared.get(key)
     if future is None or future.get_loop() is not loop:
         future = _shared[key] = loop.create_task(make())
         future.add_done_callback(lambda f: loop.call_later(
-            SHARED_FOR_S if not f.cancelled() and f.exception() is None else 0,
+            keep_s if not f.cancelled() and f.exception() is None else 0,
             forget, key, f))
-    return await asyncio.shield(future)
+    return future
+
+
+async def shared(key: tuple, make: Callable[[], Awaitable[Any]],
+                 keep_s: float = SHARED_FOR_S) -> Any:
+    return await asyncio.shield(shared_future(key, make, keep_s))
 
 
 def forget(key: tuple, future: asyncio.Future) -> None:
@@ -170,6 +187,8 @@ class RunConsumer(SessionBoundConsumer):
             await self.close(code=4404)
             return
         self.external = run.is_external
+        # The role the alert rows are rendered for (their buttons), read once per socket.
+        self.operator = await database_sync_to_async(is_operator)(self.scope["user"])
         self.group = run_group(self.run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -189,7 +208,7 @@ class RunConsumer(SessionBoundConsumer):
             return  # already streaming; the position is ours to track now
         self.last_sent = last_seq
         await self.send_backfill()
-        await self.run_alerts({"alert_ids": None})
+        await self.run_alerts({"alert_ids": None, "broadcast": None})
 
     async def run_events(self, message):
         if self.last_sent is None:
@@ -215,26 +234,31 @@ class RunConsumer(SessionBoundConsumer):
             "jobs/_log_lines.html", {"logs": logs})}})
 
     async def run_alerts(self, message):
-        """Alert rows rendered for this socket's user (operators get the buttons)."""
+        """Alert rows rendered for this socket's user (operators get the buttons), once
+        per broadcast and role for the run's sockets in this process: an alert that
+        opened made each of 100 sockets render it on the one thread every consumer's
+        queries wait for, and their run's events waited a second behind it."""
         if self.last_sent is None:
             return  # the page rendered them; the first message resends them all anyway
         if not await self.still_logged_in():
             return
-        alerts = await database_sync_to_async(self.render_alerts)(message["alert_ids"])
+        render = database_sync_to_async(partial(self.render_alerts, message["alert_ids"]))
+        if message.get("broadcast") is None:   # this socket's first: all of them
+            alerts, health = await render()
+        else:
+            alerts, health = await shared(
+                ("alerts", self.run_id, message["broadcast"], self.operator), render)
         if alerts:
-            health = await database_sync_to_async(self.render_health)()
             await self.send_json({"alerts": alerts, "swap": {"run-health": health}})
 
-    def render_health(self) -> str:
-        return render_health(Run.objects.get(pk=self.run_id))
-
-    def render_alerts(self, alert_ids: list[int] | None) -> dict[str, str]:
+    def render_alerts(self, alert_ids: list[int] | None) -> tuple[dict[str, str], str]:
+        """The rows of these alerts (all the run's for None) and the health strip."""
         alerts = Alert.objects.filter(run_id=self.run_id)
         alerts = run_alerts(self.run_id) if alert_ids is None else alerts.filter(pk__in=alert_ids)
-        operator = is_operator(self.scope["user"])
-        return {f"alert-{a.pk}": render_to_string("jobs/alerts/_alert.html",
-                                                  {"alert": a, "operator": operator})
+        rows = {f"alert-{a.pk}": render_to_string("jobs/alerts/_alert.html",
+                                                  {"alert": a, "operator": self.operator})
                 for a in alerts}
+        return rows, render_health(Run.objects.get(pk=self.run_id)) if rows else ""
 
     async def send_backfill(self):
         while True:
@@ -259,12 +283,35 @@ class RunConsumer(SessionBoundConsumer):
         status = progress = health = None
         if any(e["type"] in ("run.status", "control.applied") for e in events):
             status = await database_sync_to_async(self.current_status)()
-        if any(e["type"] in ("run.status", "metrics.append") for e in events):
-            progress, health = await database_sync_to_async(self.progress_clock)()
+        if any(e["type"] == "run.status" for e in events):
+            progress, health = await self.read_progress()
+        elif any(e["type"] == "metrics.append" for e in events):
+            progress, health = await self.recent_progress()
+            progress = clock_after(progress, events, self.external, time.time())
         update = run_update(events, status, self.external, progress)
         if health is not None:
             update["swap"]["run-health"] = health
         return await self.encode_json(update)
+
+    async def recent_progress(self) -> tuple[dict, str]:
+        """The run's last progress read in this process, a new read started (shared by
+        the run's sockets) once it is PROGRESS_FRESH_S old; the first one waits for it."""
+        loop = asyncio.get_running_loop()
+        read_at, progress, read_on = _progress.get(self.run_id, (0.0, None, None))
+        if progress is None or read_on is not loop:
+            return await shared(("progress", self.run_id), self.read_progress, 0)
+        if time.monotonic() - read_at > PROGRESS_FRESH_S:
+            shared_future(("progress", self.run_id), self.read_progress, 0)
+        return progress
+
+    async def read_progress(self) -> tuple[dict, str]:
+        """Read now (a final status must stop the page's clock), and kept for the run's
+        next messages."""
+        began = time.monotonic()
+        progress = await database_sync_to_async(self.progress_clock)()
+        if began > _progress.get(self.run_id, (0.0,))[0]:   # not over a later read's
+            _progress[self.run_id] = (began, progress, asyncio.get_running_loop())
+        return progress
 
     def progress_clock(self) -> tuple[dict, str]:
         """Read after the events committed, so a final status stops the page's clock; and

@@ -41,6 +41,12 @@ def test_the_systemd_units_run_the_embedded_stacks_commands():
     assert all(unit in target for unit in [*UNITS.values(), "rlplane-setup.service"])
 
 
+def test_the_web_process_sends_websocket_messages_uncompressed():
+    # Compression is per socket: a run's watchers each deflated the same message.
+    web = service_argv("python", "127.0.0.1", "8000", "schedule")["web"]
+    assert web[-2:] == ["--ws-per-message-deflate", "false"]
+
+
 def test_the_env_template_names_every_variable_the_settings_read():
     read = {a or b for path in READERS
             for a, b in READ.findall((ROOT / path).read_text())} - {"DJANGO_SETTINGS_MODULE"}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
 from functools import partial
 
 from asgiref.sync import async_to_sync
@@ -218,9 +219,11 @@ def announce(run_id: int, alert_ids: list[int], notification_ids: list[int]) -> 
 
 
 def broadcast_alerts(run_id: int, alert_ids: list[int]) -> None:
-    """The run page's consumer renders each alert for its own user (operator buttons)."""
+    """The run page's consumer renders each alert for its own user's role (operator
+    buttons), once per ``broadcast`` (an id) and role for a process's sockets."""
     async_to_sync(get_channel_layer().group_send)(
-        run_group(run_id), {"type": "run.alerts", "alert_ids": alert_ids})
+        run_group(run_id), {"type": "run.alerts", "alert_ids": alert_ids,
+                            "broadcast": uuid.uuid4().hex})
 
 
 def do_acknowledge(alert: Alert, user) -> bool:

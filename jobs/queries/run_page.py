@@ -269,3 +269,16 @@ def progress_clock(run: Run, done: int | None, eta: float | None, now) -> dict:
     return {"now": now.timestamp(), "started_at": unix(run.started_at),
             "finished_at": unix(run.finished_at), "eta_s": eta, "step": done,
             "status": run.status, "terminal": run.is_terminal}
+
+
+def clock_after(clock: dict, events: list[dict], external: bool, now: float) -> dict:
+    """``clock`` (progress_clock's, read a moment ago) moved on by newer events: the steps
+    their metrics trained (counted as run_progress counts them: a step time marks a
+    training step, an external framework's metrics name their own count) and the
+    server's ``now``. The ETA and the status stay as read."""
+    steps = [e["step"] for e in events if e["type"] == "metrics.append"
+             and (external or M.TIME_STEP_S in e["values"])]
+    if not steps:
+        return {**clock, "now": now}
+    done = max(steps) if external else max(steps) + 1
+    return {**clock, "now": now, "step": max(done, clock["step"] or 0)}

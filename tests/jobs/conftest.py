@@ -51,14 +51,11 @@ def token(run) -> str:
 
 @pytest.fixture
 def channel_layer(settings):
-    """The real Redis channel layer, under a prefix of its own so that concurrent test
+    """The real Redis channel layer (settings'), under a prefix of its own so that concurrent test
     runs on the same Redis (run ids repeat) never see each other's messages."""
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [settings.REDIS_URL], "prefix": f"test-{uuid.uuid4().hex}"},
-        },
-    }
+    layer = settings.CHANNEL_LAYERS["default"]
+    settings.CHANNEL_LAYERS = {"default": {**layer, "CONFIG": {
+        **layer["CONFIG"], "prefix": f"test-{uuid.uuid4().hex}"}}}
     return get_channel_layer()
 
 

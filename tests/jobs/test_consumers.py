@@ -1,7 +1,9 @@
 """The live sockets, through the real ASGI stack (origin check, session auth, routing) and
 the real Redis channel layer; events enter through do_ingest_events as ingest stores them."""
 
+import asyncio
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -14,10 +16,12 @@ from django.utils import timezone
 
 from controlplane.asgi import application
 from engine.api import ControlAppliedEvent
+from jobs import consumers
+from jobs.alerts.lifecycle import broadcast_alerts
 from jobs.consumers import RunConsumer, run_update
 from jobs.ingest import store
 from jobs.ingest.store import do_ingest_events
-from jobs.models import RunControl
+from jobs.models import Alert, RunControl
 
 from .helpers import checkpoint, log, metrics, span, status
 
@@ -278,6 +282,88 @@ def test_sockets_on_one_run_share_one_message_per_broadcast(
     assert [seqs(messages) for messages in received] == [[1], [1], [1]]
     assert received[0] == received[1] == received[2]
     assert made == [run.pk]          # its queries and charts made once, not per socket
+
+
+def test_a_burst_of_metrics_reads_the_runs_progress_once_and_counts_each_batchs_steps(
+        run, channel_layer, session_cookie, monkeypatch):
+    made = []
+    real = RunConsumer.progress_clock
+    monkeypatch.setattr(RunConsumer, "progress_clock",
+                        lambda self: made.append(self.run_id) or real(self))
+    monkeypatch.setattr(consumers, "PROGRESS_FRESH_S", 60.0)
+
+    async def scenario():
+        communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        await communicator.send_json_to({"last_seq": 0})
+        last = []
+        for seq in (1, 2, 3):
+            await ingest(run, [metrics(seq, seq - 1, **{"time/step_s": 1.0})])
+            last.append((await received_until(communicator, seq))[-1])
+        await communicator.disconnect(timeout=10)
+        return last
+
+    last = run_async(scenario)
+    assert made == [run.pk]      # read once for the three broadcasts
+    assert [m["progress"]["step"] for m in last] == [1, 2, 3]   # steps 0..k trained
+
+
+def test_a_message_goes_with_the_last_progress_read_while_a_newer_one_is_made(
+        run, channel_layer, session_cookie, monkeypatch):
+    gate, made = threading.Event(), []
+    real = RunConsumer.progress_clock
+
+    def progress_clock(self):
+        made.append(self.run_id)
+        if len(made) > 1:
+            gate.wait(30)   # a slow read: the database under ingest load
+        return real(self)
+
+    monkeypatch.setattr(RunConsumer, "progress_clock", progress_clock)
+    monkeypatch.setattr(consumers, "PROGRESS_FRESH_S", 0.0)
+
+    async def scenario():
+        communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        await communicator.send_json_to({"last_seq": 0})
+        await ingest(run, [metrics(1, 0, **{"time/step_s": 1.0})])
+        first = await received_until(communicator, 1)
+        await ingest(run, [metrics(2, 1, **{"time/step_s": 1.0})])
+        try:
+            second = await received_until(communicator, 2)   # the read still waits
+        finally:
+            gate.set()
+        await communicator.disconnect(timeout=10)
+        return first[-1], second[-1]
+
+    first, second = run_async(scenario)
+    assert made == [run.pk, run.pk]
+    assert (first["progress"]["step"], second["progress"]["step"]) == (1, 2)
+
+
+def test_sockets_on_one_run_share_one_rendering_of_an_alert_change(
+        run, channel_layer, session_cookie, monkeypatch):
+    alert = Alert.objects.create(run=run, kind="ThroughputRegression", dedup_key="t",
+                                 cause="slower", runbook="r", step=3)
+    made = []
+    real = RunConsumer.render_alerts
+    monkeypatch.setattr(RunConsumer, "render_alerts",
+                        lambda self, ids: made.append(ids) or real(self, ids))
+
+    async def scenario():
+        sockets = [(await open_socket(f"/ws/runs/{run.pk}/", session_cookie))[0]
+                   for _ in range(3)]
+        for communicator in sockets:
+            await communicator.send_json_to({"last_seq": 0})
+            await communicator.receive_json_from(timeout=20)   # the run's alerts, each
+        await asyncio.to_thread(broadcast_alerts, run.pk, [alert.pk])   # as a worker does
+        received = [await communicator.receive_json_from(timeout=20) for communicator in sockets]
+        for communicator in sockets:
+            await communicator.disconnect(timeout=10)
+        return received
+
+    received = run_async(scenario)
+    assert received[0] == received[1] == received[2]
+    assert f"alert-{alert.pk}" in received[0]["alerts"] and "run-health" in received[0]["swap"]
+    assert made == [None, None, None, [alert.pk]]   # each socket's first, then one for all
 
 
 def test_the_runs_list_socket_gets_each_runs_status_and_latest_metrics(

@@ -1,8 +1,8 @@
 import asyncio
 import json
+import threading
 
 import pytest
-from asgiref.sync import async_to_sync
 from django.test import Client
 
 from engine.api import RUN_STATUSES, WorkerReplacedEvent
@@ -334,29 +334,37 @@ def test_a_replayed_status_event_does_not_move_the_run_again(client, make_run):
 
 # --- broadcast ----------------------------------------------------------------------------
 
-def receive(channel_layer, channel):
-    async def within_deadline():  # a deadline so a lost message fails instead of hanging
-        return await asyncio.wait_for(channel_layer.receive(channel), timeout=10)
-
-    return async_to_sync(within_deadline)()
-
-
 @pytest.fixture
 def listener(channel_layer, run):
-    channel = async_to_sync(channel_layer.new_channel)()
-    async_to_sync(channel_layer.group_add)(f"run.{run.pk}", channel)
-    yield channel
-    async_to_sync(channel_layer.group_discard)(f"run.{run.pk}", channel)
+    """Receives the run group's next message: a channel in it, on an event loop of its
+    own thread (a pub/sub subscription lives with the loop that made it, and each
+    async_to_sync call here would run on a new one)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def call(coroutine):   # a deadline, so a lost message fails instead of hanging
+        return asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(coroutine, timeout=10), loop).result()
+
+    channel = call(channel_layer.new_channel())
+    call(channel_layer.group_add(f"run.{run.pk}", channel))
+    yield lambda: call(channel_layer.receive(channel))
+    call(channel_layer.group_discard(f"run.{run.pk}", channel))
+    call(channel_layer.flush())
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+    loop.close()
 
 
 def test_newly_stored_events_are_group_sent_in_seq_order_after_commit(
-        client, run, token, channel_layer, listener, django_capture_on_commit_callbacks):
+        client, run, token, listener, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         post_events(client, run, token, [log(2), metrics(1, 0, loss=float("nan"))])
     assert len(callbacks) == 1  # nothing is sent until the transaction commits
     callbacks[0]()
 
-    message = receive(channel_layer, listener)
+    message = listener()
 
     assert message["type"] == "run.events" and message["run_id"] == run.pk
     assert [e["seq"] for e in message["events"]] == [1, 2]
@@ -366,13 +374,13 @@ def test_newly_stored_events_are_group_sent_in_seq_order_after_commit(
 
 
 def test_a_replay_is_not_broadcast_again(
-        client, run, token, channel_layer, listener, django_capture_on_commit_callbacks):
+        client, run, token, listener, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         post_events(client, run, token, [log(1)])
         post_events(client, run, token, [log(1)])
         post_events(client, run, token, [log(1), log(2)])
 
-    first, second = receive(channel_layer, listener), receive(channel_layer, listener)
+    first, second = listener(), listener()
 
     assert [e["seq"] for e in first["events"]] == [1]
     assert [e["seq"] for e in second["events"]] == [2]
