@@ -23,9 +23,10 @@ Colocated with ``ray = false`` (the default) the learner and one rollout worker 
 this process and weights are copied in place; with ``overlap_threads`` the worker runs on a
 thread of its own with that many torch threads, so an overlapping async policy generates
 the next batch while the learner updates: by default (``overlap_share = "idle"``) at the
-lowest CPU priority, the learner keeping every core; "split": the learner keeps the rest. Any other
-placement reserves a Ray placement group, refused up front when it cannot fit, and starts
-each worker as a Ray actor on its bundle, joined by the configured two-sided transport.
+lowest CPU priority, the learner keeping every core; "split": the learner keeps the rest.
+Any other placement reserves a Ray placement group, refused up front when it cannot fit,
+and starts each worker as a Ray actor on its bundle, joined by the configured two-sided
+transport.
 """
 
 from __future__ import annotations

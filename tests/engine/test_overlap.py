@@ -1,6 +1,7 @@
 """Generation beside the update in one process (placement.overlap_threads): the rollout
 worker on a thread of its own (engine.orchestration.actors.ThreadActor) with its own torch
-threads, the learner keeping the rest; the in-place sync never copies weights mid-update."""
+threads, by default at the lowest CPU priority beside a learner that keeps every core
+(placement.overlap_share); the in-place sync never copies weights mid-update."""
 
 import threading
 
