@@ -3,6 +3,7 @@ and ``last_seq`` (where the websocket resumes) describe the same moment."""
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import tomli_w
@@ -257,28 +258,43 @@ def run_progress(run: Run) -> dict:
             "reward": latest_point(run, M.REWARD_MEAN),
             "held_out": latest_point(run, M.EVAL_REWARD_MEAN),
             "open_alerts": run.alerts.filter(state__in=LIVE_STATES).count(),
-            "clock": progress_clock(run, done, eta, now)}
+            "clock": progress_clock(run, done, eta, now, steps)}
 
 
-def progress_clock(run: Run, done: int | None, eta: float | None, now) -> dict:
+def progress_clock(run: Run, done: int | None, eta: float | None, now,
+                   steps: int | None = None) -> dict:
     """What run_charts.js ticks the header's elapsed and ETA from (unix seconds): the
     server's ``now`` lets it correct for its own clock; a finished run's elapsed stands
-    still at ``finished_at`` and has no ETA."""
+    still at ``finished_at`` and has no ETA. ``steps``: the run's total (clock_after's)."""
     def unix(t):
         return None if t is None else t.timestamp()
     return {"now": now.timestamp(), "started_at": unix(run.started_at),
             "finished_at": unix(run.finished_at), "eta_s": eta, "step": done,
-            "status": run.status, "terminal": run.is_terminal}
+            "steps": steps, "status": run.status, "terminal": run.is_terminal}
 
 
 def clock_after(clock: dict, events: list[dict], external: bool, now: float) -> dict:
-    """``clock`` (progress_clock's, read a moment ago) moved on by newer events: the steps
-    their metrics trained (counted as run_progress counts them: a step time marks a
-    training step, an external framework's metrics name their own count) and the
-    server's ``now``. The ETA and the status stay as read."""
-    steps = [e["step"] for e in events if e["type"] == "metrics.append"
-             and (external or M.TIME_STEP_S in e["values"])]
-    if not steps:
-        return {**clock, "now": now}
-    done = max(steps) if external else max(steps) + 1
-    return {**clock, "now": now, "step": max(done, clock["step"] or 0)}
+    """``clock`` (progress_clock's, read a moment ago) moved on to ``now`` by newer events:
+    the steps their metrics trained (counted as run_progress counts them: a step time
+    marks a training step, an external framework's metrics name their own count), and
+    the ETA for the steps left at the read's seconds a step (or, no step done since, the
+    read's ETA less the time since; or, the read had none, at these events' step times).
+    The status stays as read."""
+    trained = [e["step"] for e in events if e["type"] == "metrics.append"
+               and (external or M.TIME_STEP_S in e["values"])]
+    before, total, eta = clock["step"], clock.get("steps"), clock["eta_s"]
+    done = before
+    if trained:
+        done = max(max(trained) if external else max(trained) + 1, before or 0)
+    took = [t for e in events if e["type"] == "metrics.append"
+            and isinstance(t := e["values"].get(M.TIME_STEP_S), int | float)
+            and math.isfinite(t)]
+    if eta is None and took and total is not None and done is not None \
+            and not clock["terminal"]:
+        eta = max(0, total - done) * sum(took) / len(took)
+    elif eta is not None:
+        if done != before and before is not None and total is not None and total > before:
+            eta = max(0, total - done) * eta / (total - before)
+        else:
+            eta = max(0.0, eta - (now - clock["now"]))
+    return {**clock, "now": now, "step": done, "eta_s": eta}

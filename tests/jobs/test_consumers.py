@@ -509,3 +509,23 @@ def test_a_tab_closing_while_redis_times_out_leaves_no_traceback(
     run_async(scenario)
 
     assert "without Redis's answer" in caplog.text and "Traceback" not in caplog.text
+
+
+def test_a_live_message_moves_the_last_reads_clock_on_to_its_steps_and_its_time():
+    """Between progress reads a message's header comes from the last read, moved on: the
+    steps its metrics trained, the ETA for the steps left at the read's seconds a step,
+    and without a new step the read's ETA counted down by the time since."""
+    from jobs.queries.run_page import clock_after
+
+    read = {"now": 100.0, "started_at": 90.0, "finished_at": None, "eta_s": 20.0,
+            "step": 10, "steps": 30, "status": "running", "terminal": False}
+    stepped = clock_after(read, [metrics(5, 14, **{"time/step_s": 1.0}).to_dict()], False,
+                          104.0)
+    assert (stepped["step"], stepped["eta_s"], stepped["now"]) == (15, 15.0, 104.0)
+    idle = clock_after(read, [log(5).to_dict()], False, 103.0)
+    assert (idle["step"], idle["eta_s"], idle["now"]) == (10, 17.0, 103.0)
+    # read before the first step time: the ETA from the events' own
+    first = clock_after({**read, "eta_s": None, "step": 0}, [
+        metrics(5, 0, **{"time/step_s": 0.5}).to_dict(),
+        metrics(6, 1, **{"time/step_s": 1.5}).to_dict()], False, 101.0)
+    assert (first["step"], first["eta_s"]) == (2, 28.0)
