@@ -114,8 +114,12 @@ class _Group:
     rem: np.ndarray                   # (G,) tokens each row still has to produce
     versions: list[int | None]        # per row: oldest version among its tokens
     done: np.ndarray                  # (G,) bool
-    tokens: int = 0                   # tokens generated so far (all rows)
-    fed: np.ndarray | None = None     # (G,) tokens each row has generated so far
+    fed: np.ndarray                   # (G,) tokens each row has generated so far
+
+    @property
+    def tokens(self) -> int:
+        """Tokens generated so far, all rows."""
+        return int(self.fed.sum())
 
     @property
     def oldest(self) -> int | None:
@@ -188,7 +192,7 @@ class _Loop:
         inp = self.inp
         rem = inp.lengths.sample_groups(self.rng, k, inp.group_size, inp.max_new_tokens)
         g = inp.group_size
-        return [_Group(r, [None] * g, np.zeros(g, dtype=bool)) for r in rem]
+        return [_Group(r, [None] * g, np.zeros(g, dtype=bool), np.zeros(g)) for r in rem]
 
     def call(self, w: int, ready: float, groups: list[_Group], target: int | None) -> _Call:
         """Worker ``w`` generates ``groups`` (all rows; or until ``target`` groups are
@@ -197,7 +201,7 @@ class _Loop:
         left = [np.where(g.done, 0, g.rem) for g in groups]
         # A carried row's tokens so far are fed again under the call's weights (its cache
         # was computed by older ones): a token fed costs what a decoded one does.
-        refed = sum(int(g.fed[~g.done].sum()) for g in groups if g.fed is not None)
+        refed = sum(int(g.fed[~g.done].sum()) for g in groups)
         finish = np.array([x.max() for x in left])          # decode steps to complete each
         steps = float(finish.max()) if target is None else \
             float(np.sort(finish)[min(target, len(groups)) - 1])
@@ -207,9 +211,7 @@ class _Loop:
             tokens += int(made.sum())
             versions = [v if v is not None or m == 0 else version
                         for v, m in zip(g.versions, made, strict=True)]
-            fed = made if g.fed is None else g.fed + made
-            after = _Group(x - made, versions, g.done | (x <= steps), g.tokens + int(made.sum()),
-                           fed)
+            after = _Group(x - made, versions, g.done | (x <= steps), g.fed + made)
             (complete if f <= steps else carry).append(after)
         gen = inp.generate_s(steps, tokens + refed) if steps > 0 else 0.0
         scored = len(complete) * inp.group_size

@@ -260,12 +260,19 @@ def test_broadcasts_that_cross_are_delivered_in_seq_order_once(
     assert seqs(run_async(scenario)) == [1, 2]
 
 
-def test_sockets_on_one_run_share_one_message_per_broadcast(
-        run, channel_layer, session_cookie, monkeypatch):
+@pytest.fixture
+def progress_reads(monkeypatch) -> list[int]:
+    """The run ids whose progress a consumer read, in order."""
     made = []
     real = RunConsumer.progress_clock
     monkeypatch.setattr(RunConsumer, "progress_clock",
                         lambda self: made.append(self.run_id) or real(self))
+    return made
+
+
+def test_sockets_on_one_run_share_one_message_per_broadcast(
+        run, channel_layer, session_cookie, progress_reads):
+    made = progress_reads
 
     async def scenario():
         sockets = [(await open_socket(f"/ws/runs/{run.pk}/", session_cookie))[0]
@@ -285,11 +292,8 @@ def test_sockets_on_one_run_share_one_message_per_broadcast(
 
 
 def test_a_burst_of_metrics_reads_the_runs_progress_once_and_counts_each_batchs_steps(
-        run, channel_layer, session_cookie, monkeypatch):
-    made = []
-    real = RunConsumer.progress_clock
-    monkeypatch.setattr(RunConsumer, "progress_clock",
-                        lambda self: made.append(self.run_id) or real(self))
+        run, channel_layer, session_cookie, progress_reads, monkeypatch):
+    made = progress_reads
     monkeypatch.setattr(consumers, "PROGRESS_FRESH_S", 60.0)
 
     async def scenario():
