@@ -31,6 +31,7 @@ from functools import partial
 from importlib import import_module
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
@@ -134,6 +135,19 @@ class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
     traceback (the membership expires with the channel layer's group_expiry)."""
 
     checked_at = 0.0
+
+    async def dispatch(self, message):
+        """channels' dispatch without its ``aclose_old_connections()`` before every
+        handler: that is a ``sync_to_async`` onto the one thread every consumer's queries
+        run on, so each message to each socket queued there behind the others' queries (a
+        run's progress read, a session check): 100 watchers of a run under ingest load
+        waited hundreds of ms for it (bench/ingest.py --fanout, py-spy). Every query here
+        goes through ``database_sync_to_async``, which closes stale connections itself,
+        on that thread, before and after each."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def still_logged_in(self) -> bool:
         """False (and the socket closed) once the session is gone or belongs to no one."""

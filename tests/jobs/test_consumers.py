@@ -19,6 +19,7 @@ from engine.api import ControlAppliedEvent
 from jobs import consumers
 from jobs.alerts.lifecycle import broadcast_alerts
 from jobs.consumers import RunConsumer, run_update
+from jobs.groups import run_group
 from jobs.ingest import store
 from jobs.ingest.store import do_ingest_events
 from jobs.models import Alert, RunControl
@@ -258,6 +259,35 @@ def test_broadcasts_that_cross_are_delivered_in_seq_order_once(
         return messages
 
     assert seqs(run_async(scenario)) == [1, 2]
+
+
+def test_a_broadcast_reaches_a_socket_while_the_query_thread_is_busy(
+        run, channel_layer, session_cookie):
+    """A message that needs no query is not queued behind another socket's (channels'
+    dispatch ran every handler after a hop onto the one query thread)."""
+    gate = threading.Event()
+
+    async def scenario():
+        communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+        await ingest(run, [log(1)])
+        await communicator.send_json_to({"last_seq": 0})
+        await received_until(communicator, 1)            # the backfill
+        await ingest(run, [log(2)])
+        await received_until(communicator, 2)            # live: the socket is idle now
+        busy = asyncio.ensure_future(database_sync_to_async(gate.wait)(30))  # a slow read
+        await asyncio.sleep(0.2)
+        try:
+            await channel_layer.group_send(run_group(run.pk), {
+                "type": "run.events", "run_id": run.pk,
+                "events": [span(3, 1).to_dict()]})
+            message = await communicator.receive_json_from(timeout=5)
+        finally:
+            gate.set()
+            await busy
+        await communicator.disconnect(timeout=10)
+        return message
+
+    assert seqs([run_async(scenario)]) == [3]
 
 
 @pytest.fixture
