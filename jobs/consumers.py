@@ -27,6 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from importlib import import_module
 from typing import Any
@@ -125,6 +126,12 @@ def forget(key: tuple, future: asyncio.Future) -> None:
         del _shared[key]
 
 
+# Session checks run on a thread of their own: a check is one indexed read that the
+# socket's message waits for, and on the thread the consumers' other queries share it
+# waited behind other runs' progress reads (tens of ms each under ingest load).
+_session_checks = ThreadPoolExecutor(1, thread_name_prefix="ws-session-check")
+
+
 class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
     """A socket that lives no longer than the login it was opened with: logging out
     closes it (4401), as the pages it streams would then redirect to the login. A session
@@ -153,7 +160,8 @@ class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
         """False (and the socket closed) once the session is gone or belongs to no one."""
         if time.monotonic() - self.checked_at < SESSION_CHECK_S:
             return True
-        alive = await database_sync_to_async(self.session_exists)()
+        alive = await database_sync_to_async(self.session_exists, thread_sensitive=False,
+                                             executor=_session_checks)()
         self.checked_at = time.monotonic()
         if not alive:
             await self.close(code=4401)

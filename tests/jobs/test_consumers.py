@@ -262,9 +262,11 @@ def test_broadcasts_that_cross_are_delivered_in_seq_order_once(
 
 
 def test_a_broadcast_reaches_a_socket_while_the_query_thread_is_busy(
-        run, channel_layer, session_cookie):
-    """A message that needs no query is not queued behind another socket's (channels'
-    dispatch ran every handler after a hop onto the one query thread)."""
+        run, channel_layer, session_cookie, monkeypatch):
+    """A message is not queued behind another socket's queries: channels' dispatch ran
+    every handler after a hop onto the one query thread, and the session check (due
+    before every message here) ran there too."""
+    monkeypatch.setattr(consumers, "SESSION_CHECK_S", 0.0)
     gate = threading.Event()
 
     async def scenario():
