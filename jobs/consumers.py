@@ -24,6 +24,7 @@ So a client sees each seq once, in order, with no gap.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -367,7 +368,14 @@ class RunsConsumer(SessionBoundConsumer):
         if not await self.still_logged_in():
             return
         run_id = message["run_id"]
-        badge = render_to_string("jobs/_status_badge.html", {
-            "status": message["status"], "run_id": run_id})
         await self.send_json({**{k: v for k, v in message.items() if k != "type"},
-                              "swap": {f"run-{run_id}-status": badge}})
+                              "swap": {f"run-{run_id}-status": status_badge(
+                                  run_id, message["status"])}})
+
+
+@functools.lru_cache(maxsize=4096)
+def status_badge(run_id: int, status: str) -> str:
+    """A runs-list row's badge, rendered once per (run, status) in a process: per socket
+    and batch it was ~0.18 ms of the event loop each, and 10 people watching the list
+    while 100 runs ingest would render ~2,000 a second."""
+    return render_to_string("jobs/_status_badge.html", {"status": status, "run_id": run_id})

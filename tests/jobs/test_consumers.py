@@ -423,6 +423,30 @@ def test_the_runs_list_socket_gets_each_runs_status_and_latest_metrics(
     assert f'id="run-{run.pk}-status"' in message["swap"][f"run-{run.pk}-status"]
 
 
+def test_runs_list_sockets_share_one_rendering_of_a_runs_badge(
+        run, channel_layer, session_cookie, monkeypatch):
+    rendered = []
+    real = consumers.render_to_string
+    monkeypatch.setattr(consumers, "render_to_string",
+                        lambda name, context: rendered.append(name) or real(name, context))
+    consumers.status_badge.cache_clear()
+
+    async def scenario():
+        sockets = [(await open_socket("/ws/runs/", session_cookie))[0] for _ in range(2)]
+        received = []
+        for seq in (1, 2):
+            await ingest(run, [metrics(seq, seq, **{"reward/mean": 0.5})])
+            received += [await communicator.receive_json_from(timeout=20)
+                         for communicator in sockets]
+        for communicator in sockets:
+            await communicator.disconnect(timeout=10)
+        return received
+
+    received = run_async(scenario)
+    assert len({m["swap"][f"run-{run.pk}-status"] for m in received}) == 1
+    assert rendered == ["jobs/_status_badge.html"]     # not per socket, not per batch
+
+
 def test_an_update_carries_extend_traces_data_for_the_timeline():
     events = [span(1, 1, device="cpu:0", phase="rollout").to_dict(),
               span(2, 1, device="cpu:1", phase="learner").to_dict()]
