@@ -12,6 +12,7 @@ import socket
 import time
 
 QUIET_S, LATE_S = 3.0, 60.0   # a client's wait for late deliveries after the probes end
+# (the last probe answered: every probe committed, so one not delivered by then is missed)
 # The stamps bench/ingest_asgi.py puts on an event on its way, in order; a delivery's
 # stage i is stamp i+1 - stamp i, the last one's end the client's receipt.
 STAMPS = ("committed_at", "published_at", "received_at", "encoding_at")
@@ -20,18 +21,19 @@ STAGES = ("commit -> group_send", "group_send -> consumer", "consumer -> encodin
 
 
 def watch(port: int, cookie: str, groups: list[tuple[str, list[int], int]], slow: int,
-          slow_run: int, ready, start, seconds: float, results) -> None:
+          slow_run: int, ready, start, probed, results) -> None:
     """A client process: ``groups`` of (name, run ids, clients per run); ``slow`` clients
-    on ``slow_run`` that stop reading. Puts {group: [latency s, ...]} and the counts."""
+    on ``slow_run`` that stop reading; ``probed`` is set once every probe was answered.
+    Puts {group: [latency s, ...]} and the counts."""
     try:
         results.put(asyncio.run(watch_async(port, cookie, groups, slow, slow_run, ready,
-                                            start, seconds)))
+                                            start, probed)))
     except BaseException as exc:  # reported by the parent
         results.put({"error": repr(exc)})
         raise
 
 
-async def watch_async(port, cookie, groups, slow, slow_run, ready, start, seconds) -> dict:
+async def watch_async(port, cookie, groups, slow, slow_run, ready, start, probed) -> dict:
     import websockets
 
     latencies: dict[str, list[float]] = {name: [] for name, _, _ in groups}
@@ -102,7 +104,8 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, second
         await asyncio.sleep(0.05)
     ready.set()
     await asyncio.to_thread(start.wait)
-    stop_at.append(time.time() + seconds)
+    await asyncio.to_thread(probed.wait)   # a probe may wait seconds behind the senders
+    stop_at.append(time.time())
     await asyncio.gather(*tasks, return_exceptions=True)   # a slow client may be dropped
     return {"latencies": latencies, "stages": stages, "seen": seen, "errors": errors,
             "backfilled": backfilled}

@@ -424,7 +424,7 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
     ctx = multiprocessing.get_context("fork")
     results, fan_results = ctx.Queue(), ctx.Queue()
     watchers = []
-    go = ctx.Event()
+    go, probed_all = ctx.Event(), ctx.Event()
     try:
         if args.fanout:
             one, spread = watched[0][0], [r for r, _ in watched[1:]]
@@ -435,7 +435,7 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
                 ready = ctx.Event()
                 proc = ctx.Process(target=watch, args=(
                     ws_port, cookie, groups, args.slow if i == 0 else 0, one, ready, go,
-                    args.seconds, fan_results))
+                    probed_all, fan_results))
                 proc.start()
                 watchers.append((proc, ready))
             for run_id, token in watched:
@@ -465,6 +465,7 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
         for proc in procs:
             proc.join()
         probed = {run_id: f.result() for (run_id, _), f in zip(watched, probes, strict=True)}
+        probed_all.set()
         fanned = [fan_results.get(timeout=120) for _ in watchers]
         for proc, _ in watchers:
             proc.join()
