@@ -33,7 +33,12 @@ from engine.api import metrics as M
 from jobs.alerts.debounce import evaluate_alerts_soon
 from jobs.groups import RUNS_GROUP, run_group
 from jobs.ingest.batch import json_safe
-from jobs.ingest.bulk import insert_events, insert_spans, upsert_metric_points
+from jobs.ingest.bulk import (
+    insert_events,
+    insert_spans,
+    stored_seqs,
+    upsert_metric_points,
+)
 from jobs.models import (
     Checkpoint,
     InspectedSample,
@@ -45,7 +50,7 @@ from jobs.models import (
     RunStatus,
 )
 from jobs.models.samples import max_gap
-from jobs.rollups import derive_rollups
+from jobs.rollups import derive_rollups, last_steps
 from jobs.runs.queue import schedule_on_commit
 
 logger = logging.getLogger(__name__)
@@ -84,10 +89,8 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         by_seq: dict[int, Event] = {}
         for event in events:
             by_seq.setdefault(event.seq, event)
-        stored_seqs = set(
-            RunEvent.objects.filter(run=run, seq__in=list(by_seq)).values_list("seq", flat=True)
-        )
-        new = [by_seq[seq] for seq in sorted(by_seq) if seq not in stored_seqs]
+        stored = stored_seqs(run.pk, list(by_seq))
+        new = [by_seq[seq] for seq in sorted(by_seq) if seq not in stored]
         payloads = [stored_payload(event) for event in new]
         insert_events(run.pk, payloads)
         derive_rows(run, new)
@@ -175,8 +178,13 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
                 run=run, step=e.step, version=e.version, path=e.path,
                 fingerprint=e.fingerprint, created_at=datetime.fromtimestamp(e.ts, UTC),
             )
-    derive_rollups(run, [e for e in events if isinstance(e, MetricsEvent)])
-    upsert_metric_points(run.pk, points)
+    if points:
+        # One read for both: the buckets the points close, and whether any is stored.
+        stored = last_steps(run, {name for name, _ in points})
+        derive_rollups(run, points, stored,
+                       min(e.ts for e in events if isinstance(e, MetricsEvent)))
+        upsert_metric_points(run.pk, points, new=all(
+            name not in stored or step > stored[name] for name, step in points))
     insert_spans(spans)
     Checkpoint.objects.bulk_create(
         checkpoints.values(), update_conflicts=True, unique_fields=["run", "step"],
@@ -232,11 +240,11 @@ def run_summary(run: Run, events: Sequence[Event]) -> dict:
         if isinstance(event, MetricsEvent):
             if run.is_external or M.TIME_STEP_S in event.values:
                 step = event.step
-            latest.update(json_safe(event.values))
+            latest.update(event.values)
     return {"type": "runs.summary", "run_id": run.pk, "status": run.status,
-            "step": run.steps_done(step),
-            "reward_mean": latest.get(M.REWARD_MEAN), "step_s": latest.get(M.TIME_STEP_S),
-            "held_out": latest.get(M.EVAL_REWARD_MEAN)}
+            "step": run.steps_done(step), "reward_mean": json_safe(latest.get(M.REWARD_MEAN)),
+            "step_s": json_safe(latest.get(M.TIME_STEP_S)),
+            "held_out": json_safe(latest.get(M.EVAL_REWARD_MEAN))}
 
 
 def broadcast_events(run_id: int, events: list[dict], summary: dict | None = None) -> None:
