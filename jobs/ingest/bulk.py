@@ -53,6 +53,8 @@ def insert_events(run_id: int, payloads: list[dict]) -> None:
 def stored_seqs(run_id: int, seqs: list[int]) -> set[int]:
     """Those of ``seqs`` the run has stored. PostgreSQL: one array parameter, so the query's
     text is the same for any batch (psycopg caches the parsing of that one only)."""
+    if not seqs:
+        return set()
     if connection.vendor != "postgresql":
         return set(RunEvent.objects.filter(run_id=run_id, seq__in=seqs)
                    .values_list("seq", flat=True))
@@ -93,15 +95,22 @@ def upsert_metric_points(run_id: int, points: dict[tuple[str, int], float | None
         "ON CONFLICT (run_id, name, step) DO UPDATE SET value = EXCLUDED.value", run_id)
 
 
-def insert_spans(spans: list[PhaseSpan]) -> None:
-    if connection.vendor != "postgresql" or not spans:
-        PhaseSpan.objects.bulk_create(spans)
+SPAN_FIELDS = ("device", "phase", "start", "end", "step", "version")
+
+
+def insert_spans(run_id: int, spans: list[tuple]) -> None:
+    """PhaseSpan rows of ``spans``, tuples of SPAN_FIELDS."""
+    if not spans:
+        return
+    if connection.vendor != "postgresql":
+        PhaseSpan.objects.bulk_create(
+            PhaseSpan(run_id=run_id, **dict(zip(SPAN_FIELDS, s, strict=True))) for s in spans)
         return
     with connection.cursor() as cursor, cursor.cursor.copy(
             f"COPY {PhaseSpan._meta.db_table} "
             '(run_id, device, phase, start, "end", step, version) FROM STDIN') as copy:
         for s in spans:
-            copy.write_row((s.run_id, s.device, s.phase, s.start, s.end, s.step, s.version))
+            copy.write_row((run_id, *s))
 
 
 def copy_then_insert(stage: str, columns: str, rows: Iterable[tuple], insert: str,
@@ -114,7 +123,8 @@ def copy_then_insert(stage: str, columns: str, rows: Iterable[tuple], insert: st
         with cursor.cursor.copy(f"COPY {stage} FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
-        cursor.execute(insert.format(stage=stage), [run_id])
-        # A second batch in the same transaction (reconcile, an outer atomic) starts empty.
-        # DELETE, not TRUNCATE: that gives the table a new file each time (catalog churn).
-        cursor.execute(f"DELETE FROM {stage}")
+        # Then emptied, in the same round trip (client-side binding sends both as one
+        # simple query): a second use in the same transaction (the next rollup tier,
+        # reconcile, an outer atomic) starts empty. DELETE, not TRUNCATE: that gives the
+        # table a new file each time (catalog churn).
+        cursor.execute(insert.format(stage=stage) + f"; DELETE FROM {stage}", [run_id])

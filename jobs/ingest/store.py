@@ -43,7 +43,6 @@ from jobs.models import (
     Checkpoint,
     InspectedSample,
     InvalidTransition,
-    PhaseSpan,
     Run,
     RunControl,
     RunEvent,
@@ -89,7 +88,10 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         by_seq: dict[int, Event] = {}
         for event in events:
             by_seq.setdefault(event.seq, event)
-        stored = stored_seqs(run.pk, list(by_seq))
+        # Under the lock no seq of the run is stored meanwhile: those past its highest
+        # are new without a look-up (a run moving forward: every one of them).
+        top = RunEvent.highest_seq(run)
+        stored = stored_seqs(run.pk, [seq for seq in by_seq if seq <= top])
         new = [by_seq[seq] for seq in sorted(by_seq) if seq not in stored]
         payloads = [stored_payload(event) for event in new]
         insert_events(run.pk, payloads)
@@ -99,7 +101,7 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
                 apply_engine_status(run, event)
         if run.is_terminal and any(isinstance(e, RunStatusEvent) for e in new):
             schedule_on_commit()  # what the run held is free now
-        last_seq = RunEvent.highest_seq(run)
+        last_seq = max([top, *(e.seq for e in new)])  # RunEvent.highest_seq(run) now
         if payloads:
             # robust: the events are stored either way; a page that missed the broadcast
             # backfills from the database.
@@ -160,15 +162,14 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
     takes the later value, hence an upsert rather than ignore (points: jobs.ingest.bulk).
     """
     points: dict[tuple[str, int], float | None] = {}
-    spans: list[PhaseSpan] = []
+    spans: list[tuple] = []  # jobs.ingest.bulk.SPAN_FIELDS
     checkpoints: dict[int, Checkpoint] = {}
     for e in events:
         if isinstance(e, MetricsEvent):
             for name, value in json_safe(e.values).items():
                 points[name, e.step] = value
         elif isinstance(e, SpanEvent):
-            spans.append(PhaseSpan(run=run, device=e.device, phase=e.phase, start=e.start,
-                                   end=e.end, step=e.step, version=e.version))
+            spans.append((e.device, e.phase, e.start, e.end, e.step, e.version))
         elif isinstance(e, ControlAppliedEvent):
             RunControl.objects.filter(run=run, pk=e.control_id, applied_at=None).update(
                 applied_step=e.step, applied_at=datetime.fromtimestamp(e.ts, UTC),
@@ -185,7 +186,7 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
                        min(e.ts for e in events if isinstance(e, MetricsEvent)))
         upsert_metric_points(run.pk, points, new=all(
             name not in stored or step > stored[name] for name, step in points))
-    insert_spans(spans)
+    insert_spans(run.pk, spans)
     Checkpoint.objects.bulk_create(
         checkpoints.values(), update_conflicts=True, unique_fields=["run", "step"],
         update_fields=["version", "path", "fingerprint", "created_at"],
