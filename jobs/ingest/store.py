@@ -91,10 +91,11 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         # Under the lock no seq of the run is stored meanwhile: those past its highest
         # are new without a look-up (a run moving forward: every one of them).
         top = RunEvent.highest_seq(run)
-        stored = stored_seqs(run.pk, [seq for seq in by_seq if seq <= top])
+        known = [seq for seq in by_seq if seq <= top]
+        stored = stored_seqs(run.pk, known)
         new = [by_seq[seq] for seq in sorted(by_seq) if seq not in stored]
         payloads = [stored_payload(event) for event in new]
-        insert_events(run.pk, payloads)
+        insert_events(run.pk, payloads, new=not known)
         derive_rows(run, new)
         for event in new:
             if isinstance(event, RunStatusEvent):
