@@ -28,9 +28,11 @@ A staging table is per connection (a temp table): a pooler in transaction mode
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterable
+from functools import partial
 
-from django.db import connection
+from django.db import connection, transaction
 
 from jobs.models import MetricPoint, PhaseSpan, RunEvent
 
@@ -125,13 +127,23 @@ def insert_spans(run_id: int, spans: list[tuple]) -> None:
             copy.write_row((run_id, *s))
 
 
+# The staging tables each connection (psycopg's) has: a temp table lives as long as its
+# session, but one made in a transaction that rolled back is gone, so it is remembered
+# once that commits. Saves a round trip each use (the ingest threads keep their
+# connections).
+STAGED: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
+
+
 def copy_then_insert(stage: str, columns: str, rows: Iterable[tuple], insert: str,
                      run_id: int) -> None:
     """COPY ``rows`` into the temp table ``stage``, then run ``insert`` (its {stage} named,
     its one parameter the run id), inside the caller's transaction."""
     with connection.cursor() as cursor:
-        cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} ({columns}) "
-                       "ON COMMIT DELETE ROWS")
+        made = STAGED.setdefault(connection.connection, set())
+        if stage not in made:
+            cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} ({columns}) "
+                           "ON COMMIT DELETE ROWS")
+            transaction.on_commit(partial(made.add, stage))
         with cursor.cursor.copy(f"COPY {stage} FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)

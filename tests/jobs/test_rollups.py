@@ -10,7 +10,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -112,6 +112,22 @@ def test_a_tiers_write_is_one_statement_of_the_same_text_whatever_its_row_count(
     assert len(texts[0]) == 1 and texts[0] == texts[1]
     assert MetricRollup.objects.filter(run=run, width=10).count() == 700
     assert MetricRollup.objects.get(run=run, name="m699").high == 699.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_after_one_that_rolled_back_on_the_same_connection_still_closes_buckets(run):
+    """The staging table a rolled-back batch made is gone with it (jobs.ingest.bulk
+    remembers one only once it commits)."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        ingest(run, range(0, 20), 1)
+        raise RuntimeError("the batch fails after its rollups were written")
+    assert not MetricRollup.objects.filter(run=run).exists()
+
+    ingest(run, range(0, 20), 1)
+    ingest(run, range(20, 40), 21)
+
+    assert MetricRollup.objects.filter(run=run, name=REWARD, width=10).count() == 3
+    assert_tiers_are_their_points(run)
 
 
 def test_rebuilt_tiers_equal_the_ones_kept_at_ingest(run):
