@@ -6,8 +6,9 @@ them).
 
     ingest (in its transaction, the run's row locked), before the batch's points are
     upserted:
-        derive_rollups(run, metrics_events)
-            per metric, the highest step stored (one index seek each, one query) says
+        derive_rollups(run, points, stored, ts)
+            per metric, the highest step stored (last_steps: one index seek each, one
+            query, which ingest also reads to know whether the points are all new) says
             which buckets the batch completes; only those are written, once:
             10-step buckets from their points (the stored ones, the batch's over them),
             each coarser tier from the finer one's. The open bucket of each metric
@@ -20,24 +21,30 @@ them).
 
 Cost per metric value at ingest: its row read back once (when its 10-step bucket
 closes), and a row written per 10, 50, 100, ... 10,000 steps; per batch, one query (an
-index seek per metric) for their highest stored steps. What a bucket holds is exactly the
-aggregate of its points (tests/jobs/test_rollups.py).
+index seek per metric) for their highest stored steps, and per tier it closes buckets of,
+one read and one write. The write's SQL text is the same whatever its row count
+(PostgreSQL: COPY into a staging table, then one INSERT ... SELECT): a multi-row VALUES
+of 13 placeholders a row is never cached by psycopg, whose parsing of it cost more CPU
+than the database spent storing the rows. What a bucket holds is exactly the aggregate of
+its points (tests/jobs/test_rollups.py).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import reduce
 
 from celery import shared_task
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs.ingest.batch import json_safe
+from jobs.ingest.bulk import copy_then_insert
 from jobs.models import TERMINAL, MetricPoint, MetricRollup, Run, RunEvent
 
 # Steps per bucket, finest first; each divides the next (x5, x2), so a chart finds a tier
@@ -89,22 +96,39 @@ class Bucket:
             self.ts = o.ts
 
 
+def aggregate(points: dict[int, float | None], ts: float | None = None) -> Bucket:
+    """The Bucket of ``{step: value}``: what add() in step order makes of them, in loops
+    that run in C (ingest closes a few hundred 10-step buckets a batch)."""
+    steps = sorted(points)
+    last_step = steps[-1]
+    bucket = Bucket(last_step=last_step, last=points[last_step], ts=ts)
+    finite = [(s, v) for s in steps if (v := points[s]) is not None and math.isfinite(v)]
+    if finite:
+        values = [v for _, v in finite]
+        bucket.count = len(values)
+        bucket.total = reduce(operator.add, values, 0.0)  # add()'s order, to the last bit
+        # min/max return the first of equal values, and next() its step: the earliest,
+        # as add() keeps ties.
+        bucket.low, bucket.high = min(values), max(values)
+        bucket.low_step = next(s for s, v in finite if v == bucket.low)
+        bucket.high_step = next(s for s, v in finite if v == bucket.high)
+    return bucket
+
+
 Wanted = dict[int, set[tuple[str, int]]]  # width -> {(name, bucket)}
 
 
-def derive_rollups(run: Run, events: Sequence) -> None:
-    """Close the buckets these newly stored metrics events complete. Call before their
-    points are upserted (the batch's values are laid over the stored points)."""
-    batch: dict[tuple[str, int], float | None] = {}
-    for e in events:
-        for name, value in json_safe(e.values).items():
-            batch[name, e.step] = value  # a later event's value wins, as upserted
+def derive_rollups(run: Run, batch: dict[tuple[str, int], float | None],
+                   stored: dict[str, int], ts: float | None) -> None:
+    """Close the buckets that the newly stored points ``{(name, step): value}`` complete,
+    ``stored`` each name's highest step stored before them (last_steps), ``ts`` their
+    earliest event's time. Call before the points are upserted (the batch's values are
+    laid over the stored points)."""
     if not batch:
         return
     steps: dict[str, list[int]] = defaultdict(list)
     for name, step in batch:
         steps[name].append(step)
-    stored = last_steps(run, steps)
     wanted: Wanted = {width: set() for width in TIERS}
     for name, new in steps.items():
         before = stored.get(name)
@@ -116,7 +140,7 @@ def derive_rollups(run: Run, events: Sequence) -> None:
             if before is not None:  # re-reported steps of closed buckets
                 wanted[width].update((name, s // width) for s in new
                                      if s <= before and s // width < closed)
-    close(run, wanted, batch, min(e.ts for e in events))
+    close(run, wanted, batch, ts)
 
 
 def last_steps(run: Run, names: Iterable[str]) -> dict[str, int]:
@@ -166,11 +190,14 @@ def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
             continue
         buckets: dict[tuple[str, int], Bucket] = {}
         if width == FINEST:
-            values = dict(((n, s), v) for n, s, v in raw_points(run, keys))
-            values.update(((n, s), v) for (n, s), v in batch.items() if (n, s // width) in keys)
-            for (name, step), value in sorted(values.items(), key=lambda kv: kv[0][1]):
-                bucket = buckets.setdefault((name, step // width), Bucket(ts=ts))
-                bucket.add(step, value)
+            points: dict[tuple[str, int], dict[int, float | None]] = defaultdict(dict)
+            for n, s, v in raw_points(run, keys):
+                points[n, s // width][s] = v
+            for (n, s), v in batch.items():
+                key = (n, s // width)
+                if key in keys:
+                    points[key][s] = v
+            buckets = {key: aggregate(of, ts) for key, of in points.items()}
         else:
             finer = TIERS[i - 1]
             ratio = width // finer
@@ -248,31 +275,41 @@ def rollup_rows(run: Run, width: int, spans: set[tuple[str, int, int]]):
 
 COLUMNS = ("run_id", "name", "width", "bucket", "count", "total", "low", "low_step", "high",
            "high_step", "last_step", "last", "ts")
-UPSERT_ROWS = 500  # rows per INSERT: under SQLite's 32,766 bound parameters at 13 each
+STAGE_COLUMNS = ("name text, width integer, bucket bigint, count integer, "
+                 "total double precision, low double precision, low_step bigint, "
+                 "high double precision, high_step bigint, last_step bigint, "
+                 "last double precision, ts double precision")
+UPSERT_ROWS = 500  # SQLite: rows per INSERT, under its 32,766 bound parameters at 13 each
 
 
 def upsert(run: Run, width: int, buckets: dict[tuple[str, int], Bucket]) -> None:
-    """INSERT ... ON CONFLICT DO UPDATE (SQLite and PostgreSQL alike): the buckets in
-    place of what was stored, keeping the later ts."""
+    """INSERT ... ON CONFLICT DO UPDATE: the buckets in place of what was stored, keeping
+    the later ts. PostgreSQL: their rows COPYed into a staging table first (jobs.ingest.
+    bulk), so the statement's text never changes; SQLite: multi-row VALUES."""
     if not buckets:
         return
-    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
+    rows = [(name, width, b, k.count, k.total, k.low, k.low_step, k.high, k.high_step,
+             k.last_step, k.last, k.ts) for (name, b), k in buckets.items()]
+    postgres = connection.vendor == "postgresql"
     table = connection.ops.quote_name(MetricRollup._meta.db_table)
     q = connection.ops.quote_name
     sets = [f"{q(c)} = excluded.{q(c)}" for c in COLUMNS[4:-1]]
-    sets.append(f"{q('ts')} = {greatest}(COALESCE({table}.ts, excluded.ts), "
-                f"COALESCE(excluded.ts, {table}.ts))")
-    rows = [(run.pk, name, width, b, k.count, k.total, k.low, k.low_step, k.high,
-             k.high_step, k.last_step, k.last, k.ts) for (name, b), k in buckets.items()]
+    sets.append(f"{q('ts')} = {'GREATEST' if postgres else 'MAX'}("
+                f"COALESCE({table}.ts, excluded.ts), COALESCE(excluded.ts, {table}.ts))")
+    on_conflict = (f"ON CONFLICT ({q('run_id')}, {q('width')}, {q('name')}, {q('bucket')}) "
+                   "DO UPDATE SET " + ", ".join(sets))
+    insert = f"INSERT INTO {table} ({', '.join(map(q, COLUMNS))}) "
+    if postgres:
+        copy_then_insert("rlplane_rollup_stage", STAGE_COLUMNS, rows,
+                         insert + f"SELECT %s, {', '.join(map(q, COLUMNS[1:]))} FROM {{stage}} "
+                         + on_conflict, run.pk)
+        return
     one = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
     with connection.cursor() as cursor:
         for start in range(0, len(rows), UPSERT_ROWS):
             chunk = rows[start:start + UPSERT_ROWS]
-            cursor.execute(
-                f"INSERT INTO {table} ({', '.join(map(q, COLUMNS))}) VALUES "
-                f"{', '.join([one] * len(chunk))} ON CONFLICT "
-                f"({q('run_id')}, {q('width')}, {q('name')}, {q('bucket')}) DO UPDATE SET "
-                + ", ".join(sets), [v for row in chunk for v in row])
+            cursor.execute(insert + f"VALUES {', '.join([one] * len(chunk))} " + on_conflict,
+                           [v for row in chunk for v in (run.pk, *row)])
 
 
 def last_metrics_ts(run: Run) -> float | None:

@@ -33,19 +33,23 @@ from engine.api import metrics as M
 from jobs.alerts.debounce import evaluate_alerts_soon
 from jobs.groups import RUNS_GROUP, run_group
 from jobs.ingest.batch import json_safe
-from jobs.ingest.bulk import insert_events, insert_spans, upsert_metric_points
+from jobs.ingest.bulk import (
+    insert_events,
+    insert_spans,
+    stored_seqs,
+    upsert_metric_points,
+)
 from jobs.models import (
     Checkpoint,
     InspectedSample,
     InvalidTransition,
-    PhaseSpan,
     Run,
     RunControl,
     RunEvent,
     RunStatus,
 )
 from jobs.models.samples import max_gap
-from jobs.rollups import derive_rollups
+from jobs.rollups import derive_rollups, last_steps
 from jobs.runs.queue import schedule_on_commit
 
 logger = logging.getLogger(__name__)
@@ -84,19 +88,21 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         by_seq: dict[int, Event] = {}
         for event in events:
             by_seq.setdefault(event.seq, event)
-        stored_seqs = set(
-            RunEvent.objects.filter(run=run, seq__in=list(by_seq)).values_list("seq", flat=True)
-        )
-        new = [by_seq[seq] for seq in sorted(by_seq) if seq not in stored_seqs]
+        # Under the lock no seq of the run is stored meanwhile: those past its highest
+        # are new without a look-up (a run moving forward: every one of them).
+        top = RunEvent.highest_seq(run)
+        known = [seq for seq in by_seq if seq <= top]
+        stored = stored_seqs(run.pk, known)
+        new = [by_seq[seq] for seq in sorted(by_seq) if seq not in stored]
         payloads = [stored_payload(event) for event in new]
-        insert_events(run.pk, payloads)
+        insert_events(run.pk, payloads, new=not known)
         derive_rows(run, new)
         for event in new:
             if isinstance(event, RunStatusEvent):
                 apply_engine_status(run, event)
         if run.is_terminal and any(isinstance(e, RunStatusEvent) for e in new):
             schedule_on_commit()  # what the run held is free now
-        last_seq = RunEvent.highest_seq(run)
+        last_seq = max([top, *(e.seq for e in new)])  # RunEvent.highest_seq(run) now
         if payloads:
             # robust: the events are stored either way; a page that missed the broadcast
             # backfills from the database.
@@ -157,15 +163,14 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
     takes the later value, hence an upsert rather than ignore (points: jobs.ingest.bulk).
     """
     points: dict[tuple[str, int], float | None] = {}
-    spans: list[PhaseSpan] = []
+    spans: list[tuple] = []  # jobs.ingest.bulk.SPAN_FIELDS
     checkpoints: dict[int, Checkpoint] = {}
     for e in events:
         if isinstance(e, MetricsEvent):
             for name, value in json_safe(e.values).items():
                 points[name, e.step] = value
         elif isinstance(e, SpanEvent):
-            spans.append(PhaseSpan(run=run, device=e.device, phase=e.phase, start=e.start,
-                                   end=e.end, step=e.step, version=e.version))
+            spans.append((e.device, e.phase, e.start, e.end, e.step, e.version))
         elif isinstance(e, ControlAppliedEvent):
             RunControl.objects.filter(run=run, pk=e.control_id, applied_at=None).update(
                 applied_step=e.step, applied_at=datetime.fromtimestamp(e.ts, UTC),
@@ -175,9 +180,14 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
                 run=run, step=e.step, version=e.version, path=e.path,
                 fingerprint=e.fingerprint, created_at=datetime.fromtimestamp(e.ts, UTC),
             )
-    derive_rollups(run, [e for e in events if isinstance(e, MetricsEvent)])
-    upsert_metric_points(run.pk, points)
-    insert_spans(spans)
+    if points:
+        # One read for both: the buckets the points close, and whether any is stored.
+        stored = last_steps(run, {name for name, _ in points})
+        derive_rollups(run, points, stored,
+                       min(e.ts for e in events if isinstance(e, MetricsEvent)))
+        upsert_metric_points(run.pk, points, new=all(
+            name not in stored or step > stored[name] for name, step in points))
+    insert_spans(run.pk, spans)
     Checkpoint.objects.bulk_create(
         checkpoints.values(), update_conflicts=True, unique_fields=["run", "step"],
         update_fields=["version", "path", "fingerprint", "created_at"],
@@ -232,18 +242,24 @@ def run_summary(run: Run, events: Sequence[Event]) -> dict:
         if isinstance(event, MetricsEvent):
             if run.is_external or M.TIME_STEP_S in event.values:
                 step = event.step
-            latest.update(json_safe(event.values))
+            latest.update(event.values)
     return {"type": "runs.summary", "run_id": run.pk, "status": run.status,
-            "step": run.steps_done(step),
-            "reward_mean": latest.get(M.REWARD_MEAN), "step_s": latest.get(M.TIME_STEP_S),
-            "held_out": latest.get(M.EVAL_REWARD_MEAN)}
+            "step": run.steps_done(step), "reward_mean": json_safe(latest.get(M.REWARD_MEAN)),
+            "step_s": json_safe(latest.get(M.TIME_STEP_S)),
+            "held_out": json_safe(latest.get(M.EVAL_REWARD_MEAN))}
 
 
 def broadcast_events(run_id: int, events: list[dict], summary: dict | None = None) -> None:
     """Send newly stored events, in seq order, to the run's channel group, and the run's
     summary to the runs list's group."""
-    message = {"type": "run.events", "run_id": run_id, "events": events}
+    # One async_to_sync for both: from a thread with no event loop, each call starts a
+    # thread and a loop of its own (~1 ms a batch each).
+    async_to_sync(send_events)(
+        {"type": "run.events", "run_id": run_id, "events": events}, summary)
+
+
+async def send_events(message: dict, summary: dict | None) -> None:
     layer = get_channel_layer()
-    async_to_sync(layer.group_send)(run_group(run_id), message)
+    await layer.group_send(run_group(message["run_id"]), message)
     if summary is not None:
-        async_to_sync(layer.group_send)(RUNS_GROUP, summary)
+        await layer.group_send(RUNS_GROUP, summary)

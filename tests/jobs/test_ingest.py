@@ -181,6 +181,17 @@ def test_a_step_reported_again_by_a_resumed_run_takes_the_later_value(client, ru
     assert MetricPoint.objects.get(run=run, name="loss", step=3).value == 0.5
 
 
+def test_a_batch_redoing_a_stored_step_among_new_ones_stores_each_once(client, run, token):
+    post_events(client, run, token, [metrics(1, 3, loss=9.0), metrics(2, 4, loss=8.0)])
+
+    # loss at 3 again (stored), at 5 (new), and a new name below loss's highest step
+    post_events(client, run, token, [metrics(3, 3, loss=1.0), metrics(4, 5, loss=0.5),
+                                     metrics(5, 2, kl=0.1)])
+
+    assert sorted(MetricPoint.objects.filter(run=run).values_list("name", "step", "value")) == [
+        ("kl", 2, 0.1), ("loss", 3, 1.0), ("loss", 4, 8.0), ("loss", 5, 0.5)]
+
+
 def test_a_nan_metric_is_stored_as_null_in_the_series_and_the_event(client, run, token):
     raw = ('{"events": [{"type": "metrics.append", "seq": 1, "ts": 1.0, "step": 0,'
            ' "values": {"learner/loss": NaN, "reward/mean": 0.5}}]}')

@@ -12,6 +12,7 @@ import threading
 
 import pytest
 from django.db import connection
+from django.db.backends.signals import connection_created
 from django.test import Client
 
 from jobs.models import MetricPoint, PhaseSpan, RunEvent
@@ -54,3 +55,26 @@ def test_two_identical_posts_racing_store_every_event_once(run, token, attempt):
         range(1, len(BATCH) + 1))
     assert PhaseSpan.objects.filter(run=run).count() == len(BATCH) // 2
     assert MetricPoint.objects.filter(run=run).count() == len(BATCH) // 2
+
+
+def test_batches_outside_a_transaction_reuse_the_ingest_threads_connections(run, token,
+                                                                           settings):
+    """A connection per batch cost PostgreSQL a new backend each time (jobs.ingest.
+    endpoints): the ingest threads keep theirs from batch to batch."""
+    if connection.settings_dict["CONN_MAX_AGE"] == 0:
+        pytest.skip("SQLite's connections are not kept (CONN_MAX_AGE 0): one opens a file")
+    created = []
+
+    def count(sender, connection, **kwargs):
+        created.append(connection)
+
+    connection_created.connect(count)
+    try:
+        for seq in range(1, 9):
+            response = post_events(Client(), run, token, [metrics(seq, seq, loss=0.5)])
+            assert response.status_code == 200
+    finally:
+        connection_created.disconnect(count)
+
+    assert len(created) <= settings.RLPLANE_INGEST_CONCURRENCY
+    assert MetricPoint.objects.filter(run=run).count() == 8

@@ -3,19 +3,29 @@ their points, what long charts draw, and what stays once the retention drops raw
 
 import json
 import math
+import random
 from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.ingest.store import do_ingest_events
 from jobs.models import MetricPoint, MetricRollup, RunStatus
 from jobs.queries import history
 from jobs.queries.run_page import chart_data, runs_with_latest_metrics
-from jobs.rollups import TIERS, Bucket, drop_expired_points, rebuild_rollups
+from jobs.rollups import (
+    TIERS,
+    Bucket,
+    aggregate,
+    drop_expired_points,
+    rebuild_rollups,
+    upsert,
+)
 
 from .helpers import api_token, metrics
 
@@ -66,6 +76,58 @@ def test_each_closed_bucket_is_the_aggregate_of_its_points_a_re_reported_step_in
     hundred = MetricRollup.objects.get(run=run, name=REWARD, width=100, bucket=0)
     assert (hundred.high, hundred.high_step) == (9.0, 15)
     assert MetricRollup.objects.get(run=run, name=REWARD, width=10, bucket=12).count == 9
+
+
+def test_a_buckets_aggregate_is_what_adding_its_points_in_step_order_makes():
+    rng = random.Random(7)
+    odd = [None, math.nan, math.inf, -math.inf, 0.0, -0.0, 1.5, 1.5, -2.0]
+    for _ in range(500):
+        steps = rng.sample(range(40), rng.randint(1, 12))   # any order, as a dict holds them
+        points = {s: rng.choice(odd) if rng.random() < 0.4 else rng.uniform(-3, 3)
+                  for s in steps}
+        added = Bucket(ts=5.0)
+        for step in sorted(points):
+            added.add(step, points[step])
+
+        made = aggregate(points, ts=5.0)
+
+        assert made == added  # every field, total to the last bit
+        signs = [[math.copysign(1, v) for v in (b.low, b.high) if v is not None]
+                 for b in (made, added)]
+        assert signs[0] == signs[1]  # -0.0 and 0.0 compare equal: the earlier one kept
+
+
+def test_a_tiers_write_is_one_statement_of_the_same_text_whatever_its_row_count(run):
+    """psycopg parses a statement's placeholders once per text (a short one): a text that
+    grew with the rows was parsed again for every batch, the most CPU of its ingest."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite writes multi-row VALUES")
+    texts = []
+    for count in (3, 700):
+        buckets = {(f"m{i}", 0): aggregate({5: float(i)}) for i in range(count)}
+        with CaptureQueriesContext(connection) as queries:
+            upsert(run, 10, buckets)
+        texts.append([q["sql"] for q in queries.captured_queries if "INSERT" in q["sql"]])
+
+    assert len(texts[0]) == 1 and texts[0] == texts[1]
+    assert MetricRollup.objects.filter(run=run, width=10).count() == 700
+    assert MetricRollup.objects.get(run=run, name="m699").high == 699.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_after_one_that_rolled_back_on_the_same_connection_still_closes_buckets(run):
+    """The staging table a rolled-back batch made is gone with it (jobs.ingest.bulk
+    remembers one only once it commits)."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        ingest(run, range(0, 20), 1)
+        raise RuntimeError("the batch fails after its rollups were written")
+    assert not MetricRollup.objects.filter(run=run).exists()
+
+    ingest(run, range(0, 20), 1)
+    ingest(run, range(20, 40), 21)
+
+    assert MetricRollup.objects.filter(run=run, name=REWARD, width=10).count() == 3
+    assert_tiers_are_their_points(run)
 
 
 def test_rebuilt_tiers_equal_the_ones_kept_at_ingest(run):
