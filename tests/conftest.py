@@ -1,5 +1,6 @@
 import os
 import sys
+import threading
 
 import pytest
 
@@ -134,6 +135,34 @@ def alerts_in_the_ingest_call(settings):
     transaction never commits, and a debounced evaluation waits for a commit.
     tests/jobs/test_alerts_debounce.py drives the debounced path deployments run."""
     settings.RLPLANE_ALERT_DEBOUNCE_S = 0
+
+
+@pytest.fixture(autouse=True)
+def pool_threads_let_go_of_their_connections():
+    """The ingest threads (jobs.ingest.endpoints) and the sockets' session-check thread
+    (jobs.consumers) keep a database connection from one use to the next (CONN_MAX_AGE):
+    after a test that used them, each thread closes its own, or PostgreSQL refuses to drop
+    the test database ("being accessed by other users")."""
+    yield
+    pools = [pool for module, name in (("jobs.ingest.endpoints", "INGEST_THREADS"),
+                                       ("jobs.consumers", "_session_checks"))
+             if (pool := getattr(sys.modules.get(module), name, None)) is not None]
+    for pool in pools:
+        threads = len(pool._threads)
+        if threads:
+            from django.db import connections
+
+            # Each thread takes exactly one: none returns until all of them have one.
+            barrier = threading.Barrier(threads)
+            closing = [pool.submit(close_then_wait, connections, barrier)
+                       for _ in range(threads)]
+            for future in closing:
+                future.result()
+
+
+def close_then_wait(connections, barrier: threading.Barrier) -> None:
+    connections.close_all()
+    barrier.wait(30)
 
 
 @pytest.fixture

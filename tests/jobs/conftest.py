@@ -3,9 +3,7 @@ import uuid
 import pytest
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import Group
-from django.db import connections
 
-from jobs import consumers
 from jobs.auth import OPERATOR_GROUP
 from jobs.models import Run, RunStatus
 from jobs.runs import submit, tasks
@@ -58,10 +56,7 @@ def channel_layer(settings):
     layer = settings.CHANNEL_LAYERS["default"]
     settings.CHANNEL_LAYERS = {"default": {**layer, "CONFIG": {
         **layer["CONFIG"], "prefix": f"test-{uuid.uuid4().hex}"}}}
-    yield get_channel_layer()
-    # The sockets' session checks keep a connection on their own thread (CONN_MAX_AGE);
-    # the test database cannot be dropped while one is open.
-    consumers._session_checks.submit(connections.close_all).result()
+    return get_channel_layer()
 
 
 @pytest.fixture

@@ -99,9 +99,8 @@ def test_a_buckets_aggregate_is_what_adding_its_points_in_step_order_makes():
 
 def test_a_tiers_write_is_one_statement_of_the_same_text_whatever_its_row_count(run):
     """psycopg parses a statement's placeholders once per text (a short one): a text that
-    grew with the rows was parsed again for every batch, the most CPU of its ingest."""
-    if connection.vendor != "postgresql":
-        pytest.skip("SQLite writes multi-row VALUES")
+    grew with the rows was parsed again for every batch, the most CPU of its ingest.
+    SQLite writes multi-row VALUES (no parsing of that kind): its rows are checked."""
     texts = []
     for count in (3, 700):
         buckets = {(f"m{i}", 0): aggregate({5: float(i)}) for i in range(count)}
@@ -109,7 +108,8 @@ def test_a_tiers_write_is_one_statement_of_the_same_text_whatever_its_row_count(
             upsert(run, 10, buckets)
         texts.append([q["sql"] for q in queries.captured_queries if "INSERT" in q["sql"]])
 
-    assert len(texts[0]) == 1 and texts[0] == texts[1]
+    if connection.vendor == "postgresql":
+        assert len(texts[0]) == 1 and texts[0] == texts[1]
     assert MetricRollup.objects.filter(run=run, width=10).count() == 700
     assert MetricRollup.objects.get(run=run, name="m699").high == 699.0
 
