@@ -27,6 +27,7 @@ import os
 import re
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -156,6 +157,20 @@ else:
     DATABASES = {"default": sqlite_database(BASE_DIR / "db.sqlite3")}
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def channel_prefix(redis_url: str) -> str:
+    """The channel layer's names for a Redis URL: pub/sub channels belong to the whole
+    server, not to its numbered databases, so two control planes on one Redis (staging in
+    /1, production in /0) heard each other's broadcasts, a run page showing another
+    deployment's run of the same id. The database number (path or ?db=) keeps them apart."""
+    parts = urlsplit(redis_url)
+    db = dict(parse_qsl(parts.query)).get("db", "0")
+    if parts.scheme in ("redis", "rediss") and parts.path.strip("/"):
+        db = parts.path.strip("/")     # unix://'s path is its socket's
+    return f"rlplane.db{db}."
+
+
 CHANNEL_LAYERS = {
     "default": {
         # Pub/sub: a broadcast reaches each web process as one message, fanned out to its
@@ -167,7 +182,8 @@ CHANNEL_LAYERS = {
         # redis-py's asyncio pool refuses a 101st connection in use at once (it does not
         # wait): 200 sockets opening together (watchers reloading a page) each join their
         # groups at once, and the ones past 100 failed with MaxConnectionsError.
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 2000}]},
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 2000}],
+                   "prefix": channel_prefix(REDIS_URL)},
     },
 }
 

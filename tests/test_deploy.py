@@ -2,11 +2,13 @@
 stack's commands, the env template names every variable the settings read, and a bad
 RLPLANE_DRIVER_RESOURCES is refused naming the variable."""
 
+import asyncio
 import re
 import shlex
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from controlplane.settings import parse_resources
@@ -69,3 +71,35 @@ def test_driver_resources_are_name_amount_pairs_of_custom_resources():
 def test_a_bad_driver_resource_is_refused_naming_the_variable(item):
     with pytest.raises(ImproperlyConfigured, match="RLPLANE_DRIVER_RESOURCES"):
         parse_resources([item])
+
+
+def test_control_planes_on_one_redis_in_two_databases_hear_only_their_own_broadcasts():
+    """Pub/sub channels belong to the whole Redis server, not to a numbered database."""
+    from asgiref.sync import async_to_sync
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    from controlplane.settings import channel_prefix
+
+    base = settings.REDIS_URL.rsplit("/", 1)[0]
+    assert channel_prefix("unix:///run/redis.sock?db=2") == "rlplane.db2."
+
+    async def scenario():
+        layers = [RedisPubSubChannelLayer(hosts=[url], prefix=channel_prefix(url))
+                  for url in (f"{base}/14", f"{base}/15", f"{base}/14")]
+        try:
+            listeners = [await layer.new_channel() for layer in layers[1:]]
+            for layer, channel in zip(layers[1:], listeners, strict=True):
+                await layer.group_add("run.1", channel)
+            await layers[0].group_send("run.1", {"type": "run.events", "events": []})
+            heard = await layers[2].receive(listeners[1])           # the same database's
+            try:
+                other = await asyncio.wait_for(layers[1].receive(listeners[0]), 1.0)
+            except TimeoutError:
+                other = None
+        finally:
+            for layer in layers:
+                await layer.flush()
+        return heard, other
+
+    heard, other = async_to_sync(scenario)()
+    assert heard["type"] == "run.events" and other is None
