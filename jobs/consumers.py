@@ -149,7 +149,7 @@ class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
         handler: that is a ``sync_to_async`` onto the one thread every consumer's queries
         run on, so each message to each socket queued there behind the others' queries (a
         run's progress read, a session check): 100 watchers of a run under ingest load
-        waited hundreds of ms for it (bench/ingest.py --fanout, py-spy). Every query here
+        waited seconds for it (bench/ingest.py --fanout, py-spy). Every query here
         goes through ``database_sync_to_async``, which closes stale connections itself,
         on that thread, before and after each."""
         handler = getattr(self, get_handler_name(message), None)
