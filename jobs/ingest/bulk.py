@@ -44,11 +44,8 @@ def insert_events(run_id: int, payloads: list[dict], new: bool = False) -> None:
     if not payloads:
         return
     if connection.vendor == "postgresql" and new:
-        with connection.cursor() as cursor, cursor.cursor.copy(
-                f"COPY {RunEvent._meta.db_table} (run_id, seq, type, ts, payload) "
-                "FROM STDIN") as copy:
-            for p in payloads:
-                copy.write_row((run_id, p["seq"], p["type"], p["ts"], json.dumps(p)))
+        copy_rows(f"{RunEvent._meta.db_table} (run_id, seq, type, ts, payload)",
+                  ((run_id, p["seq"], p["type"], p["ts"], json.dumps(p)) for p in payloads))
         return
     if connection.vendor != "postgresql":
         RunEvent.objects.bulk_create(
@@ -88,11 +85,8 @@ def upsert_metric_points(run_id: int, points: dict[tuple[str, int], float | None
     if not points:
         return
     if connection.vendor == "postgresql" and new:
-        with connection.cursor() as cursor, cursor.cursor.copy(
-                f"COPY {MetricPoint._meta.db_table} (run_id, step, name, value) "
-                "FROM STDIN") as copy:
-            for (name, step), value in points.items():
-                copy.write_row((run_id, step, name, value))
+        copy_rows(f"{MetricPoint._meta.db_table} (run_id, step, name, value)",
+                  ((run_id, step, name, value) for (name, step), value in points.items()))
         return
     if connection.vendor != "postgresql":
         MetricPoint.objects.bulk_create(
@@ -120,11 +114,15 @@ def insert_spans(run_id: int, spans: list[tuple]) -> None:
         PhaseSpan.objects.bulk_create(
             PhaseSpan(run_id=run_id, **dict(zip(SPAN_FIELDS, s, strict=True))) for s in spans)
         return
-    with connection.cursor() as cursor, cursor.cursor.copy(
-            f"COPY {PhaseSpan._meta.db_table} "
-            '(run_id, device, phase, start, "end", step, version) FROM STDIN') as copy:
-        for s in spans:
-            copy.write_row((run_id, *s))
+    copy_rows(f'{PhaseSpan._meta.db_table} (run_id, device, phase, start, "end", step, version)',
+              ((run_id, *s) for s in spans))
+
+
+def copy_rows(target: str, rows: Iterable[tuple]) -> None:
+    """COPY ``rows`` into ``target`` ("table (columns)"), inside the caller's transaction."""
+    with connection.cursor() as cursor, cursor.cursor.copy(f"COPY {target} FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
 
 
 # The staging tables each connection (psycopg's) has: a temp table lives as long as its
@@ -144,9 +142,7 @@ def copy_then_insert(stage: str, columns: str, rows: Iterable[tuple], insert: st
             cursor.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} ({columns}) "
                            "ON COMMIT DELETE ROWS")
             transaction.on_commit(partial(made.add, stage))
-        with cursor.cursor.copy(f"COPY {stage} FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+        copy_rows(stage, rows)
         # Then emptied, in the same round trip (client-side binding sends both as one
         # simple query): a second use in the same transaction (the next rollup tier,
         # reconcile, an outer atomic) starts empty. DELETE, not TRUNCATE: that gives the
