@@ -138,6 +138,17 @@ def alerts_in_the_ingest_call(settings):
 
 
 @pytest.fixture(autouse=True)
+def what_commits_taught_a_process_is_rolled_back_with_the_test():
+    """A process remembers what committed: the staging tables its connection made
+    (jobs.ingest.bulk.STAGED). A test that runs its on-commit callbacks
+    (django_capture_on_commit_callbacks) records them, and then its transaction rolls
+    back: the next test on the connection would COPY into a temp table that is gone."""
+    yield
+    if (bulk := sys.modules.get("jobs.ingest.bulk")) is not None:
+        bulk.STAGED.clear()
+
+
+@pytest.fixture(autouse=True)
 def pool_threads_let_go_of_their_connections():
     """The ingest threads (jobs.ingest.endpoints) and the sockets' session-check thread
     (jobs.consumers) keep a database connection from one use to the next (CONN_MAX_AGE):
