@@ -1,5 +1,6 @@
 """bench/ingest.py still runs end to end (uvicorn, a Celery worker, Redis, sender
-processes, websockets with a slow client among them), at minimal sizes, on SQLite."""
+processes, websockets with a slow client among them), at minimal sizes, on SQLite; and
+bench/alert_evaluation.py beside it."""
 
 import re
 import subprocess
@@ -29,3 +30,15 @@ def test_the_ingest_bench_runs_at_minimal_sizes_and_prints_its_figures():
                      r"deliveries, commit -> client p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms; "
                      r"[\d,]+ more refilled .*, 0 of [\d,]+ missed", out)
     assert re.search(r"fan-out, 10 runs \(10 clients\): .* 0 of [\d,]+ missed", out)
+
+
+@pytest.mark.slow
+def test_the_alert_evaluation_bench_runs_at_minimal_sizes_and_prints_its_figures():
+    result = subprocess.run(
+        [sys.executable, "bench/alert_evaluation.py", "--steps", "20", "--batch", "10",
+         "--rounds", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"alert evaluation after a batch \(sqlite, a run of 2\d steps, .*: history "
+                     r"read whole [\d.]+ ms, read incrementally [\d.]+ ms \([\d.]+x\)",
+                     result.stdout)

@@ -1,8 +1,9 @@
 """Findings -> Alert rows, as events arrive (ingest) and periodically (beat).
 
-    do_evaluate_alerts(run)      history from RunEvents (and the throughput baseline:
-                                 the run an operator marked, else a fork's parent's, else
-                                 the run's own first steps: baseline_for)
+    do_evaluate_alerts(run)      history from RunEvents (recent.py: the new ones since
+                                 this process last evaluated the run) and the throughput
+                                 baseline (the run an operator marked, else a fork's
+                                 parent's, else the run's own first steps: baseline_for)
                                  -> rules.evaluate -> rows, and what it checked
                                  (coverage.checked) -> Run.rules_checked:
         new key                   -> Alert(open) + a Notification per channel ("open")
@@ -34,13 +35,13 @@ from engine.api import metrics as M
 from jobs.alerts.coverage import checked
 from jobs.alerts.delivery import deliver_notification
 from jobs.alerts.history import (
-    HISTORY_EVENTS,
     Baseline,
     Finding,
     RunFacts,
     RunHistory,
     Thresholds,
 )
+from jobs.alerts.recent import recent_history
 from jobs.alerts.rules import evaluate
 from jobs.alerts.throughput import baseline_of, first_healthy
 from jobs.groups import run_group
@@ -59,7 +60,6 @@ from jobs.models.controls import display_status
 
 # A run over for good: its alerts are closed with it. Not LOST (RunLost is about it).
 ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.STOPPED, RunStatus.FAILED})
-HISTORY_LIMIT = 4000  # recent events the rules look at (hundreds of steps)
 
 logger = logging.getLogger(__name__)
 
@@ -70,17 +70,6 @@ def thresholds_for(run: Run) -> Thresholds:
     return Thresholds(**preset.alert_thresholds) if preset else Thresholds()
 
 
-def load_history(run: Run) -> RunHistory:
-    h = RunHistory()
-    rows = (RunEvent.objects.filter(run=run, type__in=HISTORY_EVENTS)
-            .order_by("-seq").values_list("payload", flat=True)[:HISTORY_LIMIT])
-    for payload in reversed(list(rows)):
-        h.add(payload)
-    latest = RunEvent.objects.filter(run=run).order_by("-seq").values_list("ts", flat=True)
-    h.last_ts = max(h.last_ts, latest.first() or 0.0)
-    return h
-
-
 def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
     """Open, refresh and resolve the run's alerts from its history; returns the alerts
     whose state changed."""
@@ -88,7 +77,7 @@ def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
     thresholds = thresholds_for(run)
     facts = RunFacts.of(run, display_status(run))
     facts = dataclasses.replace(facts, baseline=baseline_for(run, thresholds))
-    history = load_history(run)
+    history = recent_history(run)
     findings = evaluate(history, facts, thresholds, time.time() if now is None else now)
     rules_checked = checked(history, facts)
     if rules_checked != run.rules_checked:   # a new step, mostly: one small UPDATE
@@ -149,7 +138,7 @@ def do_set_baseline(user, run: Run, baseline_id: int | None) -> None:
 def stored_baseline(run: Run, t: Thresholds, whose: str) -> Baseline | None:
     """ThroughputRegression's baseline from ``run``'s first healthy steps as stored (a
     few metrics events from its start: one small query), for the run itself or for its
-    forks. The history the rules see holds only the last HISTORY_LIMIT events: on a long
+    forks. The history the rules see holds only the last few thousand events (recent.py): on a long
     run its first steps are long gone, and a baseline taken there would creep along."""
     rows = (RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
             .values_list("payload", flat=True)[:2 * (t.throughput_baseline_steps + 1)])

@@ -13,7 +13,7 @@ from engine.config import FRAMEWORK_LABELS
 from jobs.alerts.coverage import coverage
 from jobs.alerts.health import strip
 from jobs.alerts.history import RunFacts
-from jobs.alerts.lifecycle import load_history
+from jobs.alerts.recent import read
 from jobs.alerts.rules import KINDS
 from jobs.auth import is_operator, operator_required
 from jobs.models import LIVE, Alert, AlertState, Preset, Run
@@ -38,7 +38,7 @@ def run_coverage(run: Run) -> dict | None:
     run: rlplane's engine reports every input the rules read."""
     if not run.is_external:
         return None
-    _, gaps = coverage(load_history(run), RunFacts.of(run, display_status(run)))
+    _, gaps = coverage(read(run).history, RunFacts.of(run, display_status(run)))
 
     def names(canonical: tuple[str, ...], to_log: dict) -> list[dict]:
         return [{"name": n, "theirs": [x for x in to_log.get(n, []) if x != n]}

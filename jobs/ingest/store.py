@@ -16,6 +16,7 @@ from functools import partial
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.db.models import F
 
 from engine.api import (
     CheckpointEvent,
@@ -31,6 +32,7 @@ from engine.api import (
 )
 from engine.api import metrics as M
 from jobs.alerts.debounce import evaluate_alerts_soon
+from jobs.alerts.history import HISTORY_EVENTS
 from jobs.groups import RUNS_GROUP, run_group
 from jobs.ingest.batch import json_safe
 from jobs.ingest.bulk import (
@@ -96,6 +98,9 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         new = [by_seq[seq] for seq in sorted(by_seq) if seq not in stored]
         payloads = [stored_payload(event) for event in new]
         insert_events(run.pk, payloads, new=not known)
+        if any(e.seq <= top and e.type in HISTORY_EVENTS for e in new):
+            # out of order: the rules' cached history reads past its highest seq
+            Run.objects.filter(pk=run.pk).update(history_rewrites=F("history_rewrites") + 1)
         derive_rows(run, new)
         for event in new:
             if isinstance(event, RunStatusEvent):

@@ -99,6 +99,10 @@ class Run(models.Model):
     # ingest), which the queue counts as held; None: the launch config's (no resize yet,
     # or a driver that started again since: it places the launch config).
     rollout_workers = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    # Bumped by ingest when it stores a metrics, span or sync event at or below the run's
+    # highest seq (out of order): a history the alert rules keep and extend past its highest
+    # seq (jobs/alerts/recent.py) is read again.
+    history_rewrites = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]
