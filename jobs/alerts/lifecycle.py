@@ -176,7 +176,8 @@ def do_apply_findings(run: Run, findings: list[Finding]) -> list[Alert]:
                     evidence=f.evidence, step=f.step, last_step=f.step)
                 changed.append(alert)
                 notices += queue_notifications(alert, AlertState.OPEN)
-            else:
+            elif (alert.cause, alert.runbook, alert.evidence, alert.last_step) != (
+                    f.cause, f.runbook, f.evidence, f.step):   # most evaluations: as it was
                 Alert.objects.filter(pk=alert.pk).update(
                     cause=f.cause, runbook=f.runbook, evidence=f.evidence, last_step=f.step)
         for alert in live.values():
