@@ -60,6 +60,21 @@ def test_a_desync_opens_one_alert_and_repeats_collapse_into_it(run, channel_laye
     assert alert.step == 1 and alert.evidence["values"]["version_learner"] == 4
 
 
+def test_an_evaluation_that_finds_an_open_alert_as_it_was_writes_nothing(run, channel_layer):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.alerts.debounce import do_evaluate_run_alerts
+
+    alert = desync(run, channel_layer)
+    with CaptureQueriesContext(connection) as queries:
+        do_evaluate_run_alerts(run.pk)                # nothing new since
+    assert not [q for q in queries if Alert._meta.db_table in q["sql"]
+                and q["sql"].startswith("UPDATE")]
+    do_ingest_events(run, [sync(3, 2, rollout_fp="fp1")])   # new evidence: written
+    assert Alert.objects.get(pk=alert.pk).evidence["values"]["version_learner"] == 3
+
+
 def test_the_alert_resolves_itself_when_the_condition_clears(run, channel_layer):
     alert = desync(run, channel_layer)
     do_ingest_events(run, [sync(3, 2)])
