@@ -38,7 +38,9 @@ from jobs.models import Run, RunEvent
 
 HISTORY_LIMIT = 4000   # the history events a (re)read takes (hundreds of steps)
 SLACK = HISTORY_LIMIT // 2   # added to a cached history before it is read again
-CACHE_EVENTS = 200_000   # a process's cached events, all runs together (~ 50 long runs)
+# A process's cached events, all runs together: ~35 long runs, ~100 MB at 530 bytes an event
+# (a span per phase and 64 metric values a step, bench/ingest.py's, tracemalloc).
+CACHE_EVENTS = 200_000
 
 
 @dataclass
