@@ -138,8 +138,8 @@ def do_set_baseline(user, run: Run, baseline_id: int | None) -> None:
 def stored_baseline(run: Run, t: Thresholds, whose: str) -> Baseline | None:
     """ThroughputRegression's baseline from ``run``'s first healthy steps as stored (a
     few metrics events from its start: one small query), for the run itself or for its
-    forks. The history the rules see holds only the last few thousand events (recent.py): on a long
-    run its first steps are long gone, and a baseline taken there would creep along."""
+    forks. The history the rules see holds only the last few thousand events (recent.py):
+    on a long run its first steps are long gone, and a baseline taken there would creep."""
     rows = (RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
             .values_list("payload", flat=True)[:2 * (t.throughput_baseline_steps + 1)])
     h = RunHistory()

@@ -5,7 +5,7 @@ from the database incrementally.
                              + SLACK history events (metrics, spans, syncs) in seq order
 
     first evaluation of a run in this process, or its cached one is no longer valid
-        -> the last HISTORY_LIMIT history events, newest first, reversed (load_history)
+        -> the last HISTORY_LIMIT history events (read)
     later ones -> only the history events past the highest seq already read, added to the
         cached RunHistory (the rules' derived values stay cached with it)
 
@@ -15,8 +15,9 @@ run's highest seq: out of order, so a read past the highest seq would miss it) a
 was read under, and while it holds fewer than HISTORY_LIMIT + SLACK events: then it is read
 again from the last HISTORY_LIMIT. So the window the rules see moves by SLACK events at a
 time instead of one, and a long run's evaluation reads its thousands of events once per
-SLACK events rather than at every batch (the debounced evaluation ran about once a batch
-and spent most of its ~130 ms reading and parsing them; bench/ingest.py).
+SLACK events rather than at every batch: the debounced evaluation runs about once a batch,
+and on a run of 2,360 steps it took 84-94 ms reading all of them, 21-26 ms reading what
+was new (bench/alert_evaluation.py, PostgreSQL).
 
 What an evaluation read goes back into the cache when its transaction commits: a rolled
 back one leaves nothing behind (a later read must not see events that were not stored).
