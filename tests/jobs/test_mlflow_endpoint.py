@@ -1,6 +1,7 @@
 """The MLflow endpoint (issue 29) driven by the real mlflow client against a live server:
 what a veRL/TRL/NeMo-RL user sets is MLFLOW_TRACKING_URI and MLFLOW_TRACKING_TOKEN."""
 
+import gc
 import math
 
 import pytest
@@ -29,6 +30,14 @@ def mlflow(live_server, monkeypatch):
     while mlflow.active_run():
         mlflow.end_run()
     mlflow.set_tracking_uri(None)
+    # The client's kept-alive connections closed: each holds a live-server thread, and that
+    # thread its database connection, so PostgreSQL could not drop the test database at
+    # the end ("being accessed by other users"). Its sessions are cached; dropped from the
+    # cache, collected, their sockets close.
+    from mlflow.utils.request_utils import _cached_get_request_session
+
+    _cached_get_request_session.cache_clear()
+    gc.collect()
 
 
 @pytest.fixture
