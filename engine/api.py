@@ -60,7 +60,7 @@ from engine.frameworks import (
     canonical_metrics,
     their_names,
 )
-from engine.metrics import TIME_STEP_S
+from engine.metrics import TIME_LEARNER_S, TIME_STEP_S
 from engine.run_dir import mark_run_dir
 
 __all__ = [
@@ -110,8 +110,15 @@ def plan_run(cfg: RunConfig, metrics: Mapping[str, Mapping[int, float]], spans: 
     end, step), each placement x async policy on ``devices`` (default: the run's).
     Raises PlanError when it cannot fit."""
     from engine.planner import FitError, fit_run, plan_table  # numpy: only when asked
+    from engine.planner.fit import MAX_FIT_STEPS
 
-    steps = sorted(metrics.get(TIME_STEP_S, {}))
+    # The timed steps fit_run reads: it drops the first (warm-up) and keeps the last
+    # MAX_FIT_STEPS, so one more than those is the same fit as all of them. Each step's
+    # values gathered across every series cost the alert rules ~10 ms an evaluation on
+    # a run of a thousand steps (BubbleHigh's what-if) when it was every step.
+    learner = metrics.get(TIME_LEARNER_S, {})
+    steps = [s for s in sorted(metrics.get(TIME_STEP_S, {})) if s in learner]
+    steps = steps[-(MAX_FIT_STEPS + 1):]
     rows = [{name: series[s] for name, series in metrics.items() if s in series}
             for s in steps]
     try:

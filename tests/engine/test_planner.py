@@ -213,6 +213,24 @@ def test_a_multi_turn_runs_environment_time_is_fitted_as_its_own_phase_and_plann
         == pytest.approx(0.7)
 
 
+def test_a_long_run_is_planned_from_its_latest_steps_as_from_all_of_them():
+    """plan_run gathers only the steps the fit reads (the last MAX_FIT_STEPS timed ones
+    past the first): the same table as the fit over every step."""
+    from engine.planner import fit_run, plan_table
+    from engine.planner.fit import MAX_FIT_STEPS
+
+    cfg = small_run(placement=ONE_PLUS_ONE.model_dump(), weight_sync={"type": "shm"})
+    shapes = [(9 + i % 40, 10 + (7 * i) % 90) for i in range(3 * MAX_FIT_STEPS)]
+    rows = trace(fixed(reward_sample_s=0.0), shapes)
+    rows[-1].pop("time/learner_s")          # an untimed step among them: not read
+    series = {k: {i: m[k] for i, m in enumerate(rows) if k in m} for k in rows[0]}
+    series["reward/mean"] = {i: 0.5 for i in range(len(rows) + 5)}   # steps past the timed
+
+    got = plan_run(cfg, series)
+    whole = plan_table(fit_run(cfg, rows[:-1], [], list(range(len(rows) - 1))), cfg)
+    assert got.rows == whole.rows and got.current == whole.current
+
+
 def test_a_run_without_a_timed_step_cannot_be_planned():
     with pytest.raises(PlanError, match="no step with timings"):
         plan_run(small_run(), {"reward/mean": {0: 0.5}})
