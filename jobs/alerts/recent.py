@@ -16,7 +16,7 @@ was read under, and while it holds fewer than HISTORY_LIMIT + SLACK events: then
 again from the last HISTORY_LIMIT. So the window the rules see moves by SLACK events at a
 time instead of one, and a long run's evaluation reads its thousands of events once per
 SLACK events rather than at every batch: the debounced evaluation runs about once a batch,
-and on a run of 2,360 steps it took 84-94 ms reading all of them, 21-26 ms reading what
+and on a run of 2,360 steps it took 84-90 ms reading all of them, 16-19 ms reading what
 was new (bench/alert_evaluation.py, PostgreSQL).
 
 What an evaluation read goes back into the cache when its transaction commits: a rolled
