@@ -103,7 +103,10 @@ def ingest(request, run_id: int) -> JsonResponse:
     except MalformedBatch as exc:
         return error(exc.status, str(exc))
     events, over_cap = within_name_cap(run, batch.events)
-    result = do_ingest_events(run, events)
+    try:
+        result = do_ingest_events(run, events)
+    except Run.DoesNotExist:   # deleted meanwhile
+        return error(404, f"run {run_id} does not exist")
     INGEST_EVENTS.labels("stored").inc(result.stored)
     INGEST_EVENTS.labels("duplicate").inc(result.duplicates)
     body = {"stored": result.stored, "duplicates": result.duplicates,

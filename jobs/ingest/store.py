@@ -86,7 +86,10 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         # Serialize concurrent ingests of one run (a retry racing its original request),
         # so "which seqs are new" stays true until we insert them. On SQLite the
         # IMMEDIATE transaction already holds the write lock.
-        Run.objects.select_for_update().filter(pk=run.pk).first()
+        if Run.objects.select_for_update().filter(pk=run.pk).first() is None:
+            # Deleted since the caller read it: nothing may be stored under it (the event
+            # tables keep no foreign key to check it: jobs/models/series.py).
+            raise Run.DoesNotExist(f"run {run.pk} does not exist")
         by_seq: dict[int, Event] = {}
         for event in events:
             by_seq.setdefault(event.seq, event)

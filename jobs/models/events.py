@@ -12,7 +12,8 @@ class RunEvent(models.Model):
     command's Ray job log lines (line k at -k, jobs/runs/job_logs.py), outside the
     stream the run's process reports: backfill and highest_seq count seqs above 0."""
 
-    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="events")
+    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="events",
+                            db_constraint=False)
     seq = models.BigIntegerField()
     type = models.CharField(max_length=40)
     ts = models.FloatField()  # unix seconds, the engine's clock

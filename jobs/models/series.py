@@ -1,13 +1,21 @@
 """What the run page charts: one row per (metric, step), one per phase span.
 
 Rows are derived from RunEvents at ingest; RunEvent stays the source of truth.
+
+The tables ingest writes at every batch (these three and RunEvent) keep no foreign key
+constraint to their run (db_constraint=False): PostgreSQL checked one per row at commit,
+about half of a raw COPY's time (bench/ingest.py: its COPY limit 117k -> 215k values/s,
+ingest 42-45k -> 51-54k). Ingest stores rows only under the run's row lock, having found the
+run there (jobs/ingest/store.py); deleting a run deletes its rows (Django's CASCADE, which
+runs in Python either way).
 """
 
 from django.db import models
 
 
 class MetricPoint(models.Model):
-    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="metric_points")
+    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="metric_points",
+                            db_constraint=False)
     step = models.BigIntegerField()
     name = models.TextField()
     # NULL when the engine reported NaN or +-inf: JSON (and Postgres jsonb) cannot carry them.
@@ -26,7 +34,8 @@ class MetricPoint(models.Model):
 class PhaseSpan(models.Model):
     """A phase (rollout, reward, learner, weight_sync) busy on one logical device."""
 
-    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="phase_spans")
+    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="phase_spans",
+                            db_constraint=False)
     device = models.TextField()
     phase = models.TextField()
     start = models.FloatField()  # unix seconds
@@ -68,7 +77,8 @@ class MetricRollup(models.Model):
     the bucket's finite values (a NaN is stored as NULL and counted nowhere); ``last`` is
     the value at the bucket's highest step, NULL included."""
 
-    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="metric_rollups")
+    run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="metric_rollups",
+                            db_constraint=False)
     name = models.TextField()
     width = models.IntegerField()      # steps per bucket: one of jobs.rollups.TIERS
     bucket = models.BigIntegerField()  # step // width

@@ -101,7 +101,8 @@ def do_store_job_log(run: Run, text: str, job_ended: bool) -> list[dict]:
     with transaction.atomic():
         # Under the run's row lock, as ingest: of two followers the second sees the rows
         # of the first and stores nothing twice (nor announces it twice).
-        Run.objects.select_for_update().filter(pk=run.pk).first()
+        if Run.objects.select_for_update().filter(pk=run.pk).first() is None:
+            return []   # deleted meanwhile: its event table keeps no foreign key to check
         read = lines_read(run)
         if len(lines) <= read:
             return []

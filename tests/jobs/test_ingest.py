@@ -125,6 +125,28 @@ def test_a_replayed_batch_stores_nothing_twice(client, run, token):
     assert counts == (2, 1, 1)
 
 
+def test_a_run_deleted_after_its_token_was_checked_gets_no_rows_and_a_404(
+        client, run, token, monkeypatch):
+    """The event tables keep no foreign key to the run (jobs/models/series.py): ingest
+    finds the run under its lock or stores nothing."""
+    from jobs.ingest import endpoints
+
+    checked = endpoints.run_for_token
+
+    def deleted_meanwhile(request, run_id):
+        found = checked(request, run_id)
+        Run.objects.filter(pk=run_id).delete()
+        return found
+    monkeypatch.setattr(endpoints, "run_for_token", deleted_meanwhile)
+
+    response = post_events(client, run, token, [metrics(1, 0, loss=1.0), span(2, 0)])
+
+    assert response.status_code == 404 and "does not exist" in response.json()["error"]
+    assert not RunEvent.objects.filter(run_id=run.pk).exists()
+    assert not MetricPoint.objects.filter(run_id=run.pk).exists()
+    assert not PhaseSpan.objects.filter(run_id=run.pk).exists()
+
+
 def test_a_batch_that_overlaps_what_is_stored_adds_only_the_new_seqs(client, run, token):
     post_events(client, run, token, [span(1, 0), span(2, 0, device="cpu:1")])
 
