@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 from bench.ingest import (  # noqa: E402
     EVENTS_PER_STEP,
     Database,
+    batch_events,
     create_runs,
     metric_names,
     setup_django,
-    step_events,
 )
 from engine.api import event_from_dict  # noqa: E402
 
@@ -69,10 +69,8 @@ def run_bench(args, database) -> dict:
 
     def batch() -> None:
         nonlocal seq, step
-        events = []
-        while len(events) + EVENTS_PER_STEP <= args.batch:
-            events += step_events(seq, step, names, time.time())
-            seq, step = seq + EVENTS_PER_STEP, step + 1
+        events = batch_events(seq, step, names, args.batch, time.time())
+        seq, step = seq + len(events), step + len(events) // EVENTS_PER_STEP
         store.do_ingest_events(run, [event_from_dict(e) for e in events])
 
     try:

@@ -81,6 +81,15 @@ def step_events(seq: int, step: int, names: list[str], ts: float) -> list[dict]:
 
 
 EVENTS_PER_STEP = len(PHASES) + 1
+
+
+def batch_events(seq: int, step: int, names: list[str], size: int, ts: float) -> list[dict]:
+    """A full batch of the HTTP sink's: the whole steps from (seq, step) that fit in
+    ``size`` events."""
+    return [event for i in range(size // EVENTS_PER_STEP)
+            for event in step_events(seq + i * EVENTS_PER_STEP, step + i, names, ts)]
+
+
 # A watched run's seq 1, posted once every client is connecting: a client counts from the
 # event after it, so the figures leave out the server's work of opening the sockets (each
 # one's backfill and alert rows, once).
@@ -120,10 +129,8 @@ def send(port: int, run_id: int, token: str, batch: int, values: int, deadline: 
              "replays_wrong": 0, "error": None}
     try:
         while time.time() < deadline:
-            events, ts = [], time.time()
-            while len(events) + EVENTS_PER_STEP <= batch:
-                events += step_events(seq, step, names, ts)
-                seq, step = seq + EVENTS_PER_STEP, step + 1
+            events = batch_events(seq, step, names, batch, time.time())
+            seq, step = seq + len(events), step + len(events) // EVENTS_PER_STEP
             body = json.dumps({"events": events})
             answer = poster.post(body)
             if answer["stored"] != len(events):

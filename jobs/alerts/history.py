@@ -12,7 +12,7 @@ the same payloads, the same evaluation. Nothing here touches the database.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,6 +39,14 @@ class RunHistory:
         # kept while its inputs are unchanged: evaluate() runs at every event, most of
         # which (spans, syncs) leave those inputs as they were.
         self._derived: dict[str, tuple[Any, Any]] = {}
+
+    @classmethod
+    def of(cls, payloads: Iterable[dict[str, Any]]) -> RunHistory:
+        """A history of stored event payloads, in seq order."""
+        h = cls()
+        for payload in payloads:
+            h.add(payload)
+        return h
 
     def derived(self, name: str, inputs: Any, compute: Callable[[], Any]) -> Any:
         """``compute()``, or what it returned last for ``name`` if that was for equal

@@ -142,9 +142,7 @@ def stored_baseline(run: Run, t: Thresholds, whose: str) -> Baseline | None:
     on a long run its first steps are long gone, and a baseline taken there would creep."""
     rows = (RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
             .values_list("payload", flat=True)[:2 * (t.throughput_baseline_steps + 1)])
-    h = RunHistory()
-    for payload in rows:
-        h.add(payload)
+    h = RunHistory.of(rows)
     steps = first_healthy(h, t)
     if not steps:
         return None

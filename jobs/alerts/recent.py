@@ -82,9 +82,7 @@ def recent_history(run: Run) -> RunHistory:
 def read(run: Run) -> Recent:
     rows = list(RunEvent.objects.filter(run=run, type__in=HISTORY_EVENTS)
                 .order_by("-seq").values_list("seq", "payload")[:HISTORY_LIMIT])
-    h = RunHistory()
-    for _, payload in reversed(rows):
-        h.add(payload)
+    h = RunHistory.of(payload for _, payload in reversed(rows))
     return Recent(created_at=run.created_at, rewrites=run.history_rewrites, history=h,
                   top=rows[0][0] if rows else 0, events=len(rows))
 
