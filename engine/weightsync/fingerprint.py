@@ -10,33 +10,40 @@ defends against an adversary who crafts weights); it reads ~10 GB/s on one core 
 CPU box, about 7x SHA-256 with the CPU's SHA extensions (bench/weight_sync.py prints both
 on the same tensors), so verifying a sync no longer dominates it.
 
-A rollout engine loads and fingerprints in one pass (``load_fingerprinted``):
+A rollout engine loads and fingerprints in one pass (``load_fingerprinted``), on two
+threads (torch's copy and xxhash's update both release the GIL):
 
-    for each served tensor, in name order:      hash its header
-        for each CHUNK_BYTES slice:             copy the incoming bytes into it,
-                                                hash the slice just written (still in L2)
+    copying thread, in name order               hashing thread (a Hasher), in the same order
+    for each CHUNK_BYTES slice of a tensor:     hash the header, then each slice handed
+        copy the incoming bytes into it,        over, while the next one is copied
+        hand the slice just written over
 
 XXH3's streaming state makes that the same digest as ``fingerprint`` over the served
 tensors after the copy, and it is still the served bytes that are hashed (what the copy
-wrote, not what was offered), so the fingerprint keeps its meaning. Reading the weights
-back from L2 (~45 GB/s) instead of memory (~11 GB/s) about halves what verifying adds to a
-load on this box: small preset (84 MB), 1.3-1.4x an unverified copy against 1.55-1.65x
-with a second pass ("memcpy + xxh3 in one pass" in bench/weight_sync.py). It cannot
-vanish: one core hashes at most ~45 GB/s and copies at ~6.5.
+wrote, not what was offered), so the fingerprint keeps its meaning. The hash reads each
+slice from cache right after it was written, on another core, so a verified load takes
+1.15-1.3x the copy alone ("memcpy + xxh3 in one pass" in bench/weight_sync.py, small
+preset, 84 MB, on this 2-core box) against 1.45-1.6x hashing each slice on the copying
+thread, as it did before, and 1.65-1.7x with a second pass. What is left is the plan made
+before the copy, the last slice, and, within a sync, memory traffic shared with the
+learner, which hashes what it sent meanwhile.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
 import xxhash
 
-# Copy and hash this many bytes at a time: the source and destination slices (2 x 256 KiB)
-# stay in one core's L2 between the copy and the hash. Smaller slices pay numpy's call
-# overhead per slice; larger ones spill to memory (bench: small preset, 84 MB).
-CHUNK_BYTES = 1 << 18
+# Copy this many bytes before handing them to the hashing thread: the slice is still in
+# cache (L2/L3) when that thread reads it, and a few hand-overs per tensor keep the queue's
+# cost (microseconds each) out of sight. Smaller slices pay more hand-overs; larger ones
+# leave a longer last slice to hash after the copy ends (bench: small preset, 84 MB).
+CHUNK_BYTES = 1 << 21
 
 
 def _header(name: str, t: torch.Tensor) -> bytes:
@@ -45,8 +52,15 @@ def _header(name: str, t: torch.Tensor) -> bytes:
 
 def _raw(t: torch.Tensor) -> np.ndarray:
     """The tensor's bytes as a flat uint8 array over its own buffer (no copy when it is a
-    contiguous CPU tensor)."""
-    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+    contiguous CPU tensor; numpy's own view where it has the dtype: a third of torch's
+    calls, which the per-sync plan of ``load_fingerprinted`` makes per tensor)."""
+    t = t.detach()
+    if t.device.type == "cpu" and t.is_contiguous():
+        try:
+            return t.numpy().reshape(-1).view(np.uint8)
+        except (TypeError, RuntimeError):    # a dtype numpy lacks (bfloat16), a conj bit
+            pass
+    return t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
 
 
 def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
@@ -55,6 +69,40 @@ def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
         h.update(_header(name, t))
         h.update(_raw(t))
     return h.hexdigest()
+
+
+class Hasher:
+    """XXH3-128 fed on a thread of its own, in the order ``update`` is called: the caller
+    goes on (copying the next slice) while it hashes. The buffers handed over must not
+    change until ``hexdigest`` returns; ``close`` stops it without a digest."""
+
+    def __init__(self) -> None:
+        self._h = xxhash.xxh3_128()
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rlplane-fingerprint",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while (buf := self._q.get()) is not None:
+                self._h.update(buf)
+        except BaseException as exc:     # noqa: BLE001 - raised by hexdigest
+            self._error = exc
+
+    def update(self, buf) -> None:
+        self._q.put(buf)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+
+    def hexdigest(self) -> str:
+        self.close()
+        if self._error is not None:
+            raise self._error
+        return self._h.hexdigest()
 
 
 def _byte_copyable(dst: torch.Tensor, src: torch.Tensor) -> bool:
@@ -82,20 +130,40 @@ def load_fingerprinted(served: Mapping[str, torch.Tensor],
             for dst, t in incoming:
                 dst.copy_(t)
             return nbytes, ""
-        src_of = {id(dst): t for dst, t in incoming}          # the last of a repeated name
-        h = xxhash.xxh3_128()
-        for name in sorted(served):
-            dst = served[name]
-            h.update(_header(name, dst))
-            src = src_of.get(id(dst))
-            if src is not None and _byte_copyable(dst, src.detach()):
-                d, s = _raw(dst), _raw(src)
-                for a in range(0, d.size, CHUNK_BYTES):
-                    chunk = d[a:a + CHUNK_BYTES]
-                    np.copyto(chunk, s[a:a + CHUNK_BYTES])
-                    h.update(chunk)
-                continue
-            if src is not None:
-                dst.copy_(src)
-            h.update(_raw(dst))
+        src_of = {id(dst): t.detach() for dst, t in incoming}   # the last of a repeated name
+        plan = [_plan(name, served[name], src_of.get(id(served[name]))) for name in sorted(served)]
+        h = Hasher()
+        try:
+            for header, dst, src, slices in plan:
+                h.update(header)
+                if slices is None:       # a converting copy, or nothing sent: whole, then hashed
+                    if src is not None:
+                        dst.copy_(src)
+                    h.update(_raw(dst))
+                    continue
+                for d, s, view in slices:
+                    d.copy_(s)
+                    h.update(view)
+        except BaseException:
+            h.close()
+            raise
     return nbytes, h.hexdigest()
+
+
+def _plan(name: str, dst: torch.Tensor, src: torch.Tensor | None) -> tuple:
+    """(header, dst, src, the CHUNK_BYTES slices (of dst, of src, of dst's bytes) to copy
+    and hash, or None when the copy is not a byte copy or nothing was sent). Made before
+    the copying starts: each torch call in the copying loop hands the GIL to the hashing
+    thread and waits to get it back, and a loop that made its views as it went took
+    1.4-1.5x a plain copy."""
+    if src is None or not _byte_copyable(dst, src):
+        return _header(name, dst), dst, src, None
+    view = _raw(dst)
+    if view.size <= CHUNK_BYTES:
+        return _header(name, dst), dst, src, [(dst, src, view)]
+    size = dst.element_size()
+    step = CHUNK_BYTES // size                          # whole elements per slice
+    d, s = dst.reshape(-1), src.reshape(-1)
+    return _header(name, dst), dst, src, [
+        (d[a:a + step], s[a:a + step], view[a * size:(a + step) * size])
+        for a in range(0, d.numel(), step)]

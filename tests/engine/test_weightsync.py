@@ -1,3 +1,5 @@
+import threading
+
 import pytest
 import torch
 
@@ -108,3 +110,13 @@ def test_loading_fingerprints_the_served_tensors_as_a_second_pass_would():
     served["a.big"][-1] += 1                        # the last slice's last byte counts
     assert fingerprint(served.items()) != fp
     assert load_fingerprinted(served, [], verify=False) == (0, "")
+
+
+def test_a_load_that_fails_midway_raises_its_error_and_leaves_no_hashing_thread():
+    from engine.weightsync.fingerprint import load_fingerprinted
+
+    served = {"a": torch.zeros(4), "b": torch.zeros(3)}
+    with pytest.raises(RuntimeError):                        # b: 5 elements into 3
+        load_fingerprinted(served, [("a", torch.ones(4)), ("b", torch.ones(5))])
+    assert torch.equal(served["a"], torch.ones(4))
+    assert not [t for t in threading.enumerate() if t.name == "rlplane-fingerprint"]
