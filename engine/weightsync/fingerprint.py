@@ -131,7 +131,8 @@ def load_fingerprinted(served: Mapping[str, torch.Tensor],
                 dst.copy_(t)
             return nbytes, ""
         src_of = {id(dst): t.detach() for dst, t in incoming}   # the last of a repeated name
-        plan = [_plan(name, served[name], src_of.get(id(served[name]))) for name in sorted(served)]
+        plan = [_plan(name, dst, src_of.get(id(dst)))
+                for name, dst in sorted(served.items(), key=lambda kv: kv[0])]
         h = Hasher()
         try:
             for header, dst, src, slices in plan:
@@ -156,14 +157,14 @@ def _plan(name: str, dst: torch.Tensor, src: torch.Tensor | None) -> tuple:
     the copying starts: each torch call in the copying loop hands the GIL to the hashing
     thread and waits to get it back, and a loop that made its views as it went took
     1.4-1.5x a plain copy."""
+    header = _header(name, dst)
     if src is None or not _byte_copyable(dst, src):
-        return _header(name, dst), dst, src, None
+        return header, dst, src, None
     view = _raw(dst)
     if view.size <= CHUNK_BYTES:
-        return _header(name, dst), dst, src, [(dst, src, view)]
+        return header, dst, src, [(dst, src, view)]
     size = dst.element_size()
     step = CHUNK_BYTES // size                          # whole elements per slice
     d, s = dst.reshape(-1), src.reshape(-1)
-    return _header(name, dst), dst, src, [
-        (d[a:a + step], s[a:a + step], view[a * size:(a + step) * size])
-        for a in range(0, d.numel(), step)]
+    return header, dst, src, [(d[a:a + step], s[a:a + step], view[a * size:(a + step) * size])
+                              for a in range(0, d.numel(), step)]
