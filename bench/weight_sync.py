@@ -19,6 +19,13 @@ cross-process transport. Two figures per transport:
     sha    the same with the SHA-256 fingerprint the engine used before (the reference
            copy below), timed in the same rounds on the same tensors.
 
+"after" is "sync" with the learner's hash queued once the worker has loaded
+(WeightSyncSession.send's hash_after_load, how the loop sends when generation waits for
+the sync): its pass then shares no memory bandwidth with the worker's load, and the loop
+gathers the step's metrics meanwhile; its table gives the time until the worker serves the
+weights (SyncResult.latency_s, what the next generation waits for) beside move's, and the
+time until both fingerprints are in.
+
 "fp share" is the fingerprints' share of a whole sync, (sync - move) / sync: what verifying
 every sync (weight_sync.verify_every = 1) adds to its latency; "sync/move" is the same as
 a ratio, a verified sync's latency over an unverified one's (issue 36's goal: <= 1.1).
@@ -81,12 +88,12 @@ def sha256_fingerprint(named_tensors) -> str:
 
 
 FINGERPRINTS = {"move": None, "serial": fingerprint, "sync": fingerprint,
-                "2pass": fingerprint, "sha": sha256_fingerprint}
+                "after": fingerprint, "2pass": fingerprint, "sha": sha256_fingerprint}
 
 
 class ServedWeights:
     """The receiving engine's part of a sync: TorchRollout.load_weights's one pass
-    (load_fingerprinted) for "move", "serial" and "sync"; for "2pass" and "sha" a copy into
+    (load_fingerprinted) for "move", "serial", "sync" and "after"; for "2pass" and "sha" a copy into
     the tensors it serves, then their fingerprint."""
 
     def __init__(self, named):
@@ -95,7 +102,7 @@ class ServedWeights:
 
     def load_weights(self, named, version, verify=True):
         self.version = version
-        if self.mode in ("move", "serial", "sync"):
+        if self.mode in ("move", "serial", "sync", "after"):
             _, fp = load_fingerprinted(self.tensors, named, verify and self.mode != "move")
             return WeightReport(version, fp, 0)
         for n, t in named:
@@ -175,14 +182,18 @@ def bench_state(name: str, named, rounds: int, transports: list[str]) -> None:
     times: dict[str, list[float]] = {k: [] for k in
                                      ["memcpy", "fingerprint", "sha256", "one pass",
                                       *(f"{k} {m}" for k in sessions
-                                        for m in [*FINGERPRINTS, "every4"])]}
+                                        for m in [*FINGERPRINTS, "every4"]),
+                                      *(f"{k} {m} served" for k in sessions
+                                        for m in FINGERPRINTS)]}
     version = 0
 
-    def one_sync(kind):
+    def one_sync(kind, after=False):
         nonlocal version
         version += 1
         sources[kind].version = version
-        sessions[kind].send(version, initial=version == 1)
+        sessions[kind].send(version, initial=version == 1, hash_after_load=after)
+        if after:
+            sessions[kind].await_served()
         [res] = sessions[kind].settle(wait=True)
         return res
 
@@ -208,11 +219,13 @@ def bench_state(name: str, named, rounds: int, transports: list[str]) -> None:
             for mode in modes:
                 ray.get(worker_of[kind].fingerprinting.remote(mode))
                 sources[kind].mode = mode
-                res = one_sync(kind)
+                res = one_sync(kind, after=mode == "after")
                 assert res.matched and res.fingerprint_learner == {
-                    "move": "", "serial": fp, "sync": fp, "2pass": fp, "sha": sha}[mode], res
+                    "move": "", "serial": fp, "sync": fp, "after": fp, "2pass": fp,
+                    "sha": sha}[mode], res
                 if r:
                     times[f"{kind} {mode}"].append(res.verify_latency_s)
+                    times[f"{kind} {mode} served"].append(res.latency_s)
             cfg = session.cfg                        # 4 syncs at verify_every = 4
             session.cfg = cfg.model_copy(update={"verify_every": 4})
             sources[kind].mode, run = "sync", []
@@ -260,6 +273,15 @@ def bench_state(name: str, named, rounds: int, transports: list[str]) -> None:
               f"{share(kind, 'sha'):9.2f}")
     print("  ratio = transport GB/s / memcpy GB/s; sync ms and sha ms run until both ends' "
           "fingerprints are in")
+    print(f"  {'transport':14s} {'move ms':>8s} {'after ms':>8s} {'after/move':>10s} "
+          f"{'after, both fp ms':>17s}")
+    for kind in sessions:
+        move, after = med[f"{kind} move served"], med[f"{kind} after served"]
+        print(f"  {kind:14s} {move * 1e3:8.1f} {after * 1e3:8.1f} {after / move:9.2f}x "
+              f"{med[f'{kind} after'] * 1e3:17.1f}")
+    print("  after = the learner hashes once the worker has loaded (hash_after_load, as the "
+          "loop's non-overlapping policies send); move ms and after ms run until the worker "
+          "serves the weights, what the next generation waits for")
     for source in sources.values():
         source.close_sender()
     for _, worker in hosts:

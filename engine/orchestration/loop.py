@@ -268,13 +268,18 @@ class StepLoop:
         self.step, self.version = d.learner.call(LearnerWorker.state).result()
         self._drain_spans()           # the phases so far reach the control plane before a
         self._send(step)              # sync that may hang (PhaseHang names what follows)
-        self._settle(wait=not self.policy.overlaps)
+        if self.policy.overlaps:
+            self._settle(wait=False)
+        else:       # the workers serve the new version; the learner hashes what it sent
+            self.d.sync.await_served()      # while the step's metrics are gathered
         self._drain_spans()
         m |= self.tel.step_metrics(t0, time.time())
         m |= reward_metrics(d.each(RolloutWorker.reward_metrics, actors=d.workers, lost={}),
                             m)
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
         m |= group_metrics(groups, self.experience.dropped) | group_length_metrics(groups)
+        if not self.policy.overlaps:
+            self._settle(wait=True)
         m |= sync_metrics(self.last_sync) | env_metrics(samples,
                                                           self.experience.take_close_faults())
         m |= {k: v for values in d.each(Telemetered.sample_devices, lost={})
@@ -311,7 +316,7 @@ class StepLoop:
                     self.tel.log(line, level=level)
 
     def _send(self, step: int, initial: bool = False) -> None:
-        self.d.sync.send(step, initial)
+        self.d.sync.send(step, initial, hash_after_load=not initial and not self.policy.overlaps)
         self.policy.weights_sent(self.version)
 
     def _settle(self, wait: bool) -> None:

@@ -16,8 +16,13 @@ every transport (in place included). The loop, the tests and the benches all dri
 
 The learner fingerprints what it sent after the bytes are on their way (sent_fingerprint,
 queued behind transfer), while the workers load theirs: its hash is off the sync's critical
-path instead of ahead of every byte. It still hashes the version it sent: the call is
-queued before any later update of the learner's, and it holds the very tensors prepare sent.
+path instead of ahead of every byte. With ``send(..., hash_after_load=True)`` it is queued
+once every worker has answered (``await_served``), so its pass over the weights no longer
+shares the memory bandwidth of their loads (bench/weight_sync.py "after": the time until
+the worker serves a verified sync on the small preset, 1.21-1.25x an unverified one's,
+against 1.28-1.38x hashing beside it), and the loop gathers the step's metrics while it
+hashes. Either way it hashes the version it sent: the call is queued before any later
+update of the learner's, and it holds the very tensors prepare sent.
 
 Calls to one actor run in submit order, so a ``produce`` queued after ``send`` generates
 with the new weights, and ``send`` returns before the workers have them (the overlapped
@@ -169,10 +174,11 @@ class WeightReceiverHost:
 class _Pending:
     step: int
     sent_at: float
-    meta: object          # future -> WeightMeta
+    meta: object          # future -> WeightMeta (None: queued once the workers answered)
     ticket: object        # future -> Ticket
     served: list          # futures -> Served, one per worker
     workers: list         # the handles they were sent to (a replaced one may be gone)
+    answers: list | None = None    # the Served of each (None: lost), once awaited
 
 
 class WeightSyncSession:
@@ -208,9 +214,16 @@ class WeightSyncSession:
         for f in setups:
             f.result()
 
-    def send(self, step: int, initial: bool = False) -> None:
+    def send(self, step: int, initial: bool = False, hash_after_load: bool = False) -> None:
         """Queue the learner's current weights to every worker, behind the calls already
-        queued on them; the reports come back through ``settle``."""
+        queued on them; the reports come back through ``settle``.
+
+        ``hash_after_load``: the learner fingerprints what it sent once every worker has
+        loaded it (queued by ``await_served`` or ``settle``), not while they load: its pass
+        over the weights then shares no memory bandwidth with theirs, and a caller that
+        has other work before it needs the result (the loop's step metrics) waits for
+        the workers alone. The caller must then call one of them before any call that
+        changes the learner's weights."""
         self._collect(wait=True)
         verify = initial or self._sends % self.cfg.verify_every == 0
         self._sends += 1
@@ -220,8 +233,16 @@ class WeightSyncSession:
         served = [w.call(WeightReceiverHost.receive_weights, ticket, step)
                   for w in self.workers]
         self.learner.call(WeightSenderHost.transfer, step)
-        meta = self.learner.call(WeightSenderHost.sent_fingerprint, step)
+        meta = None if hash_after_load else \
+            self.learner.call(WeightSenderHost.sent_fingerprint, step)
         self._pending.append(_Pending(step, sent_at, meta, ticket, served, list(self.workers)))
+
+    def await_served(self) -> None:
+        """Wait until every worker has answered each sync in flight, and queue the
+        learner's fingerprint of those sent with ``hash_after_load``: it hashes while the
+        caller goes on, and ``settle`` returns the results."""
+        for p in list(self._pending):
+            self._answers(p)
 
     def rejoin(self, index: int, worker, step: int) -> SyncResult:
         """``worker`` takes place ``index`` (a dead worker's): it joins the transport and
@@ -250,7 +271,10 @@ class WeightSyncSession:
         for p in self._pending:
             at = next((i for i, w in enumerate(p.workers) if w is worker), None)
             if at is not None:
-                self._served(p, at)
+                if p.answers is None:
+                    self._served(p, at)
+                else:
+                    del p.answers[at]
                 del p.served[at], p.workers[at]
         del self.workers[index]
 
@@ -290,16 +314,32 @@ class WeightSyncSession:
         out, self._settled = self._settled, []
         return out
 
+    def _answers(self, p: _Pending) -> list[Served | None]:
+        """Each worker's answer to ``p`` (None: lost, handed to on_lost), awaited once; then
+        the learner's fingerprint is queued if it waited for them. A failed sync leaves."""
+        try:
+            if p.answers is None:
+                p.ticket.result()                                   # prepare's error first
+                p.answers = [self._served(p, i) for i in range(len(p.served))]
+            if p.meta is None:
+                p.meta = self.learner.call(WeightSenderHost.sent_fingerprint, p.step)
+        except BaseException:
+            self._pending.remove(p)
+            self._last = None            # workers may hold any version: the next is full
+            raise
+        return p.answers
+
     def _collect(self, wait: bool) -> None:
         while self._pending and (wait or all(f.done() for f in self._pending[0].served)):
-            p = self._pending.pop(0)
+            p = self._pending[0]
+            answers = self._answers(p)
+            self._pending.pop(0)
             try:
-                ticket, meta = p.ticket.result(), p.meta.result()   # prepare's error first
-                served = [s for s in (self._served(p, i) for i in range(len(p.served)))
-                          if s is not None]
+                ticket, meta = p.ticket.result(), p.meta.result()
             except BaseException:
-                self._last = None        # workers may hold any version: the next is full
+                self._last = None
                 raise
+            served = [s for s in answers if s is not None]
             if not served:               # every worker died during it: no one to report
                 self._last = None
                 continue

@@ -259,3 +259,57 @@ def test_a_killed_learners_shared_memory_file_is_removed_by_the_next_sender(tmp_
     sender.close()
     assert set(os.listdir(tmp_path)) == kept
     os.close(holder)
+
+
+class _Logged(_Tensors):
+    def __init__(self, named, log):
+        super().__init__(named)
+        self.log = log
+
+    def load_weights(self, named, version, verify=True):
+        self.log.append(f"worker loaded {version}")
+        return super().load_weights(named, version, verify)
+
+
+def test_a_learner_hashing_after_the_workers_load_hashes_the_version_it_sent(tmp_path):
+    from engine.orchestration.actors import ThreadActor
+    from engine.weightsync.session import EngineHost, TensorSource, WeightSyncSession
+
+    log = []
+
+    class Source(TensorSource):
+        def weights_fingerprint(self, named):
+            log.append(f"learner hashed {self.version}")
+            return super().weights_fingerprint(named)
+
+        def update(self):                   # what the learner's next step does
+            for _, t in self.named:
+                t.add_(1)
+            self.version += 1
+
+    named = [(n, t.contiguous()) for n, t in _mixed() if t.is_floating_point()]
+    source, engine = Source([(n, t.clone()) for n, t in named], 1), _Logged(named, log)
+    cfg = validate_config({"weight_sync": {"type": "shm",
+                                           "directory": str(tmp_path)}}).weight_sync
+    learner = ThreadActor(source, 1, "learner")
+    session = WeightSyncSession(learner, [ThreadActor(EngineHost(engine), 1)], cfg)
+    session.connect()
+    session.send(1, initial=True)
+    session.settle(wait=True)
+    for _, t in source.named:           # the learner's update before the second sync
+        t.mul_(2)
+    sent = fingerprint(source.named)
+    log.clear()
+
+    source.version = 2
+    session.send(2, hash_after_load=True)
+    session.await_served()
+    updated = learner.call(Source.update)     # queued behind the hash await_served queued
+
+    [res] = session.settle(wait=True)
+    assert log == ["worker loaded 2", "learner hashed 2"]     # never beside the load
+    assert res.matched and res.version_learner == 2
+    assert res.fingerprint_learner == res.fingerprint_rollout == sent  # not the update's
+    updated.result()
+    assert fingerprint(source.named) != sent
+    source.close_sender()
