@@ -25,8 +25,9 @@ slice from cache right after it was written, on another core, so a verified load
 1.15-1.3x the copy alone ("memcpy + xxh3 in one pass" in bench/weight_sync.py, small
 preset, 84 MB, on this 2-core box) against 1.45-1.6x hashing each slice on the copying
 thread, as it did before, and 1.65-1.7x with a second pass. What is left is the plan made
-before the copy, the last slice, and, within a sync, memory traffic shared with the
-learner, which hashes what it sent meanwhile.
+before the copy, the last slice and the hashing thread's reads of what the other core
+wrote (in a Ray worker, beside Ray's own threads: 1.3-1.35x); within a sync, the learner
+hashes what it sent after the load when generation waits for it (WeightSyncSession).
 """
 
 from __future__ import annotations
