@@ -280,7 +280,7 @@ def bench_state(name: str, named, rounds: int, transports: list[str]) -> None:
         print(f"  {kind:14s} {move * 1e3:8.1f} {after * 1e3:8.1f} {after / move:9.2f}x "
               f"{med[f'{kind} after'] * 1e3:17.1f}")
     print("  after = the learner hashes once the worker has loaded (hash_after_load, as the "
-          "loop's non-overlapping policies send); move ms and after ms run until the worker "
+          "loop's non-overlapping policies send);\n  move ms and after ms run until the worker "
           "serves the weights, what the next generation waits for")
     for source in sources.values():
         source.close_sender()
