@@ -93,8 +93,8 @@ FINGERPRINTS = {"move": None, "serial": fingerprint, "sync": fingerprint,
 
 class ServedWeights:
     """The receiving engine's part of a sync: TorchRollout.load_weights's one pass
-    (load_fingerprinted) for "move", "serial", "sync" and "after"; for "2pass" and "sha" a copy into
-    the tensors it serves, then their fingerprint."""
+    (load_fingerprinted) for "move", "serial", "sync" and "after"; for "2pass" and "sha" a
+    copy into the tensors it serves, then their fingerprint."""
 
     def __init__(self, named):
         self.tensors = {n: torch.zeros_like(t) for n, t in named}
@@ -102,7 +102,7 @@ class ServedWeights:
 
     def load_weights(self, named, version, verify=True):
         self.version = version
-        if self.mode in ("move", "serial", "sync", "after"):
+        if self.mode not in ("2pass", "sha"):
             _, fp = load_fingerprinted(self.tensors, named, verify and self.mode != "move")
             return WeightReport(version, fp, 0)
         for n, t in named:
