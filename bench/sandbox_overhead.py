@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import time
 
-from engine.reward.sandbox import HERE, PYTHON, Limits, isolation, run_tests
+from engine.reward.sandbox import HARNESS, PYTHON, Limits, isolation, job_bytes, run_tests
 
 CODE, TESTS = "f=lambda x:x+3", [(0, 3), (2, 5), (-4, -1)]
 
@@ -28,13 +28,10 @@ def sandboxed() -> float:
 
 
 def bare() -> float:
-    limits = Limits()
-    job = json.dumps({"code": CODE, "inputs": [x for x, _ in TESTS], "cpu_s": limits.cpu_s,
-                      "memory_mb": limits.memory_mb, "file_size_kb": limits.file_size_kb,
-                      "max_processes": 4096, "open_files": limits.open_files})
+    job = job_bytes(CODE, [x for x, _ in TESTS], Limits(max_processes=4096))
     t0 = time.perf_counter()
-    out = subprocess.run([PYTHON, "-I", "-S", "-c", (HERE / "sandbox_harness.py").read_text()],
-                         input=job.encode(), capture_output=True, check=True)
+    out = subprocess.run([PYTHON, "-I", "-S", "-c", HARNESS], input=job, capture_output=True,
+                         check=True)
     assert json.loads(out.stdout)["outputs"] == [y for _, y in TESTS]
     return time.perf_counter() - t0
 

@@ -1,6 +1,7 @@
 """Stage 2 of the sandbox: runs inside the limits, as an unprivileged user, stdlib only.
 
-    python -I -S -c <this file>  < job json (stdin: argv would cap a program at 128 KiB)
+    python -I -S -c <this file>  < the job, marshalled (stdin: argv would cap a program at
+                                   128 KiB; sandbox.job_bytes)
       set rlimits (cpu, address space, file size, processes, open files)
       -> fd 1 kept for the report, user prints go to fd 2 -> exec the program
       -> call f on each test input -> one JSON line: {"outputs": [...], "errors": [...]}
@@ -10,14 +11,21 @@ the outputs against the expected values. The program runs in this process and ca
 anything to the report's fd, so the parent parses the report as untrusted data
 (sandbox.parse_report): a forged report gains nothing the program could not have computed,
 and a malformed one is a crash verdict.
+
+Nothing here imports json: its import (re, enum, functools, collections) cost 10 ms of CPU,
+about as much as the interpreter's own start and a quarter of a whole sandboxed run's
+(bench/sandbox_overhead.py). The job comes marshalled (a builtin module; the parent wrote
+it, before any program runs), and the report is written with the C escaper json itself
+uses for strings (_json), in the few shapes it has.
 """
 
-import json
+import marshal
 import os
 import resource
 import sys
+from _json import encode_basestring_ascii as quote
 
-job = json.loads(sys.stdin.read())
+job = marshal.loads(sys.stdin.buffer.read())
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 MAIN = os.getpid()
 MB = 2**20
@@ -48,10 +56,22 @@ def error_kind(exc: BaseException) -> str:
     return f"error:{type(exc).__name__}"[:64]
 
 
+def encode(value) -> str:
+    """JSON of the report's values: None, a str, an int (not a bool), a list of them."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return quote(value)
+    if isinstance(value, int):
+        return int.__repr__(value)       # as json.dumps does: never a subclass's repr
+    return "[" + ",".join(map(encode, value)) + "]"
+
+
 def finish(payload: dict) -> None:
     if os.getpid() != MAIN:          # a forked copy of the program never reports
         os._exit(0)
-    report.write(json.dumps(payload) + "\n")
+    report.write("{" + ",".join(f"{quote(k)}:{encode(v)}" for k, v in payload.items())
+                 + "}\n")
     report.flush()
     os._exit(0)
 

@@ -171,3 +171,34 @@ def test_a_printed_fake_report_does_not_replace_the_harness_report():
             '[None, None, None]}) + "\\n").encode())\nf=lambda x:x')
     res = run_contained(code)
     assert res.reason == "wrong_answer"
+
+
+def test_outputs_that_are_not_ints_come_back_as_their_reprs_whatever_they_hold():
+    """The harness writes its report without json (sandbox_harness.encode): quotes,
+    backslashes, control characters, non-ASCII text, bools and big ints come back as
+    json.dumps would have written them, cut at 64 characters."""
+    code = ("def f(x):\n"
+            "    return {0: 'a\"b\\\\c\\n\\x00\\u2603', 2: True, -4: 2**60}[x]")
+    res = run_contained(code)
+    assert res.reason == "wrong_answer", res.detail
+    assert res.outputs == [repr('a"b\\c\n\x00\u2603'), "True", repr(2**60)]
+
+
+def test_waiting_for_a_sandbox_wakes_when_it_exits_and_times_out_when_it_does_not():
+    import subprocess
+    import sys
+
+    from engine.reward.sandbox import _wait
+
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    _wait(done, 60.0)
+    assert done.returncode == 0
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            _wait(slow, 0.05)
+        assert slow.returncode is None
+    finally:
+        slow.kill()
+        _wait(slow, 60.0)
+    assert slow.returncode == -9
