@@ -27,6 +27,14 @@ def test_reward_overlap_bench_prints_the_after_vs_streamed_ratio(model_cache):
     assert "ratio pool / streamed" in proc.stdout
 
 
+def test_sandbox_overhead_bench_prints_one_by_one_and_at_once_ratios():
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "sandbox_overhead.py"),
+                           "--rounds", "1", "--at-once", "2"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "per program: sandbox" in proc.stdout and "2 at once, per program" in proc.stdout
+
+
 @pytest.mark.slow
 def test_weight_sync_bench_prints_every_transport_next_to_memcpy(model_cache):
     # the tiny state, one round: what --quick prints but its 8 MB synthetic state, 6 s less
