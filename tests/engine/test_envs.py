@@ -129,6 +129,18 @@ def test_env_calls_run_at_once_each_bounded_by_the_timeout_async_ones_too():
     assert out[3].seconds == pytest.approx(0.5)
 
 
+def test_env_calls_reuse_idle_threads_and_a_hung_call_keeps_only_its_own():
+    gate = threading.Event()
+    hung = call_all([gate.wait], timeout_s=0.01)          # still running on its thread
+    assert [o.status for o in hung] == ["timeout"]
+    threads = [call_all([threading.current_thread], timeout_s=5.0)[0].value
+               for _ in range(50)]
+    gate.set()
+    # one after another: the thread done with a call takes the next (a thread each: 50)
+    assert len({id(t) for t in threads}) < 10
+    assert all(t.daemon and t is not threading.main_thread() for t in threads)
+
+
 def test_the_calculator_answers_a_tool_call_and_scores_the_final_answer():
     env = CalculatorEnv()
     row = env.draw(random.Random(0))
