@@ -61,43 +61,43 @@ def pytest_collection_modifyitems(items):
 
 
 # What the longest files took in their pass (setup included; this machine type, an AMD
-# EPYC 2-core, 2026-12-04, the "time per test file" section each pass prints, after the
+# EPYC 2-core, 2026-12-05, the "time per test file" section each pass prints, after the
 # learner computed a group's prompt once). Ordering by the count of slow tests started the
 # sandbox learning module among the last and left one worker ~90 s alone at the end. A
 # file not named weighs SLOW_TEST_S per slow test; a stale figure only reorders, it cannot
 # fail a test.
 SLOW_TEST_S = 8.0
 CI_FILE_SECONDS = {
-    "tests/engine/test_no_false_alarms.py": 270,   # code repair 106 s, long-tail 75, guess 72
-    "tests/engine/test_learning.py": 160,
-    "tests/engine/test_bench_smoke.py": 136,
-    "tests/engine/test_async_ray.py": 115,
-    "tests/engine/test_gsm8k_sample.py": 100,   # three path-model runs, ~30 s each
-    "tests/engine/test_reward_learning.py": 95,
-    "tests/engine/test_faults_async.py": 76,
-    "tests/engine/test_reward_overopt.py": 67,
-    "tests/engine/test_faults.py": 46,
-    "tests/jobs/test_tasks.py": 39,
+    "tests/engine/test_no_false_alarms.py": 370,   # repair 151 s, long-tail 105, guess 96
+    "tests/engine/test_learning.py": 219,
+    "tests/engine/test_bench_smoke.py": 177,
+    "tests/engine/test_async_ray.py": 161,
+    "tests/engine/test_gsm8k_sample.py": 138,   # three path-model runs, 43-50 s each
+    "tests/engine/test_reward_learning.py": 154,
+    "tests/engine/test_faults_async.py": 74,
+    "tests/engine/test_reward_overopt.py": 83,
+    "tests/engine/test_faults.py": 51,
+    "tests/jobs/test_tasks.py": 63,
     "tests/jobs/test_multinode.py": 37,   # the PostgreSQL pass only (postgres_only)
-    "tests/engine/test_hf_models_vllm.py": 32,
-    "tests/engine/test_env_learning.py": 32,
-    "tests/engine/test_reward_service.py": 31,
-    "tests/engine/test_sharded_ray.py": 26,
-    "tests/test_stack.py": 25,
-    "tests/engine/test_transports_vllm.py": 20,
-    "tests/test_bench_ingest_smoke.py": 20,
+    "tests/engine/test_hf_models_vllm.py": 56,
+    "tests/engine/test_env_learning.py": 42,
+    "tests/engine/test_reward_service.py": 49,
+    "tests/engine/test_sharded_ray.py": 45,
+    "tests/test_stack.py": 44,
+    "tests/engine/test_transports_vllm.py": 26,
+    "tests/test_bench_ingest_smoke.py": 27,
     "tests/jobs/test_rest_schemathesis.py": 18,
     "tests/engine/test_transports.py": 18,
-    "tests/engine/test_vllm_backend.py": 17,
-    "tests/engine/test_learner.py": 16,   # learner.compile's test: inductor, ~15 s
+    "tests/engine/test_vllm_backend.py": 31,
+    "tests/engine/test_learner.py": 30,   # learner.compile's test: inductor, ~27 s
     # the e2e pass (its own two workers)
-    "tests/e2e/test_chaos_drills.py": 87,
-    "tests/e2e/test_browser.py": 85,
-    "tests/e2e/test_stack_drills.py": 81,
-    "tests/e2e/test_operate_remotely.py": 58,
-    "tests/e2e/test_alerts_browser.py": 22,
-    "tests/e2e/test_inspector_browser.py": 20,
-    "tests/e2e/test_external_trl_browser.py": 15,
+    "tests/e2e/test_chaos_drills.py": 101,
+    "tests/e2e/test_browser.py": 98,
+    "tests/e2e/test_stack_drills.py": 98,
+    "tests/e2e/test_operate_remotely.py": 86,
+    "tests/e2e/test_alerts_browser.py": 19,
+    "tests/e2e/test_inspector_browser.py": 38,
+    "tests/e2e/test_external_trl_browser.py": 39,
 }
 
 
