@@ -107,15 +107,23 @@ class _CallThreads:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)   # one per thread done with its call
 
-    def run(self, job: Callable[[], None]) -> None:
-        self._jobs.put(job)
+    def run(self, job: Callable[[], None], done: threading.Event) -> None:
+        """``job()`` on a thread of the pool; ``done`` set once it returned or raised."""
+        self._jobs.put((job, done))
         if not self._idle.acquire(blocking=False):   # none idle: one more thread takes it
             threading.Thread(target=self._work, daemon=True, name="env-call").start()
 
     def _work(self) -> None:
         while True:
-            self._jobs.get()()
+            job, done = self._jobs.get()
+            try:
+                job()
+            except BaseException:
+                done.set()
+                raise                    # this thread ends, never counted idle
+            # idle before its caller hears back: a call made right after finds this thread
             self._idle.release()
+            done.set()
 
 
 _threads = _CallThreads()
@@ -137,8 +145,10 @@ class EnvCalls:
     (Python cannot stop a thread; a daemon one does not hold the process open at exit).
     A raise is "error" with its exception."""
 
-    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.time):
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.time,
+                 threads: _CallThreads | None = None):
         self.timeout_s, self.clock = timeout_s, clock
+        self.threads = threads          # None: the process's (_threads)
         self._calls: list[tuple[Outcome, threading.Event]] = []
 
     def start(self, fn: Callable[[], Any]) -> int:
@@ -153,9 +163,8 @@ class EnvCalls:
                 out.status, out.detail = "error", f"{type(exc).__name__}: {exc}"
             finally:
                 out.end = self.clock()
-                done.set()
 
-        _threads.run(run)
+        (self.threads or _threads).run(run, done)
         self._calls.append((out, done))
         return len(self._calls) - 1
 

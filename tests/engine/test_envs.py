@@ -18,7 +18,7 @@ from engine.config import (
     loads_config,
     validate_config,
 )
-from engine.envs.base import call_all
+from engine.envs.base import EnvCalls, _CallThreads, call_all
 from engine.envs.calculator import CalculatorEnv
 from engine.events import TrajectoryTurn
 from engine.experience import EnvTrace, ExperienceBuffer, Sample
@@ -130,15 +130,22 @@ def test_env_calls_run_at_once_each_bounded_by_the_timeout_async_ones_too():
 
 
 def test_env_calls_reuse_idle_threads_and_a_hung_call_keeps_only_its_own():
+    pool = _CallThreads()      # its own: the process's is shared with whatever else runs
+
+    def one(fn, timeout_s: float = 5.0):
+        calls = EnvCalls(timeout_s, threads=pool)
+        calls.start(fn)
+        return calls.wait()[0]
+
     gate = threading.Event()
-    hung = call_all([gate.wait], timeout_s=0.01)          # still running on its thread
-    assert [o.status for o in hung] == ["timeout"]
-    threads = [call_all([threading.current_thread], timeout_s=5.0)[0].value
-               for _ in range(50)]
+    assert one(gate.wait, timeout_s=0.01).status == "timeout"   # still on its thread
+    hung = threading.enumerate()
+    threads = [one(threading.current_thread).value for _ in range(50)]
+    # one after another: the thread done with a call takes the next (a thread each: 50),
+    # and never the one still running the hung call
+    assert len({id(t) for t in threads}) == 1
+    assert threads[0].daemon and threads[0] not in hung
     gate.set()
-    # one after another: the thread done with a call takes the next (a thread each: 50)
-    assert len({id(t) for t in threads}) < 10
-    assert all(t.daemon and t is not threading.main_thread() for t in threads)
 
 
 def test_the_calculator_answers_a_tool_call_and_scores_the_final_answer():
