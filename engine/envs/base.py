@@ -107,11 +107,13 @@ class _CallThreads:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)   # one per thread done with its call
 
-    def run(self, job: Callable[[], None], done: threading.Event) -> None:
-        """``job()`` on a thread of the pool; ``done`` set once it returned or raised."""
+    def run(self, job: Callable[[], None]) -> threading.Event:
+        """``job()`` on a thread of the pool; the event is set once it returned or raised."""
+        done = threading.Event()
         self._jobs.put((job, done))
         if not self._idle.acquire(blocking=False):   # none idle: one more thread takes it
             threading.Thread(target=self._work, daemon=True, name="env-call").start()
+        return done
 
     def _work(self) -> None:
         while True:
@@ -154,7 +156,6 @@ class EnvCalls:
     def start(self, fn: Callable[[], Any]) -> int:
         """Starts ``fn``; returns its place among the outcomes wait() returns."""
         out = Outcome(start=self.clock())        # written by its thread only from here
-        done = threading.Event()
 
         def run() -> None:
             try:
@@ -164,8 +165,7 @@ class EnvCalls:
             finally:
                 out.end = self.clock()
 
-        (self.threads or _threads).run(run, done)
-        self._calls.append((out, done))
+        self._calls.append((out, (self.threads or _threads).run(run)))
         return len(self._calls) - 1
 
     def wait(self) -> list[Outcome]:
