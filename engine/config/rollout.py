@@ -36,6 +36,10 @@ class TorchRolloutConfig(_RolloutCommon):
     """The built-in batched KV-cache sampler (the fallback and the test oracle)."""
 
     type: Literal["torch"] = "torch"
+    prefix_cache_mb: int = Field(default=256, ge=0, le=65536)
+    """KV the sampler keeps of the contexts it fed, so that a call continuing one (a
+    multi-turn trajectory's next turn) feeds only the tokens that follow; dropped at every
+    weight load. 0 turns it off. The hand-written Llama forward only (README: multi-turn)."""
 
 
 class VllmRolloutConfig(_RolloutCommon):

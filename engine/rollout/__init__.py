@@ -27,4 +27,5 @@ def build_rollout(cfg: TorchRolloutConfig | VllmRolloutConfig, model_dir: Path, 
     from engine.rollout.torch_backend import TorchRollout
 
     return TorchRollout.from_pretrained(model_dir, DTYPES[dtype], trust_remote_code,
-                                        record_routing=cfg.record_routing)
+                                        record_routing=cfg.record_routing,
+                                        prefix_cache_mb=cfg.prefix_cache_mb)

@@ -77,6 +77,19 @@ class LlamaKV:
         """A view of batch rows [a, b) of the cache: a forward on it writes in place."""
         return cache[0][:, a:b], cache[1][:, a:b]
 
+    @staticmethod
+    def take(cache: tuple[torch.Tensor, ...], row: int, a: int, b: int) -> tuple[torch.Tensor, ...]:
+        """A copy of batch row ``row``'s keys and values at slots [a, b): (L, kv, b-a, D)."""
+        return cache[0][:, row, :, a:b].clone(), cache[1][:, row, :, a:b].clone()
+
+    @staticmethod
+    def put(cache: tuple[torch.Tensor, ...], row: int, a: int,
+            kv: tuple[torch.Tensor, ...]) -> None:
+        """``take``'s copy into batch row ``row`` from slot ``a`` on."""
+        n = kv[0].shape[2]
+        cache[0][:, row, :, a:a + n] = kv[0]
+        cache[1][:, row, :, a:a + n] = kv[1]
+
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: tuple[torch.Tensor, ...],
                 start: int, valid: torch.Tensor, last_only: bool = False) -> torch.Tensor:

@@ -21,9 +21,11 @@
        env.turn_log = each turn's tokens, version and step reward (and, with
        task.env.reward_credit = "turn", credit: each step's reward on its turn's end)
 
-It drives the rollout seam (engine.rollout.base.RolloutEngine): each turn the engine
-prefills the trajectory's whole context again (the torch sampler keeps no KV cache across
-calls; prefix reuse is left to an engine that has it). Turns of different trajectories
+It drives the rollout seam (engine.rollout.base.RolloutEngine): each turn hands the
+engine the trajectory's whole context, and the engine's prefix cache feeds only what the
+last turn added (the torch sampler's engine.rollout.prefix_cache, vLLM's prefix caching;
+both dropped when the weights change, so a carried trajectory's next turn under new
+weights is fed whole). Turns of different trajectories
 are batched into one generate call; an early finisher's environment step (a tool call)
 runs while the batch's longer turns still decode, and overlaps the other steps. A
 trajectory that ``advance`` leaves live (partial rollout:

@@ -20,6 +20,12 @@ length, each bucket only as wide as its longest prompt (its keys land at the sam
 the one cache): a batch of mostly short prompts, or of partial rollout's carried rows
 (prompt + tokens so far), no longer computes every row at the longest's width.
 
+A call that continues a context fed before (a multi-turn trajectory's next turn: the
+context, its last token, the observations) takes that context's KV from the prefix cache
+(engine.rollout.prefix_cache; rollout.prefix_cache_mb) into its slots and feeds only the
+rest: the prefill buckets go by what each row still has to feed. Each row's KV is stored
+there as it ends; a weight load drops them all.
+
 Behaviour logprobs are the log-probabilities of the sampled tokens under the distribution
 actually sampled from: temperature-scaled, then truncated to the top-p nucleus and
 renormalized (vLLM's processed logprobs). At temperature 0 decoding is greedy and every
@@ -39,11 +45,13 @@ from pathlib import Path
 
 import torch
 
+from engine.config import TorchRolloutConfig
 from engine.model import eos_token_ids, load_policy
 from engine.moe import RouterHooks
 from engine.rollout.base import Completion, OnComplete, SamplingParams, WeightReport
 from engine.rollout.hf_kv import HFKV
 from engine.rollout.llama_kv import LlamaKV
+from engine.rollout.prefix_cache import PrefixCache
 from engine.sampling import processed_logprobs
 from engine.weightsync.fingerprint import fingerprint, load_fingerprinted
 
@@ -60,6 +68,7 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
 
 
 COMPACT_EVERY = 4      # compact the batch once 1/4 of its rows have finished
+PREFIX_CACHE_MB = TorchRolloutConfig.model_fields["prefix_cache_mb"].default
 
 
 def prefill_buckets(lengths: list[int], min_rows: int = 8,
@@ -82,24 +91,29 @@ class TorchRollout:
 
     def __init__(self, model: LlamaKV | HFKV, tensors: dict[str, torch.Tensor],
                  eos_ids: Iterable[int], pad_id: int, version: int = 0,
-                 router: RouterHooks | None = None):
+                 router: RouterHooks | None = None, prefix_cache_bytes: int = 0):
         """``tensors``: the HF-named parameters ``model`` computes with (this engine's own
         copy); ``eos_ids``: what ends a completion whatever the sampling params say;
-        ``router``: hooks on ``model``'s routers, to record routing."""
+        ``router``: hooks on ``model``'s routers, to record routing;
+        ``prefix_cache_bytes``: what the prefix cache may hold (the hand-written Llama
+        only; 0: none)."""
         self.model, self.tensors, self.router = model, tensors, router
         self.eos_ids = tuple(eos_ids)
         self.pad_id = pad_id
         self.dtype = next(iter(tensors.values())).dtype
         self._version = version
+        self.prefixes = (PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 and
+                         isinstance(model, LlamaKV) and router is None else None)
 
     @classmethod
     def from_pretrained(cls, path: Path, dtype: torch.dtype = torch.float32,
                         trust_remote_code: bool = False, forward: str = "auto",
-                        record_routing: bool = False) -> TorchRollout:
+                        record_routing: bool = False,
+                        prefix_cache_mb: int = PREFIX_CACHE_MB) -> TorchRollout:
         """``forward``: "auto" takes the hand-written Llama where it reproduces the model,
         "hf" always the model's own forward (for comparing the two). ``record_routing``:
         completions carry the MoE routing (the model's own forward; a dense model is
-        refused)."""
+        refused). ``prefix_cache_mb``: rollout.prefix_cache_mb."""
         policy = load_policy(path, dtype, trust_remote_code)
         config = policy.config
         eos = eos_token_ids(path)
@@ -107,7 +121,8 @@ class TorchRollout:
         pad = config.pad_token_id if config.pad_token_id is not None else (eos or (0,))[0]
         if forward == "auto" and LlamaKV.supports(config) and not record_routing:
             tensors = {n: p.detach() for n, p in policy.named_parameters()}
-            return cls(LlamaKV(config, tensors), tensors, eos, pad)
+            return cls(LlamaKV(config, tensors), tensors, eos, pad,
+                       prefix_cache_bytes=prefix_cache_mb * 2**20)
         hf = HFKV(policy)
         return cls(hf, hf.tensors(), eos, pad,
                    router=RouterHooks(policy) if record_routing else None)
@@ -118,6 +133,8 @@ class TorchRollout:
                      version: int, verify: bool = True) -> WeightReport:
         # one pass: each slice is hashed as it lands (KeyError names an unknown tensor)
         nbytes, fp = load_fingerprinted(self.tensors, named_tensors, verify)
+        if self.prefixes is not None:
+            self.prefixes.invalidate()      # KV computed by the weights just replaced
         self._version = version
         return WeightReport(version=version, fingerprint=fp, bytes=nbytes)
 
@@ -128,8 +145,9 @@ class TorchRollout:
         return fingerprint(self.tensors.items())
 
     def sleep(self) -> bool:
-        """Nothing to release: the sampler holds no KV cache between calls."""
-        return False
+        """Releases the prefix cache (the learner's update makes it stale anyway); True
+        when it held something."""
+        return self.prefixes is not None and self.prefixes.invalidate() > 0
 
     def wake_up(self) -> None:
         pass
@@ -138,15 +156,20 @@ class TorchRollout:
 
     def _prefill(self, prompts: list[list[int]], P: int, S: int):
         """The prompts' forward into a new cache of S slots, each left-padded to P:
-        (last logits (B, V), valid slots (B, S), next positions (B,), cache)."""
+        (last logits (B, V), valid slots (B, S), next positions (B,), cache). A prompt
+        that continues a context in the prefix cache has that context's KV put in its
+        slots, and only the rest is fed."""
         B = len(prompts)
+        taken = ([self.prefixes.take(p) for p in prompts] if self.prefixes is not None
+                 else [None] * B)
+        fed = [len(p) - (hit[0] if hit else 0) for p, hit in zip(prompts, taken, strict=True)]
         # for the prefill, batch row j holds prompt order[j]: buckets need contiguous rows
         order, buckets = torch.arange(B), []
         if self.router is None and isinstance(self.model, LlamaKV):
-            order = torch.tensor(sorted(range(B), key=lambda i: -len(prompts[i])))
-            buckets = prefill_buckets([len(prompts[i]) for i in order.tolist()])
-            if len(buckets) == 1:                   # one width: one plain prefill
-                order, buckets = torch.arange(B), []
+            order = torch.tensor(sorted(range(B), key=lambda i: -fed[i]))
+            buckets = prefill_buckets([fed[i] for i in order.tolist()])
+            if len(buckets) == 1:                   # one width: no reordering
+                order, buckets = torch.arange(B), [(0, B, max(fed))]
         ids = torch.full((B, P), self.pad_id, dtype=torch.long)
         valid = torch.zeros((B, S), dtype=torch.bool)
         for j, i in enumerate(order.tolist()):
@@ -158,11 +181,18 @@ class TorchRollout:
         if not buckets:
             logits = self.model.forward(ids, positions, cache, 0, valid, last_only=True)[:, -1]
             return logits, valid, next_pos, cache
+        for j, i in enumerate(order.tolist()):
+            if taken[i] is not None:
+                self.model.put(cache, j, P - len(prompts[i]), taken[i][1])
+        # A bucket's forward writes its whole width: a row fed fewer tokens has some of its
+        # stored slots computed again, from the same tokens over the same keys (equal).
         logits = torch.cat([
             self.model.forward(ids[a:b, P - w:], positions[a:b, P - w:],
                                self.model.rows(cache, a, b), P - w, valid[a:b],
                                last_only=True)[:, -1]
             for a, b, w in buckets])
+        if order.equal(torch.arange(B)):
+            return logits, valid, next_pos, cache
         # back to the prompts' order: sampling draws per row in it, as unbucketed
         back = torch.argsort(order)
         return logits[back], valid[back], next_pos[back], self.model.select(cache, back)
@@ -172,6 +202,7 @@ class TorchRollout:
                  on_complete: OnComplete | None = None,
                  budgets: list[int] | None = None) -> list[Completion]:
         gen = torch.Generator().manual_seed(seed)
+        epoch = self.prefixes.epoch if self.prefixes is not None else 0
         B, P = len(prompts), max(len(p) for p in prompts)
         cap = torch.tensor(budgets if budgets else [params.max_new_tokens] * B)   # (B,)
         if bool((cap < 1).any()) or bool((cap > params.max_new_tokens).any()):
@@ -227,10 +258,12 @@ class TorchRollout:
             finished[mine[done]] = True
             done = done | (cap[mine] <= t + 1)              # a row's budget ends it
             stop = False
-            for i in mine[done].tolist():
+            for b, i in zip(live[done].tolist(), mine[done].tolist(), strict=True):
+                self._keep(cache, b, prompts[i], out_tok[i, :t], P, epoch)
                 stop = complete(i) or stop
             if stop:
-                for i in mine[~done].tolist():
+                for b, i in zip(live[~done].tolist(), mine[~done].tolist(), strict=True):
+                    self._keep(cache, b, prompts[i], out_tok[i, :t], P, epoch)
                     complete(i, aborted=True)
                 break
             alive[live[done]] = False
@@ -250,3 +283,13 @@ class TorchRollout:
                 routing[rows[alive], slot] = self.router.chosen()[alive].to(torch.int16)
             next_pos = next_pos + 1
         return results  # type: ignore[return-value]  # every row completed above
+
+    def _keep(self, cache, b: int, prompt: list[int], tokens: torch.Tensor, P: int,
+              epoch: int) -> None:
+        """Batch row ``b``'s KV into the prefix cache: what it fed, its prompt and
+        ``tokens`` (the last sampled is not fed yet), at slots [P - len(prompt), P + t)."""
+        if self.prefixes is None:
+            return
+        t = len(tokens)
+        self.prefixes.put((*prompt, *tokens.tolist()),
+                          self.model.take(cache, b, P - len(prompt), P + t), epoch)

@@ -214,3 +214,83 @@ def test_a_group_prefills_its_prompt_once_and_samples_what_a_prefill_per_row_sam
     assert len({tuple(o.token_ids) for o in shared}) > len(PROMPTS)   # groups still differ
     for a, b in zip(shared, per_row, strict=True):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
+def _next_turn(tok, prompts, outs, observation="up:"):
+    """Each context continued as a multi-turn trajectory's next turn: turn + observation."""
+    return [p + o.token_ids + tok(observation, add_special_tokens=False)["input_ids"]
+            for p, o in zip(prompts, outs, strict=True)]
+
+
+def _widths(engine, monkeypatch):
+    """The width of every prefill window (a forward of more than one token) from now on."""
+    seen, forward = [], engine.model.forward
+    monkeypatch.setattr(engine.model, "forward", lambda ids, *a, **k: (
+        seen.append(ids.shape[1]) if ids.shape[1] > 1 else None) or forward(ids, *a, **k))
+    return seen
+
+
+def test_a_continued_context_feeds_only_its_new_tokens_and_samples_what_a_full_prefill_does(
+        parts, tiny_dir, monkeypatch):
+    """Three turns of groups of 4, observations between them: with the prefix cache each
+    next turn feeds the last token and the observation only (no prefill window as wide as
+    the shortest context), and samples the same tokens, to rounding the same logprobs, as
+    an engine without one that prefills every context whole."""
+    engine, _, tok = parts
+    plain = TorchRollout.from_pretrained(tiny_dir, prefix_cache_mb=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    cached = full = [tok(p)["input_ids"] for p in PROMPTS for _ in range(4)]
+    for turn in range(3):
+        widths = _widths(engine, monkeypatch)
+        a = engine.generate(cached, params, seed=turn)
+        b = plain.generate(full, params, seed=turn)
+        assert [o.token_ids for o in a] == [o.token_ids for o in b]
+        for x, y in zip(a, b, strict=True):
+            assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+        if turn:
+            assert max(widths) < min(len(c) for c in cached) // 2, widths
+        cached = full = _next_turn(tok, cached, a)
+
+
+def test_new_weights_drop_the_prefix_cache(tiny_dir, monkeypatch):
+    """KV computed under the weights a sync replaced is never reused: after a load, the
+    next turn samples what an engine that only ever had the new weights samples."""
+    tok = load_tokenizer(tiny_dir)
+    engine = TorchRollout.from_pretrained(tiny_dir)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    first = engine.generate(prompts, params, seed=0)
+    assert len(engine.prefixes) == len(prompts)
+    gen = torch.Generator().manual_seed(1)
+    new = {n: t + 0.05 * torch.randn(t.shape, generator=gen) for n, t in engine.tensors.items()}
+    engine.load_weights(new.items(), version=1)
+    fresh = TorchRollout.from_pretrained(tiny_dir, prefix_cache_mb=0)
+    fresh.load_weights(new.items(), version=1)
+    widths = _widths(engine, monkeypatch)
+    nxt = _next_turn(tok, prompts, first)
+    a, b = engine.generate(nxt, params, seed=1), fresh.generate(nxt, params, seed=1)
+    assert max(widths) == max(len(c) for c in nxt)          # every context fed whole
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert engine.sleep() and not engine.prefixes.used     # colocated: released, and said
+
+
+def test_the_prefix_cache_keeps_the_latest_within_its_bytes_and_gives_the_longest_prefix():
+    from engine.rollout.prefix_cache import PrefixCache
+
+    def kv(n):                                    # 2 x n x 4 bytes
+        return torch.zeros(n), torch.zeros(n)
+
+    cache = PrefixCache(capacity=100)
+    cache.put((1, 2), kv(4), epoch=0)
+    cache.put((1, 2, 3, 4), kv(4), epoch=0)
+    cache.put((9,), kv(4), epoch=1)               # a call begun under replaced weights
+    assert cache.take([1, 2, 3, 4]) is not None and cache.take([1, 2, 3, 4]) is None
+    n, _ = cache.take([1, 2, 3, 4, 5])           # the longest proper prefix, removed
+    assert n == 4 and cache.take([1, 2, 3, 4, 5]) is None and len(cache) == 0
+    for i in range(5):                            # 32 bytes each: the oldest two go
+        cache.put((i, 0), kv(4), epoch=0)
+    assert len(cache) == 3 and cache.used == 96
+    assert cache.take([0, 0, 1]) is None and cache.take([4, 0, 1])[0] == 2
+    cache.put((7, 7), kv(20), epoch=0)           # larger than the whole cache: not kept
+    assert cache.take([7, 7, 7]) is None
+    assert cache.invalidate() == 64 and cache.epoch == 1 and len(cache) == 0
