@@ -31,6 +31,10 @@ class SamplingParams:
     # Ids that end a completion besides the model's EOS: the chat template's end-of-turn
     # token (engine.model.stop_token_ids). The stop token is kept and counts as finished.
     stop_token_ids: tuple[int, ...] = ()
+    # The caller continues these contexts in a later call (a multi-turn trajectory's next
+    # turn): an engine whose prefix cache is its own (the torch sampler's) keeps their KV
+    # for it; vLLM's keeps blocks whatever this says.
+    continues: bool = False
 
 
 @dataclass

@@ -78,14 +78,17 @@ class LlamaKV:
         return cache[0][:, a:b], cache[1][:, a:b]
 
     @staticmethod
-    def take(cache: tuple[torch.Tensor, ...], row: int, a: int, b: int) -> tuple[torch.Tensor, ...]:
-        """A copy of batch row ``row``'s keys and values at slots [a, b): (L, kv, b-a, D)."""
-        return cache[0][:, row, :, a:b].clone(), cache[1][:, row, :, a:b].clone()
+    def take(cache: tuple[torch.Tensor, ...], rows: torch.Tensor,
+             end: int) -> tuple[torch.Tensor, ...]:
+        """A copy of the keys and values of batch rows ``rows`` at slots [0, end):
+        (L, len(rows), kv, end, D) each."""
+        return cache[0][:, rows, :, :end], cache[1][:, rows, :, :end]
 
     @staticmethod
     def put(cache: tuple[torch.Tensor, ...], row: int, a: int,
             kv: tuple[torch.Tensor, ...]) -> None:
-        """``take``'s copy into batch row ``row`` from slot ``a`` on."""
+        """One row of a ``take`` (L, kv, n, D) each, into batch row ``row`` at slots
+        [a, a + n)."""
         n = kv[0].shape[2]
         cache[0][:, row, :, a:a + n] = kv[0]
         cache[1][:, row, :, a:a + n] = kv[1]

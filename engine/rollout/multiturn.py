@@ -133,7 +133,8 @@ class TrajectoryRunner:
         return SamplingParams(temperature=params.temperature, top_p=params.top_p,
                               max_new_tokens=params.max_new_tokens,
                               ignore_eos=params.ignore_eos,
-                              stop_token_ids=(*params.stop_token_ids, *self.stops))
+                              stop_token_ids=(*params.stop_token_ids, *self.stops),
+                              continues=True)
 
     def _calls(self, trajs: list[Trajectory], calls: list[Callable[[], Any]],
                step: int, version: int) -> list[Outcome]:

@@ -23,8 +23,9 @@ the one cache): a batch of mostly short prompts, or of partial rollout's carried
 A call that continues a context fed before (a multi-turn trajectory's next turn: the
 context, its last token, the observations) takes that context's KV from the prefix cache
 (engine.rollout.prefix_cache; rollout.prefix_cache_mb) into its slots and feeds only the
-rest: the prefill buckets go by what each row still has to feed. Each row's KV is stored
-there as it ends; a weight load drops them all.
+rest: the prefill buckets go by what each row still has to feed. A call whose params say
+it will be continued (SamplingParams.continues) stores each row's KV there as it ends; a
+weight load drops them all.
 
 Behaviour logprobs are the log-probabilities of the sampled tokens under the distribution
 actually sampled from: temperature-scaled, then truncated to the top-p nucleus and
@@ -203,6 +204,7 @@ class TorchRollout:
                  budgets: list[int] | None = None) -> list[Completion]:
         gen = torch.Generator().manual_seed(seed)
         epoch = self.prefixes.epoch if self.prefixes is not None else 0
+        store = self.prefixes is not None and params.continues
         B, P = len(prompts), max(len(p) for p in prompts)
         cap = torch.tensor(budgets if budgets else [params.max_new_tokens] * B)   # (B,)
         if bool((cap < 1).any()) or bool((cap > params.max_new_tokens).any()):
@@ -258,12 +260,14 @@ class TorchRollout:
             finished[mine[done]] = True
             done = done | (cap[mine] <= t + 1)              # a row's budget ends it
             stop = False
-            for b, i in zip(live[done].tolist(), mine[done].tolist(), strict=True):
-                self._keep(cache, b, prompts[i], out_tok[i, :t], P, epoch)
+            if store:
+                self._keep(cache, live[done], mine[done], prompts, out_tok, P, t, epoch)
+            for i in mine[done].tolist():
                 stop = complete(i) or stop
             if stop:
-                for b, i in zip(live[~done].tolist(), mine[~done].tolist(), strict=True):
-                    self._keep(cache, b, prompts[i], out_tok[i, :t], P, epoch)
+                if store:
+                    self._keep(cache, live[~done], mine[~done], prompts, out_tok, P, t, epoch)
+                for i in mine[~done].tolist():
                     complete(i, aborted=True)
                 break
             alive[live[done]] = False
@@ -284,12 +288,21 @@ class TorchRollout:
             next_pos = next_pos + 1
         return results  # type: ignore[return-value]  # every row completed above
 
-    def _keep(self, cache, b: int, prompt: list[int], tokens: torch.Tensor, P: int,
+    def _keep(self, cache, batch_rows: torch.Tensor, rows: torch.Tensor,
+              prompts: list[list[int]], out_tok: torch.Tensor, P: int, t: int,
               epoch: int) -> None:
-        """Batch row ``b``'s KV into the prefix cache: what it fed, its prompt and
-        ``tokens`` (the last sampled is not fed yet), at slots [P - len(prompt), P + t)."""
-        if self.prefixes is None:
+        """The KV of the batch rows ``batch_rows`` (the prompts ``rows``), ending at step
+        ``t``, into the prefix cache: what each fed, its prompt and its first t tokens
+        (the last sampled is not fed yet), at slots [P - len(prompt), P + t). They are
+        copied out together, a slice of rows at a time (each a small share of the cache's
+        bytes), and each entry is a view of its slice's copy."""
+        if not len(rows):
             return
-        t = len(tokens)
-        self.prefixes.put((*prompt, *tokens.tolist()),
-                          self.model.take(cache, b, P - len(prompt), P + t), epoch)
+        row_bytes = sum(x[:, 0, :, :P + t].nbytes for x in cache)
+        per = max(1, self.prefixes.capacity // (8 * row_bytes))
+        for c in range(0, len(rows), per):
+            kv = self.model.take(cache, batch_rows[c:c + per], P + t)
+            for j, i in enumerate(rows[c:c + per].tolist()):
+                a = P - len(prompts[i])
+                self.prefixes.put((*prompts[i], *out_tok[i, :t].tolist()),
+                                  tuple(x[:, j, :, a:] for x in kv), epoch)

@@ -238,7 +238,7 @@ def test_a_continued_context_feeds_only_its_new_tokens_and_samples_what_a_full_p
     an engine without one that prefills every context whole."""
     engine, _, tok = parts
     plain = TorchRollout.from_pretrained(tiny_dir, prefix_cache_mb=0)
-    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, continues=True)
     cached = full = [tok(p)["input_ids"] for p in PROMPTS for _ in range(4)]
     for turn in range(3):
         widths = _widths(engine, monkeypatch)
@@ -258,7 +258,9 @@ def test_new_weights_drop_the_prefix_cache(tiny_dir, monkeypatch):
     tok = load_tokenizer(tiny_dir)
     engine = TorchRollout.from_pretrained(tiny_dir)
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
-    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, continues=True)
+    engine.generate(prompts, SamplingParams(max_new_tokens=6), seed=0)
+    assert len(engine.prefixes) == 0           # a call no one continues keeps nothing
     first = engine.generate(prompts, params, seed=0)
     assert len(engine.prefixes) == len(prompts)
     gen = torch.Generator().manual_seed(1)
@@ -294,3 +296,11 @@ def test_the_prefix_cache_keeps_the_latest_within_its_bytes_and_gives_the_longes
     cache.put((7, 7), kv(20), epoch=0)           # larger than the whole cache: not kept
     assert cache.take([7, 7, 7]) is None
     assert cache.invalidate() == 64 and cache.epoch == 1 and len(cache) == 0
+    rows = torch.zeros(2, 3), torch.zeros(2, 3)  # one copy of two rows: 48 bytes, once
+    cache.put((1,), (rows[0][0], rows[1][0]), epoch=1)
+    cache.put((2,), (rows[0][1], rows[1][1]), epoch=1)
+    assert cache.used == 48
+    cache.take([1, 1])
+    assert cache.used == 48                       # the other row still views that copy
+    cache.take([2, 2])
+    assert cache.used == 0
