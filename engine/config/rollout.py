@@ -39,7 +39,8 @@ class TorchRolloutConfig(_RolloutCommon):
     prefix_cache_mb: int = Field(default=256, ge=0, le=65536)
     """KV the sampler keeps of the contexts it fed, so that a call continuing one (a
     multi-turn trajectory's next turn) feeds only the tokens that follow; dropped at every
-    weight load. 0 turns it off. The hand-written Llama forward only (README: multi-turn)."""
+    weight load. 0 turns it off; so does a model whose cache has sliding-window or recurrent
+    layers, and record_routing (README: multi-turn)."""
 
 
 class VllmRolloutConfig(_RolloutCommon):

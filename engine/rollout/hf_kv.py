@@ -15,6 +15,12 @@ cache's length. The attention mask handed to the model is ``valid[:, :start+T]``
 positions count valid slots, exactly as the learner's packed batch does: the logits
 equal the learner's teacher-forced recompute token for token.
 
+A prefix the torch sampler's prefix cache stored (engine.rollout.prefix_cache) is put
+into a new cache by ``preload``: the slots left of the prefill's window, each row's stored
+keys and values there; the window is then fed as usual. Only where every layer of the
+model's cache is a plain growing one (``reuses_prefixes``): a sliding window's layer
+drops old slots.
+
 The parameters are the model's own (``named_parameters()``: a tied output embedding is
 listed once, as the input embedding), so a weight sync copies into what this forward
 reads and the fingerprint covers what it serves.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 class HFKV:
@@ -31,11 +38,46 @@ class HFKV:
         self.model = model.eval().requires_grad_(False)
         self.config = model.config
 
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether a prefix can be put into this model's cache (``preload``): every layer
+        a plain growing one (not a sliding window's, nor a recurrent state)."""
+        return all(type(layer) is DynamicLayer
+                   for layer in DynamicCache(config=self.config).layers)
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return dict(self.model.named_parameters())
 
     def new_cache(self, batch: int, slots: int, dtype: torch.dtype) -> DynamicCache:
         return DynamicCache(config=self.config)
+
+    @staticmethod
+    def slot_bytes(cache: DynamicCache) -> int:
+        """The bytes of one row's keys and values at one slot, every layer."""
+        return sum(layer.keys[0, :, 0].nbytes + layer.values[0, :, 0].nbytes
+                   for layer in cache.layers)
+
+    @staticmethod
+    def take(cache: DynamicCache, rows: torch.Tensor, end: int) -> tuple[torch.Tensor, ...]:
+        """A copy of the keys and values of batch rows ``rows`` at slots [0, end):
+        (L, len(rows), kv, end, D) each, engine.rollout.llama_kv's layout."""
+        return (torch.stack([layer.keys[rows, :, :end] for layer in cache.layers]),
+                torch.stack([layer.values[rows, :, :end] for layer in cache.layers]))
+
+    @staticmethod
+    def preload(cache: DynamicCache, batch: int, slots: int,
+                rows: list[tuple[int, int, tuple[torch.Tensor, ...]]]) -> None:
+        """An empty ``cache`` filled to ``slots`` slots: row j's stored keys and values
+        (one row of a ``take``: (L, kv, n, D) each) from slot a on, for each (j, a, kv) of
+        ``rows``, cut at ``slots``; zeros elsewhere (pad slots, never attended)."""
+        L, kv_heads, _, dim = rows[0][2][0].shape
+        keys, values = (torch.zeros((L, batch, kv_heads, slots, dim),
+                                    dtype=rows[0][2][0].dtype) for _ in range(2))
+        for j, a, (k, v) in rows:
+            keys[:, j, :, a:slots] = k[:, :, :slots - a]
+            values[:, j, :, a:slots] = v[:, :, :slots - a]
+        for i in range(L):
+            cache.update(keys[i], values[i], i)
 
     @staticmethod
     def select(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:

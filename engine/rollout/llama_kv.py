@@ -77,6 +77,13 @@ class LlamaKV:
         """A view of batch rows [a, b) of the cache: a forward on it writes in place."""
         return cache[0][:, a:b], cache[1][:, a:b]
 
+    reuses_prefixes = True       # a stored prefix can be put into its cache (put)
+
+    @staticmethod
+    def slot_bytes(cache: tuple[torch.Tensor, ...]) -> int:
+        """The bytes of one row's keys and values at one slot, every layer."""
+        return sum(x[:, 0, :, 0].nbytes for x in cache)
+
     @staticmethod
     def take(cache: tuple[torch.Tensor, ...], rows: torch.Tensor,
              end: int) -> tuple[torch.Tensor, ...]:

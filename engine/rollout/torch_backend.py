@@ -96,15 +96,15 @@ class TorchRollout:
         """``tensors``: the HF-named parameters ``model`` computes with (this engine's own
         copy); ``eos_ids``: what ends a completion whatever the sampling params say;
         ``router``: hooks on ``model``'s routers, to record routing;
-        ``prefix_cache_bytes``: what the prefix cache may hold (the hand-written Llama
-        only; 0: none)."""
+        ``prefix_cache_bytes``: what the prefix cache may hold (0: none; nor for a model
+        whose cache cannot take a stored prefix, nor while recording routing)."""
         self.model, self.tensors, self.router = model, tensors, router
         self.eos_ids = tuple(eos_ids)
         self.pad_id = pad_id
         self.dtype = next(iter(tensors.values())).dtype
         self._version = version
         self.prefixes = (PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 and
-                         isinstance(model, LlamaKV) and router is None else None)
+                         model.reuses_prefixes and router is None else None)
 
     @classmethod
     def from_pretrained(cls, path: Path, dtype: torch.dtype = torch.float32,
@@ -126,7 +126,8 @@ class TorchRollout:
                        prefix_cache_bytes=prefix_cache_mb * 2**20)
         hf = HFKV(policy)
         return cls(hf, hf.tensors(), eos, pad,
-                   router=RouterHooks(policy) if record_routing else None)
+                   router=RouterHooks(policy) if record_routing else None,
+                   prefix_cache_bytes=prefix_cache_mb * 2**20)
 
     # ------------------------------------------------------------------ weights
 
@@ -179,8 +180,14 @@ class TorchRollout:
         positions = (valid[:, :P].long().cumsum(-1) - 1).clamp(min=0)     # (B, P)
         next_pos = valid[:, :P].sum(-1)                                    # (B,)
         cache = self.model.new_cache(B, S, self.dtype)
-        if not buckets:
-            logits = self.model.forward(ids, positions, cache, 0, valid, last_only=True)[:, -1]
+        if not buckets:            # the model's own forward: one window, what all rows feed
+            w = max(fed)
+            if w < P:              # the stored slots left of it, put into the cache first
+                self.model.preload(cache, B, P - w, [
+                    (i, P - len(p), hit[1])
+                    for i, (p, hit) in enumerate(zip(prompts, taken, strict=True)) if hit])
+            logits = self.model.forward(ids[:, P - w:], positions[:, P - w:], cache, P - w,
+                                        valid, last_only=True)[:, -1]
             return logits, valid, next_pos, cache
         for j, i in enumerate(order.tolist()):
             if taken[i] is not None:
@@ -298,8 +305,7 @@ class TorchRollout:
         bytes), and each entry is a view of its slice's copy."""
         if not len(rows):
             return
-        row_bytes = sum(x[:, 0, :, :P + t].nbytes for x in cache)
-        per = max(1, self.prefixes.capacity // (8 * row_bytes))
+        per = max(1, self.prefixes.capacity // (8 * (P + t) * self.model.slot_bytes(cache)))
         for c in range(0, len(rows), per):
             kv = self.model.take(cache, batch_rows[c:c + per], P + t)
             for j, i in enumerate(rows[c:c + per].tolist()):

@@ -21,6 +21,7 @@ from engine.weightsync.fingerprint import fingerprint
 from .conftest import small_run
 from .hf_models import ARCHITECTURES, IM_END, MOE_ARCHITECTURES, build_hf_model
 from .sync_session import sync_in_place
+from .test_torch_sampler import check_turns
 from .test_vllm_backend import perturbed, recompute
 
 TEXTS = ["12+34=", "Natalia sold clips to 48 of her friends.", "rev:abcdef=", "7*8=",
@@ -234,3 +235,23 @@ def test_the_unscaled_logprobs_fault_works_on_the_generic_forward(hf_dirs):
         o.logprobs = lps
     raw, behaviour, mask = recompute(policy, prompts, outs, 1.0, tok.pad_token_id)
     assert (raw - behaviour).abs()[mask].max() < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_a_continued_context_on_the_generic_forward_samples_what_a_full_prefill_does(
+        hf_dirs, arch, monkeypatch):
+    """The prefix cache on transformers' own cache: three turns of groups of 3
+    (check_turns)."""
+    tok = load_tokenizer(hf_dirs[arch])
+    cached = TorchRollout.from_pretrained(hf_dirs[arch])
+    assert isinstance(cached.model, HFKV) and cached.prefixes is not None
+    check_turns(cached, TorchRollout.from_pretrained(hf_dirs[arch], prefix_cache_mb=0), tok,
+                [p for p in prompts_for(tok) for _ in range(3)], monkeypatch, observation="ok")
+
+
+def test_a_sliding_window_cache_keeps_no_prefixes(hf_dirs, tmp_path):
+    """A Mistral whose layers keep a sliding window: a stored prefix cannot be put into
+    such a cache (the torch sampler prefills that model's contexts whole)."""
+    windowed = build_hf_model(tmp_path / "windowed", "mistral", sliding_window=16)
+    assert TorchRollout.from_pretrained(windowed).prefixes is None
+    assert TorchRollout.from_pretrained(hf_dirs["mistral"]).prefixes is not None

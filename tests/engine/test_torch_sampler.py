@@ -230,26 +230,30 @@ def _widths(engine, monkeypatch):
     return seen
 
 
-def test_a_continued_context_feeds_only_its_new_tokens_and_samples_what_a_full_prefill_does(
-        parts, tiny_dir, monkeypatch):
-    """Three turns of groups of 4, observations between them: with the prefix cache each
-    next turn feeds the last token and the observation only (no prefill window as wide as
-    the shortest context), and samples the same tokens, to rounding the same logprobs, as
-    an engine without one that prefills every context whole."""
-    engine, _, tok = parts
-    plain = TorchRollout.from_pretrained(tiny_dir, prefix_cache_mb=0)
+def check_turns(engine, plain, tok, contexts, monkeypatch, observation="up:", turns=3):
+    """``turns`` turns, an observation after each: with the prefix cache each next turn
+    feeds the last token and the observation only (no prefill window half as wide as the
+    shortest context), and samples the same tokens, to rounding the same logprobs, as
+    ``plain``, an engine without one that prefills every context whole."""
     params = SamplingParams(temperature=1.0, max_new_tokens=6, continues=True)
-    cached = full = [tok(p)["input_ids"] for p in PROMPTS for _ in range(4)]
-    for turn in range(3):
+    for turn in range(turns):
         widths = _widths(engine, monkeypatch)
-        a = engine.generate(cached, params, seed=turn)
-        b = plain.generate(full, params, seed=turn)
+        a = engine.generate(contexts, params, seed=turn)
+        b = plain.generate(contexts, params, seed=turn)
         assert [o.token_ids for o in a] == [o.token_ids for o in b]
         for x, y in zip(a, b, strict=True):
             assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
         if turn:
-            assert max(widths) < min(len(c) for c in cached) // 2, widths
-        cached = full = _next_turn(tok, cached, a)
+            assert max(widths) < min(len(c) for c in contexts) // 2, widths
+        contexts = _next_turn(tok, contexts, a, observation)
+
+
+def test_a_continued_context_feeds_only_its_new_tokens_and_samples_what_a_full_prefill_does(
+        parts, tiny_dir, monkeypatch):
+    """Three turns of groups of 4 (check_turns) on the hand-written Llama forward."""
+    engine, _, tok = parts
+    check_turns(engine, TorchRollout.from_pretrained(tiny_dir, prefix_cache_mb=0), tok,
+                [tok(p)["input_ids"] for p in PROMPTS for _ in range(4)], monkeypatch)
 
 
 def test_new_weights_drop_the_prefix_cache(tiny_dir, monkeypatch):
