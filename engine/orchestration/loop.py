@@ -276,6 +276,9 @@ class StepLoop:
         m |= self.tel.step_metrics(t0, time.time())
         m |= reward_metrics(d.each(RolloutWorker.reward_metrics, actors=d.workers, lost={}),
                             m)
+        stats = d.each(RolloutWorker.prefix_stats, actors=d.workers, lost=(0, 0))
+        if fed := sum(s[1] for s in stats):
+            m[M.ROLLOUT_PREFIX_HIT_FRAC] = sum(s[0] for s in stats) / fed
         m |= sample_metrics(samples, staleness) | throughput_metrics(samples, m)
         m |= group_metrics(groups, self.experience.dropped) | group_length_metrics(groups)
         if not self.policy.overlaps:

@@ -8,6 +8,7 @@
         .setup_weight_receiver(...); .receive_weights(ticket, step) -> Served
                                                            [span: weight_sync]
         .evaluate(...), .preflight(...), .sleep(), .wake_up(), .reward_metrics(),
+        .prefix_stats(),
         .drain_logs()
     LearnerWorker(cfg, policy_dir, model_dir, devices, checkpoint)
         .update(samples, step, advantages) -> metrics      [span: learner]  version += 1
@@ -181,9 +182,15 @@ class RolloutWorker(Telemetered, WeightReceiverHost):
         """The reward service's metrics since the last call (latency, queue, outcomes)."""
         return service_metrics(self.reward)
 
+    def prefix_stats(self) -> tuple[int, int]:
+        """The engine's prefix-cache tokens since the last call, (taken, in all); (0, 0)
+        for an engine that counts none (vLLM's cache is its own)."""
+        stats = getattr(self.engine, "prefix_stats", None)
+        return stats() if stats is not None else (0, 0)
+
     def sleep(self) -> bool:
         """Colocated: free the engine's device memory while the learner trains, where the
-        backend can (vLLM sleep mode on GPU; the torch sampler holds nothing)."""
+        backend can (vLLM sleep mode on GPU; the torch sampler its prefix cache)."""
         return self.engine.sleep()
 
     def wake_up(self) -> None:

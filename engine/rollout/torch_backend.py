@@ -105,6 +105,7 @@ class TorchRollout:
         self._version = version
         self.prefixes = (PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 and
                          model.reuses_prefixes and router is None else None)
+        self._prefix_tokens = [0, 0]   # of continued calls' contexts: taken, all (prefix_stats)
 
     @classmethod
     def from_pretrained(cls, path: Path, dtype: torch.dtype = torch.float32,
@@ -146,6 +147,12 @@ class TorchRollout:
     def fingerprint(self) -> str:
         return fingerprint(self.tensors.items())
 
+    def prefix_stats(self) -> tuple[int, int]:
+        """Of the contexts of the calls that said they will be continued (multi-turn),
+        since the last look: (tokens taken from the prefix cache, tokens in all)."""
+        taken, self._prefix_tokens = self._prefix_tokens, [0, 0]
+        return taken[0], taken[1]
+
     def sleep(self) -> bool:
         """Releases the prefix cache (the learner's update makes it stale anyway); True
         when it held something."""
@@ -156,15 +163,18 @@ class TorchRollout:
 
     # ------------------------------------------------------------------ sampling
 
-    def _prefill(self, prompts: list[list[int]], P: int, S: int):
+    def _prefill(self, prompts: list[list[int]], P: int, S: int, count: bool = False):
         """The prompts' forward into a new cache of S slots, each left-padded to P:
         (last logits (B, V), valid slots (B, S), next positions (B,), cache). A prompt
         that continues a context in the prefix cache has that context's KV put in its
-        slots, and only the rest is fed."""
+        slots, and only the rest is fed (``count``: into prefix_stats)."""
         B = len(prompts)
         taken = ([self.prefixes.take(p) for p in prompts] if self.prefixes is not None
                  else [None] * B)
         fed = [len(p) - (hit[0] if hit else 0) for p, hit in zip(prompts, taken, strict=True)]
+        if count:
+            self._prefix_tokens[0] += sum(len(p) for p in prompts) - sum(fed)
+            self._prefix_tokens[1] += sum(len(p) for p in prompts)
         # for the prefill, batch row j holds prompt order[j]: buckets need contiguous rows
         order, buckets = torch.arange(B), []
         if self.router is None and isinstance(self.model, LlamaKV):
@@ -227,7 +237,7 @@ class TorchRollout:
         group = torch.tensor([first.setdefault(tuple(p), len(first)) for p in prompts])
         shared = self.share_prefixes and self.router is None and len(first) < B
         pre = [list(p) for p in first] if shared else prompts
-        logits, valid, next_pos, cache = self._prefill(pre, P, S)
+        logits, valid, next_pos, cache = self._prefill(pre, P, S, count=store)
         if shared:
             logits, valid, next_pos = logits[group], valid[group], next_pos[group]
             cache = self.model.select(cache, group)

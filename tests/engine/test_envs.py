@@ -561,3 +561,5 @@ def test_a_user_environment_class_from_a_file_runs_from_a_config(tmp_path, model
     m = summary.last_metrics
     assert m["env/turns_max"] >= 1 and m["env/errors"] == 0 and m["time/env_s"] > 0
     assert "eval/tool_call_frac" in summary.eval_after
+    # a turn after the first continued its context from the torch sampler's prefix cache
+    assert (m[M.ROLLOUT_PREFIX_HIT_FRAC] > 0) == (m["env/turns_max"] > 1), m

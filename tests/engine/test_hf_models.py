@@ -206,6 +206,7 @@ def test_a_grpo_run_on_a_path_model_completes(hf_dirs, tmp_path):
     assert summary.status == "succeeded" and summary.steps_done == 2
     assert summary.last_metrics["weight_sync/matched"] == 1.0
     assert "eval/reward_mean" in summary.eval_after
+    assert "rollout/prefix_hit_frac" not in summary.last_metrics    # no turn is continued
 
 
 @pytest.mark.slow
