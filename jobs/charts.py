@@ -114,8 +114,11 @@ METRIC_CHARTS: tuple[Chart, ...] = (
                line={"color": PHASE_COLORS[phase]})
         for phase in (*PHASES, M.IDLE)
     )),
-    Chart("share", "Rollout share and bubble", (
+    # multi-turn runs on the torch sampler also draw its prefix-cache hits: a share that
+    # falls while rollout share rises is turns prefilled whole again
+    Chart("share", "Rollout share and bubble (multi-turn: prefix-cache hits)", (
         metric(M.ROLLOUT_SHARE), metric(M.BUBBLE),
+        metric(M.ROLLOUT_PREFIX_HIT_FRAC, "prefix-cache hits", line={"dash": "dot"}),
     ), {"yaxis": {"range": [0, 1]}}),
     Chart("staleness", "Staleness (policy versions)", (
         metric(M.STALENESS_MEAN, "mean"), metric(M.STALENESS_MAX, "max"),
