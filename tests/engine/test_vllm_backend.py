@@ -250,7 +250,7 @@ def test_multi_turn_trajectories_on_vllm_carry_their_observations_in_context(
     prefix cache holds what turns share), and every model token's behaviour logprob is
     the learner's on that whole context -- tokens after an observation included, which
     they would not be had the observation been left out of what vLLM continued."""
-    from engine.config import load_config, validate_config
+    from engine.config import VllmRolloutConfig, load_config, validate_config
     from engine.learner.warmstart import ensure_warm_start
     from engine.rollout.multiturn import TrajectoryRunner
     from engine.tasks.env import EnvTask
@@ -260,7 +260,9 @@ def test_multi_turn_trajectories_on_vllm_carry_their_observations_in_context(
 
     data = load_config(CONFIGS_DIR / "calculator_env.toml").model_dump(mode="json",
                                                                      exclude_none=True)
-    cfg = validate_config(data | {"rollout": {**data["rollout"], "type": "vllm"}})
+    # the preset's sampling on vLLM (the torch sampler's own keys do not apply there)
+    common = {k: v for k, v in data["rollout"].items() if k in VllmRolloutConfig.model_fields}
+    cfg = validate_config(data | {"rollout": {**common, "type": "vllm"}})
     warm = load_policy(ensure_warm_start(cfg)).eval()
     vllm_engine.load_weights(warm.named_parameters(), 1)
     task = EnvTask(cfg.task)
