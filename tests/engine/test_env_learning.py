@@ -35,6 +35,9 @@ def test_grpo_on_the_calculator_env_raises_held_out_success_and_tool_calls(tmp_p
     assert len(steps) == STEPS and all(m["env/errors"] == 0 for m in steps)
     assert sum(m["env/tool_calls"] for m in steps[-5:]) > sum(m["env/tool_calls"]
                                                              for m in steps[:5])
+    # a turn after a tool call is fed only the call's last token and the observation: the
+    # rest of its context comes from the torch sampler's prefix cache
+    assert all(m["rollout/prefix_hit_frac"] > 0.2 for m in steps if m["env/tool_calls"])
 
 
 @pytest.mark.slow
