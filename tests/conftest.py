@@ -62,42 +62,42 @@ def pytest_collection_modifyitems(items):
 
 # What the longest files took in their pass (setup included; this machine type, an AMD
 # EPYC 2-core, 2026-12-05, the "time per test file" section each pass prints, after the
-# learner computed a group's prompt once). Ordering by the count of slow tests started the
+# torch sampler's prefix cache). Ordering by the count of slow tests started the
 # sandbox learning module among the last and left one worker ~90 s alone at the end. A
 # file not named weighs SLOW_TEST_S per slow test; a stale figure only reorders, it cannot
 # fail a test.
 SLOW_TEST_S = 8.0
 CI_FILE_SECONDS = {
-    "tests/engine/test_no_false_alarms.py": 370,   # repair 151 s, long-tail 105, guess 96
-    "tests/engine/test_learning.py": 219,
-    "tests/engine/test_bench_smoke.py": 177,
-    "tests/engine/test_async_ray.py": 161,
-    "tests/engine/test_gsm8k_sample.py": 138,   # three path-model runs, 43-50 s each
-    "tests/engine/test_reward_learning.py": 154,
-    "tests/engine/test_faults_async.py": 74,
-    "tests/engine/test_reward_overopt.py": 83,
+    "tests/engine/test_no_false_alarms.py": 358,   # repair 178 s, long-tail 107, guess 54
+    "tests/engine/test_learning.py": 295,
+    "tests/engine/test_bench_smoke.py": 184,
+    "tests/engine/test_async_ray.py": 146,
+    "tests/engine/test_gsm8k_sample.py": 142,   # three path-model runs, 43-49 s each
+    "tests/engine/test_reward_learning.py": 104,
+    "tests/engine/test_faults_async.py": 82,
+    "tests/engine/test_reward_overopt.py": 61,
+    "tests/jobs/test_tasks.py": 53,
     "tests/engine/test_faults.py": 51,
-    "tests/jobs/test_tasks.py": 63,
-    "tests/jobs/test_multinode.py": 37,   # the PostgreSQL pass only (postgres_only)
-    "tests/engine/test_hf_models_vllm.py": 56,
-    "tests/engine/test_env_learning.py": 42,
-    "tests/engine/test_reward_service.py": 49,
-    "tests/engine/test_sharded_ray.py": 45,
-    "tests/test_stack.py": 44,
-    "tests/engine/test_transports_vllm.py": 26,
-    "tests/test_bench_ingest_smoke.py": 27,
-    "tests/jobs/test_rest_schemathesis.py": 18,
-    "tests/engine/test_transports.py": 18,
-    "tests/engine/test_vllm_backend.py": 31,
-    "tests/engine/test_learner.py": 30,   # learner.compile's test: inductor, ~27 s
+    "tests/engine/test_hf_models_vllm.py": 48,
+    "tests/jobs/test_multinode.py": 46,   # the PostgreSQL pass only (postgres_only)
+    "tests/engine/test_sharded_ray.py": 46,
+    "tests/engine/test_env_learning.py": 38,
+    "tests/engine/test_transports_vllm.py": 33,
+    "tests/test_stack.py": 33,
+    "tests/test_bench_ingest_smoke.py": 29,
+    "tests/engine/test_reward_service.py": 28,
+    "tests/engine/test_vllm_backend.py": 23,
+    "tests/jobs/test_rest_schemathesis.py": 21,
+    "tests/engine/test_resizing.py": 21,
+    "tests/engine/test_learner.py": 30,   # learner.compile's test: inductor, ~18-27 s
     # the e2e pass (its own two workers)
-    "tests/e2e/test_chaos_drills.py": 101,
-    "tests/e2e/test_browser.py": 98,
-    "tests/e2e/test_stack_drills.py": 98,
-    "tests/e2e/test_operate_remotely.py": 86,
-    "tests/e2e/test_alerts_browser.py": 19,
-    "tests/e2e/test_inspector_browser.py": 38,
-    "tests/e2e/test_external_trl_browser.py": 39,
+    "tests/e2e/test_stack_drills.py": 94,
+    "tests/e2e/test_chaos_drills.py": 93,
+    "tests/e2e/test_browser.py": 79,
+    "tests/e2e/test_operate_remotely.py": 66,
+    "tests/e2e/test_inspector_browser.py": 39,
+    "tests/e2e/test_alerts_browser.py": 30,
+    "tests/e2e/test_external_trl_browser.py": 26,
 }
 
 
