@@ -68,15 +68,15 @@ class HFKV:
     def preload(cache: DynamicCache, batch: int, slots: int,
                 rows: list[tuple[int, int, tuple[torch.Tensor, ...]]]) -> None:
         """An empty ``cache`` filled to ``slots`` slots: row j's stored keys and values
-        (one row of a ``take``: (L, kv, n, D) each) from slot a on, for each (j, a, kv) of
-        ``rows``, cut at ``slots``; zeros elsewhere (pad slots, never attended)."""
-        L, kv_heads, _, dim = rows[0][2][0].shape
-        keys, values = (torch.zeros((L, batch, kv_heads, slots, dim),
-                                    dtype=rows[0][2][0].dtype) for _ in range(2))
+        (one row of a ``take``: (L, kv, n, D) each; a < slots) from slot a on, for each
+        (j, a, kv) of ``rows``, cut at ``slots``; zeros elsewhere (pad slots, never
+        attended). Keys and values may differ in shape (MLA's do)."""
+        keys, values = (torch.zeros((x.shape[0], batch, x.shape[1], slots, *x.shape[3:]),
+                                    dtype=x.dtype) for x in rows[0][2])
         for j, a, (k, v) in rows:
             keys[:, j, :, a:slots] = k[:, :, :slots - a]
             values[:, j, :, a:slots] = v[:, :, :slots - a]
-        for i in range(L):
+        for i in range(len(keys)):
             cache.update(keys[i], values[i], i)
 
     @staticmethod

@@ -135,9 +135,9 @@ class TorchRollout:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                      version: int, verify: bool = True) -> WeightReport:
         # one pass: each slice is hashed as it lands (KeyError names an unknown tensor)
-        nbytes, fp = load_fingerprinted(self.tensors, named_tensors, verify)
         if self.prefixes is not None:
-            self.prefixes.invalidate()      # KV computed by the weights just replaced
+            self.prefixes.invalidate()      # KV of the weights being replaced (even in part)
+        nbytes, fp = load_fingerprinted(self.tensors, named_tensors, verify)
         self._version = version
         return WeightReport(version=version, fingerprint=fp, bytes=nbytes)
 
@@ -172,9 +172,6 @@ class TorchRollout:
         taken = ([self.prefixes.take(p) for p in prompts] if self.prefixes is not None
                  else [None] * B)
         fed = [len(p) - (hit[0] if hit else 0) for p, hit in zip(prompts, taken, strict=True)]
-        if count:
-            self._prefix_tokens[0] += sum(len(p) for p in prompts) - sum(fed)
-            self._prefix_tokens[1] += sum(len(p) for p in prompts)
         # for the prefill, batch row j holds prompt order[j]: buckets need contiguous rows
         order, buckets = torch.arange(B), []
         if self.router is None and isinstance(self.model, LlamaKV):
@@ -192,16 +189,24 @@ class TorchRollout:
         cache = self.model.new_cache(B, S, self.dtype)
         if not buckets:            # the model's own forward: one window, what all rows feed
             w = max(fed)
-            if w < P:              # the stored slots left of it, put into the cache first
-                self.model.preload(cache, B, P - w, [
-                    (i, P - len(p), hit[1])
-                    for i, (p, hit) in enumerate(zip(prompts, taken, strict=True)) if hit])
+            # the stored slots left of it put into the cache first (a row that fits in the
+            # window whole, stored or not, is computed there)
+            left = [(i, P - len(p), hit[1]) for i, (p, hit) in
+                    enumerate(zip(prompts, taken, strict=True)) if hit and len(p) > w]
+            if left:
+                self.model.preload(cache, B, P - w, left)
+            self._count(count, prompts, [w] * B)
             logits = self.model.forward(ids[:, P - w:], positions[:, P - w:], cache, P - w,
                                         valid, last_only=True)[:, -1]
             return logits, valid, next_pos, cache
         for j, i in enumerate(order.tolist()):
             if taken[i] is not None:
                 self.model.put(cache, j, P - len(prompts[i]), taken[i][1])
+        widths = [0] * B
+        for a, b, w in buckets:
+            for i in order[a:b].tolist():
+                widths[i] = w
+        self._count(count, prompts, widths)
         # A bucket's forward writes its whole width: a row fed fewer tokens has some of its
         # stored slots computed again, from the same tokens over the same keys (equal).
         logits = torch.cat([
@@ -214,6 +219,14 @@ class TorchRollout:
         # back to the prompts' order: sampling draws per row in it, as unbucketed
         back = torch.argsort(order)
         return logits[back], valid[back], next_pos[back], self.model.select(cache, back)
+
+    def _count(self, count: bool, prompts: list[list[int]], widths: list[int]) -> None:
+        """prefix_stats: the tokens of ``prompts`` and those left of each one's window
+        (``widths``), which the prefill did not compute (its stored KV served them)."""
+        if count:
+            self._prefix_tokens[0] += sum(max(0, len(p) - w)
+                                          for p, w in zip(prompts, widths, strict=True))
+            self._prefix_tokens[1] += sum(len(p) for p in prompts)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
@@ -313,9 +326,10 @@ class TorchRollout:
         (the last sampled is not fed yet), at slots [P - len(prompt), P + t). They are
         copied out together, a slice of rows at a time (each a small share of the cache's
         bytes), and each entry is a view of its slice's copy."""
-        if not len(rows):
+        row_bytes = (P + t) * self.model.slot_bytes(cache)
+        if not len(rows) or row_bytes > self.prefixes.capacity:     # none would be kept
             return
-        per = max(1, self.prefixes.capacity // (8 * (P + t) * self.model.slot_bytes(cache)))
+        per = max(1, self.prefixes.capacity // (8 * row_bytes))
         for c in range(0, len(rows), per):
             kv = self.model.take(cache, batch_rows[c:c + per], P + t)
             for j, i in enumerate(rows[c:c + per].tolist()):

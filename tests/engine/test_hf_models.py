@@ -242,12 +242,14 @@ def test_the_unscaled_logprobs_fault_works_on_the_generic_forward(hf_dirs):
 def test_a_continued_context_on_the_generic_forward_samples_what_a_full_prefill_does(
         hf_dirs, arch, monkeypatch):
     """The prefix cache on transformers' own cache: three turns of groups of 3
-    (check_turns)."""
+    (check_turns), then three with a context the cache has not seen in each batch."""
     tok = load_tokenizer(hf_dirs[arch])
     cached = TorchRollout.from_pretrained(hf_dirs[arch])
     assert isinstance(cached.model, HFKV) and cached.prefixes is not None
-    check_turns(cached, TorchRollout.from_pretrained(hf_dirs[arch], prefix_cache_mb=0), tok,
-                [p for p in prompts_for(tok) for _ in range(3)], monkeypatch, observation="ok")
+    plain = TorchRollout.from_pretrained(hf_dirs[arch], prefix_cache_mb=0)
+    for miss in (False, True):
+        check_turns(cached, plain, tok, [p for p in prompts_for(tok) for _ in range(3)],
+                    monkeypatch, observation="ok", miss=miss)
 
 
 def test_a_sliding_window_cache_keeps_no_prefixes(hf_dirs, tmp_path):

@@ -230,30 +230,41 @@ def _widths(engine, monkeypatch):
     return seen
 
 
-def check_turns(engine, plain, tok, contexts, monkeypatch, observation="up:", turns=3):
+def check_turns(engine, plain, tok, contexts, monkeypatch, observation="up:", turns=3,
+                miss=False):
     """``turns`` turns, an observation after each: with the prefix cache each next turn
     feeds the last token and the observation only (no prefill window half as wide as the
     shortest context), and samples the same tokens, to rounding the same logprobs, as
-    ``plain``, an engine without one that prefills every context whole."""
+    ``plain``, an engine without one that prefills every context whole. ``miss``: each
+    next turn's batch also holds a context the cache has not seen, as long as its middle
+    one (the prefill's window is then that wide, and shorter stored rows fit in it)."""
     params = SamplingParams(temperature=1.0, max_new_tokens=6, continues=True)
     for turn in range(turns):
         widths = _widths(engine, monkeypatch)
-        a = engine.generate(contexts, params, seed=turn)
-        b = plain.generate(contexts, params, seed=turn)
+        batch = list(contexts)
+        if turn and miss:
+            middle = sorted(len(c) for c in contexts)[len(contexts) // 2]
+            batch.append(tok("rev:" + "hgfedcba" * 8, add_special_tokens=False)[
+                "input_ids"][:middle])
+        a = engine.generate(batch, params, seed=turn)
+        b = plain.generate(batch, params, seed=turn)
         assert [o.token_ids for o in a] == [o.token_ids for o in b]
         for x, y in zip(a, b, strict=True):
             assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
-        if turn:
+        if turn and not miss:
             assert max(widths) < min(len(c) for c in contexts) // 2, widths
-        contexts = _next_turn(tok, contexts, a, observation)
+        contexts = _next_turn(tok, contexts, a[:len(contexts)], observation)
 
 
 def test_a_continued_context_feeds_only_its_new_tokens_and_samples_what_a_full_prefill_does(
         parts, tiny_dir, monkeypatch):
-    """Three turns of groups of 4 (check_turns) on the hand-written Llama forward."""
+    """Three turns of groups of 4 (check_turns) on the hand-written Llama forward, then
+    three with a context the cache has not seen in each batch."""
     engine, _, tok = parts
-    check_turns(engine, TorchRollout.from_pretrained(tiny_dir, prefix_cache_mb=0), tok,
-                [tok(p)["input_ids"] for p in PROMPTS for _ in range(4)], monkeypatch)
+    plain = TorchRollout.from_pretrained(tiny_dir, prefix_cache_mb=0)
+    for miss in (False, True):
+        check_turns(engine, plain, tok, [tok(p)["input_ids"] for p in PROMPTS for _ in range(4)],
+                    monkeypatch, miss=miss)
 
 
 def test_new_weights_drop_the_prefix_cache(tiny_dir, monkeypatch):
