@@ -205,7 +205,7 @@ def test_a_group_prefills_its_prompt_once_and_samples_what_a_prefill_per_row_sam
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
     rows, prefill = [], engine._prefill
     monkeypatch.setattr(engine, "_prefill",
-                        lambda pre, *a: rows.append(len(pre)) or prefill(pre, *a))
+                        lambda pre, *a, **k: rows.append(len(pre)) or prefill(pre, *a, **k))
     shared = engine.generate(prompts, params, seed=3)
     monkeypatch.setattr(engine, "share_prefixes", False)
     per_row = engine.generate(prompts, params, seed=3)
