@@ -121,22 +121,23 @@ class TorchRollout:
         eos = eos_token_ids(path)
         # Pad slots are masked everywhere; any id in the vocabulary will do.
         pad = config.pad_token_id if config.pad_token_id is not None else (eos or (0,))[0]
+        cache_bytes = prefix_cache_mb * 2**20
         if forward == "auto" and LlamaKV.supports(config) and not record_routing:
             tensors = {n: p.detach() for n, p in policy.named_parameters()}
             return cls(LlamaKV(config, tensors), tensors, eos, pad,
-                       prefix_cache_bytes=prefix_cache_mb * 2**20)
+                       prefix_cache_bytes=cache_bytes)
         hf = HFKV(policy)
         return cls(hf, hf.tensors(), eos, pad,
                    router=RouterHooks(policy) if record_routing else None,
-                   prefix_cache_bytes=prefix_cache_mb * 2**20)
+                   prefix_cache_bytes=cache_bytes)
 
     # ------------------------------------------------------------------ weights
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                      version: int, verify: bool = True) -> WeightReport:
-        # one pass: each slice is hashed as it lands (KeyError names an unknown tensor)
         if self.prefixes is not None:
             self.prefixes.invalidate()      # KV of the weights being replaced (even in part)
+        # one pass: each slice is hashed as it lands (KeyError names an unknown tensor)
         nbytes, fp = load_fingerprinted(self.tensors, named_tensors, verify)
         self._version = version
         return WeightReport(version=version, fingerprint=fp, bytes=nbytes)
@@ -150,8 +151,8 @@ class TorchRollout:
     def prefix_stats(self) -> tuple[int, int]:
         """Of the contexts of the calls that said they will be continued (multi-turn),
         since the last look: (tokens taken from the prefix cache, tokens in all)."""
-        taken, self._prefix_tokens = self._prefix_tokens, [0, 0]
-        return taken[0], taken[1]
+        (taken, fed), self._prefix_tokens = self._prefix_tokens, [0, 0]
+        return taken, fed
 
     def sleep(self) -> bool:
         """Releases the prefix cache (the learner's update makes it stale anyway); True
@@ -195,18 +196,20 @@ class TorchRollout:
                     enumerate(zip(prompts, taken, strict=True)) if hit and len(p) > w]
             if left:
                 self.model.preload(cache, B, P - w, left)
-            self._count(count, prompts, [w] * B)
+            if count:
+                self._count(prompts, [w] * B)
             logits = self.model.forward(ids[:, P - w:], positions[:, P - w:], cache, P - w,
                                         valid, last_only=True)[:, -1]
             return logits, valid, next_pos, cache
         for j, i in enumerate(order.tolist()):
             if taken[i] is not None:
                 self.model.put(cache, j, P - len(prompts[i]), taken[i][1])
-        widths = [0] * B
-        for a, b, w in buckets:
-            for i in order[a:b].tolist():
-                widths[i] = w
-        self._count(count, prompts, widths)
+        if count:
+            widths = [0] * B
+            for a, b, w in buckets:
+                for i in order[a:b].tolist():
+                    widths[i] = w
+            self._count(prompts, widths)
         # A bucket's forward writes its whole width: a row fed fewer tokens has some of its
         # stored slots computed again, from the same tokens over the same keys (equal).
         logits = torch.cat([
@@ -220,13 +223,12 @@ class TorchRollout:
         back = torch.argsort(order)
         return logits[back], valid[back], next_pos[back], self.model.select(cache, back)
 
-    def _count(self, count: bool, prompts: list[list[int]], widths: list[int]) -> None:
+    def _count(self, prompts: list[list[int]], widths: list[int]) -> None:
         """prefix_stats: the tokens of ``prompts`` and those left of each one's window
         (``widths``), which the prefill did not compute (its stored KV served them)."""
-        if count:
-            self._prefix_tokens[0] += sum(max(0, len(p) - w)
-                                          for p, w in zip(prompts, widths, strict=True))
-            self._prefix_tokens[1] += sum(len(p) for p in prompts)
+        self._prefix_tokens[0] += sum(max(0, len(p) - w)
+                                      for p, w in zip(prompts, widths, strict=True))
+        self._prefix_tokens[1] += sum(len(p) for p in prompts)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
