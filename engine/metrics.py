@@ -133,8 +133,9 @@ ROLLOUT_TOKENS_PER_S = _metric("rollout/tokens_per_s", "tokens/s",
 ROLLOUT_PREFIX_HIT_FRAC = _metric(
     "rollout/prefix_hit_frac", "fraction",
     "share of the context tokens of the step's multi-turn turns (each distinct context "
-    "once) that the torch sampler took from its prefix cache instead of feeding them; a "
-    "first turn's prompt counts as fed")
+    "once) that the rollout engine served from its prefix cache instead of computing them: "
+    "the torch sampler's (stored contexts; a first turn's prompt counts as fed) or vLLM's "
+    "automatic prefix cache (whole KV blocks of any shared prefix)")
 THROUGHPUT_TOKENS_PER_S = _metric("throughput/tokens_per_s", "tokens/s",
                                   "response tokens per second of step wall time")
 THROUGHPUT_SAMPLES_PER_S = _metric("throughput/samples_per_s", "samples/s",

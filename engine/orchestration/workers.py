@@ -184,7 +184,7 @@ class RolloutWorker(Telemetered, WeightReceiverHost):
 
     def prefix_stats(self) -> tuple[int, int]:
         """The engine's prefix-cache tokens since the last call, (taken, in all); (0, 0)
-        for an engine that counts none (vLLM's cache is its own)."""
+        for an engine that counts none."""
         stats = getattr(self.engine, "prefix_stats", None)
         return stats() if stats is not None else (0, 0)
 

@@ -33,7 +33,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # The caller continues these contexts in a later call (a multi-turn trajectory's next
     # turn): an engine whose prefix cache is its own (the torch sampler's) keeps their KV
-    # for it; vLLM's keeps blocks whatever this says.
+    # for it; vLLM's keeps blocks whatever this says. Both count these calls' contexts in
+    # prefix_stats (rollout/prefix_hit_frac).
     continues: bool = False
 
 

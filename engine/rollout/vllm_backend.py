@@ -242,6 +242,8 @@ class VllmRollout:
 
             register_gloo_engine()
             kwargs["weight_transfer_config"] = {"backend": vllm_backend_name(weight_transfer)}
+        if cfg.block_size is not None:
+            kwargs["block_size"] = cfg.block_size
         if cfg.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
         else:
@@ -255,6 +257,7 @@ class VllmRollout:
         self._request_ids = itertools.count()
         self._asleep = False
         self._weights_lost = False
+        self._prefix_tokens = [0, 0]   # of continued calls' contexts: cached, all
         self._version, self._fingerprint = self._report()
 
     # ------------------------------------------------------------------ weights
@@ -385,6 +388,26 @@ class VllmRollout:
 
     # ------------------------------------------------------------------ sampling
 
+    def _count(self, prompts: list[list[int]], cached: dict[int, int]) -> None:
+        """prefix_stats, counted as the torch sampler counts: each distinct context once,
+        with what the prefix cache served the request that computed it (the least over
+        its copies: a group's other copies hit the blocks the first one wrote). A request
+        aborted before its prefill counts as fed."""
+        least: dict[tuple[int, ...], int] = {}
+        for i, p in enumerate(prompts):
+            key = tuple(p)
+            least[key] = min(least.get(key, len(p)), cached.get(i, 0))
+        self._prefix_tokens[0] += sum(least.values())
+        self._prefix_tokens[1] += sum(len(k) for k in least)
+
+    def prefix_stats(self) -> tuple[int, int]:
+        """Of the contexts of the calls that said they will be continued (multi-turn),
+        since the last look: (tokens vLLM's automatic prefix cache served, tokens in
+        all). Its cache works in whole KV blocks and on any shared prefix, the last turn's
+        context or a prompt another request began with."""
+        (taken, fed), self._prefix_tokens = self._prefix_tokens, [0, 0]
+        return taken, fed
+
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
                  on_complete: OnComplete | None = None,
                  budgets: list[int] | None = None) -> list[Completion]:
@@ -423,9 +446,12 @@ class VllmRollout:
 
         stops = self.eos_ids | set(params.stop_token_ids)
         stop = False
+        cached: dict[int, int] = {}     # prompt -> its tokens vLLM's prefix cache served
         while not stop and engine.has_unfinished_requests():
             for out in engine.step():
                 i = ids[out.request_id]
+                if out.num_cached_tokens is not None:
+                    cached.setdefault(i, out.num_cached_tokens)
                 c = out.outputs[0]
                 tokens[i].extend(c.token_ids)
                 if params.temperature != 0.0:
@@ -442,4 +468,6 @@ class VllmRollout:
             engine.abort_request(running)
             for rid in running:
                 results[ids[rid]] = completion(ids[rid], False, aborted=True)
+        if params.continues:
+            self._count(prompts, cached)
         return results  # type: ignore[return-value]  # every request completed above

@@ -31,7 +31,9 @@ PROMPTS = ["12+34=", "7*8=", "99-100=", "rev:abcdef=", "3+4="]
 def vllm_engine(tiny_dir):
     from engine.rollout.vllm_backend import VllmRollout
 
-    return VllmRollout(tiny_dir, VllmRolloutConfig(), "float32", seed=0)
+    # 32-token KV blocks, the least vLLM's CPU attention takes (128 by default): the
+    # prefix-cache tests below then hold several blocks of a short prompt
+    return VllmRollout(tiny_dir, VllmRolloutConfig(block_size=32), "float32", seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +243,22 @@ def test_a_wake_up_that_restores_other_weights_is_caught(vllm_engine, base_weigh
     # a full sync repairs it, and the engine's own fingerprint says so
     report = vllm_engine.load_weights(base_weights.named_parameters(), 1)
     assert report.fingerprint == fingerprint(base_weights.named_parameters())
+
+
+def test_prefix_stats_count_the_blocks_vllms_prefix_cache_served(vllm_engine):
+    """rollout/prefix_hit_frac on vLLM: a continued context takes its stored whole blocks
+    from vLLM's prefix cache; a group's copies of one context count once, with what the
+    copy that computed it was served; calls not marked as continued are not counted."""
+    first = [5 + i % 40 for i in range(40)]          # one whole 32-token block and a part
+    turn = SamplingParams(temperature=1.0, max_new_tokens=4, continues=True)
+    vllm_engine.prefix_stats()                       # what earlier tests fed, forgotten
+    vllm_engine.generate([first, first], turn, seed=0)
+    assert vllm_engine.prefix_stats() == (0, 40)
+    vllm_engine.generate([first + [7] * 30], turn, seed=1)
+    assert vllm_engine.prefix_stats() == (32, 70)   # the whole block; read once
+    assert vllm_engine.prefix_stats() == (0, 0)
+    vllm_engine.generate([first + [7] * 31], SamplingParams(max_new_tokens=4), seed=2)
+    assert vllm_engine.prefix_stats() == (0, 0)
 
 
 def test_multi_turn_trajectories_on_vllm_carry_their_observations_in_context(
