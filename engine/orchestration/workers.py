@@ -124,6 +124,7 @@ class RolloutWorker(Telemetered, WeightReceiverHost):
             cfg.faults, lambda: self.step)
         # (level, message): what the parts say (at start; reward errors as they happen)
         self.logs: list[tuple[str, str]] = []
+        self._prefix_kept = (0, 0)        # prefix_stats read before an eval, for the step
         self.reward = wrap_reward(build_reward(cfg.reward, self.task, log=self._log),
                                   cfg.faults, lambda: self.step)
         self.params = sampling_params(cfg, stop_token_ids(self.tok, model_dir))
@@ -152,9 +153,15 @@ class RolloutWorker(Telemetered, WeightReceiverHost):
                                target, seed, step, self.rec)
 
     def evaluate(self, temperature: float, seed: int, samples: int) -> dict[str, float]:
-        return evaluate(self.engine, self.task, self.tok, temperature,
-                        self.cfg.rollout.max_new_tokens, seed=seed, samples=samples,
-                        stop_token_ids=self.params.stop_token_ids)
+        """The held-out eval; its multi-turn turns stay out of prefix_stats (the step's)."""
+        kept = self.prefix_stats()
+        try:
+            return evaluate(self.engine, self.task, self.tok, temperature,
+                            self.cfg.rollout.max_new_tokens, seed=seed, samples=samples,
+                            stop_token_ids=self.params.stop_token_ids)
+        finally:
+            self.prefix_stats()                  # the eval's own, dropped
+            self._prefix_kept = kept
 
     def preflight(self, policy_dir: Path, seed: int):
         """Compare this engine's logprobs with a recompute by the policy in ``policy_dir``
@@ -186,7 +193,9 @@ class RolloutWorker(Telemetered, WeightReceiverHost):
         """The engine's prefix-cache tokens since the last call, (taken, in all); (0, 0)
         for an engine that counts none."""
         stats = getattr(self.engine, "prefix_stats", None)
-        return stats() if stats is not None else (0, 0)
+        taken, fed = stats() if stats is not None else (0, 0)
+        (kept_taken, kept_fed), self._prefix_kept = self._prefix_kept, (0, 0)
+        return taken + kept_taken, fed + kept_fed
 
     def sleep(self) -> bool:
         """Colocated: free the engine's device memory while the learner trains, where the

@@ -15,6 +15,7 @@ from engine.config import (
     EnvTaskConfig,
     PartialRolloutPolicyConfig,
     dump_config,
+    load_config,
     loads_config,
     validate_config,
 )
@@ -563,3 +564,25 @@ def test_a_user_environment_class_from_a_file_runs_from_a_config(tmp_path, model
     assert "eval/tool_call_frac" in summary.eval_after
     # a turn after the first continued its context from the torch sampler's prefix cache
     assert (m[M.ROLLOUT_PREFIX_HIT_FRAC] > 0) == (m["env/turns_max"] > 1), m
+
+
+def test_the_held_out_evals_turns_stay_out_of_the_steps_prefix_hit_frac(tiny_dir):
+    """rollout/prefix_hit_frac is the step's: the held-out eval, run between steps on the
+    same sampler, counts its turns there too, and the worker leaves them out; what the
+    step's trajectories fed before it stays for the step's read."""
+    from engine.orchestration.evaluation import evaluate
+    from engine.orchestration.workers import RolloutWorker
+
+    from .preset_runs import CONFIGS_DIR
+
+    cfg = load_config(CONFIGS_DIR / "calculator_env.toml")
+    cfg = cfg.model_copy(update={"task": cfg.task.model_copy(update={"eval_size": 8})})
+    worker = RolloutWorker(cfg, tiny_dir, tiny_dir, ["cpu:0"])
+    evaluate(worker.engine, worker.task, worker.tok, 1.0, cfg.rollout.max_new_tokens,
+             seed=0, samples=1)
+    assert worker.engine.prefix_stats()[1] > 0          # the engine counts eval turns
+    worker.produce(1, worker.task.train_problems(0, 2), seed=0)
+    step_fed = tuple(worker.engine._prefix_tokens)       # the step's, not read yet
+    worker.evaluate(1.0, seed=0, samples=1)
+    assert step_fed[1] > 0 and worker.prefix_stats() == step_fed
+    assert worker.prefix_stats() == (0, 0)
