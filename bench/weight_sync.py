@@ -8,9 +8,9 @@ cross-process transport. Two figures per transport:
            fingerprinting (the data path alone);
     sync   latency from the learner's new version to both ends' fingerprints being in, as
            every verified sync does (XXH3-128, engine/weightsync/fingerprint.py; its own
-           GB/s is printed): the worker hashes what it serves while it loads it, each
-           slice as it lands (load_fingerprinted, as TorchRollout does), the learner
-           hashes what it sent meanwhile (WeightSyncSession);
+           GB/s is printed): the worker copies and hashes what it serves in one pass, on
+           two threads (load_fingerprinted, as TorchRollout does), the learner hashes
+           what it sent meanwhile (WeightSyncSession);
     2pass  the same, the worker hashing what it serves after loading it, a second pass
            over its bytes (as TorchRollout did before): "2pass/move" next to "sync/move"
            is what the one pass buys, measured in the same rounds;

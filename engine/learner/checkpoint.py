@@ -38,6 +38,7 @@ import torch
 
 from engine.learner.ppo import PpoLearner, move_critic_state
 from engine.model import load_tokenizer
+from engine.weightsync.fingerprint import FINGERPRINT_SCHEME, stream_fingerprint
 
 # The names a checkpoint goes by (module docstring): step_N, and step_N.replaced.
 REPLACED = ".replaced"
@@ -105,7 +106,8 @@ def write_run_state(d: Path, learner, model_dir: Path, fp: str,
                 "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
                 "torch": torch.get_rng_state()}, d / "rng.pt")
     (d / "state.json").write_text(json.dumps({
-        "step": learner.step, "version": learner.version, "fingerprint": fp}))
+        "step": learner.step, "version": learner.version, "fingerprint": fp,
+        "fingerprint_scheme": FINGERPRINT_SCHEME}))
 
 
 def checkpoint_dirs(root: Path) -> list[Path]:
@@ -166,6 +168,8 @@ def read_run_state(path: Path, learner) -> dict:
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(rng["torch"])
     learner.step, learner.version = state["step"], state["version"]
-    if learner.fingerprint() != state["fingerprint"]:
+    if learner.fingerprint() != state["fingerprint"] and not (
+            "fingerprint_scheme" not in state       # written before per-tensor digests
+            and stream_fingerprint(learner.named_tensors()) == state["fingerprint"]):
         raise RuntimeError(f"checkpoint {path} weights do not match their recorded fingerprint")
     return state

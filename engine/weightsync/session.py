@@ -19,8 +19,8 @@ queued behind transfer), while the workers load theirs: its hash is off the sync
 path instead of ahead of every byte. With ``send(..., hash_after_load=True)`` it is queued
 once every worker has answered (``await_served``), so its pass over the weights no longer
 shares the memory bandwidth of their loads (bench/weight_sync.py "after": the time until
-the worker serves a verified sync on the small preset, 1.11-1.25x an unverified one's,
-against 1.25-1.38x hashing beside it), and the loop gathers the step's metrics while it
+the worker serves a verified sync on the small preset, 1.04-1.08x an unverified one's,
+against 1.14-1.18x hashing beside it), and the loop gathers the step's metrics while it
 hashes. Either way it hashes the version it sent: the call is queued before any later
 update of the learner's, and it holds the very tensors prepare sent.
 

@@ -1,4 +1,3 @@
-import threading
 
 import pytest
 import torch
@@ -91,9 +90,9 @@ def test_loading_an_unknown_tensor_name_fails_loudly(tiny_dir):
 
 
 def test_loading_fingerprints_the_served_tensors_as_a_second_pass_would():
-    from engine.weightsync.fingerprint import CHUNK_BYTES, load_fingerprinted
+    from engine.weightsync.fingerprint import SLICE_BYTES, load_fingerprinted
 
-    big = CHUNK_BYTES // 4 * 3 + 5                  # float32 elements: spans 4 slices
+    big = SLICE_BYTES // 4 * 3 + 5                  # float32 elements: spans 4 slices
     served = {"a.big": torch.zeros(big), "b.half": torch.zeros(3, 4, dtype=torch.bfloat16),
               "c.scalar": torch.zeros(()), "d.ids": torch.zeros(7, dtype=torch.int64),
               "e.kept": torch.arange(5.0), "f.cast": torch.zeros(4, dtype=torch.float64),
@@ -112,11 +111,42 @@ def test_loading_fingerprints_the_served_tensors_as_a_second_pass_would():
     assert load_fingerprinted(served, [], verify=False) == (0, "")
 
 
-def test_a_load_that_fails_midway_raises_its_error_and_leaves_no_hashing_thread():
+def test_a_checkpoint_recorded_with_the_earlier_stream_fingerprint_still_resumes(
+        tiny_dir, tmp_path):
+    """Checkpoints written before the per-tensor digests record the one-stream fingerprint
+    and no scheme: a resume checks them against that; a newer one must match its own."""
+    import json
+
+    from engine.learner.checkpoint import read_run_state, write_run_state
+    from engine.weightsync.fingerprint import stream_fingerprint
+
+    learner = Learner(load_policy(tiny_dir), GrpoConfig(), 1.0, seed=0)
+    write_run_state(tmp_path, learner, tiny_dir, learner.fingerprint())
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert read_run_state(tmp_path, learner)["fingerprint"] == fingerprint(
+        learner.named_tensors()) != stream_fingerprint(learner.named_tensors())
+    legacy = {k: v for k, v in state.items() if k != "fingerprint_scheme"}
+    for recorded, resumes in ((stream_fingerprint(learner.named_tensors()), True),
+                              ("0" * 32, False)):
+        for written, scheme in ((legacy, "legacy"), (state, "per-tensor")):
+            (tmp_path / "state.json").write_text(json.dumps(written | {"fingerprint": recorded}))
+            if resumes and scheme == "legacy":
+                read_run_state(tmp_path, learner)
+            else:
+                with pytest.raises(RuntimeError, match="do not match"):
+                    read_run_state(tmp_path, learner)
+
+
+def test_a_load_that_fails_midway_raises_its_error_once_its_other_thread_has_stopped():
     from engine.weightsync.fingerprint import load_fingerprinted
 
-    served = {"a": torch.zeros(4), "b": torch.zeros(3)}
+    n = 1 << 21                          # x on this thread, then b; y on the helper
+    served = {"x": torch.zeros(n), "y": torch.zeros(n), "b": torch.zeros(3)}
+    sent = [("x", torch.ones(n)), ("y", torch.full((n,), 2.0)), ("b", torch.ones(5))]
     with pytest.raises(RuntimeError):                        # b: 5 elements into 3
-        load_fingerprinted(served, [("a", torch.ones(4)), ("b", torch.ones(5))])
-    assert torch.equal(served["a"], torch.ones(4))
-    assert not [t for t in threading.enumerate() if t.name == "rlplane-fingerprint"]
+        load_fingerprinted(served, sent)
+    # nothing is still writing the served tensors: the helper's copy is whole
+    assert torch.equal(served["x"], torch.ones(n)) and torch.equal(served["y"], sent[1][1])
+    served["b"] = torch.zeros(5)
+    _, fp = load_fingerprinted(served, sent)                 # the helper still serves
+    assert fp == fingerprint(served.items())
