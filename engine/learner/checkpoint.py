@@ -5,6 +5,7 @@
         optimizer.pt                                       AdamW state
         rng.pt                                             python, numpy, torch RNG states
         state.json                                         step, weight version, fingerprint
+                                                           (and its fingerprint_scheme)
         data.json ...                                      the driver's ``files`` (its data
                                                            ledger: engine.orchestration.ledger)
         critic/ critic_optimizer.pt                        PPO: the value model and its AdamW
@@ -168,8 +169,13 @@ def read_run_state(path: Path, learner) -> dict:
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(rng["torch"])
     learner.step, learner.version = state["step"], state["version"]
+    scheme = state.get("fingerprint_scheme")
+    if scheme not in (None, FINGERPRINT_SCHEME):
+        raise RuntimeError(f"checkpoint {path} records a fingerprint of scheme {scheme}, which "
+                           f"this rlplane does not know (it computes scheme "
+                           f"{FINGERPRINT_SCHEME}); resume it with the rlplane that wrote it")
     if learner.fingerprint() != state["fingerprint"] and not (
-            "fingerprint_scheme" not in state       # written before per-tensor digests
+            scheme is None                          # written before per-tensor digests
             and stream_fingerprint(learner.named_tensors()) == state["fingerprint"]):
         raise RuntimeError(f"checkpoint {path} weights do not match their recorded fingerprint")
     return state

@@ -243,6 +243,9 @@ class VllmRollout:
             register_gloo_engine()
             kwargs["weight_transfer_config"] = {"backend": vllm_backend_name(weight_transfer)}
         if cfg.block_size is not None:
+            if not torch.cuda.is_available() and cfg.block_size % 32:
+                raise ValueError(f"rollout.block_size = {cfg.block_size}: vLLM's CPU attention "
+                                 f"takes KV blocks of a multiple of 32 tokens; set 32, 64, ...")
             kwargs["block_size"] = cfg.block_size
         if cfg.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
@@ -391,12 +394,14 @@ class VllmRollout:
     def _count(self, prompts: list[list[int]], cached: dict[int, int]) -> None:
         """prefix_stats, counted as the torch sampler counts: each distinct context once,
         with what the prefix cache served the request that computed it (the least over
-        its copies: a group's other copies hit the blocks the first one wrote). A request
-        aborted before its prefill counts as fed."""
+        its copies that reported: a group's other copies hit the blocks the first one
+        wrote). A context whose every copy was aborted before its prefill is left out:
+        vLLM neither computed it nor served it."""
         least: dict[tuple[int, ...], int] = {}
         for i, p in enumerate(prompts):
-            key = tuple(p)
-            least[key] = min(least.get(key, len(p)), cached.get(i, 0))
+            if i in cached:
+                key = tuple(p)
+                least[key] = min(least.get(key, len(p)), cached[i])
         self._prefix_tokens[0] += sum(least.values())
         self._prefix_tokens[1] += sum(len(k) for k in least)
 

@@ -7,7 +7,7 @@ applied to a copy the engine does not serve) shows up as a mismatch. It hashes t
 tensor's own buffer (no bytes copy), so two tensor sets match exactly when their names,
 dtypes, shapes and every byte match, in any dtype: a one-ulp change in one element
 changes it. XXH3 is not a cryptographic hash (nothing here defends against an adversary
-who crafts weights); it reads 20-50 GB/s on one core of this CPU box, ~15x SHA-256
+who crafts weights); it reads 20-50 GB/s on one core of this CPU box, ~14x SHA-256
 (bench/weight_sync.py prints both on the same tensors), so verifying a sync no longer
 dominates it.
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -94,8 +94,9 @@ def load_fingerprinted(served: Mapping[str, torch.Tensor],
 
     A name ``served`` lacks raises KeyError before anything is copied. Unverified, torch
     copies (on the caller's torch threads). Verified, the tensors are split between this
-    thread and one helper, each copying and hashing its own (module doc); an error on
-    either raises once both have stopped, so nothing is written after this returns. The
+    thread and a helper, each copying and hashing its own (module doc); an error on
+    either raises once both have stopped, so nothing is written after this returns (a
+    byte copy is numpy's: it does not bump the served tensors' autograd version). The
     served tensors must not alias one another (a tied embedding is served once, as
     named_parameters lists it). Served tensors that were not sent are hashed as they are;
     a copy that converts, broadcasts or runs on a device is done whole by torch and its
@@ -111,12 +112,15 @@ def load_fingerprinted(served: Mapping[str, torch.Tensor],
     jobs = [(name, dst, src_of.get(id(dst))) for name, dst in served.items()]
     mine, theirs = _halves(jobs)
     digests: dict[str, bytes] = {}
-    helper = _helper().submit(_copy_and_digest, theirs, digests)
+    inference = torch.is_inference_mode_enabled()       # the helper runs in the same mode
+    helper = _helpers().submit(_copy_and_digest, theirs, digests, inference)
     try:
-        _copy_and_digest(mine, digests)
-    finally:
-        error = helper.exception()                  # waits: the helper has stopped
-    if error is not None:
+        _copy_and_digest(mine, digests, inference)
+    except BaseException as exc:
+        if (theirs_failed := _stopped(helper)) is not None:
+            exc.add_note(f"the helper thread failed too: {theirs_failed!r}")
+        raise
+    if (error := _stopped(helper)) is not None:
         raise error
     h = xxhash.xxh3_128()
     for name, dst in sorted(served.items(), key=lambda kv: kv[0]):
@@ -136,9 +140,25 @@ def _halves(jobs: list[tuple]) -> tuple[list[tuple], list[tuple]]:
     return out
 
 
-def _copy_and_digest(jobs: list[tuple], digests: dict[str, bytes]) -> None:
-    """Each (name, served tensor, incoming tensor or None): copied, then its digest."""
-    with torch.no_grad():                    # grad mode is per thread: the helper's too
+def _stopped(helper: Future) -> BaseException | None:
+    """Wait until ``helper`` has stopped (an interrupt meanwhile is raised after it) and
+    return its error: nothing writes the served tensors once this returns."""
+    interrupted = None
+    while True:
+        try:
+            error = helper.exception()
+            break
+        except BaseException as exc:        # noqa: BLE001 - KeyboardInterrupt: wait on
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
+    return error
+
+
+def _copy_and_digest(jobs: list[tuple], digests: dict[str, bytes], inference: bool) -> None:
+    """Each (name, served tensor, incoming tensor or None): copied, then its digest. Grad
+    and inference mode are per thread: the caller's are set again here."""
+    with torch.no_grad(), torch.inference_mode(inference):
         for name, dst, src in jobs:
             if src is None or not _byte_copyable(dst, src):
                 if src is not None:
@@ -153,20 +173,22 @@ def _copy_and_digest(jobs: list[tuple], digests: dict[str, bytes]) -> None:
             digests[name] = h.digest()
 
 
-_HELPER: tuple[int, ThreadPoolExecutor] | None = None
+_HELPERS: tuple[int, ThreadPoolExecutor] | None = None
 
 
-def _helper() -> ThreadPoolExecutor:
-    """The verified load's second thread, one per process (a forked child makes its own:
-    threads do not survive a fork)."""
-    global _HELPER
-    if _HELPER is None or _HELPER[0] != os.getpid():
-        _HELPER = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="rlplane-fingerprint"))
-    return _HELPER[1]
+def _helpers() -> ThreadPoolExecutor:
+    """The verified loads' second threads, one pool per process (a forked child makes its
+    own: threads do not survive a fork), as many as loads run at once (engines on threads
+    of one process), idle ones reused."""
+    global _HELPERS
+    if _HELPERS is None or _HELPERS[0] != os.getpid():
+        _HELPERS = (os.getpid(), ThreadPoolExecutor(8, thread_name_prefix="rlplane-fingerprint"))
+    return _HELPERS[1]
 
 
 def _byte_copyable(dst: torch.Tensor, src: torch.Tensor) -> bool:
     """``dst.copy_(src)`` is a plain byte copy: same dtype and shape, both contiguous on
     the CPU (else copy_ converts, broadcasts or crosses a device, and is left to do so)."""
     return (dst.device.type == src.device.type == "cpu" and dst.dtype == src.dtype
-            and dst.shape == src.shape and dst.is_contiguous() and src.is_contiguous())
+            and dst.shape == src.shape and dst.is_contiguous() and src.is_contiguous()
+            and not (src.is_conj() or src.is_neg()))

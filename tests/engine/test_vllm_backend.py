@@ -31,7 +31,8 @@ PROMPTS = ["12+34=", "7*8=", "99-100=", "rev:abcdef=", "3+4="]
 def vllm_engine(tiny_dir):
     from engine.rollout.vllm_backend import VllmRollout
 
-    # 32-token KV blocks, the least vLLM's CPU attention takes (128 by default): the
+    # 32-token KV blocks, the least vLLM's CPU attention takes (a multiple of 32; 128 by
+    # default): the
     # prefix-cache tests below then hold several blocks of a short prompt
     return VllmRollout(tiny_dir, VllmRolloutConfig(block_size=32), "float32", seed=0)
 
@@ -243,6 +244,13 @@ def test_a_wake_up_that_restores_other_weights_is_caught(vllm_engine, base_weigh
     # a full sync repairs it, and the engine's own fingerprint says so
     report = vllm_engine.load_weights(base_weights.named_parameters(), 1)
     assert report.fingerprint == fingerprint(base_weights.named_parameters())
+
+
+def test_a_block_size_cpu_attention_cannot_take_is_refused_naming_the_field(tiny_dir):
+    from engine.rollout.vllm_backend import VllmRollout
+
+    with pytest.raises(ValueError, match=r"rollout.block_size = 16: .* multiple of 32"):
+        VllmRollout(tiny_dir, VllmRolloutConfig(block_size=16), "float32", seed=0)
 
 
 def test_prefix_stats_count_the_blocks_vllms_prefix_cache_served(vllm_engine):

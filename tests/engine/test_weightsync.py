@@ -1,4 +1,3 @@
-
 import pytest
 import torch
 
@@ -96,11 +95,11 @@ def test_loading_fingerprints_the_served_tensors_as_a_second_pass_would():
     served = {"a.big": torch.zeros(big), "b.half": torch.zeros(3, 4, dtype=torch.bfloat16),
               "c.scalar": torch.zeros(()), "d.ids": torch.zeros(7, dtype=torch.int64),
               "e.kept": torch.arange(5.0), "f.cast": torch.zeros(4, dtype=torch.float64),
-              "g.strided": torch.zeros(3, 2)}
+              "g.strided": torch.zeros(3, 2), "h.conj": torch.zeros(3, dtype=torch.cfloat)}
     sent = [("g.strided", torch.randn(2, 3).t()), ("a.big", torch.randn(big)),
             ("c.scalar", torch.tensor(2.5)), ("d.ids", torch.arange(7) * 3),
             ("b.half", torch.randn(3, 4, dtype=torch.bfloat16)),
-            ("f.cast", torch.randn(4))]
+            ("f.cast", torch.randn(4)), ("h.conj", torch.randn(3, dtype=torch.cfloat).conj())]
     nbytes, fp = load_fingerprinted(served, sent)
     for name, t in sent:
         assert torch.equal(served[name], t.to(served[name].dtype))
@@ -135,6 +134,19 @@ def test_a_checkpoint_recorded_with_the_earlier_stream_fingerprint_still_resumes
             else:
                 with pytest.raises(RuntimeError, match="do not match"):
                     read_run_state(tmp_path, learner)
+    (tmp_path / "state.json").write_text(json.dumps(state | {"fingerprint_scheme": 3}))
+    with pytest.raises(RuntimeError, match="scheme 3, which this rlplane does not know"):
+        read_run_state(tmp_path, learner)
+
+
+def test_a_load_in_inference_mode_loads_inference_tensors_on_both_threads():
+    from engine.weightsync.fingerprint import load_fingerprinted
+
+    with torch.inference_mode():       # the served tensors were made in inference mode
+        served = {"a.big": torch.zeros(1 << 18), "b.cast": torch.zeros(4, dtype=torch.float64)}
+        sent = [("a.big", torch.ones(1 << 18)), ("b.cast", torch.ones(4))]   # b: the helper
+        _, fp = load_fingerprinted(served, sent)
+    assert fp == fingerprint(served.items()) and bool((served["b.cast"] == 1).all())
 
 
 def test_a_load_that_fails_midway_raises_its_error_once_its_other_thread_has_stopped():
