@@ -114,7 +114,7 @@ METRIC_CHARTS: tuple[Chart, ...] = (
                line={"color": PHASE_COLORS[phase]})
         for phase in (*PHASES, M.IDLE)
     )),
-    # multi-turn runs on the torch sampler also draw its prefix-cache hits: a share that
+    # multi-turn runs also draw the rollout engine's prefix-cache hits: a share that
     # falls while rollout share rises is turns prefilled whole again
     Chart("share", "Rollout share and bubble (multi-turn: prefix-cache hits)", (
         metric(M.ROLLOUT_SHARE), metric(M.BUBBLE),

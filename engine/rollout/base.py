@@ -65,6 +65,24 @@ OnComplete = Callable[[int, "Completion"], "bool | None"]
 order; a True return stops generation and the rows still running come back aborted."""
 
 
+class PrefixTokens:
+    """The prefix-cache counts an engine keeps for rollout/prefix_hit_frac: of the
+    contexts of the calls that said they will be continued (SamplingParams.continues),
+    the tokens its prefix cache served and the tokens in all."""
+
+    def __init__(self) -> None:
+        self._prefix_tokens = (0, 0)
+
+    def _counted(self, served: int, total: int) -> None:
+        s, t = self._prefix_tokens
+        self._prefix_tokens = (s + served, t + total)
+
+    def prefix_stats(self) -> tuple[int, int]:
+        """(served, in all) since the last call."""
+        stats, self._prefix_tokens = self._prefix_tokens, (0, 0)
+        return stats
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
                  on_complete: OnComplete | None = None,

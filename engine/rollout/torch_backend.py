@@ -49,7 +49,13 @@ import torch
 from engine.config import TorchRolloutConfig
 from engine.model import eos_token_ids, load_policy
 from engine.moe import RouterHooks
-from engine.rollout.base import Completion, OnComplete, SamplingParams, WeightReport
+from engine.rollout.base import (
+    Completion,
+    OnComplete,
+    PrefixTokens,
+    SamplingParams,
+    WeightReport,
+)
 from engine.rollout.hf_kv import HFKV
 from engine.rollout.llama_kv import LlamaKV
 from engine.rollout.prefix_cache import PrefixCache
@@ -85,7 +91,7 @@ def prefill_buckets(lengths: list[int], min_rows: int = 8,
     return out
 
 
-class TorchRollout:
+class TorchRollout(PrefixTokens):
     """Holds its own copy of the weights; ``load_weights`` is the only way they change."""
 
     share_prefixes = True     # prefill a prompt repeated in a call once (generate)
@@ -105,7 +111,7 @@ class TorchRollout:
         self._version = version
         self.prefixes = (PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 and
                          model.reuses_prefixes and router is None else None)
-        self._prefix_tokens = [0, 0]   # of continued calls' contexts: taken, all (prefix_stats)
+        PrefixTokens.__init__(self)
 
     @classmethod
     def from_pretrained(cls, path: Path, dtype: torch.dtype = torch.float32,
@@ -137,7 +143,7 @@ class TorchRollout:
                      version: int, verify: bool = True) -> WeightReport:
         if self.prefixes is not None:
             self.prefixes.invalidate()      # KV of the weights being replaced (even in part)
-        # one pass: each slice is hashed as it lands (KeyError names an unknown tensor)
+        # one pass: copied and hashed together (KeyError names an unknown tensor)
         nbytes, fp = load_fingerprinted(self.tensors, named_tensors, verify)
         self._version = version
         return WeightReport(version=version, fingerprint=fp, bytes=nbytes)
@@ -147,12 +153,6 @@ class TorchRollout:
 
     def fingerprint(self) -> str:
         return fingerprint(self.tensors.items())
-
-    def prefix_stats(self) -> tuple[int, int]:
-        """Of the contexts of the calls that said they will be continued (multi-turn),
-        since the last look: (tokens taken from the prefix cache, tokens in all)."""
-        (taken, fed), self._prefix_tokens = self._prefix_tokens, [0, 0]
-        return taken, fed
 
     def sleep(self) -> bool:
         """Releases the prefix cache (the learner's update makes it stale anyway); True
@@ -226,9 +226,8 @@ class TorchRollout:
     def _count(self, prompts: list[list[int]], widths: list[int]) -> None:
         """prefix_stats: the tokens of ``prompts`` and those left of each one's window
         (``widths``), which the prefill did not compute (its stored KV served them)."""
-        self._prefix_tokens[0] += sum(max(0, len(p) - w)
-                                      for p, w in zip(prompts, widths, strict=True))
-        self._prefix_tokens[1] += sum(len(p) for p in prompts)
+        self._counted(sum(max(0, len(p) - w) for p, w in zip(prompts, widths, strict=True)),
+                      sum(len(p) for p in prompts))
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,

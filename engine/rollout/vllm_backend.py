@@ -41,7 +41,13 @@ import torch
 
 from engine.config import VllmRolloutConfig
 from engine.model import eos_token_ids
-from engine.rollout.base import Completion, OnComplete, SamplingParams, WeightReport
+from engine.rollout.base import (
+    Completion,
+    OnComplete,
+    PrefixTokens,
+    SamplingParams,
+    WeightReport,
+)
 from engine.weightsync.fingerprint import fingerprint
 
 # (vLLM fused module suffix, HF parts in order); sizes come from the model config.
@@ -209,7 +215,7 @@ def _bind_cpu_ranks(tp: int) -> None:
         ",".join(map(str, g)) for g in groups)
 
 
-class VllmRollout:
+class VllmRollout(PrefixTokens):
     def __init__(self, model_dir: Path, cfg: VllmRolloutConfig, dtype: str, seed: int,
                  weight_transfer: str | None = None, trust_remote_code: bool = False):
         """``weight_transfer`` names a backend of vLLM's weight-transfer API ("gloo",
@@ -260,7 +266,7 @@ class VllmRollout:
         self._request_ids = itertools.count()
         self._asleep = False
         self._weights_lost = False
-        self._prefix_tokens = [0, 0]   # of continued calls' contexts: cached, all
+        PrefixTokens.__init__(self)
         self._version, self._fingerprint = self._report()
 
     # ------------------------------------------------------------------ weights
@@ -396,22 +402,15 @@ class VllmRollout:
         with what the prefix cache served the request that computed it (the least over
         its copies that reported: a group's other copies hit the blocks the first one
         wrote). A context whose every copy was aborted before its prefill is left out:
-        vLLM neither computed it nor served it."""
+        vLLM neither computed it nor served it. vLLM's cache works in whole KV blocks and
+        on any shared prefix, the last turn's context or a prompt another request began
+        with."""
         least: dict[tuple[int, ...], int] = {}
         for i, p in enumerate(prompts):
             if i in cached:
                 key = tuple(p)
                 least[key] = min(least.get(key, len(p)), cached[i])
-        self._prefix_tokens[0] += sum(least.values())
-        self._prefix_tokens[1] += sum(len(k) for k in least)
-
-    def prefix_stats(self) -> tuple[int, int]:
-        """Of the contexts of the calls that said they will be continued (multi-turn),
-        since the last look: (tokens vLLM's automatic prefix cache served, tokens in
-        all). Its cache works in whole KV blocks and on any shared prefix, the last turn's
-        context or a prompt another request began with."""
-        (taken, fed), self._prefix_tokens = self._prefix_tokens, [0, 0]
-        return taken, fed
+        self._counted(sum(least.values()), sum(len(k) for k in least))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int,
                  on_complete: OnComplete | None = None,

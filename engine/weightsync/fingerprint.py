@@ -68,11 +68,15 @@ def _raw(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
 
 
+def _digest(t: torch.Tensor) -> bytes:
+    return xxhash.xxh3_128_digest(_raw(t))
+
+
 def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     h = xxhash.xxh3_128()
     for name, t in sorted(named_tensors, key=lambda kv: kv[0]):
         h.update(_header(name, t))
-        h.update(xxhash.xxh3_128_digest(_raw(t)))
+        h.update(_digest(t))
     return h.hexdigest()
 
 
@@ -163,7 +167,7 @@ def _copy_and_digest(jobs: list[tuple], digests: dict[str, bytes], inference: bo
             if src is None or not _byte_copyable(dst, src):
                 if src is not None:
                     dst.copy_(src)
-                digests[name] = xxhash.xxh3_128_digest(_raw(dst))
+                digests[name] = _digest(dst)
                 continue
             d, s, h = _raw(dst), _raw(src), xxhash.xxh3_128()
             for a in range(0, d.size, SLICE_BYTES):
