@@ -17,6 +17,9 @@ and 1,000 runs in the database, and what 10k steps cost on disk.
                 the run page (GET /runs/<id>) and its chart data (json_script) bytes,
                 the runs list (GET /),
                 compare of the 6 long runs (GET /api/runs/compare, and the page),
+                the API's run detail and metric names of the first long run, ingest's
+                name check of one more step of it (jobs/ingest/name_cap.py),
+                a Prometheus scrape with the long runs live,
               beside the old read of the same run page's series: every raw point
               (jobs.queries.history.raw_history), once
     ingest    --ingest-steps steps through jobs.ingest.store.do_ingest_events, one step
@@ -177,8 +180,12 @@ def fill(args, names: list[str]):
 
 
 def measure(args, user, long_runs, names):
+    from django.conf import settings
     from django.test import Client
 
+    from engine.api import MetricsEvent
+    from jobs.ingest.name_cap import within_name_cap
+    from jobs.models import Run, RunStatus
     from jobs.queries import history
     from jobs.queries.run_page import chart_data
 
@@ -232,6 +239,26 @@ def measure(args, user, long_runs, names):
                  len(compared.content)))
     best, med, compared = timed(lambda: get(f"/runs/compare?ids={ids}"), args.repeat)
     rows.append(("  compare page (GET /runs/compare)", best, med, len(compared.content)))
+    best, med, detail = timed(lambda: get(f"/api/v1/runs/{first.pk}"), args.repeat)
+    rows.append(("run detail (GET /api/v1/runs/<id>)", best, med, len(detail.content)))
+    best, med, listed = timed(lambda: get(f"/api/v1/runs/{first.pk}/metric-names"), args.repeat)
+    rows.append(("  its metric names (API)", best, med, len(listed.content)))
+    step = MetricsEvent(seq=1, ts=1e9, step=args.steps, values=dict.fromkeys(names, 0.5))
+    best, med, _ = timed(lambda: within_name_cap(first, [step]), args.repeat)
+    rows.append(("  ingest's name check of a step", best, med, 0))
+    ids = [r.pk for r in long_runs]
+    Run.objects.filter(pk__in=ids).update(status=RunStatus.RUNNING)
+    settings.RLPLANE_METRICS_TOKEN = "bench"
+    scrape = Client(HTTP_HOST="localhost", HTTP_AUTHORIZATION="Bearer bench")
+
+    def scraped():
+        response = scrape.get("/metrics")
+        assert response.status_code == 200, ("/metrics", response.status_code)
+        return response
+    best, med, scraped = timed(scraped, args.repeat)
+    rows.append((f"Prometheus scrape ({len(ids)} long runs live)", best, med,
+                 len(scraped.content)))
+    Run.objects.filter(pk__in=ids).update(status=RunStatus.SUCCEEDED)
     start = time.perf_counter()
     raw = history.raw_history(first, names)
     raw_s = time.perf_counter() - start
@@ -258,7 +285,7 @@ def ingest_cost(args, names: list[str]) -> tuple[float, float]:
         event = MetricsEvent(seq=step + 1, ts=1e9 + step, step=step,
                              values={n: value_of(step, k) for k, n in enumerate(names)})
         for tiers in (step % 2 == 0, step % 2 == 1):
-            store.derive_rollups = kept if tiers else (lambda run, events: None)
+            store.derive_rollups = kept if tiers else (lambda *args: None)
             start = time.perf_counter()
             store.do_ingest_events(runs[tiers], [event])
             spent[tiers] += time.perf_counter() - start

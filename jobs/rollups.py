@@ -45,7 +45,15 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.ingest.bulk import copy_then_insert
-from jobs.models import TERMINAL, MetricPoint, MetricRollup, Run, RunEvent
+from jobs.models import (
+    TERMINAL,
+    MetricPoint,
+    MetricRollup,
+    Run,
+    RunEvent,
+    last_steps,
+    stored_metric_names,
+)
 
 # Steps per bucket, finest first; each divides the next (x5, x2), so a chart finds a tier
 # within 2.5x of the buckets it wants at any length.
@@ -141,42 +149,6 @@ def derive_rollups(run: Run, batch: dict[tuple[str, int], float | None],
                 wanted[width].update((name, s // width) for s in new
                                      if s <= before and s // width < closed)
     close(run, wanted, batch, ts)
-
-
-def last_steps(run: Run, names: Iterable[str]) -> dict[str, int]:
-    """{name: its highest stored step} of those stored."""
-    return {name: hi for name, (_, hi) in step_bounds(run, names).items()}
-
-
-def step_bounds(run: Run, names: Iterable[str],
-                first: bool = False) -> dict[str, tuple[int | None, int]]:
-    """{name: (its lowest stored step if ``first``, its highest)} of those stored: an
-    index seek each (a GROUP BY would read every point of each), in one round trip.
-    PostgreSQL: one correlated subquery over unnest(names), planned once; SQLite: a
-    UNION ALL arm per name (it has no arrays, and plans arms cheaply)."""
-    table = connection.ops.quote_name(MetricPoint._meta.db_table)
-    names = list(names)
-
-    def seek(fn: str, name_sql: str) -> str:
-        return f"(SELECT {fn}(step) FROM {table} WHERE run_id = %s AND name = {name_sql})"
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            low = seek("MIN", "t.n") if first else "NULL"
-            cursor.execute(f"SELECT t.n, {low}, {seek('MAX', 't.n')} "
-                           "FROM unnest(%s::text[]) AS t(n)",
-                           [run.pk] * first + [run.pk, names])
-            rows = cursor.fetchall()
-        else:
-            rows = []
-            for start in range(0, len(names), 200):  # at most 500 terms per compound
-                chunk = names[start:start + 200]
-                low = seek("MIN", "%s") if first else "NULL"
-                arm = f"SELECT %s, {low}, {seek('MAX', '%s')}"
-                cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
-                               [v for n in chunk
-                                for v in (n, *((run.pk, n) if first else ()), run.pk, n)])
-                rows += cursor.fetchall()
-    return {name: (lo, hi) for name, lo, hi in rows if hi is not None}
 
 
 def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
@@ -319,8 +291,7 @@ def last_metrics_ts(run: Run) -> float | None:
 
 def close_open_buckets(run: Run) -> None:
     """Close every metric's open bucket at every tier (the run will report no more)."""
-    names = MetricPoint.objects.filter(run=run).values_list("name", flat=True).distinct()
-    last = last_steps(run, set(names))
+    last = last_steps(run, stored_metric_names(run.pk))
     close(run, {width: {(n, s // width) for n, s in last.items()} for width in TIERS},
           {}, last_metrics_ts(run))
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from django.conf import settings
 
 from engine.api import Event, MetricsEvent, canonical_metrics
-from jobs.models import MetricPoint, Run
+from jobs.models import Run, last_steps, stored_metric_names
 from jobs.prometheus import INGEST_EVENTS
 
 
@@ -30,14 +30,13 @@ def within_name_cap(run: Run, events: Sequence[Event]) -> tuple[list[Event], lis
     the cap, in ingest's batch error shape)."""
     cap = settings.RLPLANE_MAX_METRIC_NAMES
     names = set().union(*(stored_names(run, e) for e in events if isinstance(e, MetricsEvent)))
-    stored = MetricPoint.objects.filter(run=run).order_by()
-    # The common batch repeats names the run has: index seeks on (run, name) say so; the
-    # run's whole name list (a scan of its points) is read only when a name is new, or
-    # when the batch names more than the cap (nor would so many fit in one IN (...)).
-    if not names or len(names) <= min(cap, 10_000) and set(
-            stored.filter(name__in=names).values_list("name", flat=True).distinct()) == names:
+    # The common batch repeats names the run has: an index seek per name says so (a
+    # DISTINCT over them read every point of the run, growing with its history); the
+    # run's whole name list (a seek per name it has) is read only when a name is new, or
+    # when the batch names more than the cap.
+    if not names or len(names) <= min(cap, 10_000) and last_steps(run, names).keys() == names:
         return list(events), []
-    known = set(stored.values_list("name", flat=True).distinct())
+    known = set(stored_metric_names(run.pk))
     kept, errors = [], []
     for index, event in enumerate(events):
         if isinstance(event, MetricsEvent):

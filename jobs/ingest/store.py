@@ -49,9 +49,10 @@ from jobs.models import (
     RunControl,
     RunEvent,
     RunStatus,
+    last_steps,
 )
 from jobs.models.samples import max_gap
-from jobs.rollups import derive_rollups, last_steps
+from jobs.rollups import derive_rollups
 from jobs.runs.queue import schedule_on_commit
 
 logger = logging.getLogger(__name__)

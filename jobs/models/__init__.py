@@ -25,7 +25,16 @@ from jobs.models.events import Checkpoint, RunEvent
 from jobs.models.preset import Preset
 from jobs.models.run import NotNative, Run
 from jobs.models.samples import InspectedSample
-from jobs.models.series import MetricPoint, MetricRollup, PhaseSpan, latest_values
+from jobs.models.series import (
+    MetricPoint,
+    MetricRollup,
+    PhaseSpan,
+    last_points,
+    last_steps,
+    latest_values,
+    step_bounds,
+    stored_metric_names,
+)
 from jobs.models.status import LIVE, TERMINAL, TRANSITIONS, InvalidTransition, RunStatus
 from jobs.models.tokens import ApiToken
 
@@ -35,5 +44,5 @@ __all__ = [
     "LIVE", "TERMINAL", "TRANSITIONS", "Checkpoint", "InvalidTransition", "MetricPoint",
     "MetricRollup",
     "NotNative", "PhaseSpan", "Preset", "Run", "RunControl", "RunEvent", "RunStatus",
-    "latest_values",
+    "last_points", "last_steps", "latest_values", "step_bounds", "stored_metric_names",
 ]

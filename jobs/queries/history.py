@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 from django.db.models import Max, Min
 
-from jobs.models import MetricPoint, MetricRollup, Run, RunEvent
-from jobs.rollups import TIERS, ranges, step_bounds
+from jobs.models import MetricPoint, MetricRollup, Run, RunEvent, step_bounds
+from jobs.rollups import TIERS, ranges
 
 RAW_SPAN = 500     # a run over at most this many steps draws every point
 MAX_BUCKETS = 250  # else the finest tier with at most this many buckets over the run:

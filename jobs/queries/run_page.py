@@ -32,6 +32,8 @@ from jobs.models import (
     Run,
     RunControl,
     RunEvent,
+    last_steps,
+    stored_metric_names,
 )
 from jobs.queries import history
 from jobs.rollups import TIERS
@@ -102,9 +104,7 @@ def chart_data(run: Run) -> dict:
         algorithm = "external" if run.is_external else run.run_config.algorithm.type
         # An external run's names that no chart reads (its framework's own, kept as they
         # are, and canonical ones no built-in chart draws) get a chart each.
-        others = charts.other_names(
-            MetricPoint.objects.filter(run=run).values_list("name", flat=True).distinct()
-        ) if run.is_external else []
+        others = charts.other_names(stored_metric_names(run.pk)) if run.is_external else []
         series = history.load(run, charts.metric_names() | set(others))
         figures = charts.metric_figures(series.steps, algorithm, others, series.width,
                                         series.steps_reported)
@@ -243,7 +243,7 @@ def run_progress(run: Run) -> dict:
                   .values_list("step", "value")[:ETA_STEPS])
     step = recent[0][0] if recent else None
     if step is None and run.is_external:  # a framework that reports no step time
-        step = MetricPoint.objects.filter(run=run).aggregate(m=Max("step"))["m"]
+        step = max(last_steps(run, stored_metric_names(run.pk)).values(), default=None)
     done = run.steps_done(step)
     now = timezone.now()
     elapsed = None

@@ -50,6 +50,7 @@ from jobs.models import (
     RunEvent,
     RunStatus,
     latest_values,
+    stored_metric_names,
 )
 from jobs.models.controls import paused
 from jobs.queries import history
@@ -398,7 +399,7 @@ def metrics(request, run_id: int):
 @api_view(["GET"])
 def metric_names(request, run_id: int):
     target = get_object_or_404(Run, pk=run_id)
-    names = set(MetricPoint.objects.filter(run=target).values_list("name", flat=True))
+    names = set(stored_metric_names(target.pk))
     names |= set(MetricRollup.objects.filter(run=target, width=TIERS[-1])
                  .values_list("name", flat=True))
     return Response({"names": sorted(names)})
