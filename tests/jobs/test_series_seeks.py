@@ -11,8 +11,8 @@ import pytest
 from django.db import connection
 
 from jobs.ingest.name_cap import within_name_cap
-from jobs.models import MetricPoint, latest_values, stored_metric_names
-from jobs.rollups import close_open_buckets
+from jobs.models import MetricPoint, RunStatus, latest_values, stored_metric_names
+from jobs.rollups import close_open_buckets, expired_runs
 
 from .helpers import metrics
 
@@ -87,6 +87,20 @@ def test_reading_names_and_latest_values_does_not_grow_with_the_runs_history(mak
 
     # A read of every point costs the long run ~200x the short one's.
     assert long_cost <= 2 * short_cost + 50, (reader, short_cost, long_cost)
+
+
+def test_finding_the_runs_whose_raw_points_expired_does_not_read_their_points(make_run):
+    from django.utils import timezone
+
+    old = make_run(status=RunStatus.SUCCEEDED, finished_at=timezone.now())
+    fill(old, 2_000)
+    make_run(status=RunStatus.SUCCEEDED, finished_at=timezone.now(), name="no points")
+
+    with database_work() as spent:
+        found = list(expired_runs(-1))
+
+    assert found == [old]
+    assert spent[0] < 500, spent   # a join read its 6,000 points
 
 
 def test_names_and_latest_values_are_what_the_points_say(make_run):
