@@ -17,7 +17,7 @@ and 1,000 runs in the database, and what 10k steps cost on disk.
                 the run page (GET /runs/<id>) and its chart data (json_script) bytes,
                 the runs list (GET /),
                 compare of the 6 long runs (GET /api/runs/compare, and the page),
-                the API's run detail and metric names of the first long run, ingest's
+                the API's run detail, metric names and 3 series of the first long run, ingest's
                 name check of one more step of it (jobs/ingest/name_cap.py),
                 a Prometheus scrape with the long runs live,
               beside the old read of the same run page's series: every raw point
@@ -44,7 +44,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -243,6 +243,10 @@ def measure(args, user, long_runs, names):
     rows.append(("run detail (GET /api/v1/runs/<id>)", best, med, len(detail.content)))
     best, med, listed = timed(lambda: get(f"/api/v1/runs/{first.pk}/metric-names"), args.repeat)
     rows.append(("  its metric names (API)", best, med, len(listed.content)))
+    query = urlencode([("name", n) for n in names[:3]])
+    best, med, got = timed(lambda: get(f"/api/v1/runs/{first.pk}/metrics?{query}"),
+                           args.repeat)
+    rows.append(("  3 of its series (API, 500 points each)", best, med, len(got.content)))
     step = MetricsEvent(seq=1, ts=1e9, step=args.steps, values=dict.fromkeys(names, 0.5))
     best, med, _ = timed(lambda: within_name_cap(first, [step]), args.repeat)
     rows.append(("  ingest's name check of a step", best, med, 0))
