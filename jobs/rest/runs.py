@@ -364,7 +364,10 @@ def baseline(request, run_id: int):
                 OpenApiParameter("start", integers(), description="first step"),
                 OpenApiParameter("end", integers(), description="last step"),
                 OpenApiParameter("points", integers(1, MAX_POINTS),
-                                 description="at most this many per series (default 500)")])
+                                 description="at most this many per series (default 500); "
+                                 "a range of more steps is served as each bucket's lowest "
+                                 "and highest value at their steps, then the newest raw "
+                                 "points")])
 @api_view(["GET"])
 def metrics(request, run_id: int):
     target = get_object_or_404(Run, pk=run_id)
