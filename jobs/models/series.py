@@ -55,8 +55,9 @@ class PhaseSpan(models.Model):
 def latest_values(run_ids) -> dict[int, dict[str, tuple[int, float | None]]]:
     """{run id: {metric name: (step, value)}} at each metric's last reported step: the
     API's run detail and the Prometheus scrape read the same thing. Per run, its names
-    and each one's last point by index seeks (stored_metric_names, last_points): a GROUP BY, or
-    rows fetched by step, read every point of the run (6.4M at 100k steps of 64 names)."""
+    and each one's last point by index seeks (stored_metric_names, last_points: two round
+    trips a run): a GROUP BY, or rows fetched by step, read every point of the run (6.4M
+    at 100k steps of 64 names)."""
     out: dict[int, dict[str, tuple[int, float | None]]] = {}
     for run_id in run_ids:
         if latest := last_points(run_id, stored_metric_names(run_id)):
@@ -65,7 +66,8 @@ def latest_values(run_ids) -> dict[int, dict[str, tuple[int, float | None]]]:
 
 
 def stored_metric_names(run_id: int) -> list[str]:
-    """The run's distinct metric names (of its raw points), in order: a loose index scan,
+    """The run's distinct metric names (of its raw points), in the database's collation
+    order (callers that show them sort them): a loose index scan,
     one seek per name on metric_point_unique (run, name, step), where DISTINCT reads every
     point of the run."""
     table = connection.ops.quote_name(MetricPoint._meta.db_table)

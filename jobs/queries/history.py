@@ -166,46 +166,6 @@ def times_at(times: dict[int, float], steps: Iterable[int]) -> dict[int, float]:
     return out
 
 
-def api_series(run: Run, names: list[str], start: int | None, end: int | None,
-               points: int) -> dict[str, list[tuple[int, float | None]]]:
-    """{name: [(step, value)]} of steps ``start``..``end`` (default: all) for the API's
-    series, about ``points`` a series (the caller thins what is over): every raw point
-    where the range holds at most ``points`` steps; else, where the tiers are kept, each
-    closed bucket's lowest and highest value at their steps from the finest tier with at
-    most ``points`` // 2 buckets over the range, then each series' raw points past its
-    last closed bucket. Reading every raw point of the range was 100k rows a series on a
-    100k-step run, and thinning them by index could drop a one-step spike that a bucket's
-    low and high keep. A run whose raw points were dropped: bucket_series."""
-    raw = extent(run, names)
-    if raw is None:
-        return bucket_series(run, names, start, end, points)
-    lo = raw[0] if start is None else max(start, raw[0])
-    hi = raw[1] if end is None else min(end, raw[1])
-    series: dict[str, list] = {name: [] for name in names}
-    tiers = hi - lo + 1 > points and MetricRollup.objects.filter(
-        run=run, width=TIERS[0], name__in=names).exists()   # none: stored before tiers
-    if not tiers:
-        spans = [(name, lo, hi + 1) for name in names]
-    else:
-        width = next((w for w in TIERS if (hi - lo + 1) / w <= max(1, points // 2)), TIERS[-1])
-        covered = dict.fromkeys(names, lo)   # per series: its steps below this are bucketed
-        for name, bucket, count, low, low_step, high, high_step in ranges(
-                MetricRollup, ("name", "bucket", "count", "low", "low_step", "high",
-                               "high_step"), run, width, "bucket",
-                [(name, lo // width, hi // width + 1) for name in names]):
-            if count:
-                pair = sorted({(low_step, low), (high_step, high)})
-                series[name] += [(step, value) for step, value in pair if lo <= step <= hi]
-            covered[name] = max(covered[name], (bucket + 1) * width)
-        spans = [(name, first, hi + 1) for name, first in covered.items() if first <= hi]
-    for name, step, value in ranges(MetricPoint, ("name", "step", "value"), run, None, "step",
-                                    spans):
-        series[name].append((step, value))
-    for pts in series.values():
-        pts.sort(key=lambda p: p[0])
-    return series
-
-
 def bucket_series(run: Run, names: list[str], start: int | None, end: int | None,
                   points: int) -> dict[str, list[tuple[int, float]]]:
     """{name: [(x, value)]} from the finest tier that draws ``start``..``end`` (default:

@@ -253,30 +253,3 @@ def test_the_api_serves_a_dropped_runs_series_from_its_buckets(make_run, setting
     assert series[REWARD] == {"steps": [0, 9, 10, 19, 20, 29, 30, 33],
                               "values": [0.0, 0.09, 0.1, 0.19, 0.2, 0.29, 0.3, 7.0]}
     assert names == [GAP, REWARD]
-
-
-def test_the_api_serves_a_long_live_series_from_its_buckets_then_its_newest_points(
-        run, client):
-    """More steps than ``points``: each closed bucket's low and high at their steps (a
-    one-step spike kept, which thinning every point by index dropped), then the raw points
-    past the last closed bucket."""
-    ingest(run, range(3_000), 1, value=lambda s: 50.0 if s == 1_237 else float(s % 10))
-    auth = {"Authorization": f"Bearer {api_token('viewer', operator=False)}"}
-
-    def get(**params):
-        return client.get(f"/api/v1/runs/{run.pk}/metrics", {"name": [REWARD, GAP], **params},
-                          headers=auth).json()["series"]
-
-    series = get(points=200, end=2_994)
-    window = get(start=100, end=199)          # 100 steps: every point
-    whole = get(points=5_000)
-
-    reward = series[REWARD]
-    assert len(reward["steps"]) <= 200 and reward["steps"] == sorted(reward["steps"])
-    assert (1_237, 50.0) in zip(reward["steps"], reward["values"], strict=True)
-    # width 50 (60 buckets for 100 points): each bucket's low (its first 0.0) and high
-    # (its first 9.0), then steps 2,950..2,994 past the last closed bucket as they are
-    assert reward["steps"][:4] == [0, 9, 50, 59]
-    assert reward["steps"][-45:] == list(range(2_950, 2_995))
-    assert window[REWARD]["steps"] == list(range(100, 200))
-    assert whole[REWARD]["steps"] == list(range(3_000))   # fits: the raw points
