@@ -55,6 +55,7 @@ from jobs.models import (
     last_steps,
     stored_metric_names,
 )
+from jobs.models.series import union_all
 
 # Steps per bucket, finest first; each divides the next (x5, x2), so a chart finds a tier
 # within 2.5x of the buckets it wants at any length.
@@ -228,11 +229,7 @@ def ranges(model, fields: Sequence[str], run: Run, width: int | None, field: str
             return
         arm = (f"SELECT {cols} FROM {table} WHERE {where} AND name = %s "
                f"AND {q(field)} >= %s AND {q(field)} < %s")
-        for start in range(0, len(spans), 200):  # SQLite: at most 500 terms per compound
-            chunk = spans[start:start + 200]
-            cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
-                           [v for n, lo, hi in chunk for v in (*head, n, lo, hi)])
-            yield from cursor.fetchall()
+        yield from union_all(cursor, arm, [(*head, n, lo, hi) for n, lo, hi in spans])
 
 
 def raw_points(run: Run, keys: set[tuple[str, int]]):

@@ -72,22 +72,23 @@ def _digest(t: torch.Tensor) -> bytes:
     return xxhash.xxh3_128_digest(_raw(t))
 
 
-def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+def _fold(named_tensors: Iterable[tuple[str, torch.Tensor]], part) -> str:
+    """XXH3-128 over each tensor's header and ``part(name, tensor)``, in name order."""
     h = xxhash.xxh3_128()
     for name, t in sorted(named_tensors, key=lambda kv: kv[0]):
         h.update(_header(name, t))
-        h.update(_digest(t))
+        h.update(part(name, t))
     return h.hexdigest()
+
+
+def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    return _fold(named_tensors, lambda _, t: _digest(t))
 
 
 def stream_fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     """The fingerprint as defined before 2026-12-05 (one XXH3-128 stream over every header
     and byte in name order): what checkpoints written before then record."""
-    h = xxhash.xxh3_128()
-    for name, t in sorted(named_tensors, key=lambda kv: kv[0]):
-        h.update(_header(name, t))
-        h.update(_raw(t))
-    return h.hexdigest()
+    return _fold(named_tensors, lambda _, t: _raw(t))
 
 
 def load_fingerprinted(served: Mapping[str, torch.Tensor],
@@ -126,11 +127,7 @@ def load_fingerprinted(served: Mapping[str, torch.Tensor],
         raise
     if (error := _stopped(helper)) is not None:
         raise error
-    h = xxhash.xxh3_128()
-    for name, dst in sorted(served.items(), key=lambda kv: kv[0]):
-        h.update(_header(name, dst))
-        h.update(digests[name])
-    return nbytes, h.hexdigest()
+    return nbytes, _fold(served.items(), lambda name, _: digests[name])
 
 
 def _halves(jobs: list[tuple]) -> tuple[list[tuple], list[tuple]]:

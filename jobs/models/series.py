@@ -87,7 +87,6 @@ def last_points(run_id: int, names) -> dict[str, tuple[int, float | None]]:
     planned once; SQLite: a UNION ALL arm per name)."""
     table = connection.ops.quote_name(MetricPoint._meta.db_table)
     names = list(names)
-    rows = []
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
@@ -98,11 +97,7 @@ def last_points(run_id: int, names) -> dict[str, tuple[int, float | None]]:
         else:
             arm = (f"SELECT * FROM (SELECT name, step, value FROM {table} WHERE run_id = %s "
                    "AND name = %s ORDER BY step DESC LIMIT 1)")
-            for start in range(0, len(names), 200):  # at most 500 terms per compound
-                chunk = names[start:start + 200]
-                cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
-                               [v for name in chunk for v in (run_id, name)])
-                rows += cursor.fetchall()
+            rows = union_all(cursor, arm, [(run_id, name) for name in names])
     return {name: (step, value) for name, step, value in rows}
 
 
@@ -130,16 +125,21 @@ def step_bounds(run, names: Iterable[str],
                            [run.pk] * first + [run.pk, names])
             rows = cursor.fetchall()
         else:
-            rows = []
-            for start in range(0, len(names), 200):  # at most 500 terms per compound
-                chunk = names[start:start + 200]
-                low = seek("MIN", "%s") if first else "NULL"
-                arm = f"SELECT %s, {low}, {seek('MAX', '%s')}"
-                cursor.execute(" UNION ALL ".join([arm] * len(chunk)),
-                               [v for n in chunk
-                                for v in (n, *((run.pk, n) if first else ()), run.pk, n)])
-                rows += cursor.fetchall()
+            low = seek("MIN", "%s") if first else "NULL"
+            rows = union_all(cursor, f"SELECT %s, {low}, {seek('MAX', '%s')}",
+                             [(n, *((run.pk, n) if first else ()), run.pk, n) for n in names])
     return {name: (lo, hi) for name, lo, hi in rows if hi is not None}
+
+
+def union_all(cursor, arm: str, args: list[tuple]) -> list[tuple]:
+    """SQLite, which has no arrays: the rows of the SELECT ``arm`` run with each of
+    ``args``, as UNION ALLs of up to 200 arms (a compound SELECT takes at most 500)."""
+    rows = []
+    for start in range(0, len(args), 200):
+        chunk = args[start:start + 200]
+        cursor.execute(" UNION ALL ".join([arm] * len(chunk)), [v for a in chunk for v in a])
+        rows += cursor.fetchall()
+    return rows
 
 
 class MetricRollup(models.Model):
