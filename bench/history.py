@@ -17,7 +17,8 @@ and 1,000 runs in the database, and what 10k steps cost on disk.
                 the run page (GET /runs/<id>) and its chart data (json_script) bytes,
                 the runs list (GET /),
                 compare of the 6 long runs (GET /api/runs/compare, and the page),
-                the API's run detail, metric names and 3 series of the first long run, ingest's
+                the API's run detail, metric names and 3 series of the first long run (and
+                    beside them every raw point of the 3, the endpoint's read before), ingest's
                 name check of one more step of it (jobs/ingest/name_cap.py),
                 a Prometheus scrape with the long runs live,
               beside the old read of the same run page's series: every raw point
@@ -184,8 +185,9 @@ def measure(args, user, long_runs, names):
     from django.test import Client
 
     from engine.api import MetricsEvent
+    from jobs.charts import downsample
     from jobs.ingest.name_cap import within_name_cap
-    from jobs.models import Run, RunStatus
+    from jobs.models import MetricPoint, Run, RunStatus
     from jobs.queries import history
     from jobs.queries.run_page import chart_data
 
@@ -247,6 +249,15 @@ def measure(args, user, long_runs, names):
     best, med, got = timed(lambda: get(f"/api/v1/runs/{first.pk}/metrics?{query}"),
                            args.repeat)
     rows.append(("  3 of its series (API, 500 points each)", best, med, len(got.content)))
+
+    def every_point():  # the API's read before it read tiers: each raw point, thinned
+        by_name = {name: [] for name in names[:3]}
+        for name, step, value in (MetricPoint.objects.filter(run=first, name__in=names[:3])
+                                  .order_by("name", "step").values_list("name", "step", "value")):
+            by_name[name].append((step, value))
+        return {name: downsample(pts, 500) for name, pts in by_name.items()}
+    best, med, _ = timed(every_point, args.repeat)
+    rows.append(("  the same, every raw point read (as before)", best, med, 0))
     step = MetricsEvent(seq=1, ts=1e9, step=args.steps, values=dict.fromkeys(names, 0.5))
     best, med, _ = timed(lambda: within_name_cap(first, [step]), args.repeat)
     rows.append(("  ingest's name check of a step", best, med, 0))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from django.db.models import Max, Min
 
 from jobs.models import MetricPoint, MetricRollup, Run, RunEvent, step_bounds
-from jobs.rollups import TIERS, ranges
+from jobs.rollups import TIERS, Bucket, RollupRow, ranges, rollup_rows
 
 RAW_SPAN = 500     # a run over at most this many steps draws every point
 MAX_BUCKETS = 250  # else the finest tier with at most this many buckets over the run:
@@ -166,24 +166,123 @@ def times_at(times: dict[int, float], steps: Iterable[int]) -> dict[int, float]:
     return out
 
 
-def bucket_series(run: Run, names: list[str], start: int | None, end: int | None,
-                  points: int) -> dict[str, list[tuple[int, float]]]:
-    """{name: [(x, value)]} from the finest tier that draws ``start``..``end`` (default:
-    all the tiers hold) in about ``points`` points: what the API serves of a run whose raw
-    points were dropped."""
-    span = tier_extent(run, names)
-    if span is None:
-        return {name: [] for name in names}
-    lo = span[0] if start is None else start
-    hi = span[1] if end is None else end
-    width = next((w for w in TIERS if (hi - lo + 1) / w <= max(1, points // 2)), TIERS[-1])
-    series: dict[str, list] = {name: [] for name in names}
-    rows = (MetricRollup.objects.filter(run=run, width=width, name__in=names,
-                                        bucket__gte=lo // width, bucket__lte=hi // width)
-            .order_by("name", "bucket")
-            .values_list("name", "count", "low", "low_step", "high", "high_step"))
-    for name, count, low, low_step, high, high_step in rows:
-        if count:
-            pair = [(low_step, low), (high_step, high)]
-            series[name] += sorted(pair) if low_step != high_step else pair[:1]
-    return series
+def series(run: Run, names: list[str], start: int | None, end: int | None,
+           points: int) -> dict[str, list[tuple[int, float | None]]]:
+    """{name: [(step, value)]} of ``start``..``end`` (default: the whole series), at most
+    ``points`` per series: what the API serves (GET /api/v1/runs/<id>/metrics).
+
+    A series with at most ``points`` points in the range comes whole, exact. A longer one
+    comes as (points - 1) // 2 equal step ranges, each as its lowest and highest value at
+    their steps (one point where they are one step; its last step with null where it has
+    no finite value), then the newest point of the range: a one-step spike is never
+    thinned away. Each range is folded from whole buckets of the tiers that fit inside it
+    (``cover``) and the raw points between them, so a read costs a few rows per range
+    whatever the run's length, raw points dropped or not."""
+    names = list(dict.fromkeys(names))
+    bounds = extents(run, names)
+    out: dict[str, list] = {name: [] for name in names}
+    plans = {}
+    for name, (first, last, raw) in bounds.items():
+        lo = first if start is None else max(start, first)
+        hi = last if end is None else min(end, last)
+        if lo > hi:
+            continue
+        groups = (points - 1) // 2
+        # The coarsest tier of at least one bucket a range: at most 5 rows a range (the
+        # tiers are x5 or x2 apart), or raw points where a range is under 10 steps. (No
+        # range, points < 3: only the newest point, from the coarsest tier.)
+        top = next((w for w in reversed(TIERS) if w * groups <= hi - lo + 1),
+                   None if raw else TIERS[0])
+        # The cover's bounds: past the series' own end a bucket holds nothing out of range.
+        align = TIERS[-1]
+        plans[name] = (lo, hi, groups, top,
+                       (first // align) * align if lo == first else lo,
+                       ENDLESS if hi == last else hi + 1)
+    pieces = cover(run, {name: (top, a, b) for name, (_, _, _, top, a, b) in plans.items()})
+    for name, (lo, hi, groups, _, _, _) in plans.items():
+        got = pieces.get(name, [])
+        if len(got) <= points and not any(isinstance(p, RollupRow) for _, p in got):
+            out[name] = [(step, value) for step, value in got]  # every raw point: exact
+        elif got:
+            out[name] = fold(got, lo, hi, groups)
+    return out
+
+
+def extents(run: Run, names: list[str]) -> dict[str, tuple[int, int, bool]]:
+    """{name: (first, last step, True)} of its raw points (two index seeks), else (raw
+    points dropped) {name: (first, last step, False)} of its finest tier's buckets."""
+    bounds = {name: (lo, hi, True)
+              for name, (lo, hi) in step_bounds(run, names, first=True).items()}
+    missing = [n for n in names if n not in bounds]
+    if missing:
+        rows = (MetricRollup.objects.filter(run=run, width=TIERS[0], name__in=missing)
+                .values("name").annotate(lo=Min("bucket"), hi=Max("last_step"))
+                .values_list("name", "lo", "hi"))
+        bounds.update((name, (lo * TIERS[0], hi, False)) for name, lo, hi in rows)
+    return bounds
+
+
+def cover(run: Run, plans: dict[str, tuple[int | None, int, int]]) -> dict[str, list]:
+    """{name: [(step, value or RollupRow)] in step order} covering each name's steps
+    [a, b) (``plans``: name -> (top tier or None, a, b)): the closed buckets of ``top``
+    inside it, the gaps between and around them by the next finer tier's, and so on down
+    to the raw points. One query per tier and one for the raw points, each an index range
+    per gap."""
+    gaps = {name: [(a, b)] for name, (_, a, b) in plans.items()}
+    pieces: dict[str, list] = defaultdict(list)
+    for tier in reversed(TIERS):
+        spans = [(name, -(-a // tier), b // tier) for name, (top, _, _) in plans.items()
+                 if top is not None and tier <= top for a, b in gaps[name]]
+        spans = [s for s in spans if s[1] < s[2]]
+        if not spans:
+            continue
+        found: dict[str, list[int]] = defaultdict(list)
+        for row in rollup_rows(run, tier, set(spans)):
+            pieces[row.name].append((row.bucket * tier, row))
+            found[row.name].append(row.bucket * tier)
+        for name, starts in found.items():
+            gaps[name] = minus(gaps[name], sorted(starts), tier)
+    for name, step, value in ranges(MetricPoint, ("name", "step", "value"), run, None, "step",
+                                    [(name, a, b) for name, g in gaps.items() for a, b in g]):
+        pieces[name].append((step, value))
+    return {name: sorted(got, key=lambda p: p[0]) for name, got in pieces.items()}
+
+
+def minus(gaps: list[tuple[int, int]], starts: list[int], width: int) -> list[tuple[int, int]]:
+    """The steps of ``gaps`` (sorted, disjoint [a, b)) outside the buckets [s, s + width)."""
+    out = []
+    i = 0
+    for a, b in gaps:
+        while i < len(starts) and starts[i] < b:
+            if starts[i] > a:
+                out.append((a, starts[i]))
+            a = max(a, starts[i] + width)
+            i += 1
+        if a < b:
+            out.append((a, b))
+    return out
+
+
+def fold(pieces: list, lo: int, hi: int, groups: int) -> list[tuple[int, float | None]]:
+    """``groups`` equal step ranges of lo..hi, each as its lowest and highest value at
+    their steps, then the newest point."""
+    buckets: dict[int, Bucket] = {}
+    span = hi - lo + 1
+    for at, piece in pieces:
+        group = min(groups - 1, max(0, (at - lo) * groups // span)) if groups else 0
+        bucket = buckets.setdefault(group, Bucket())
+        if isinstance(piece, RollupRow):
+            bucket.merge(piece)
+        else:
+            bucket.add(at, piece)
+    kept: dict[int, float | None] = {}
+    if groups:
+        for bucket in buckets.values():
+            if bucket.count:
+                kept[bucket.low_step] = bucket.low
+                kept[bucket.high_step] = bucket.high
+            else:
+                kept[bucket.last_step] = None
+    newest = max(buckets.values(), key=lambda b: b.last_step)
+    kept[newest.last_step] = newest.last
+    return sorted(kept.items())

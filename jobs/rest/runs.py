@@ -39,11 +39,9 @@ from rest_framework.response import Response
 from engine.api import validate_control
 from engine.config import RunConfig, is_external, validate_config, validate_external
 from jobs.alerts.lifecycle import BaselineProblem, do_set_baseline
-from jobs.charts import downsample
 from jobs.models import (
     LIVE_STATES,
     Checkpoint,
-    MetricPoint,
     MetricRollup,
     NotNative,
     Run,
@@ -365,7 +363,11 @@ def baseline(request, run_id: int):
                 OpenApiParameter("start", integers(), description="first step"),
                 OpenApiParameter("end", integers(), description="last step"),
                 OpenApiParameter("points", integers(1, MAX_POINTS),
-                                 description="at most this many per series (default 500)")])
+                                 description="at most this many per series (default 500): "
+                                 "a series with more in the range comes as (points - 1) "
+                                 "// 2 equal step ranges, each its lowest and highest "
+                                 "value at their steps (its last step with null where "
+                                 "none is finite), then the range's newest point")])
 @api_view(["GET"])
 def metrics(request, run_id: int):
     target = get_object_or_404(Run, pk=run_id)
@@ -376,22 +378,8 @@ def metrics(request, run_id: int):
     start = int_param(request, "start")
     end = int_param(request, "end")
     points = int_param(request, "points", 500, 1, MAX_POINTS)
-    rows = MetricPoint.objects.filter(run=target, name__in=names)
-    if start is not None:
-        rows = rows.filter(step__gte=start)
-    if end is not None:
-        rows = rows.filter(step__lte=end)
-    by_name: dict[str, list] = {name: [] for name in names}
-    for name, step, value in rows.order_by("name", "step").values_list("name", "step", "value"):
-        by_name[name].append((step, value))
-    if not any(by_name.values()) and not MetricPoint.objects.filter(run=target).exists():
-        # Its raw points dropped (RLPLANE_RAW_POINTS_RETENTION_DAYS): each bucket's
-        # lowest and highest value, at their steps.
-        by_name = history.bucket_series(target, names, start, end, points)
-    series = {}
-    for name, pts in by_name.items():
-        kept = downsample(pts, points)
-        series[name] = {"steps": [p[0] for p in kept], "values": [p[1] for p in kept]}
+    series = {name: {"steps": [step for step, _ in pts], "values": [v for _, v in pts]}
+              for name, pts in history.series(target, names, start, end, points).items()}
     return Response({"series": series})
 
 

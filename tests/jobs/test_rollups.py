@@ -250,6 +250,70 @@ def test_the_api_serves_a_dropped_runs_series_from_its_buckets(make_run, setting
                         headers=auth).json()["series"]
     names = client.get(f"/api/v1/runs/{old.pk}/metric-names", headers=auth).json()["names"]
 
-    assert series[REWARD] == {"steps": [0, 9, 10, 19, 20, 29, 30, 33],
-                              "values": [0.0, 0.09, 0.1, 0.19, 0.2, 0.29, 0.3, 7.0]}
+    # each bucket's low and high at their steps, then the newest point
+    assert series[REWARD] == {"steps": [0, 9, 10, 19, 20, 29, 30, 33, 34],
+                              "values": [0.0, 0.09, 0.1, 0.19, 0.2, 0.29, 0.3, 7.0, 0.34]}
     assert names == [GAP, REWARD]
+
+
+def spiky(step):
+    """A slow wave with one spike up, one down, and a stretch of NaN."""
+    if 600 <= step < 800:
+        return math.nan
+    return {777: 50.0, 1_234: -50.0}.get(step, math.sin(step / 50))
+
+
+@pytest.fixture
+def spiky_run(make_run):
+    """A live run of 1,500 steps of REWARD, ingested in batches as a driver sends them
+    (its tiers closed as they go; the newest buckets open)."""
+    run = make_run()
+    seq = 1
+    for first in range(0, 1_500, 100):
+        seq = ingest(run, range(first, first + 100), seq, value=spiky)
+    return run
+
+
+@pytest.mark.parametrize("start, end, points", [(None, None, 41), (137, 1_371, 41),
+                                                (3, 1_499, 500), (None, 771, 9)])
+def test_a_long_range_is_each_step_ranges_low_and_high_then_the_newest_point(
+        spiky_run, start, end, points):
+    raw = dict(MetricPoint.objects.filter(run=spiky_run, name=REWARD)
+               .values_list("step", "value"))
+    lo, hi = start or 0, 1_499 if end is None else end
+    in_range = {s: v for s, v in raw.items() if lo <= s <= hi}
+
+    got = history.series(spiky_run, [REWARD, REWARD], start, end, points)[REWARD]
+
+    steps = [s for s, _ in got]
+    assert len(got) <= points and steps == sorted(set(steps))
+    assert all(lo <= s <= hi and raw[s] == v for s, v in got)  # real points, in range
+    finite = {s: v for s, v in in_range.items() if v is not None}
+    for extreme in (max(finite, key=finite.get), min(finite, key=finite.get)):
+        assert (extreme, raw[extreme]) in got  # the spikes are never thinned away
+    assert got[-1] == (hi, raw[hi])           # the newest point, exactly
+    groups = (points - 1) // 2
+    assert len(got) >= min(groups, len(in_range))  # every step range drawn
+
+
+def test_a_step_range_with_no_finite_value_is_its_last_step_with_null(spiky_run):
+    got = dict(history.series(spiky_run, [REWARD], 0, 999, 9)[REWARD])
+
+    # four step ranges of 250: 750..999 is finite from 800, 500..749 before 600
+    assert None not in got.values() and max(got) == 999
+    got = dict(history.series(spiky_run, [REWARD], 0, 799, 9)[REWARD])
+    # four of 200: 600..799 has none
+    assert got[799] is None and all(v is not None for s, v in got.items() if s != 799)
+    nan = history.series(spiky_run, [REWARD], 600, 799, 7)[REWARD]
+    assert len(nan) == 3 and {v for _, v in nan} == {None} and nan[-1] == (799, None)
+    assert history.series(spiky_run, [REWARD, "nothing/here"], 2_000, None, 7) == {
+        REWARD: [], "nothing/here": []}
+
+
+def test_a_short_range_comes_exact_and_one_point_is_the_newest(spiky_run):
+    raw = dict(MetricPoint.objects.filter(run=spiky_run, name=REWARD)
+               .values_list("step", "value"))
+
+    assert history.series(spiky_run, [REWARD], 1_000, 1_099, 100)[REWARD] == [
+        (s, raw[s]) for s in range(1_000, 1_100)]
+    assert history.series(spiky_run, [REWARD], None, 1_234, 1)[REWARD] == [(1_234, -50.0)]

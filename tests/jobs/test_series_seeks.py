@@ -118,3 +118,20 @@ def test_names_and_latest_values_are_what_the_points_say(make_run):
     assert latest_values([run.pk, other.pk]) == {
         run.pk: {"a/x": (29, 29.0), "b/y": (40, None), "c/z": (29, 29.2)},
         other.pk: {"zz": (99, 1.0)}}
+
+
+def test_the_apis_series_of_a_long_run_reads_a_few_rows_a_step_range(make_run):
+    from jobs.queries.history import series
+    from jobs.rollups import rebuild_rollups
+
+    run = make_run()
+    fill(run, 2_000)
+    rebuild_rollups(run)
+    every_point = cost(lambda r: list(MetricPoint.objects.filter(run=r).values_list("value")),
+                       run)
+
+    spent = cost(lambda r: series(r, NAMES, 3, None, 41), run)
+
+    # 20 step ranges of 100 steps a series: its tiers' whole buckets, raw points at the
+    # edges; the whole range of raw points is ~30x that.
+    assert every_point > 1_000 and spent * 10 < every_point, (spent, every_point)
