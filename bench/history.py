@@ -353,6 +353,9 @@ def main() -> None:
     parser.add_argument("--database-url", default="",
                         help="a PostgreSQL server's URL: a throwaway database is made there")
     args = parser.parse_args()
+    if args.long_runs < 2 or args.runs < args.long_runs:
+        parser.error(f"--long-runs {args.long_runs}: compare reads two or more long runs, "
+                     f"and at most --runs ({args.runs}); give 2..{args.runs}")
     os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
     if not args.database_url:
         with tempfile.TemporaryDirectory() as tmp:
