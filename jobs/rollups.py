@@ -201,9 +201,10 @@ class RollupRow:
 
 
 def ranges(model, fields: Sequence[str], run: Run, width: int | None, field: str,
-           spans: Iterable[tuple[str, int, int]]):
+           spans: Iterable[tuple[str, int, int]], limit: int | None = None):
     """``fields`` of ``model``'s rows of the run (and width) with name = n and
-    lo <= ``field`` < hi, for each (n, lo, hi): one index range each. PostgreSQL: a
+    lo <= ``field`` < hi, for each (n, lo, hi): one index range each (with ``limit``, its
+    first ``limit`` rows by ``field``). PostgreSQL: a
     LATERAL join over unnest(spans), planned once (a UNION ALL arm per span cost ~1 ms of
     planning each); OFFSET 0 keeps the subquery a parameterized index scan per span
     (pulled up into a join, it was hashed against every point of the run). SQLite: a
@@ -216,20 +217,22 @@ def ranges(model, fields: Sequence[str], run: Run, width: int | None, field: str
     spans = sorted(spans)
     if not spans:
         return
+    first = "" if limit is None else f" ORDER BY {q(field)} LIMIT %s"
+    tail = [] if limit is None else [limit]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
                 f"SELECT x.* FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) "
                 f"AS t(n, lo, hi) CROSS JOIN LATERAL (SELECT {cols} FROM {table} "
                 f"WHERE {where} AND name = t.n AND {q(field)} >= t.lo "
-                f"AND {q(field)} < t.hi OFFSET 0) AS x",
+                f"AND {q(field)} < t.hi{first} OFFSET 0) AS x",
                 [[n for n, _, _ in spans], [lo for _, lo, _ in spans],
-                 [hi for _, _, hi in spans], *head])
+                 [hi for _, _, hi in spans], *head, *tail])
             yield from cursor.fetchall()
             return
-        arm = (f"SELECT {cols} FROM {table} WHERE {where} AND name = %s "
-               f"AND {q(field)} >= %s AND {q(field)} < %s")
-        yield from union_all(cursor, arm, [(*head, n, lo, hi) for n, lo, hi in spans])
+        arm = (f"SELECT * FROM (SELECT {cols} FROM {table} WHERE {where} AND name = %s "
+               f"AND {q(field)} >= %s AND {q(field)} < %s{first})")
+        yield from union_all(cursor, arm, [(*head, n, lo, hi, *tail) for n, lo, hi in spans])
 
 
 def raw_points(run: Run, keys: set[tuple[str, int]]):

@@ -366,7 +366,7 @@ def baseline(request, run_id: int):
                                  description="at most this many per series (default 500): "
                                  "a series with more in the range comes as (points - 1) "
                                  "// 2 equal step ranges, each its lowest and highest "
-                                 "value at their steps (its last step with null where "
+                                 "value at their steps (a step of it with null where "
                                  "none is finite), then the range's newest point")])
 @api_view(["GET"])
 def metrics(request, run_id: int):

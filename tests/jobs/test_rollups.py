@@ -254,6 +254,21 @@ def test_the_api_serves_a_dropped_runs_series_from_its_buckets(make_run, setting
     assert series[REWARD] == {"steps": [0, 9, 10, 19, 20, 29, 30, 33, 34],
                               "values": [0.0, 0.09, 0.1, 0.19, 0.2, 0.29, 0.3, 7.0, 0.34]}
     assert names == [GAP, REWARD]
+    # a range's edges: what the buckets straddling them know in it (their low, high, last)
+    assert history.series(old, [REWARD], 5, 14, 500)[REWARD] == [(9, 0.09), (10, 0.1)]
+    assert history.series(old, [REWARD], 1, 8, 5)[REWARD] == []
+
+
+def test_a_sparse_series_with_at_most_points_in_the_range_comes_whole(make_run):
+    run = make_run()
+    seq = ingest(run, [0, 1, 2, 3, 30], 1)
+    ingest(run, [*range(100, 400), 10_000], seq)   # its buckets closed
+    raw = dict(MetricPoint.objects.filter(run=run, name=REWARD).values_list("step", "value"))
+
+    assert history.series(run, [REWARD], None, 30, 5)[REWARD] == [
+        (s, raw[s]) for s in (0, 1, 2, 3, 30)]
+    assert history.series(run, [REWARD], 100, None, 301)[REWARD] == [
+        (s, raw[s]) for s in [*range(100, 400), 10_000]]
 
 
 def spiky(step):
