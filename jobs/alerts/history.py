@@ -12,6 +12,7 @@ the same payloads, the same evaluation. Nothing here touches the database.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,6 +40,10 @@ class RunHistory:
         # kept while its inputs are unchanged: evaluate() runs at every event, most of
         # which (spans, syncs) leave those inputs as they were.
         self._derived: dict[str, tuple[Any, Any]] = {}
+        # Each event added, lightly (keep_last): (ts, step, the names it gave a value) of a
+        # metrics event, (ts, event) of a span or a sync, (ts,) of any other.
+        self._held: deque[tuple] = deque()
+        self._name_sets: dict[tuple[str, ...], tuple[str, ...]] = {}   # one tuple per set
 
     @classmethod
     def of(cls, payloads: Iterable[dict[str, Any]]) -> RunHistory:
@@ -64,16 +69,49 @@ class RunHistory:
         self.last_ts = max(self.last_ts, event.ts)
         if isinstance(event, MetricsEvent):
             self.step_ts[event.step] = min(event.ts, self.step_ts.get(event.step, event.ts))
+            given = []
             for name, value in event.values.items():
                 if value is not None:
                     self.metrics.setdefault(name, {})[event.step] = value
-        elif isinstance(event, SpanEvent):
-            self.spans.append(event)
-            self.spans_of_step[event.step] = self.spans_of_step.get(event.step, 0) + 1
-            if self.last_span is None or event.end > self.last_span.end:
-                self.last_span = event
+                    given.append(name)
+            names = tuple(given)
+            self._held.append((event.ts, event.step, self._name_sets.setdefault(names, names)))
+            return
+        if isinstance(event, SpanEvent):
+            self._add_span(event)
         elif isinstance(event, WeightSyncEvent):
             self.syncs.append(event)
+        self._held.append((event.ts, event) if isinstance(event, SpanEvent | WeightSyncEvent)
+                          else (event.ts,))
+
+    def _add_span(self, event: SpanEvent) -> None:
+        self.spans.append(event)
+        self.spans_of_step[event.step] = self.spans_of_step.get(event.step, 0) + 1
+        if self.last_span is None or event.end > self.last_span.end:
+            self.last_span = event
+
+    def keep_last(self, n: int) -> None:
+        """Forget all but the last ``n`` events added: what RunHistory.of those n payloads
+        would be, without decoding them again. A (name, step) value stays where a kept
+        event gave it one: the value there is the latest such event's, as before (the
+        forgotten events are older than every kept one)."""
+        while len(self._held) > n:
+            self._held.popleft()
+        metrics, self.metrics = self.metrics, {}
+        self.syncs, self.spans, self.last_span = [], [], None
+        self.step_ts, self.spans_of_step, self.last_ts = {}, {}, 0.0
+        self._steps, self._derived = (0, 0, []), {}
+        for held in self._held:
+            self.last_ts = max(self.last_ts, held[0])
+            if len(held) == 3:
+                ts, step, names = held
+                self.step_ts[step] = min(ts, self.step_ts.get(step, ts))
+                for name in names:
+                    self.metrics.setdefault(name, {})[step] = metrics[name][step]
+            elif isinstance(held[1], SpanEvent):
+                self._add_span(held[1])
+            elif len(held) == 2:
+                self.syncs.append(held[1])
 
     def series(self, name: str) -> list[tuple[int, float]]:
         return sorted(self.metrics.get(name, {}).items())

@@ -12,12 +12,14 @@ from the database incrementally.
 A cached history is valid while the run row's ``created_at`` (a reused id: a test database)
 and ``history_rewrites`` (bumped by ingest when it stores a history event at or below the
 run's highest seq: out of order, so a read past the highest seq would miss it) are those it
-was read under, and while it holds fewer than HISTORY_LIMIT + SLACK events: then it is read
-again from the last HISTORY_LIMIT. So the window the rules see moves by SLACK events at a
-time instead of one, and a long run's evaluation reads its thousands of events once per
-SLACK events rather than at every batch: the debounced evaluation runs about once a batch,
-and on a run of 2,360 steps it took 84-90 ms reading all of them, 16-19 ms reading what
-was new (bench/alert_evaluation.py, PostgreSQL).
+was read under. Once it holds HISTORY_LIMIT + SLACK events, the next evaluation adds what
+is new and keeps the last HISTORY_LIMIT (RunHistory.keep_last: equal to reading them
+again, without the database or decoding their payloads). So the window the rules see moves
+by SLACK events at a time instead of one, and a long run's evaluation reads only what is
+new: the debounced evaluation runs about once a batch, and on a run of 2,360 steps it took
+84-90 ms reading all of them, 16-19 ms reading what was new (bench/alert_evaluation.py,
+PostgreSQL); reading the last HISTORY_LIMIT again every SLACK events was most of the
+payloads an evaluation decoded.
 
 What an evaluation read goes back into the cache when its transaction commits: a rolled
 back one leaves nothing behind (a later read must not see events that were not stored).
@@ -53,8 +55,7 @@ class Recent:
     events: int   # the history events in ``history``
 
     def valid_for(self, run: Run) -> bool:
-        return (self.created_at == run.created_at and self.rewrites == run.history_rewrites
-                and self.events < HISTORY_LIMIT + SLACK)
+        return self.created_at == run.created_at and self.rewrites == run.history_rewrites
 
 
 _cache: OrderedDict[int, Recent] = OrderedDict()
@@ -68,11 +69,15 @@ def recent_history(run: Run) -> RunHistory:
     if entry is None or not entry.valid_for(run):
         entry = read(run)
     else:
+        full = entry.events >= HISTORY_LIMIT + SLACK
         rows = (RunEvent.objects.filter(run=run, type__in=HISTORY_EVENTS, seq__gt=entry.top)
                 .order_by("seq").values_list("seq", "payload"))
         for seq, payload in rows:
             entry.history.add(payload)
             entry.top, entry.events = seq, entry.events + 1
+        if full:   # what a read of the last HISTORY_LIMIT would be, from what it holds
+            entry.history.keep_last(HISTORY_LIMIT)
+            entry.events = min(entry.events, HISTORY_LIMIT)
     latest = RunEvent.objects.filter(run=run).order_by("-seq").values_list("ts", flat=True)
     entry.history.last_ts = max(entry.history.last_ts, latest.first() or 0.0)
     transaction.on_commit(partial(keep, run.pk, entry))

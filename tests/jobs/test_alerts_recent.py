@@ -69,7 +69,7 @@ def test_a_rolled_back_evaluation_leaves_nothing_cached(
     assert run.pk not in recent._cache
 
 
-def test_the_window_is_read_again_past_its_slack(
+def test_the_window_moves_on_past_its_slack(
         run, channel_layer, ingest, monkeypatch):
     monkeypatch.setattr(recent, "HISTORY_LIMIT", 4)
     monkeypatch.setattr(recent, "SLACK", 2)
@@ -78,7 +78,7 @@ def test_the_window_is_read_again_past_its_slack(
     ingest(run, step(7, 3))
     assert cached(run).steps == [1, 2, 3]                # 6: extended up to 4 + 2
     ingest(run, step(9, 4))
-    assert cached(run).steps == [3, 4]                   # 6 + 2: read again, the last 4
+    assert cached(run).steps == [3, 4]                   # 6 + 2: the last 4 kept
 
 
 def test_the_cache_keeps_the_most_recently_evaluated_runs_within_its_events(
@@ -88,3 +88,48 @@ def test_the_cache_keeps_the_most_recently_evaluated_runs_within_its_events(
     for r in runs:
         ingest(r, step(1, 0))
     assert list(recent._cache) == [runs[1].pk, runs[2].pk]
+
+
+def test_the_window_kept_past_its_slack_is_what_a_fresh_read_of_it_gives(
+        run, channel_layer, ingest, monkeypatch):
+    """Kept in place (RunHistory.keep_last), never read again: equal to a fresh read of
+    the events it holds in everything the rules read, over a stream with NaN
+    values, a step's eval metrics after its training ones (one name given twice), spans
+    ending out of order and syncs."""
+    import random
+
+    from engine.api import SpanEvent, WeightSyncEvent
+    from jobs.alerts.history import HISTORY_EVENTS, RunHistory
+    from jobs.models import RunEvent
+
+    monkeypatch.setattr(recent, "HISTORY_LIMIT", 12)
+    monkeypatch.setattr(recent, "SLACK", 6)
+    rng = random.Random(7)
+    seq, n, reads, previous, trimmed = 1, 0, [], 0, False
+    monkeypatch.setattr(recent, "read", lambda r, read=recent.read: reads.append(1) or read(r))
+    for _ in range(40):
+        events = []
+        for _ in range(rng.randint(1, 4)):
+            events.append(SpanEvent(seq=seq, ts=1000.0 + rng.random(), device="cpu:0",
+                                    phase="rollout", start=0.0, end=rng.random(), step=n))
+            events.append(metrics(seq + 1, n, **{"reward/mean": rng.choice([float(n), None]),
+                                                 "loss": float(n)}))
+            events.append(metrics(seq + 2, n, **{"eval/reward_mean": float(-n),
+                                                 "loss": rng.choice([None, 7.0])}))
+            events.append(WeightSyncEvent(seq=seq + 3, ts=999.0 + rng.random(), step=n))
+            seq, n = seq + 4, n + 1
+        ingest(run, events)
+        h, held = cached(run), recent._cache[run.pk].events
+        f = RunHistory.of(reversed(RunEvent.objects.filter(run=run, type__in=HISTORY_EVENTS)
+                                   .order_by("-seq").values_list("payload", flat=True)[:held]))
+        assert list(h.metrics.items()) == list(f.metrics.items())
+        assert [s.seq for s in h.spans] == [s.seq for s in f.spans]
+        assert [s.seq for s in h.syncs] == [s.seq for s in f.syncs]
+        assert (h.step_ts, h.spans_of_step, h.last_span.seq, h.steps) == (
+            f.step_ts, f.spans_of_step, f.last_span.seq, f.steps)
+        latest = RunEvent.objects.filter(run=run).order_by("-seq").first().ts
+        assert h.last_ts == max(f.last_ts, latest)
+        assert held <= 12 + 6 + 16
+        trimmed = trimmed or held < previous
+        previous = held
+    assert len(reads) == 1 and trimmed
