@@ -41,7 +41,7 @@ class RunHistory:
         # which (spans, syncs) leave those inputs as they were.
         self._derived: dict[str, tuple[Any, Any]] = {}
         # Each event added, lightly (keep_last): (ts, step, the names it gave a value) of a
-        # metrics event, (ts, event) of a span or a sync, (ts,) of any other.
+        # metrics event, (ts, event) of a span or a sync, (ts, None) of any other.
         self._held: deque[tuple] = deque()
         self._name_sets: dict[tuple[str, ...], tuple[str, ...]] = {}   # one tuple per set
 
@@ -81,8 +81,8 @@ class RunHistory:
             self._add_span(event)
         elif isinstance(event, WeightSyncEvent):
             self.syncs.append(event)
-        self._held.append((event.ts, event) if isinstance(event, SpanEvent | WeightSyncEvent)
-                          else (event.ts,))
+        self._held.append((event.ts, event if isinstance(event, SpanEvent | WeightSyncEvent)
+                           else None))
 
     def _add_span(self, event: SpanEvent) -> None:
         self.spans.append(event)
@@ -100,17 +100,18 @@ class RunHistory:
         metrics, self.metrics = self.metrics, {}
         self.syncs, self.spans, self.last_span = [], [], None
         self.step_ts, self.spans_of_step, self.last_ts = {}, {}, 0.0
-        self._steps, self._derived = (0, 0, []), {}
+        self._steps, self._derived, self._name_sets = (0, 0, []), {}, {}
         for held in self._held:
             self.last_ts = max(self.last_ts, held[0])
             if len(held) == 3:
                 ts, step, names = held
+                self._name_sets.setdefault(names, names)
                 self.step_ts[step] = min(ts, self.step_ts.get(step, ts))
                 for name in names:
                     self.metrics.setdefault(name, {})[step] = metrics[name][step]
             elif isinstance(held[1], SpanEvent):
                 self._add_span(held[1])
-            elif len(held) == 2:
+            elif isinstance(held[1], WeightSyncEvent):
                 self.syncs.append(held[1])
 
     def series(self, name: str) -> list[tuple[int, float]]:

@@ -179,9 +179,10 @@ def series(run: Run, names: list[str], start: int | None, end: int | None,
     one step; a step of it with null where it has no finite value), then the newest point
     of the range: a one-step spike is never thinned away. They are folded from the tiers'
     closed buckets inside the range and the raw points between them (``cover``), so a
-    read costs a few rows per step range whatever the run's length. A bucket's low and
-    high count in the step range of their own steps (one that straddles two ranges gives
-    each what it knows). A series whose raw points were dropped has only its buckets:
+    read costs a few rows per step range whatever the run's length. A bucket's low, high
+    and last count in the step range of their own steps (a bucket that straddles two
+    ranges gives each what it knows of it: where that is only NaN, the range is null).
+    A series whose raw points were dropped has only its buckets:
     at the range's edges, the points they know in it (their low, high and last)."""
     names = list(dict.fromkeys(names))
     out: dict[str, list] = {name: [] for name in names}
@@ -190,15 +191,15 @@ def series(run: Run, names: list[str], start: int | None, end: int | None,
         lo = first if start is None else max(start, first)
         hi = last if end is None else min(end, last)
         if lo <= hi:
-            wanted[name] = (first, last, raw, lo, hi)
+            wanted[name] = (raw, lo, hi)
     probe: dict[str, list] = defaultdict(list)
     for name, step, value in ranges(MetricPoint, ("name", "step", "value"), run, None, "step",
-                                    [(n, lo, hi + 1) for n, (_, _, raw, lo, hi)
-                                     in wanted.items() if raw], limit=points + 1):
+                                    [(n, lo, hi + 1) for n, (raw, lo, hi) in wanted.items()
+                                     if raw], limit=points + 1):
         probe[name].append((step, value))
     groups = (points - 1) // 2
     plans = {}
-    for name, (first, last, raw, lo, hi) in wanted.items():
+    for name, (raw, lo, hi) in wanted.items():
         if raw and len(probe[name]) <= points:
             out[name] = sorted(probe[name])  # every raw point of the range: exact
             continue
@@ -207,12 +208,9 @@ def series(run: Run, names: list[str], start: int | None, end: int | None,
         # range, points < 3: only the newest point, from the coarsest tier.)
         top = next((w for w in reversed(TIERS) if w * groups <= hi - lo + 1),
                    None if raw else TIERS[0])
-        # The cover's bounds: past the series' own ends a bucket holds nothing out of range.
-        align = TIERS[-1]
-        plans[name] = (top, (first // align) * align if lo == first else lo,
-                       ENDLESS if hi == last else hi + 1, raw)
+        plans[name] = (top, lo, hi + 1, raw)
     for name, pieces in cover(run, plans).items():
-        _, _, _, lo, hi = wanted[name]
+        _, lo, hi = wanted[name]
         out[name] = fold(pieces, lo, hi, groups)
     return out
 
@@ -290,9 +288,9 @@ def fold(pieces: list, lo: int, hi: int, groups: int) -> list[tuple[int, float |
     newest: tuple[int, float | None] = (lo - 1, None)
     for at, piece in pieces:
         if isinstance(piece, RollupRow):
-            known = [(piece.low_step, piece.low), (piece.high_step, piece.high)] \
-                if piece.count else [(piece.last_step, None)]
             last = (piece.last_step, piece.last)
+            known = [(piece.low_step, piece.low), (piece.high_step, piece.high), last] \
+                if piece.count else [last]
         else:
             known, last = [(at, piece)], (at, piece)
         newest = max(newest, last, key=lambda p: p[0])

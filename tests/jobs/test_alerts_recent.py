@@ -133,3 +133,18 @@ def test_the_window_kept_past_its_slack_is_what_a_fresh_read_of_it_gives(
         trimmed = trimmed or held < previous
         previous = held
     assert len(reads) == 1 and trimmed
+
+
+def test_keeping_the_last_events_passes_over_events_the_rules_do_not_read():
+    from engine.api import LogEvent
+    from jobs.alerts.history import RunHistory
+
+    payloads = [metrics(1, 0, loss=1.0).to_dict(), LogEvent(seq=2, ts=2000.0).to_dict(),
+                span(3, 1).to_dict(), metrics(4, 1, loss=2.0).to_dict()]
+    h = RunHistory.of(payloads)
+
+    h.keep_last(3)
+
+    assert (h.metrics, h.last_ts, [s.seq for s in h.spans]) == (
+        RunHistory.of(payloads[1:]).metrics, 2000.0, [3])
+    assert list(h._name_sets) == [("loss",)]

@@ -23,6 +23,7 @@ from jobs.rollups import (
     Bucket,
     aggregate,
     drop_expired_points,
+    drop_raw_points,
     rebuild_rollups,
     upsert,
 )
@@ -269,6 +270,31 @@ def test_a_sparse_series_with_at_most_points_in_the_range_comes_whole(make_run):
         (s, raw[s]) for s in (0, 1, 2, 3, 30)]
     assert history.series(run, [REWARD], 100, None, 301)[REWARD] == [
         (s, raw[s]) for s in [*range(100, 400), 10_000]]
+
+
+def test_a_step_range_is_null_only_where_what_it_holds_is_nan(make_run):
+    run = make_run()
+    # the 10-step bucket 70..79 straddles two ranges; its low and high (70, 71) are in
+    # the first, its last (79) in the second, whose own points are NaN
+    special = {70: 0.0, 71: 1.0, **dict.fromkeys(range(74, 80), 0.5),
+               **dict.fromkeys(range(80, 123), math.nan)}
+    ingest(run, range(1_000), 1, value=lambda s: special.get(s, 0.25))
+
+    got = dict(history.series(run, [REWARD], 25, None, 41)[REWARD])
+
+    assert got[79] == 0.5 and None not in got.values()
+
+
+def test_a_range_reads_nothing_below_its_start_where_raw_points_were_dropped_before(
+        make_run):
+    run = make_run()
+    seq = ingest(run, range(0, 3_000), 1, value=lambda s: 100.0)
+    drop_raw_points(run)
+    ingest(run, range(3_000, 6_000), seq, value=float)
+
+    got = history.series(run, [REWARD], None, None, 41)[REWARD]
+
+    assert got[0][0] >= 3_000 and max(v for _, v in got) == 5_999.0
 
 
 def spiky(step):
