@@ -10,6 +10,10 @@ buckets' points) at any length:
                  two points: between its closing and the previous one's)
         .steps_reported   the most steps any of ``names`` reported
 
+    series(run, names, start, end, points)   what the API serves of a step range: its raw
+        points where they are at most ``points``, else each of (points - 1) // 2 step
+        ranges' low and high, folded from the tiers' buckets inside it (``series``)
+
 A bucket is drawn as two points, its lowest and its highest value in the order they
 came, at a quarter and three quarters of its steps: a one-step spike stays on the chart.
 Each series draws its closed buckets of the chosen width, then where it has gone past
@@ -182,8 +186,8 @@ def series(run: Run, names: list[str], start: int | None, end: int | None,
     read costs a few rows per step range whatever the run's length. A bucket's low, high
     and last count in the step range of their own steps (a bucket that straddles two
     ranges gives each what it knows of it: where that is only NaN, the range is null).
-    A series whose raw points were dropped has only its buckets:
-    at the range's edges, the points they know in it (their low, high and last)."""
+    A series whose raw points were dropped has only its buckets: at the range's edges,
+    the points they know in it (their low, high and last)."""
     names = list(dict.fromkeys(names))
     out: dict[str, list] = {name: [] for name in names}
     wanted = {}
