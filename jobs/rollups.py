@@ -235,10 +235,15 @@ def ranges(model, fields: Sequence[str], run: Run, width: int | None, field: str
         yield from union_all(cursor, arm, [(*head, n, lo, hi, *tail) for n, lo, hi in spans])
 
 
+def point_ranges(run: Run, spans: Iterable[tuple[str, int, int]], limit: int | None = None):
+    """(name, step, value) of the run's raw points with name = n and lo <= step < hi, for
+    each (n, lo, hi) (``ranges``)."""
+    return ranges(MetricPoint, ("name", "step", "value"), run, None, "step", spans, limit)
+
+
 def raw_points(run: Run, keys: set[tuple[str, int]]):
     """(name, step, value) of the stored points in these finest-tier buckets."""
-    return ranges(MetricPoint, ("name", "step", "value"), run, None, "step",
-                  {(n, b * FINEST, (b + 1) * FINEST) for n, b in keys})
+    return point_ranges(run, {(n, b * FINEST, (b + 1) * FINEST) for n, b in keys})
 
 
 def rollup_rows(run: Run, width: int, spans: set[tuple[str, int, int]]):

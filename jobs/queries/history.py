@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from django.db.models import Max, Min
 
 from jobs.models import MetricPoint, MetricRollup, Run, RunEvent, step_bounds
-from jobs.rollups import FINEST, TIERS, Bucket, RollupRow, ranges, rollup_rows
+from jobs.rollups import FINEST, TIERS, Bucket, RollupRow, point_ranges, ranges, rollup_rows
 
 RAW_SPAN = 500     # a run over at most this many steps draws every point
 MAX_BUCKETS = 250  # else the finest tier with at most this many buckets over the run:
@@ -127,8 +127,7 @@ def tiered_history(run: Run, names: list[str], width: int) -> History:
                 ends[start + tier] = max(ends.get(start + tier, ts), ts)
         covered.update(reached)
     tail_steps = set()
-    for name, step, value in ranges(MetricPoint, ("name", "step", "value"), run, None,
-                                    "step", [(n, c, ENDLESS) for n, c in covered.items()]):
+    for name, step, value in point_ranges(run, [(n, c, ENDLESS) for n, c in covered.items()]):
         steps[step][name] = value
         counts[name] += 1
         tail_steps.add(step)
@@ -197,9 +196,8 @@ def series(run: Run, names: list[str], start: int | None, end: int | None,
         if lo <= hi:
             wanted[name] = (raw, lo, hi)
     probe: dict[str, list] = defaultdict(list)
-    for name, step, value in ranges(MetricPoint, ("name", "step", "value"), run, None, "step",
-                                    [(n, lo, hi + 1) for n, (raw, lo, hi) in wanted.items()
-                                     if raw], limit=points + 1):
+    for name, step, value in point_ranges(run, [(n, lo, hi + 1) for n, (raw, lo, hi)
+                                                in wanted.items() if raw], limit=points + 1):
         probe[name].append((step, value))
     groups = (points - 1) // 2
     plans = {}
@@ -255,8 +253,7 @@ def cover(run: Run, plans: dict[str, tuple[int | None, int, int, bool]]) -> dict
         for name, starts in found.items():
             gaps[name] = minus(gaps[name], sorted(starts), tier)
     has_raw = {name for name, plan in plans.items() if plan[3]}
-    for name, step, value in ranges(MetricPoint, ("name", "step", "value"), run, None, "step",
-                                    [(n, a, b) for n in has_raw for a, b in gaps[n]]):
+    for name, step, value in point_ranges(run, [(n, a, b) for n in has_raw for a, b in gaps[n]]):
         pieces[name].append((step, value))
     edges = [(n, a // FINEST, (b - 1) // FINEST + 1) for n in plans.keys() - has_raw
              for a, b in gaps[n]]
