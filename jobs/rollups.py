@@ -31,6 +31,7 @@ its points (tests/jobs/test_rollups.py).
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections import defaultdict
@@ -150,44 +151,70 @@ def derive_rollups(run: Run, batch: dict[tuple[str, int], float | None],
             if before is not None:  # re-reported steps of closed buckets
                 wanted[width].update((name, s // width) for s in new
                                      if s <= before and s // width < closed)
-    close(run, wanted, batch, ts)
+    close(run, wanted, batch, stored, ts)
 
 
 def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
-          ts: float | None) -> None:
-    """Write the ``wanted`` buckets, finest tier first (each coarser one is folded from
-    the finer rows just written): 10-step ones from the stored points with ``batch``'s
-    over them, stamped ``ts`` (when they were closed: the wall clock the charts use)."""
-    for i, width in enumerate(TIERS):
-        keys = wanted.get(width)
-        if not keys:
-            continue
-        buckets: dict[tuple[str, int], Bucket] = {}
-        if width == FINEST:
-            points: dict[tuple[str, int], dict[int, float | None]] = defaultdict(dict)
-            for n, s, v in raw_points(run, keys):
-                points[n, s // width][s] = v
-            for (n, s), v in batch.items():
-                key = (n, s // width)
-                if key in keys:
-                    points[key][s] = v
-            buckets = {key: aggregate(of, ts) for key, of in points.items()}
-        else:
-            finer = TIERS[i - 1]
-            ratio = width // finer
-            for row in rollup_rows(run, finer, {(n, b * ratio, (b + 1) * ratio)
-                                                for n, b in keys}):
-                buckets.setdefault((row.name, row.bucket // ratio), Bucket()).merge(row)
-        upsert(run, width, buckets)
+          stored: dict[str, int], ts: float | None) -> None:
+    """Write the ``wanted`` buckets of every tier, stamped ``ts`` (when they were closed:
+    the wall clock the charts use), in one statement. The 10-step ones from the stored
+    points (each name's at or below ``stored``, its highest stored step: only those are
+    read back) with ``batch``'s over them; each coarser one folded from the finer buckets
+    made here and, for the rest of its steps, the finer rows stored before (one read for
+    every tier)."""
+    made: dict[int, dict[tuple[str, int], Bucket]] = {}
+    points: dict[tuple[str, int], dict[int, float | None]] = defaultdict(dict)
+    finest = wanted.get(FINEST, set())
+    for n, s, v in point_ranges(run, {
+            (n, b * FINEST, min((b + 1) * FINEST, stored[n] + 1))
+            for n, b in finest if n in stored and b * FINEST <= stored[n]}):
+        points[n, s // FINEST][s] = v
+    for (n, s), v in batch.items():
+        key = (n, s // FINEST)
+        if key in finest:
+            points[key][s] = v
+    made[FINEST] = {key: aggregate(of, ts) for key, of in points.items()}
+    kept: dict[int, list[RollupRow]] = defaultdict(list)
+    for row in rollup_rows(run, EACH, stored_parts(wanted)):
+        kept[row.width].append(row)
+    for finer, width in itertools.pairwise(TIERS):
+        ratio = width // finer
+        buckets = made[width] = {}
+        for (n, b), bucket in made[finer].items():
+            if (n, b // ratio) in wanted.get(width, ()):
+                buckets.setdefault((n, b // ratio), Bucket()).merge(bucket)
+        for row in kept[finer]:
+            buckets.setdefault((row.name, row.bucket // ratio), Bucket()).merge(row)
+    upsert(run, made)
 
 
-ROLLUP_FIELDS = ("name", "bucket", "count", "total", "low", "low_step", "high", "high_step",
-                 "last_step", "last", "ts")
+def stored_parts(wanted: Wanted) -> set[tuple[str, int, int, int]]:
+    """(name, finer width, lo, hi): the finer buckets [lo, hi) of each wanted coarser
+    bucket that are not wanted themselves (so not made in this pass): what its fold
+    reads of the stored rows."""
+    parts = set()
+    for finer, width in itertools.pairwise(TIERS):
+        ratio, remade = width // finer, wanted.get(finer, set())
+        for n, b in wanted.get(width, ()):
+            lo = b * ratio
+            for sub in range(b * ratio, (b + 1) * ratio):
+                if (n, sub) in remade:
+                    if lo < sub:
+                        parts.add((n, finer, lo, sub))
+                    lo = sub + 1
+            if lo < (b + 1) * ratio:
+                parts.add((n, finer, lo, (b + 1) * ratio))
+    return parts
+
+
+ROLLUP_FIELDS = ("name", "width", "bucket", "count", "total", "low", "low_step", "high",
+                 "high_step", "last_step", "last", "ts")
 
 
 @dataclass
 class RollupRow:
     name: str
+    width: int
     bucket: int
     count: int
     total: float
@@ -200,20 +227,24 @@ class RollupRow:
     ts: float | None
 
 
-def ranges(model, fields: Sequence[str], run: Run, width: int | None, field: str,
-           spans: Iterable[tuple[str, int, int]], limit: int | None = None):
+EACH = "each"  # ranges(width=EACH): each span names its own width
+
+
+def ranges(model, fields: Sequence[str], run: Run, width: int | str | None, field: str,
+           spans: Iterable[tuple], limit: int | None = None):
     """``fields`` of ``model``'s rows of the run (and width) with name = n and
-    lo <= ``field`` < hi, for each (n, lo, hi): one index range each (with ``limit``, its
-    first ``limit`` rows by ``field``). PostgreSQL: a
-    LATERAL join over unnest(spans), planned once (a UNION ALL arm per span cost ~1 ms of
-    planning each); OFFSET 0 keeps the subquery a parameterized index scan per span
-    (pulled up into a join, it was hashed against every point of the run). SQLite: a
-    UNION ALL arm per span."""
+    lo <= ``field`` < hi, for each (n, lo, hi) (``width=EACH``: each (n, width, lo, hi)):
+    one index range each (with ``limit``, its first ``limit`` rows by ``field``).
+    PostgreSQL: a LATERAL join over unnest(spans), planned once (a UNION ALL arm per span
+    cost ~1 ms of planning each); OFFSET 0 keeps the subquery a parameterized index scan
+    per span (pulled up into a join, it was hashed against every point of the run).
+    SQLite: a UNION ALL arm per span."""
     table = connection.ops.quote_name(model._meta.db_table)
     q = connection.ops.quote_name
     cols = ", ".join(map(q, fields))
+    each = width == EACH
     where = "run_id = %s" + ("" if width is None else " AND width = %s")
-    head = [run.pk] if width is None else [run.pk, width]
+    head = [run.pk] if width is None or each else [run.pk, width]
     spans = sorted(spans)
     if not spans:
         return
@@ -221,18 +252,24 @@ def ranges(model, fields: Sequence[str], run: Run, width: int | None, field: str
     tail = [] if limit is None else [limit]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            columns = list(zip(*spans, strict=True))
+            types = ["text", *(["integer"] if each else []), "bigint", "bigint"]
+            match = where.replace("width = %s", "width = t.w") if each else where
             cursor.execute(
-                f"SELECT x.* FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) "
-                f"AS t(n, lo, hi) CROSS JOIN LATERAL (SELECT {cols} FROM {table} "
-                f"WHERE {where} AND name = t.n AND {q(field)} >= t.lo "
-                f"AND {q(field)} < t.hi{first} OFFSET 0) AS x",
-                [[n for n, _, _ in spans], [lo for _, lo, _ in spans],
-                 [hi for _, _, hi in spans], *head, *tail])
+                f"SELECT x.* FROM unnest({', '.join(f'%s::{t}[]' for t in types)}) "
+                f"AS t(n, {'w, ' if each else ''}lo, hi) CROSS JOIN LATERAL (SELECT {cols} "
+                f"FROM {table} WHERE {match} "
+                f"AND name = t.n AND {q(field)} >= t.lo AND {q(field)} < t.hi{first} "
+                f"OFFSET 0) AS x",
+                [*map(list, columns), *head, *tail])
             yield from cursor.fetchall()
             return
         arm = (f"SELECT * FROM (SELECT {cols} FROM {table} WHERE {where} AND name = %s "
                f"AND {q(field)} >= %s AND {q(field)} < %s{first})")
-        yield from union_all(cursor, arm, [(*head, n, lo, hi, *tail) for n, lo, hi in spans])
+        # each: (n, w, lo, hi) binds as width = w AND name = n ...
+        yield from union_all(cursor, arm, [
+            (*head, span[1], span[0], *span[2:], *tail) if each else (*head, *span, *tail)
+            for span in spans])
 
 
 def point_ranges(run: Run, spans: Iterable[tuple[str, int, int]], limit: int | None = None):
@@ -246,7 +283,9 @@ def raw_points(run: Run, keys: set[tuple[str, int]]):
     return point_ranges(run, {(n, b * FINEST, (b + 1) * FINEST) for n, b in keys})
 
 
-def rollup_rows(run: Run, width: int, spans: set[tuple[str, int, int]]):
+def rollup_rows(run: Run, width: int | str, spans: set[tuple]):
+    """The stored rows of ``spans`` (``ranges``: (name, lo, hi) bucket ranges at
+    ``width``, or with ``EACH`` (name, width, lo, hi))."""
     return (RollupRow(*row) for row in ranges(MetricRollup, ROLLUP_FIELDS, run, width,
                                               "bucket", spans))
 
@@ -260,14 +299,16 @@ STAGE_COLUMNS = ("name text, width integer, bucket bigint, count integer, "
 UPSERT_ROWS = 500  # SQLite: rows per INSERT, under its 32,766 bound parameters at 13 each
 
 
-def upsert(run: Run, width: int, buckets: dict[tuple[str, int], Bucket]) -> None:
-    """INSERT ... ON CONFLICT DO UPDATE: the buckets in place of what was stored, keeping
-    the later ts. PostgreSQL: their rows COPYed into a staging table first (jobs.ingest.
-    bulk), so the statement's text never changes; SQLite: multi-row VALUES."""
-    if not buckets:
-        return
+def upsert(run: Run, tiers: dict[int, dict[tuple[str, int], Bucket]]) -> None:
+    """INSERT ... ON CONFLICT DO UPDATE: ``{width: {(name, bucket): Bucket}}`` in place of
+    what was stored, keeping the later ts, every tier in one statement. PostgreSQL: their
+    rows COPYed into a staging table first (jobs.ingest.bulk), so the statement's text
+    never changes; SQLite: multi-row VALUES."""
     rows = [(name, width, b, k.count, k.total, k.low, k.low_step, k.high, k.high_step,
-             k.last_step, k.last, k.ts) for (name, b), k in buckets.items()]
+             k.last_step, k.last, k.ts)
+            for width, buckets in tiers.items() for (name, b), k in buckets.items()]
+    if not rows:
+        return
     postgres = connection.vendor == "postgresql"
     table = connection.ops.quote_name(MetricRollup._meta.db_table)
     q = connection.ops.quote_name
@@ -299,7 +340,7 @@ def close_open_buckets(run: Run) -> None:
     """Close every metric's open bucket at every tier (the run will report no more)."""
     last = last_steps(run, stored_metric_names(run.pk))
     close(run, {width: {(n, s // width) for n, s in last.items()} for width in TIERS},
-          {}, last_metrics_ts(run))
+          {}, last, last_metrics_ts(run))
 
 
 def rebuild_rollups(run: Run) -> None:
@@ -317,8 +358,7 @@ def rebuild_rollups(run: Run) -> None:
                 if bucket is None:
                     bucket = buckets[key] = Bucket()
                 bucket.add(step, value)
-        for width, buckets in tiers.items():
-            upsert(run, width, buckets)
+        upsert(run, tiers)
 
 
 def drop_raw_points(run: Run) -> int:

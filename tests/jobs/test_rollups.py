@@ -79,6 +79,38 @@ def test_each_closed_bucket_is_the_aggregate_of_its_points_a_re_reported_step_in
     assert MetricRollup.objects.get(run=run, name=REWARD, width=10, bucket=12).count == 9
 
 
+def test_batches_of_any_size_keep_every_tier_the_aggregate_of_its_points(run):
+    """Batches ending anywhere in a bucket, steps skipped, closed steps reported again:
+    each batch's buckets are folded from the finer ones it made and the stored rest."""
+    rng, seq, step = random.Random(7), 1, 0
+    while step < 1_200:
+        size = rng.choice([1, 3, 9, 10, 37, 120, 260])
+        steps = [s for s in range(step, step + size) if rng.random() > 0.1]
+        if steps and rng.random() < 0.2:  # a resumed run redoes a few closed steps
+            steps = sorted({*steps, *rng.sample(range(step + 1), min(3, step + 1))})
+        seq = ingest(run, steps, seq, value=lambda s: rng.choice([rng.random(), float("nan")]))
+        step += size
+    assert_tiers_are_their_points(run)
+    assert {w for w, in MetricRollup.objects.filter(run=run).values_list("width")} == {
+        10, 50, 100, 500, 1_000}
+
+
+def test_a_batch_closing_buckets_of_every_tier_reads_and_writes_once(run):
+    """Not a read and a write per tier: the points the batch does not hold, the finer rows
+    its coarser buckets need that it did not make, one upsert of all of them."""
+    seq = ingest(run, range(0, 996), 1)
+    with CaptureQueriesContext(connection) as queries:
+        ingest(run, range(996, 1_004), seq)      # closes a bucket at 10, 50, 100, 500, 1,000
+    rollups = [q["sql"] for q in queries.captured_queries if "metricrollup" in q["sql"]]
+    points = [q["sql"] for q in queries.captured_queries
+              if "metricpoint" in q["sql"] and "SELECT" in q["sql"] and "MAX" not in q["sql"]]
+
+    assert len([q for q in rollups if "SELECT" in q and "INSERT" not in q]) == 1, rollups
+    assert len([q for q in rollups if "INSERT" in q]) == 1, rollups
+    assert len(points) <= 1, points
+    assert_tiers_are_their_points(run)
+
+
 def test_a_buckets_aggregate_is_what_adding_its_points_in_step_order_makes():
     rng = random.Random(7)
     odd = [None, math.nan, math.inf, -math.inf, 0.0, -0.0, 1.5, 1.5, -2.0]
@@ -106,7 +138,7 @@ def test_a_tiers_write_is_one_statement_of_the_same_text_whatever_its_row_count(
     for count in (3, 700):
         buckets = {(f"m{i}", 0): aggregate({5: float(i)}) for i in range(count)}
         with CaptureQueriesContext(connection) as queries:
-            upsert(run, 10, buckets)
+            upsert(run, {10: buckets})
         texts.append([q["sql"] for q in queries.captured_queries if "INSERT" in q["sql"]])
 
     if connection.vendor == "postgresql":
