@@ -13,7 +13,7 @@ class RunEvent(models.Model):
     stream the run's process reports: backfill and highest_seq count seqs above 0."""
 
     run = models.ForeignKey("jobs.Run", on_delete=models.CASCADE, related_name="events",
-                            db_constraint=False)
+                            db_constraint=False, db_index=False)
     seq = models.BigIntegerField()
     type = models.CharField(max_length=40)
     ts = models.FloatField()  # unix seconds, the engine's clock
