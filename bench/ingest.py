@@ -10,11 +10,14 @@ through the real stack on loopback.
                channel layer and broker: Redis at --redis-url (default .../13)
     ingest     --runs sender processes, one run each, POST the HTTP sink's batches
                ({"events": [event.to_dict(), ...]}, --batch events: per step one
-               metrics.append of --values values and a span per phase) to
+               metrics.append of --values values and a span per phase; the body written
+               from a template, Batches) to
                /api/runs/<id>/events as fast as they are answered, for --seconds; every
                --replay-every'th batch is posted twice (a retry whose answer was lost) and
                its second answer must say "all duplicates".
-               Figure: metric values stored per second. Then the database is counted
+               Figures: metric values stored per second; the CPU each role used per POST
+               (PostgreSQL's processes, the uvicorn and Celery process groups, the senders'
+               own), which says where the machine went. Then the database is counted
                against what the senders were told: events lost (acknowledged, not
                stored), doubled (a (run, seq) twice) and metric points missing.
     limit      (PostgreSQL) the same rows (events, metric points, spans) under other runs,
@@ -90,6 +93,37 @@ def batch_events(seq: int, step: int, names: list[str], size: int, ts: float) ->
             for event in step_events(seq + i * EVENTS_PER_STEP, step + i, names, ts)]
 
 
+class Batches:
+    """batch_events(...)'s JSON body, written from a template: the bench's senders run on
+    the machine they load, and building each batch's events and encoding them cost about
+    a tenth of its CPU, which a driver spends on its own node. Each metrics event's values
+    repeat every 97 steps (step_events), so their JSON is made once; the rest is seqs,
+    steps and times. ``check`` compares a body with json.dumps of the events themselves."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.values = [json.dumps(step_events(0, r, names, 0.0)[-1]["values"])
+                       for r in range(97)]
+
+    def body(self, seq: int, step: int, size: int, ts: float) -> str:
+        steps = []
+        for k in range(size // EVENTS_PER_STEP):
+            at, st = seq + k * EVENTS_PER_STEP, step + k
+            steps += [f'{{"type": "span", "seq": {at + i}, "ts": {ts!r}, "device": "cpu:0", '
+                      f'"phase": "{phase}", "start": {ts - 1 + i / 4!r}, '
+                      f'"end": {ts - 1 + (i + 1) / 4!r}, "step": {st}, "version": {st}}}'
+                      for i, phase in enumerate(PHASES)]
+            steps.append(f'{{"type": "metrics.append", "seq": {at + len(PHASES)}, '
+                         f'"ts": {ts!r}, "step": {st}, "values": {self.values[st % 97]}}}')
+        return '{"events": [' + ", ".join(steps) + "]}"
+
+    def check(self, seq: int, step: int, size: int, ts: float) -> None:
+        made = json.dumps({"events": batch_events(seq, step, self.names, size, ts)})
+        if self.body(seq, step, size, ts) != made:
+            raise RuntimeError("bench/ingest.py's batch template no longer writes what "
+                               "json.dumps of the engine's events does: update Batches")
+
+
 # A watched run's seq 1, posted once every client is connecting: a client counts from the
 # event after it, so the figures leave out the server's work of opening the sockets (each
 # one's backfill and alert rows, once).
@@ -123,29 +157,32 @@ class Poster:
 def send(port: int, run_id: int, token: str, batch: int, values: int, deadline: float,
          replay_every: int, results) -> None:
     """A sender process: full batches until the deadline (the sink's backlog case)."""
-    names = metric_names(values)
+    batches = Batches(metric_names(values))
+    batches.check(1, 0, batch, time.time())
     poster, seq, step, posts = Poster(port, run_id, token), 1, 0, 0
     acked = {"run_id": run_id, "events": 0, "steps": 0, "posts": 0, "replays": 0,
-             "replays_wrong": 0, "error": None}
+             "replays_wrong": 0, "error": None, "cpu_s": 0.0}
+    cpu_began = time.process_time()
     try:
         while time.time() < deadline:
-            events = batch_events(seq, step, names, batch, time.time())
-            seq, step = seq + len(events), step + len(events) // EVENTS_PER_STEP
-            body = json.dumps({"events": events})
+            count = batch // EVENTS_PER_STEP * EVENTS_PER_STEP
+            body = batches.body(seq, step, batch, time.time())
+            seq, step = seq + count, step + count // EVENTS_PER_STEP
             answer = poster.post(body)
-            if answer["stored"] != len(events):
-                raise RuntimeError(f"run {run_id}: {answer} for {len(events)} new events")
-            acked["events"] += len(events)
-            acked["steps"] += len(events) // EVENTS_PER_STEP
+            if answer["stored"] != count:
+                raise RuntimeError(f"run {run_id}: {answer} for {count} new events")
+            acked["events"] += count
+            acked["steps"] += count // EVENTS_PER_STEP
             posts += 1
             if replay_every and posts % replay_every == 0:
                 again = poster.post(body)
                 acked["replays"] += 1
                 acked["replays_wrong"] += (again["stored"], again["duplicates"]) != (
-                    0, len(events))
+                    0, count)
         acked["posts"] = posts
     except BaseException as exc:  # reported by the parent
         acked["error"] = repr(exc)
+    acked["cpu_s"] = time.process_time() - cpu_began
     results.put(acked)
 
 
@@ -168,6 +205,26 @@ def cpu_times() -> tuple[int, int]:
     fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]   # idle, iowait
     return sum(fields) - idle, sum(fields)
+
+
+def role_cpu(groups: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of the machine's live processes by role (/proc/<pid>/stat's
+    utime + stime): "database" for PostgreSQL's processes, else the role whose process
+    group ({role: pgid}: uvicorn and its workers, the Celery worker and its pool) the
+    process is in. A process that started and ended in between is not counted (the
+    senders count their own)."""
+    tick, used = os.sysconf("SC_CLK_TCK"), dict.fromkeys(["database", *groups], 0.0)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, rest = stat.read_text().split("(", 1)[1].rsplit(")", 1)
+        except (OSError, ValueError):
+            continue
+        fields = rest.split()
+        role = "database" if name.startswith("postgres") else next(
+            (r for r, pgid in groups.items() if int(fields[2]) == pgid), None)
+        if role is not None:
+            used[role] += (int(fields[11]) + int(fields[12])) / tick
+    return used
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -450,7 +507,10 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
             for _, ready in watchers:
                 if not ready.wait(300):
                     raise RuntimeError("the websocket clients did not all get the warm-up")
-        began, cpu_began = time.time(), cpu_times()
+        groups = {"server": server.pid, "alerts": worker.pid}
+        if ws_server is not server:
+            groups["websocket server"] = ws_server.pid
+        began, cpu_began, roles_began = time.time(), cpu_times(), role_cpu(groups)
         deadline = began + args.seconds
         procs = [ctx.Process(target=send, args=(port, run_id, token, args.batch, args.values,
                                                 deadline, args.replay_every, results))
@@ -468,7 +528,9 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
         sent = [results.get(timeout=args.seconds + 300) for _ in procs]
         elapsed = time.time() - began
         busy, total = (b - a for a, b in zip(cpu_began, cpu_times(), strict=True))
-        load = {"cpu_busy": busy / max(1, total), "load_1min": os.getloadavg()[0]}
+        load = {"cpu_busy": busy / max(1, total), "load_1min": os.getloadavg()[0],
+                "cpu_s": {role: used - roles_began[role]
+                          for role, used in role_cpu(groups).items()}}
         for proc in procs:
             proc.join()
         probed = {run_id: f.result() for (run_id, _), f in zip(watched, probes, strict=True)}
@@ -489,6 +551,7 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
             if proc.is_alive():
                 proc.kill()
         flush_redis(args.redis_url)
+    load["cpu_s"]["senders"] = sum(s["cpu_s"] for s in sent)
     errors = [s["error"] for s in sent if s["error"]]
     if errors:
         log = (workdir / "uvicorn.log").read_text()
@@ -524,6 +587,13 @@ def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s, load
           f"{acked_events:,} events in {result['posts']:,} POSTs of {args.batch} events, "
           f"{elapsed:.1f} s); the machine's CPUs {100 * load['cpu_busy']:.0f} % busy, load "
           f"average {load['load_1min']:.1f} at the end")
+    posts = max(1, result["posts"])
+    if not database.postgres:
+        load["cpu_s"].pop("database")  # SQLite is in the server's processes
+    print("CPU per POST by role (ms): " + ", ".join(
+        f"{role} {1000 * used / posts:.1f}" for role, used in load["cpu_s"].items())
+        + f"; {sum(load['cpu_s'].values()) / elapsed:.2f} of the machine's {os.cpu_count()} "
+        "cores in all")
     print(f"counted: {lost} events lost, {doubled} doubled, {extra} unexpected, "
           f"{result['points_missing']} metric points missing; {result['replays']} replayed "
           f"batches, {result['replays_wrong']} not answered as all duplicates; "

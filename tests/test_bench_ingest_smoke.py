@@ -24,6 +24,8 @@ def test_the_ingest_bench_runs_at_minimal_sizes_and_prints_its_figures():
     out = result.stdout
     assert re.search(r"ingest \(sqlite, 2 sender processes, 1 uvicorn workers\): [\d,]+ metric "
                      r"values/s", out)
+    assert re.search(r"CPU per POST by role \(ms\): server [\d.]+, alerts [\d.]+, "
+                     r"senders [\d.]+; [\d.]+ of the machine's \d+ cores", out)
     assert re.search(r"counted: 0 events lost, 0 doubled, 0 unexpected, 0 metric points "
                      r"missing; [1-9]\d* replayed batches, 0 not answered", out)
     assert re.search(r"fan-out, one run \(2 clients, 1 slow beside them\): [1-9][\d,]* "
