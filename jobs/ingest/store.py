@@ -87,7 +87,7 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         # Serialize concurrent ingests of one run (a retry racing its original request),
         # so "which seqs are new" stays true until we insert them. On SQLite the
         # IMMEDIATE transaction already holds the write lock.
-        if Run.objects.select_for_update().filter(pk=run.pk).first() is None:
+        if Run.objects.select_for_update().filter(pk=run.pk).values_list("pk").first() is None:
             # Deleted since the caller read it: nothing may be stored under it (the event
             # tables keep no foreign key to check it: jobs/models/series.py).
             raise Run.DoesNotExist(f"run {run.pk} does not exist")
