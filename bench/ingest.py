@@ -208,11 +208,11 @@ def cpu_times() -> tuple[int, int]:
 
 
 def role_cpu(groups: dict[str, int]) -> dict[str, float]:
-    """CPU seconds so far of the machine's live processes by role (/proc/<pid>/stat's
-    utime + stime): "database" for PostgreSQL's processes, else the role whose process
-    group ({role: pgid}: uvicorn and its workers, the Celery worker and its pool) the
-    process is in. A process that started and ended in between is not counted (the
-    senders count their own)."""
+    """CPU seconds so far by role (/proc/<pid>/stat: utime + stime, and cutime + cstime,
+    what its children that exited and were reaped used): "database" for PostgreSQL's
+    processes (the postmaster reaps the backends a closed connection ends), else the role
+    whose process group ({role: pgid}: uvicorn and its workers, the Celery worker and its
+    pool) the process is in. The senders count their own."""
     tick, used = os.sysconf("SC_CLK_TCK"), dict.fromkeys(["database", *groups], 0.0)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -223,7 +223,7 @@ def role_cpu(groups: dict[str, int]) -> dict[str, float]:
         role = "database" if name.startswith("postgres") else next(
             (r for r, pgid in groups.items() if int(fields[2]) == pgid), None)
         if role is not None:
-            used[role] += (int(fields[11]) + int(fields[12])) / tick
+            used[role] += sum(int(f) for f in fields[11:15]) / tick
     return used
 
 
