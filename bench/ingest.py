@@ -21,8 +21,8 @@ through the real stack on loopback.
                against what the senders were told: events lost (acknowledged, not
                stored), doubled (a (run, seq) twice) and metric points missing.
     limit      (PostgreSQL) the same rows (events, metric points, spans) under other runs,
-               written by one raw COPY per table in one transaction: values/s, and the
-               ingest's ratio to it.
+               written by one raw COPY per table in one transaction, --limit-rounds
+               times: the fastest one's values/s, and the ingest's ratio to it.
     fanout     (--fanout, during the ingest phase) --watchers websocket clients on one
                run, and --spread clients on each of 10 other runs, served by the ingest's
                uvicorn or (--ws-workers N) one of their own, as a proxy routing /ws/ would;
@@ -456,6 +456,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--slow", type=int, default=1, help="clients that stop reading")
     ap.add_argument("--interval", type=float, default=0.1,
                     help="seconds between a watched run's batches")
+    ap.add_argument("--limit-rounds", type=int, default=2,
+                    help="(PostgreSQL) raw COPYs of the same rows; the fastest is the limit")
     ap.add_argument("--redis-url", default=os.environ.get(
         "BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
     args = ap.parse_args(argv)
@@ -600,11 +602,16 @@ def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s, load
           f"{evaluations} debounced alert evaluations, the last queued one started "
           f"{drain_s:.1f} s after the senders stopped")
     if database.postgres:
-        copied, seconds = copy_limit(sent, args.values)
+        # The fastest of a few: one COPY on a shared machine swung 120-170k values/s
+        # from run to run, and the ratio with it; the best is the limit.
+        rounds = [copy_limit(sent, args.values) for _ in range(args.limit_rounds)]
+        copied, seconds = min(rounds, key=lambda r: r[1])
         result.update(copy_values_per_s=copied / seconds,
                       ratio=result["values_per_s"] / (copied / seconds))
         print(f"raw COPY of the same rows: {result['copy_values_per_s']:,.0f} metric values/s "
-              f"({copied:,} values, {seconds:.1f} s); ingest / COPY = {result['ratio']:.2f}")
+              f"({copied:,} values, {seconds:.1f} s; the best of "
+              f"{', '.join(f'{copied / s:,.0f}' for _, s in rounds)}); "
+              f"ingest / COPY = {result['ratio']:.2f}")
     failed = [f["error"] for f in fanned if "error" in f]
     if failed:
         raise RuntimeError(f"a websocket client process failed: {failed[0]}")
