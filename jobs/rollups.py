@@ -19,10 +19,11 @@ them).
     rebuild_rollups(run)       the tiers again from raw points (runs stored before tiers
                                existed; `manage.py history --rebuild`)
 
-Cost per metric value at ingest: its row read back once (when its 10-step bucket
-closes), and a row written per 10, 50, 100, ... 10,000 steps; per batch, one query (an
-index seek per metric) for their highest stored steps, and per tier it closes buckets of,
-one read and one write. The write's SQL text is the same whatever its row count
+Cost per metric value at ingest: its row read back at most once (when its 10-step bucket
+closes in a later batch than its own), and a row written per 10, 50, 100, ... 10,000
+steps; per batch, one query (an index seek per metric) for their highest stored steps,
+one for the stored points of the buckets it closes, one for the stored finer rows its
+coarser buckets fold in, and one write of every tier's buckets. The write's SQL text is the same whatever its row count
 (PostgreSQL: COPY into a staging table, then one INSERT ... SELECT): a multi-row VALUES
 of 13 placeholders a row is never cached by psycopg, whose parsing of it cost more CPU
 than the database spent storing the rows. What a bucket holds is exactly the aggregate of
