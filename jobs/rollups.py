@@ -23,11 +23,11 @@ Cost per metric value at ingest: its row read back at most once (when its 10-ste
 closes in a later batch than its own), and a row written per 10, 50, 100, ... 10,000
 steps; per batch, one query (an index seek per metric) for their highest stored steps,
 one for the stored points of the buckets it closes, one for the stored finer rows its
-coarser buckets fold in, and one write of every tier's buckets. The write's SQL text is the same whatever its row count
-(PostgreSQL: COPY into a staging table, then one INSERT ... SELECT): a multi-row VALUES
-of 13 placeholders a row is never cached by psycopg, whose parsing of it cost more CPU
-than the database spent storing the rows. What a bucket holds is exactly the aggregate of
-its points (tests/jobs/test_rollups.py).
+coarser buckets fold in, and one write of every tier's buckets. The write's SQL text is
+the same whatever its row count (PostgreSQL: COPY into a staging table, then one
+INSERT ... SELECT): a multi-row VALUES of 13 placeholders a row is never cached by
+psycopg, whose parsing of it cost more CPU than the database spent storing the rows. What
+a bucket holds is exactly the aggregate of its points (tests/jobs/test_rollups.py).
 """
 
 from __future__ import annotations
@@ -161,8 +161,9 @@ def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
     the wall clock the charts use), in one statement. The 10-step ones from the stored
     points (each name's at or below ``stored``, its highest stored step: only those are
     read back) with ``batch``'s over them; each coarser one folded from the finer buckets
-    made here and, for the rest of its steps, the finer rows stored before (one read for
-    every tier)."""
+    made here and the finer rows stored before for the rest of its steps (one read for
+    every tier). A finer bucket made again (a re-reported step) gives its coarser one the
+    later of its stored ts and ``ts``, as its own row keeps (upsert)."""
     made: dict[int, dict[tuple[str, int], Bucket]] = {}
     points: dict[tuple[str, int], dict[int, float | None]] = defaultdict(dict)
     finest = wanted.get(FINEST, set())
@@ -176,36 +177,23 @@ def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
             points[key][s] = v
     made[FINEST] = {key: aggregate(of, ts) for key, of in points.items()}
     kept: dict[int, list[RollupRow]] = defaultdict(list)
-    for row in rollup_rows(run, EACH, stored_parts(wanted)):
+    for row in rollup_rows(run, EACH, {
+            (n, finer, b * (width // finer), (b + 1) * (width // finer))
+            for finer, width in itertools.pairwise(TIERS) for n, b in wanted.get(width, ())}):
         kept[row.width].append(row)
     for finer, width in itertools.pairwise(TIERS):
-        ratio = width // finer
+        ratio, wants = width // finer, wanted.get(width, set())
         buckets = made[width] = {}
         for (n, b), bucket in made[finer].items():
-            if (n, b // ratio) in wanted.get(width, ()):
+            if (n, b // ratio) in wants:
                 buckets.setdefault((n, b // ratio), Bucket()).merge(bucket)
         for row in kept[finer]:
-            buckets.setdefault((row.name, row.bucket // ratio), Bucket()).merge(row)
+            coarser = buckets.setdefault((row.name, row.bucket // ratio), Bucket())
+            if (row.name, row.bucket) in made[finer]:
+                coarser.merge(Bucket(ts=row.ts))   # made again: only its stored ts counts
+            else:
+                coarser.merge(row)
     upsert(run, made)
-
-
-def stored_parts(wanted: Wanted) -> set[tuple[str, int, int, int]]:
-    """(name, finer width, lo, hi): the finer buckets [lo, hi) of each wanted coarser
-    bucket that are not wanted themselves (so not made in this pass): what its fold
-    reads of the stored rows."""
-    parts = set()
-    for finer, width in itertools.pairwise(TIERS):
-        ratio, remade = width // finer, wanted.get(finer, set())
-        for n, b in wanted.get(width, ()):
-            lo = b * ratio
-            for sub in range(b * ratio, (b + 1) * ratio):
-                if (n, sub) in remade:
-                    if lo < sub:
-                        parts.add((n, finer, lo, sub))
-                    lo = sub + 1
-            if lo < (b + 1) * ratio:
-                parts.add((n, finer, lo, (b + 1) * ratio))
-    return parts
 
 
 ROLLUP_FIELDS = ("name", "width", "bucket", "count", "total", "low", "low_step", "high",

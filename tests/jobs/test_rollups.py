@@ -111,6 +111,19 @@ def test_a_batch_closing_buckets_of_every_tier_reads_and_writes_once(run):
     assert_tiers_are_their_points(run)
 
 
+def test_a_coarser_bucket_is_stamped_no_earlier_than_the_finer_ones_it_holds(run):
+    """A late event (an earlier ts) that re-reports a step of a closed 10-step bucket: that
+    row keeps its later ts, and the 50-step bucket the batch closes takes it too."""
+    do_ingest_events(run, [metrics(seq, seq - 1, **{REWARD: 1.0}) for seq in range(2, 14)])
+    do_ingest_events(run, [metrics(1, 0, **{REWARD: 2.0})]
+                     + [metrics(seq, seq - 1, **{REWARD: 1.0}) for seq in range(14, 52)])
+
+    ts = dict(((w, b), t) for w, b, t in MetricRollup.objects.filter(run=run, bucket=0)
+              .values_list("width", "bucket", "ts"))
+    assert ts == {(10, 0): 1002.0, (50, 0): 1002.0}
+    assert_tiers_are_their_points(run)
+
+
 def test_a_buckets_aggregate_is_what_adding_its_points_in_step_order_makes():
     rng = random.Random(7)
     odd = [None, math.nan, math.inf, -math.inf, 0.0, -0.0, 1.5, 1.5, -2.0]
