@@ -30,14 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.ingest import (  # noqa: E402
-    EVENTS_PER_STEP,
-    Database,
-    batch_events,
-    create_runs,
-    metric_names,
-    setup_django,
-)
+from bench.ingest import EVENTS_PER_STEP, batch_events, metric_names  # noqa: E402
+from bench.ingest_stack import Database, create_runs, setup_django  # noqa: E402
 from engine.api import event_from_dict  # noqa: E402
 
 

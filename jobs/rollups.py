@@ -158,24 +158,12 @@ def derive_rollups(run: Run, batch: dict[tuple[str, int], float | None],
 def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
           stored: dict[str, int], ts: float | None) -> None:
     """Write the ``wanted`` buckets of every tier, stamped ``ts`` (when they were closed:
-    the wall clock the charts use), in one statement. The 10-step ones from the stored
-    points (each name's at or below ``stored``, its highest stored step: only those are
-    read back) with ``batch``'s over them; each coarser one folded from the finer buckets
-    made here and the finer rows stored before for the rest of its steps (one read for
-    every tier). A finer bucket made again (a re-reported step) gives its coarser one the
+    the wall clock the charts use), in one statement. The 10-step ones from their points
+    (finest_buckets); each coarser one folded from the finer buckets made here and the
+    finer rows stored before for the rest of its steps (one read for every tier). A
+    finer bucket made again (a re-reported step) gives its coarser one the
     later of its stored ts and ``ts``, as its own row keeps (upsert)."""
-    made: dict[int, dict[tuple[str, int], Bucket]] = {}
-    points: dict[tuple[str, int], dict[int, float | None]] = defaultdict(dict)
-    finest = wanted.get(FINEST, set())
-    for n, s, v in point_ranges(run, {
-            (n, b * FINEST, min((b + 1) * FINEST, stored[n] + 1))
-            for n, b in finest if n in stored and b * FINEST <= stored[n]}):
-        points[n, s // FINEST][s] = v
-    for (n, s), v in batch.items():
-        key = (n, s // FINEST)
-        if key in finest:
-            points[key][s] = v
-    made[FINEST] = {key: aggregate(of, ts) for key, of in points.items()}
+    made = {FINEST: finest_buckets(run, wanted.get(FINEST, set()), batch, stored, ts)}
     kept: dict[int, list[RollupRow]] = defaultdict(list)
     for row in rollup_rows(run, EACH, {
             (n, finer, b * (width // finer), (b + 1) * (width // finer))
@@ -194,6 +182,23 @@ def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
             else:
                 coarser.merge(row)
     upsert(run, made)
+
+
+def finest_buckets(run: Run, keys: set[tuple[str, int]],
+                   batch: dict[tuple[str, int], float | None], stored: dict[str, int],
+                   ts: float | None) -> dict[tuple[str, int], Bucket]:
+    """The 10-step ``keys`` from their stored points (a name's lie at or below ``stored``,
+    its highest stored step: only those are read back) with ``batch``'s over them."""
+    points: dict[tuple[str, int], dict[int, float | None]] = defaultdict(dict)
+    for n, s, v in point_ranges(run, {
+            (n, b * FINEST, min((b + 1) * FINEST, stored[n] + 1))
+            for n, b in keys if n in stored and b * FINEST <= stored[n]}):
+        points[n, s // FINEST][s] = v
+    for (n, s), v in batch.items():
+        key = (n, s // FINEST)
+        if key in keys:
+            points[key][s] = v
+    return {key: aggregate(of, ts) for key, of in points.items()}
 
 
 ROLLUP_FIELDS = ("name", "width", "bucket", "count", "total", "low", "low_step", "high",
@@ -265,11 +270,6 @@ def point_ranges(run: Run, spans: Iterable[tuple[str, int, int]], limit: int | N
     """(name, step, value) of the run's raw points with name = n and lo <= step < hi, for
     each (n, lo, hi) (``ranges``)."""
     return ranges(MetricPoint, ("name", "step", "value"), run, None, "step", spans, limit)
-
-
-def raw_points(run: Run, keys: set[tuple[str, int]]):
-    """(name, step, value) of the stored points in these finest-tier buckets."""
-    return point_ranges(run, {(n, b * FINEST, (b + 1) * FINEST) for n, b in keys})
 
 
 def rollup_rows(run: Run, width: int | str, spans: set[tuple]):
