@@ -13,12 +13,8 @@ class JobsConfig(AppConfig):
 
 def close_sessions_sockets(sender, request, user, **kwargs) -> None:
     """Logging out closes the live sockets that login opened (jobs.consumers)."""
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
-    from jobs.groups import session_group
+    from jobs.groups import group_send, session_group
 
     key = getattr(getattr(request, "session", None), "session_key", None)
-    layer = get_channel_layer()
-    if key and layer is not None:
-        async_to_sync(layer.group_send)(session_group(key), {"type": "session.ended"})
+    if key:
+        group_send((session_group(key), {"type": "session.ended"}))

@@ -26,8 +26,6 @@ import time
 import uuid
 from functools import partial
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import transaction
 from django.urls import reverse
 
@@ -44,7 +42,7 @@ from jobs.alerts.history import (
 from jobs.alerts.recent import recent_history
 from jobs.alerts.rules import evaluate
 from jobs.alerts.throughput import baseline_of, first_healthy
-from jobs.groups import run_group
+from jobs.groups import group_send, run_group
 from jobs.models import (
     LIVE_STATES,
     Alert,
@@ -209,9 +207,8 @@ def announce(run_id: int, alert_ids: list[int], notification_ids: list[int]) -> 
 def broadcast_alerts(run_id: int, alert_ids: list[int]) -> None:
     """The run page's consumer renders each alert for its own user's role (operator
     buttons), once per ``broadcast`` (an id) and role for a process's sockets."""
-    async_to_sync(get_channel_layer().group_send)(
-        run_group(run_id), {"type": "run.alerts", "alert_ids": alert_ids,
-                            "broadcast": uuid.uuid4().hex})
+    group_send((run_group(run_id), {"type": "run.alerts", "alert_ids": alert_ids,
+                                    "broadcast": uuid.uuid4().hex}))
 
 
 def do_acknowledge(alert: Alert, user) -> bool:

@@ -34,14 +34,12 @@ import time
 from datetime import timedelta
 from functools import partial
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import models, transaction
 from django.utils import timezone
 
 from engine.api import LogEvent
 from jobs.cluster.ray import job_not_found, ray_jobs
-from jobs.groups import run_group
+from jobs.groups import group_send, run_group
 from jobs.models import LIVE, Run, RunEvent
 
 logger = logging.getLogger(__name__)
@@ -124,8 +122,8 @@ def job_log_lines(run: Run, after_line: int = 0) -> models.QuerySet:
 
 
 def broadcast_job_log(run_id: int, payloads: list[dict]) -> None:
-    async_to_sync(get_channel_layer().group_send)(
-        run_group(run_id), {"type": "run.job_logs", "run_id": run_id, "events": payloads})
+    group_send((run_group(run_id), {"type": "run.job_logs", "run_id": run_id,
+                                    "events": payloads}))
 
 
 def followed_runs() -> list[Run]:

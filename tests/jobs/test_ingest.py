@@ -407,6 +407,28 @@ def test_newly_stored_events_are_group_sent_in_seq_order_after_commit(
     assert json.loads(json.dumps(message["events"], allow_nan=False))  # browser-safe JSON
 
 
+def test_broadcasts_from_many_threads_share_one_running_loop(run, listener, channel_layer,
+                                                             monkeypatch):
+    """Ingest's threads send on the process's one loop, whose channel layer keeps its
+    Redis connection: a loop per send connected again each time (~3 ms a batch)."""
+    loops = []
+    real = channel_layer.group_send
+
+    async def recording(group, message):
+        loops.append(asyncio.get_running_loop())
+        await real(group, message)
+
+    monkeypatch.setattr(channel_layer, "group_send", recording)
+    for seq in (1, 2, 3):
+        thread = threading.Thread(
+            target=broadcast_events, args=(run.pk, [log(seq).to_dict()], {"type": "x"}))
+        thread.start()
+        thread.join(timeout=10)
+
+    assert [listener()["events"][0]["seq"] for _ in range(3)] == [1, 2, 3]
+    assert len(loops) == 6 and len(set(loops)) == 1 and loops[0].is_running()
+
+
 def test_a_replay_is_not_broadcast_again(
         client, run, token, listener, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
