@@ -18,7 +18,6 @@ from django.views.decorators.http import require_GET, require_POST
 
 from jobs.auth import bearer_token
 from jobs.ingest.batch import MalformedBatch, parse_event_batch
-from jobs.ingest.name_cap import within_name_cap
 from jobs.ingest.store import do_ingest_events
 from jobs.models import Run, RunControl, RunEvent
 from jobs.models.validators import parse_pk
@@ -102,16 +101,15 @@ def ingest(request, run_id: int) -> JsonResponse:
         return error(413, "the batch is too large; send fewer events per request")
     except MalformedBatch as exc:
         return error(exc.status, str(exc))
-    events, over_cap = within_name_cap(run, batch.events)
     try:
-        result = do_ingest_events(run, events)
+        result = do_ingest_events(run, batch.events, capped=True)
     except Run.DoesNotExist:   # deleted meanwhile
         return error(404, f"run {run_id} does not exist")
     INGEST_EVENTS.labels("stored").inc(result.stored)
     INGEST_EVENTS.labels("duplicate").inc(result.duplicates)
     body = {"stored": result.stored, "duplicates": result.duplicates,
             "last_seq": result.last_seq}
-    errors = batch.errors + over_cap
+    errors = batch.errors + list(result.refused)
     if errors:
         return JsonResponse({**body, "errors": errors}, status=400)
     return JsonResponse(body)

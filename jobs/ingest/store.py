@@ -39,6 +39,7 @@ from jobs.ingest.bulk import (
     stored_seqs,
     upsert_metric_points,
 )
+from jobs.ingest.name_cap import capped_with_steps
 from jobs.models import (
     Checkpoint,
     InspectedSample,
@@ -47,7 +48,6 @@ from jobs.models import (
     RunControl,
     RunEvent,
     RunStatus,
-    last_steps,
 )
 from jobs.models.samples import max_gap
 from jobs.rollups import derive_rollups
@@ -71,16 +71,17 @@ class IngestResult:
     stored: int      # events new to this run
     duplicates: int  # events whose seq was already stored (a replay), or repeated in the batch
     last_seq: int    # the highest seq stored for the run, 0 when none
+    refused: tuple[dict, ...] = ()   # over the name cap (capped=True): batch error entries
 
 
-def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
+def do_ingest_events(run: Run, events: Sequence[Event], capped: bool = False) -> IngestResult:
     """Store the events that are new by (run, seq), derive metric points, spans,
     checkpoints and status from them, and group_send them to ``run.<id>`` on commit.
     An external run's metric names are its framework's: they are stored as rlplane's
-    (engine.frameworks), the ones no table maps as they came."""
-    if run.is_external:
-        events = [dataclasses.replace(e, values=canonical_metrics(run.framework, e.values))
-                  if isinstance(e, MetricsEvent) else e for e in events]
+    (engine.frameworks), the ones no table maps as they came. ``capped``: metrics events
+    that would add names past the run's cap are refused (jobs.ingest.name_cap), checked
+    under the run's lock with the same read of its names' highest steps that the points
+    need."""
     with transaction.atomic():
         # Serialize concurrent ingests of one run (a retry racing its original request),
         # so "which seqs are new" stays true until we insert them. On SQLite the
@@ -89,6 +90,10 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
             # Deleted since the caller read it: nothing may be stored under it (the event
             # tables keep no foreign key to check it: jobs/models/series.py).
             raise Run.DoesNotExist(f"run {run.pk} does not exist")
+        events, refused, highest = capped_with_steps(run, events, capped)
+        if run.is_external:
+            events = [dataclasses.replace(e, values=canonical_metrics(run.framework, e.values))
+                      if isinstance(e, MetricsEvent) else e for e in events]
         by_seq: dict[int, Event] = {}
         for event in events:
             by_seq.setdefault(event.seq, event)
@@ -103,7 +108,7 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         if any(e.seq <= top and e.type in HISTORY_EVENTS for e in new):
             # out of order: the rules' cached history reads past its highest seq
             Run.objects.filter(pk=run.pk).update(history_rewrites=F("history_rewrites") + 1)
-        derive_rows(run, new)
+        derive_rows(run, new, highest)
         for event in new:
             if isinstance(event, RunStatusEvent):
                 apply_engine_status(run, event)
@@ -119,7 +124,8 @@ def do_ingest_events(run: Run, events: Sequence[Event]) -> IngestResult:
         # After the batch committed, not under its row lock: the rules read a few thousand
         # events (tens of ms), which held every other batch of the run waiting.
         evaluate_alerts_soon(run.pk)
-    return IngestResult(stored=len(new), duplicates=len(events) - len(new), last_seq=last_seq)
+    return IngestResult(stored=len(new), duplicates=len(events) - len(new), last_seq=last_seq,
+                        refused=tuple(refused))
 
 
 def stored_payload(event: Event) -> dict:
@@ -162,9 +168,10 @@ def sample_tokens(s: RolloutSample) -> dict:
     return tokens
 
 
-def derive_rows(run: Run, events: Sequence[Event]) -> None:
+def derive_rows(run: Run, events: Sequence[Event], highest: dict[str, int]) -> None:
     """Metric points, phase spans, checkpoints and applied controls from newly stored
-    events (in seq order).
+    events (in seq order), ``highest`` the highest stored step of (at least) each name
+    they report (last_steps).
 
     A (name, step) or checkpoint step reported again -- a resumed run redoing a step --
     takes the later value, hence an upsert rather than ignore (points: jobs.ingest.bulk).
@@ -188,12 +195,12 @@ def derive_rows(run: Run, events: Sequence[Event]) -> None:
                 fingerprint=e.fingerprint, created_at=datetime.fromtimestamp(e.ts, UTC),
             )
     if points:
-        # One read for both: the buckets the points close, and whether any is stored.
-        stored = last_steps(run, {name for name, _ in points})
-        derive_rollups(run, points, stored,
+        # One read for all: the buckets the points close, whether any is stored (and the
+        # name cap's check).
+        derive_rollups(run, points, highest,
                        min(e.ts for e in events if isinstance(e, MetricsEvent)))
         upsert_metric_points(run.pk, points, new=all(
-            name not in stored or step > stored[name] for name, step in points))
+            name not in highest or step > highest[name] for name, step in points))
     insert_spans(run.pk, spans)
     Checkpoint.objects.bulk_create(
         checkpoints.values(), update_conflicts=True, unique_fields=["run", "step"],

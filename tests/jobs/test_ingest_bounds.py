@@ -162,6 +162,24 @@ def test_a_run_cannot_report_more_distinct_metric_names_than_the_cap(client, run
     assert INGEST_EVENTS.labels("over_name_cap")._value.get() == refused_before + 1
 
 
+def test_a_batch_reads_its_metric_names_highest_steps_once(client, run, token):
+    """The name cap's check and the points (which buckets close, whether a step is new)
+    share one read, under the run's lock."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def batch(seq):
+        return [{"type": "metrics.append", "seq": seq + i, "ts": 1.0, "step": seq + i,
+                 "values": {"reward/mean": 0.1, "loss": 2.0}} for i in range(12)]
+
+    post_events(client, run, token, batch(1))
+    with CaptureQueriesContext(connection) as queries:
+        assert post_events(client, run, token, batch(13)).status_code == 200
+
+    assert len([q for q in queries.captured_queries
+                if "MAX" in q["sql"] and "metricpoint" in q["sql"]]) == 1
+
+
 def test_a_batch_naming_thousands_of_new_metrics_is_refused_without_a_500(client, run, token,
                                                                           settings):
     settings.RLPLANE_MAX_METRIC_NAMES = 100
