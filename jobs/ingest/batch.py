@@ -54,6 +54,7 @@ from engine.api import (
     MetricsEvent,
     RunStatusEvent,
 )
+from jobs import fastjson
 
 MAX_EVENTS_PER_BATCH = 5000
 MAX_SAFE_INT = 2**53 - 1  # what a browser's JSON.parse keeps exact
@@ -82,7 +83,7 @@ class EventBatch:
 def parse_event_batch(body: bytes, stored_seq: int = 0) -> EventBatch:
     """``stored_seq``: the highest seq the run has stored (0 for none)."""
     try:
-        data = json.loads(body)
+        data = fastjson.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedBatch(f"the body is not JSON ({exc})") from None
     except RecursionError:

@@ -27,13 +27,13 @@ A staging table is per connection (a temp table): a pooler in transaction mode
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections.abc import Iterable
 from functools import partial
 
 from django.db import connection, transaction
 
+from jobs import fastjson
 from jobs.models import MetricPoint, PhaseSpan, RunEvent
 
 
@@ -45,7 +45,7 @@ def insert_events(run_id: int, payloads: list[dict], new: bool = False) -> None:
         return
     if connection.vendor == "postgresql" and new:
         copy_rows(f"{RunEvent._meta.db_table} (run_id, seq, type, ts, payload)",
-                  ((run_id, p["seq"], p["type"], p["ts"], json.dumps(p)) for p in payloads))
+                  ((run_id, p["seq"], p["type"], p["ts"], fastjson.dumps(p)) for p in payloads))
         return
     if connection.vendor != "postgresql":
         RunEvent.objects.bulk_create(
@@ -55,7 +55,7 @@ def insert_events(run_id: int, payloads: list[dict], new: bool = False) -> None:
         return
     copy_then_insert(
         "rlplane_event_stage", "seq bigint, type text, ts double precision, payload jsonb",
-        ((p["seq"], p["type"], p["ts"], json.dumps(p)) for p in payloads),
+        ((p["seq"], p["type"], p["ts"], fastjson.dumps(p)) for p in payloads),
         f"INSERT INTO {RunEvent._meta.db_table} (run_id, seq, type, ts, payload) "
         "SELECT %s, seq, type, ts, payload FROM {stage} "
         "ON CONFLICT (run_id, seq) DO NOTHING", run_id)
