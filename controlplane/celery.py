@@ -7,6 +7,7 @@
 import os
 
 from celery import Celery
+from celery.signals import task_postrun, task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -22,3 +23,29 @@ TASK_MODULES = [
 
 app = Celery("controlplane", include=TASK_MODULES)
 app.config_from_object("django.conf:settings", namespace="CELERY")
+
+
+def in_worker(task) -> bool:
+    """Not a task run eagerly, in its caller's process (and maybe its transaction)."""
+    return task is not None and not getattr(task.request, "is_eager", False)
+
+
+@task_prerun.connect
+def close_old_db_connections(task=None, **kwargs) -> None:
+    """A task starts as a request does: a connection past CONN_MAX_AGE, or one that saw an
+    error and no longer answers, is closed (the next query opens another); one that is
+    kept is health-checked at its first use (CONN_HEALTH_CHECKS)."""
+    if in_worker(task):
+        from django.db import close_old_connections
+
+        close_old_connections()
+
+
+@task_postrun.connect
+def close_db_connections_after_a_failure(task=None, state=None, **kwargs) -> None:
+    """A task that raised may have left its connection mid-query or mid-transaction (the
+    case Celery closes every connection for): close it."""
+    if in_worker(task) and state != "SUCCESS":
+        from django.db import connections
+
+        connections.close_all()

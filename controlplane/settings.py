@@ -218,6 +218,12 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_IGNORE_RESULT = True  # nothing reads task results; no result backend needed
 CELERY_TASK_ACKS_LATE = False  # a redelivered long task would run twice; ours are short
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes the database connection around every task unless this is
+# set (then every 1,000th): the debounced alert evaluations, about one per ingested batch,
+# each paid a new PostgreSQL backend. Our own task_prerun/task_postrun handlers do what a
+# request does instead (controlplane.celery: CONN_MAX_AGE, the health check, and a close
+# after a task that failed, whose connection may be mid-query).
+CELERY_DB_REUSE_MAX = 1000
 CELERY_BEAT_SCHEDULE = {
     "sync-runs": {"task": "jobs.runs.tasks.sync_runs", "schedule": 10.0},
     # "Nothing happened" alert rules (a hang, a lost run) need a clock, not an event.

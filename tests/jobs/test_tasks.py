@@ -541,3 +541,38 @@ def test_a_stopped_run_checkpoints_and_its_fork_continues_from_there(e2e, schedu
                                                                                  flat=True)
     assert list(steps) == [checkpoint.step]     # it went on from the parent's checkpoint
     assert RunEvent.objects.filter(run=fork).order_by("seq").first().seq == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_keeps_its_database_connection_across_tasks_and_drops_it_after_a_failure(
+        monkeypatch):
+    """Celery's fixup closed the connection around every task (a new PostgreSQL backend
+    per debounced alert evaluation); ours close what a request would, and after a task
+    that raised."""
+    from types import SimpleNamespace
+
+    from celery.fixups.django import DjangoWorkerFixup
+    from django.db import connection
+
+    from controlplane.celery import (
+        app,
+        close_db_connections_after_a_failure,
+        close_old_db_connections,
+    )
+
+    assert DjangoWorkerFixup(app).db_reuse_max >= 100
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    connection.close()
+    task = SimpleNamespace(request=SimpleNamespace(is_eager=False))
+
+    def run_task(state):
+        close_old_db_connections(task=task)
+        Run.objects.count()
+        close_db_connections_after_a_failure(task=task, state=state)
+
+    run_task("SUCCESS")
+    first = connection.connection
+    run_task("SUCCESS")
+    assert first is not None and connection.connection is first
+    run_task("FAILURE")
+    assert connection.connection is None
