@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--interval", type=float, default=0.1,
                     help="seconds between a watched run's batches")
     ap.add_argument("--limit-rounds", type=int, default=2,
-                    help="(PostgreSQL) raw COPYs of the same rows; the fastest is the limit")
+                    help="(PostgreSQL) raw COPYs of the same rows; the fastest is the limit "
+                         "(0: none, no ratio)")
     ap.add_argument("--redis-url", default=os.environ.get(
         "BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
     args = ap.parse_args(argv)
@@ -432,7 +433,7 @@ def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s, load
           f"batches, {result['replays_wrong']} not answered as all duplicates; "
           f"{evaluations} debounced alert evaluations, the last queued one started "
           f"{drain_s:.1f} s after the senders stopped")
-    if database.postgres:
+    if database.postgres and args.limit_rounds > 0:
         # The fastest of a few: one COPY on a shared machine swung 120-170k values/s
         # from run to run, and the ratio with it; the best is the limit.
         rounds = [copy_limit(sent, args.values) for _ in range(args.limit_rounds)]
