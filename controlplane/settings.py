@@ -182,7 +182,11 @@ CHANNEL_LAYERS = {
         # redis-py's asyncio pool refuses a 101st connection in use at once (it does not
         # wait): 200 sockets opening together (watchers reloading a page) each join their
         # groups at once, and the ones past 100 failed with MaxConnectionsError.
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 2000}],
+        # A process sends on one kept connection (jobs.groups.group_send): checked before
+        # use after 30 s idle, with TCP keepalive, so one that went half-open (a NAT or
+        # firewall dropped it) is replaced instead of holding every send for its timeout.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 2000,
+                              "health_check_interval": 30, "socket_keepalive": True}],
                    "prefix": channel_prefix(REDIS_URL)},
     },
 }

@@ -1,3 +1,5 @@
+import logging
+
 from django.apps import AppConfig
 
 
@@ -17,4 +19,9 @@ def close_sessions_sockets(sender, request, user, **kwargs) -> None:
 
     key = getattr(getattr(request, "session", None), "session_key", None)
     if key:
-        group_send((session_group(key), {"type": "session.ended"}))
+        try:
+            group_send((session_group(key), {"type": "session.ended"}))
+        except Exception:
+            # The logout itself goes on (its session is flushed after this signal); the
+            # sockets close before their next message (jobs.consumers: the session check).
+            logging.getLogger(__name__).exception("logout: could not close its sockets")

@@ -33,19 +33,21 @@ def session_group(session_key: str) -> str:
 # again each time, about 3 ms of ingest's CPU a batch at 100 runs, 1/10 of its server's.
 SEND_TIMEOUT_S = 10.0
 _loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
 _loop_pid: int | None = None
 _loop_lock = threading.Lock()
 
 
 def send_loop() -> asyncio.AbstractEventLoop:
-    """This process's sending loop, started on first use (and again in a forked child:
-    the parent's thread did not come with it)."""
-    global _loop, _loop_pid
+    """This process's sending loop, started on first use, and again in a forked child
+    (the parent's thread did not come with it) or if its thread ever ended."""
+    global _loop, _thread, _loop_pid
     with _loop_lock:
-        if _loop is None or _loop_pid != os.getpid():
+        if _loop_pid != os.getpid() or _thread is None or not _thread.is_alive():
             _loop, _loop_pid = asyncio.new_event_loop(), os.getpid()
-            threading.Thread(target=_loop.run_forever, name="channel-sends",
-                             daemon=True).start()
+            _thread = threading.Thread(target=_loop.run_forever, name="channel-sends",
+                                       daemon=True)
+            _thread.start()
         return _loop
 
 
@@ -63,5 +65,7 @@ def group_send(*messages: tuple[str, dict]) -> None:
 
 async def send_in_order(messages: tuple[tuple[str, dict], ...]) -> None:
     layer = get_channel_layer()
+    if layer is None:   # no CHANNEL_LAYERS: nobody listens
+        return
     for group, message in messages:
         await layer.group_send(group, message)

@@ -176,7 +176,11 @@ def describe(errors: list[dict[str, Any]]) -> str:
     else:
         field, where = path(loc[:-1] or loc), f" at {loc[-1]!r}" if len(loc) > 1 else ""
     expected = EXPECTED.get(err["type"], err["msg"].removeprefix("Input should be ").lower())
-    return f".{field}: expected {expected}{where}, got {err['input']!r}"
+    try:
+        got = repr(err["input"])
+    except RecursionError:   # orjson decodes nesting to 1,024 levels, deeper than repr goes
+        got = "a value nested too deeply"
+    return f".{field}: expected {expected}{where}, got {got}"
 
 
 def path(loc: tuple) -> str:

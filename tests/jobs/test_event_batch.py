@@ -87,3 +87,16 @@ def test_non_finite_metric_values_are_accepted_and_made_json_safe():
 
     assert isinstance(event, MetricsEvent) and math.isnan(event.values["loss"])
     assert json_safe(event.to_dict())["values"] == {"loss": None, "grad": None, "ok": 2}
+
+
+def test_a_field_nested_deeper_than_repr_goes_is_a_bad_event_not_a_crash():
+    """orjson decodes 1,000 levels (json.loads stopped near 990): the error message must
+    not repr them."""
+    deep = "[" * 1000 + "]" * 1000
+    body = ('{"events": [{"type": "log", "seq": 1, "ts": 1.0, "level": "info", '
+            f'"message": {deep}}}]}}').encode()
+
+    batch = parse_event_batch(body)
+
+    assert not batch.events and "message" in batch.errors[0]["error"]
+    assert "nested too deeply" in batch.errors[0]["error"]

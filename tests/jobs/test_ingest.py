@@ -429,6 +429,18 @@ def test_broadcasts_from_many_threads_share_one_running_loop(run, listener, chan
     assert len(loops) == 6 and len(set(loops)) == 1 and loops[0].is_running()
 
 
+def test_the_send_loop_starts_again_if_its_thread_ended(run, listener):
+    from jobs import groups
+
+    ended = groups.send_loop()
+    ended.call_soon_threadsafe(ended.stop)
+    groups._thread.join(timeout=10)
+
+    broadcast_events(run.pk, [log(1).to_dict()])
+
+    assert listener()["events"][0]["seq"] == 1 and groups.send_loop() is not ended
+
+
 def test_a_replay_is_not_broadcast_again(
         client, run, token, listener, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
