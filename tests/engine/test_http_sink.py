@@ -166,10 +166,10 @@ def test_an_event_the_server_cannot_store_is_set_aside_not_retried_forever(
     run, _ = run_and_token
     store = jobs.ingest.endpoints.do_ingest_events
 
-    def fails_on_seq_3(run, events):
+    def fails_on_seq_3(run, events, **kwargs):
         if any(e.seq == 3 for e in events):
             raise RuntimeError("cannot store seq 3")
-        return store(run, events)
+        return store(run, events, **kwargs)
 
     monkeypatch.setattr(jobs.ingest.endpoints, "do_ingest_events", fails_on_seq_3)
     sink = make_sink(gate, run_and_token, tmp_path, batch_size=50, flush_interval_s=0.3)

@@ -57,6 +57,14 @@ def test_the_code_reward_model_preset_raises_reward_over_optimization(tmp_path, 
 @pytest.mark.slow
 def test_the_code_reward_model_preset_raises_no_other_alert(tmp_path, capsys):
     """The run above (the same one, run once): over-optimization is what it is built to
-    show; every other alert is still forbidden."""
-    assert_quiet(overopt_run(tmp_path).watch, PRESET, STEPS, capsys,
-                 expected=frozenset({"RewardOverOptimization"}))
+    show; every other alert is still forbidden but one, a true one: BubbleHigh naming the
+    reward stage. The preset scores every program twice by design (the reward model, and
+    the sandbox alongside to show the split), so on 2 shared cores that stage is most of
+    each step of a tiny model's: one CI run (2026-12-05) met 91 % twice in a row at step
+    15, over reward_share_max 0.9. Any other bubble (idle devices, generation) still
+    fails."""
+    watch = overopt_run(tmp_path).watch
+    bubbles = [f.cause for _, f in watch.fired if f.kind == "BubbleHigh"]
+    assert all("the reward stage takes" in cause for cause in bubbles), bubbles
+    assert_quiet(watch, PRESET, STEPS, capsys,
+                 expected=frozenset({"RewardOverOptimization", "BubbleHigh"}))

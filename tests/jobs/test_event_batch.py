@@ -1,5 +1,6 @@
 import json
 import math
+import sys
 
 import pytest
 
@@ -90,13 +91,18 @@ def test_non_finite_metric_values_are_accepted_and_made_json_safe():
 
 
 def test_a_field_nested_deeper_than_repr_goes_is_a_bad_event_not_a_crash():
-    """orjson decodes 1,000 levels (json.loads stopped near 990): the error message must
-    not repr them."""
+    """orjson decodes 1,000 levels, past what repr reaches under the process's recursion
+    limit (1,000 by default; a pytest-xdist worker's is higher, so it is set here): the
+    error message must not repr them."""
     deep = "[" * 1000 + "]" * 1000
     body = ('{"events": [{"type": "log", "seq": 1, "ts": 1.0, "level": "info", '
             f'"message": {deep}}}]}}').encode()
-
-    batch = parse_event_batch(body)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(900)
+    try:
+        batch = parse_event_batch(body)
+    finally:
+        sys.setrecursionlimit(limit)
 
     assert not batch.events and "message" in batch.errors[0]["error"]
     assert "nested too deeply" in batch.errors[0]["error"]
