@@ -47,6 +47,23 @@ def test_the_login_page_logs_a_user_in(client, django_user_model):
     assert response.status_code == 302 and response["Location"] == "/"
 
 
+def test_logging_out_works_when_the_channel_layer_does_not(client, django_user_model,
+                                                           monkeypatch):
+    """The sockets' close is a courtesy: a Redis that is down or slow must not keep the
+    session alive (Django flushes it after the signal that sends the close)."""
+    import jobs.groups
+
+    def down(*messages):
+        raise ConnectionError("Redis is down")
+
+    monkeypatch.setattr(jobs.groups, "group_send", down)
+    client.force_login(django_user_model.objects.create_user("leaver"))
+
+    response = client.post("/logout")
+
+    assert response.status_code == 302 and "_auth_user_id" not in client.session
+
+
 def test_the_runs_list_shows_each_runs_status_latest_reward_and_step_time(viewer, make_run):
     run = make_run(name="grpo-demo")
     make_run(name="queued one", status=RunStatus.QUEUED)
