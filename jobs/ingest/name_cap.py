@@ -31,35 +31,35 @@ def metric_names(run: Run, events: Sequence[Event]) -> set[str]:
 
 def capped_with_steps(run: Run, events: Sequence[Event], capped: bool = True,
                       ) -> tuple[list[Event], list[dict], dict[str, int]]:
-    """(the events to store, the refused ones' errors (``capped``: within_name_cap), the
-    highest stored step of each of their metric names): one read of those steps for the
-    cap's check and for the points (ingest reads them under the run's lock). A batch
-    naming more than the cap has its names' steps read only for the events kept."""
+    """(the events to store, an error per metrics event refused for adding names past the
+    cap (``capped``), the highest stored step of each of their metric names): one read of
+    those steps (last_steps) for the cap's check and for the points (ingest reads them
+    under the run's lock).
+
+    The common batch repeats names the run has: the read says so (a DISTINCT over them
+    read every point of the run, growing with its history); the run's whole name list (a
+    seek per name it has) is read only when a name is new, or when the batch names more
+    than the cap, whose steps are then read only for the events kept."""
     names = metric_names(run, events)
-    if not capped or len(names) <= min(settings.RLPLANE_MAX_METRIC_NAMES, 10_000):
-        highest = last_steps(run, names) if names else {}
-        kept, refused = within_name_cap(run, events, highest) if capped else (list(events), [])
-        return kept, refused, highest
-    kept, refused = within_name_cap(run, events)
-    names = metric_names(run, kept)
-    return kept, refused, last_steps(run, names) if names else {}
+    if capped and len(names) > min(settings.RLPLANE_MAX_METRIC_NAMES, 10_000):
+        kept, errors = refuse_past_cap(run, events)
+        names = metric_names(run, kept)
+        return kept, errors, last_steps(run, names) if names else {}
+    highest = last_steps(run, names) if names else {}
+    if not capped or names <= highest.keys():
+        return list(events), [], highest
+    return *refuse_past_cap(run, events), highest
 
 
-def within_name_cap(run: Run, events: Sequence[Event],
-                    highest: dict[str, int] | None = None) -> tuple[list[Event], list[dict]]:
+def within_name_cap(run: Run, events: Sequence[Event]) -> tuple[list[Event], list[dict]]:
     """(the events to store, an error per metrics event refused for adding names past
-    the cap, in ingest's batch error shape). ``highest``: last_steps of (at least) the
-    events' names, when the caller read it already (do_ingest_events)."""
+    the cap, in ingest's batch error shape)."""
+    kept, errors, _ = capped_with_steps(run, events)
+    return kept, errors
+
+
+def refuse_past_cap(run: Run, events: Sequence[Event]) -> tuple[list[Event], list[dict]]:
     cap = settings.RLPLANE_MAX_METRIC_NAMES
-    names = metric_names(run, events)
-    # The common batch repeats names the run has: an index seek per name says so (a
-    # DISTINCT over them read every point of the run, growing with its history); the
-    # run's whole name list (a seek per name it has) is read only when a name is new, or
-    # when the batch names more than the cap.
-    if names and len(names) <= min(cap, 10_000) and highest is None:
-        highest = last_steps(run, names)
-    if not names or len(names) <= min(cap, 10_000) and names <= highest.keys():
-        return list(events), []
     known = set(stored_metric_names(run.pk))
     kept, errors = [], []
     for index, event in enumerate(events):
