@@ -28,15 +28,12 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from importlib import import_module
 from typing import Any
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
 from django.template.loader import render_to_string
 from redis.exceptions import RedisError
 
@@ -47,9 +44,9 @@ from jobs.groups import RUNS_GROUP, run_group, session_group
 from jobs.models import Alert, Run, RunEvent
 from jobs.models.controls import display_status
 from jobs.queries.run_page import REPLACED, clock_after, log_lines, run_progress
+from jobs.socket_logins import logins
 
 BACKFILL_CHUNK = 500  # events per message while catching up
-SESSION_CHECK_S = 10.0  # how stale "the login still exists" may be before a message goes
 
 logger = logging.getLogger(__name__)
 
@@ -127,22 +124,15 @@ def forget(key: tuple, future: asyncio.Future) -> None:
         del _shared[key]
 
 
-# Session checks run on a thread of their own: a check is one indexed read that the
-# socket's message waits for, and on the thread the consumers' other queries share it
-# waited behind other runs' progress reads (tens of ms each under ingest load).
-_session_checks = ThreadPoolExecutor(1, thread_name_prefix="ws-session-check")
-
-
 class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
     """A socket that lives no longer than the login it was opened with: logging out
     closes it (4401), as the pages it streams would then redirect to the login. A session
     that ends without a logout (its row deleted by an admin or clearsessions, expired) is
-    noticed before the next message is sent, at most SESSION_CHECK_S after the last check.
+    noticed by the process's checks of its sockets' logins (jobs.socket_logins): within
+    their REFRESH_S, and before a message if the last check is SESSION_CHECK_S old.
 
     Leaving the groups is best effort: a tab closing while Redis is slow must not log a
     traceback (the membership expires with the channel layer's group_expiry)."""
-
-    checked_at = 0.0
 
     async def dispatch(self, message):
         """channels' dispatch without its ``aclose_old_connections()`` before every
@@ -159,19 +149,10 @@ class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
 
     async def still_logged_in(self) -> bool:
         """False (and the socket closed) once the session is gone or belongs to no one."""
-        if time.monotonic() - self.checked_at < SESSION_CHECK_S:
-            return True
-        alive = await database_sync_to_async(self.session_exists, thread_sensitive=False,
-                                             executor=_session_checks)()
-        self.checked_at = time.monotonic()
+        alive = await logins.alive(self.login)
         if not alive:
             await self.close(code=4401)
         return alive
-
-    def session_exists(self) -> bool:
-        store = import_module(settings.SESSION_ENGINE).SessionStore(
-            session_key=self.scope["session"].session_key)
-        return store.load().get("_auth_user_id") == str(self.scope["user"].pk)
 
     async def discard(self, group: str) -> None:
         try:
@@ -187,10 +168,14 @@ class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4401)
             return False
         self.session_group = session_group(session.session_key)
+        self.login = (session.session_key, str(self.scope["user"].pk))
+        logins.join(self.login, self.channel_name)
         await self.channel_layer.group_add(self.session_group, self.channel_name)
         return True
 
     async def leave_session(self) -> None:
+        if hasattr(self, "login"):
+            logins.leave(self.login, self.channel_name)
         if hasattr(self, "session_group"):
             await self.discard(self.session_group)
 

@@ -154,12 +154,12 @@ def what_commits_taught_a_process_is_rolled_back_with_the_test():
 @pytest.fixture(autouse=True)
 def pool_threads_let_go_of_their_connections():
     """The ingest threads (jobs.ingest.endpoints) and the sockets' session-check thread
-    (jobs.consumers) keep a database connection from one use to the next (CONN_MAX_AGE):
+    (jobs.socket_logins) keep a database connection from one use to the next (CONN_MAX_AGE):
     after a test that used them, each thread closes its own, or PostgreSQL refuses to drop
     the test database ("being accessed by other users")."""
     yield
     pools = [pool for module, name in (("jobs.ingest.endpoints", "INGEST_THREADS"),
-                                       ("jobs.consumers", "_session_checks"))
+                                       ("jobs.socket_logins", "checks"))
              if (pool := getattr(sys.modules.get(module), name, None)) is not None]
     for pool in pools:
         threads = len(pool._threads)

@@ -3,6 +3,7 @@ import uuid
 import pytest
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import Group
+from django.test import Client
 
 from jobs.auth import OPERATOR_GROUP
 from jobs.models import Run, RunStatus
@@ -66,3 +67,12 @@ def queued(monkeypatch):
     monkeypatch.setattr(submit.submit_run, "delay", lambda run_id: calls.append(("submit", run_id)))
     monkeypatch.setattr(tasks.stop_run, "delay", lambda run_id: calls.append(("stop", run_id)))
     return calls
+
+
+@pytest.fixture
+def session_cookie(django_user_model):
+    """A logged-in viewer's session, as the Cookie header a websocket opens with."""
+    user = django_user_model.objects.create_user("viewer")
+    client = Client()
+    client.force_login(user)
+    return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())

@@ -23,7 +23,7 @@ from jobs.models import (
 )
 
 from .helpers import metrics, span
-from .test_consumers import open_socket, session_cookie  # noqa: F401 (a fixture)
+from .sockets import open_socket
 
 HTMX = {"HX-Request": "true"}
 
@@ -193,7 +193,7 @@ def test_the_periodic_task_raises_run_lost(run, channel_layer):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_run_socket_sends_alerts_after_backfill_and_when_they_change(
-        run, channel_layer, session_cookie):  # noqa: F811
+        run, channel_layer, session_cookie):
     first = desync(run, channel_layer)
 
     ingest = database_sync_to_async(do_ingest_events)

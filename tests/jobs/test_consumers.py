@@ -2,21 +2,16 @@
 the real Redis channel layer; events enter through do_ingest_events as ingest stores them."""
 
 import asyncio
-import sys
 import threading
-import types
-from pathlib import Path
 
-import channels
 import pytest
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.test import Client
 from django.utils import timezone
 
 from controlplane.asgi import application
 from engine.api import ControlAppliedEvent
-from jobs import consumers
+from jobs import consumers, socket_logins
 from jobs.alerts.lifecycle import broadcast_alerts
 from jobs.consumers import RunConsumer, run_update
 from jobs.groups import run_group
@@ -25,63 +20,17 @@ from jobs.ingest.store import do_ingest_events
 from jobs.models import Alert, RunControl
 
 from .helpers import checkpoint, log, metrics, span, status
-
-
-def websocket_communicator_class():
-    """channels' own WebsocketCommunicator. Its package __init__ also imports daphne (for
-    ChannelsLiveServerTestCase, unused here), which this project does not install; then
-    the package is registered bare, so its websocket module loads on its own."""
-    try:
-        from channels.testing import WebsocketCommunicator
-    except ModuleNotFoundError as exc:
-        if exc.name != "daphne":
-            raise
-        package = types.ModuleType("channels.testing")
-        package.__path__ = [str(Path(channels.__file__).parent / "testing")]
-        sys.modules["channels.testing"] = package
-        from channels.testing.websocket import WebsocketCommunicator
-    return WebsocketCommunicator
-
-
-WebsocketCommunicator = websocket_communicator_class()
+from .sockets import (
+    HOST,
+    WebsocketCommunicator,
+    ingest,
+    open_socket,
+    received_until,
+    run_async,
+    seqs,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ORIGIN = (b"origin", b"http://localhost")
-HOST = (b"host", b"localhost")
-
-
-@pytest.fixture
-def session_cookie(django_user_model):
-    user = django_user_model.objects.create_user("viewer")
-    client = Client()
-    client.force_login(user)
-    return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
-
-
-def run_async(scenario):
-    return async_to_sync(scenario)()
-
-
-ingest = database_sync_to_async(do_ingest_events)
-
-
-async def open_socket(path, *headers):
-    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, HOST, *headers])
-    connected, code = await communicator.connect(timeout=10)
-    return communicator, connected, code
-
-
-async def received_until(communicator, last_seq) -> list[dict]:
-    """Every message up to the one that carries ``last_seq``."""
-    messages = []
-    while not messages or messages[-1]["last_seq"] < last_seq:
-        messages.append(await communicator.receive_json_from(timeout=20))
-    return messages
-
-
-def seqs(messages) -> list[int]:
-    return [event["seq"] for message in messages for event in message["events"]]
 
 
 def test_an_anonymous_socket_is_closed(run, channel_layer):
@@ -266,7 +215,7 @@ def test_a_broadcast_reaches_a_socket_while_the_query_thread_is_busy(
     """A message is not queued behind another socket's queries: channels' dispatch ran
     every handler after a hop onto the one query thread, and the session check (due
     before every message here) ran there too."""
-    monkeypatch.setattr(consumers, "SESSION_CHECK_S", 0.0)
+    monkeypatch.setattr(socket_logins, "SESSION_CHECK_S", 0.0)
     gate = threading.Event()
 
     async def scenario():
@@ -536,9 +485,8 @@ def test_a_socket_whose_session_row_is_deleted_is_closed_before_the_next_message
         run, channel_layer, session_cookie, monkeypatch):
     from django.contrib.sessions.models import Session
 
-    from jobs import consumers
 
-    monkeypatch.setattr(consumers, "SESSION_CHECK_S", 0.0)
+    monkeypatch.setattr(socket_logins, "SESSION_CHECK_S", 0.0)
 
     async def scenario():
         communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
