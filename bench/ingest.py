@@ -204,6 +204,15 @@ def probe(port: int, run_id: int, token: str, interval: float, deadline: float) 
     return seq - 1
 
 
+def sent_latencies(workdir: Path, run_ids: list[int]) -> list[float]:
+    """Commit -> handed to a socket, for every live message to these runs' sockets, as
+    the websocket server's processes logged them (bench/ingest_asgi.py)."""
+    runs = set(run_ids)
+    return [float(seconds) for log in (workdir / "sent").glob("sent-*.txt")
+            for run_id, seconds in (line.split() for line in log.read_text().splitlines())
+            if int(run_id) in runs]
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -316,6 +325,8 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
     worker = start_worker(workdir / "celery.log")
     server = start_server(port, args.workers, workdir / "uvicorn.log")
     ws_server, ws_port = server, port
+    (workdir / "sent").mkdir()
+    os.environ["RLPLANE_BENCH_SENT_DIR"] = str(workdir / "sent")   # bench/ingest_asgi.py
     if args.ws_workers:
         ws_port = free_port()
         ws_server = start_server(ws_port, args.ws_workers, workdir / "uvicorn-ws.log")
@@ -469,6 +480,12 @@ def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s, load
               f"): {len(latencies):,} deliveries, commit -> client p50 {stats['p50_ms']:.1f} ms, "
               f"p99 {stats['p99_ms']:.1f} ms, max {stats['max_ms']:.1f} ms; {refilled:,} more "
               f"refilled from the database (a dropped message), {missed} of {expected:,} missed")
+        handed = sent_latencies(workdir, [run_id for f in fanned
+                                          for run_id, _ in f["seen"].get(name, [])])
+        if handed:
+            print(f"    server side, commit -> handed to the socket: p50 "
+                  f"{1000 * percentile(handed, 0.5):.1f} ms, p99 "
+                  f"{1000 * percentile(handed, 0.99):.1f} ms ({len(handed):,} sends)")
         timed = [row for f in fanned for row in f["stages"].get(name, [])]
         if timed:
             print("    stages, p50 / p99 ms: " + ", ".join(

@@ -7,14 +7,19 @@ each broadcast event stamped at the stages of its way to a client (unix seconds)
     encoding_at    that consumer's queries were done and run_update began its message
 
 A client's receipt minus ``committed_at`` is the commit -> client latency the fan-out
-figures report; the stages between show where it went. Nothing is stored stamped: the
-stored payloads were written before the commit.
+figures report; the stages between show where it went. With RLPLANE_BENCH_SENT_DIR set,
+each process also appends a line "<run id> <seconds>" to sent-<pid>.txt there for every
+live message a socket was sent: commit -> handed to the socket, the server's side of it
+(the clients share the machine's cores, and their own work is in their receipts).
+Nothing is stored stamped: the stored payloads were written before the commit.
 
     uvicorn bench.ingest_asgi:application
 """
 
 import logging
+import os
 import time
+from pathlib import Path
 
 from channels.layers import get_channel_layer
 
@@ -66,6 +71,20 @@ def run_update_stamped(events: list[dict], *args, **kwargs) -> dict:
 
 
 consumers.run_update = run_update_stamped
+
+_send_events = consumers.RunConsumer.send_events
+_sent_dir = os.environ.get("RLPLANE_BENCH_SENT_DIR")
+_sent = (Path(_sent_dir) / f"sent-{os.getpid()}.txt").open("a", buffering=1) if _sent_dir else None
+
+
+async def send_events_timed(self, events: list[dict]) -> None:
+    await _send_events(self, events)
+    committed = events[0].get("committed_at")   # live (a backfill's are not stamped)
+    if _sent is not None and committed is not None and events[0]["seq"] > 1:  # 1: warm-up
+        _sent.write(f"{self.run_id} {time.time() - committed:.6f}\n")
+
+
+consumers.RunConsumer.send_events = send_events_timed
 
 # A 500's traceback in the bench's server log (Django prints it only under DEBUG).
 logging.getLogger("django.request").addHandler(logging.StreamHandler())
