@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import socket
 import time
+from pathlib import Path
 
 QUIET_S, LATE_S = 3.0, 60.0   # a client's wait for late deliveries after the probes end
 # (the last probe answered: every probe committed, so one not delivered by then is missed)
@@ -21,10 +23,14 @@ STAGES = ("commit -> group_send", "group_send -> consumer", "consumer -> encodin
 
 
 def watch(port: int, cookie: str, groups: list[tuple[str, list[int], int]], slow: int,
-          slow_run: int, ready, start, probed, results) -> None:
+          slow_run: int, ready, start, probed, results, nice: int = 0) -> None:
     """A client process: ``groups`` of (name, run ids, clients per run); ``slow`` clients
-    on ``slow_run`` that stop reading; ``probed`` is set once every probe was answered.
+    on ``slow_run`` that stop reading; ``probed`` is set once every probe was answered;
+    ``nice``: its CPU weight as a session of its own (bench/ingest.py --ws-nice).
     Puts {group: [latency s, ...]} and the counts."""
+    if nice:
+        os.setsid()
+        Path("/proc/self/autogroup").write_text(str(nice))
     try:
         results.put(asyncio.run(watch_async(port, cookie, groups, slow, slow_run, ready,
                                             start, probed)))

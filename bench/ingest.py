@@ -25,7 +25,8 @@ through the real stack on loopback.
                times: the fastest one's values/s, and the ingest's ratio to it.
     fanout     (--fanout, during the ingest phase) --watchers websocket clients on one
                run, and --spread clients on each of 10 other runs, served by the ingest's
-               uvicorn or (--ws-workers N) one of their own, as a proxy routing /ws/ would;
+               uvicorn or (--ws-workers N) one of their own, as a proxy routing /ws/ would
+               (--ws-nice -10: weighted on the CPU as deploy/'s rlplane-ws unit is);
                once every client got a warm-up event, a poster per watched run sends one
                small batch every --interval s; each client records receipt - the batch's
                commit time. --slow clients on the first run stop
@@ -33,10 +34,11 @@ through the real stack on loopback.
                figures show whether they wait for them.
                Figures: p50 / p99 / max per group; every event counted at every client,
                live (timed) or refilled from the database after the channel layer dropped
-               a message for a socket that fell behind (not timed), or missed.
+               a message for a socket that fell behind (not timed), or missed; and the
+               server's side: commit -> handed to the socket.
 
-    .venv/bin/python bench/ingest.py --runs 100 --workers 2 --seconds 30 --fanout \\
-        --database-url postgresql://postgres@127.0.0.1:5432/test
+    .venv/bin/python bench/ingest.py --runs 100 --workers 2 --seconds 45 --fanout \\
+        --ws-workers 2 --ws-nice -10 --database-url postgresql://postgres@127.0.0.1:5432/test
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from engine.api import MetricsEvent, SpanEvent  # noqa: E402
 
 PHASES = ("rollout", "reward", "learner", "weight_sync")
 SPREAD_RUNS = 10
+AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
 def metric_names(count: int) -> list[str]:
@@ -290,6 +293,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--ws-workers", type=int, default=0,
                     help="serve the websockets from a uvicorn of this many workers beside "
                          "the one that takes ingest (0: the same one)")
+    ap.add_argument("--ws-nice", type=int, default=0,
+                    help="(with --ws-workers; Linux's sched_autogroup) the websocket "
+                         "server's CPU weight, as its session's autogroup nice: -10 weighs "
+                         "it about as deploy/'s rlplane-ws unit does (CPUWeight=1000 "
+                         "against the others' 100); the clients get the same in a session "
+                         "of their own, standing in for browsers on other machines")
     ap.add_argument("--watchers", type=int, default=100, help="clients on the one run")
     ap.add_argument("--spread", type=int, default=10,
                     help=f"clients on each of {SPREAD_RUNS} other runs")
@@ -302,6 +311,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--redis-url", default=os.environ.get(
         "BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
     args = ap.parse_args(argv)
+    if args.ws_nice and not args.ws_workers:
+        ap.error("--ws-nice weighs the websocket server apart from ingest: give it "
+                 "--ws-workers N too")
+    if args.ws_nice and AUTOGROUP.read_text().strip() != "1":
+        ap.error(f"--ws-nice needs the kernel's sched_autogroup ({AUTOGROUP} is not 1); "
+                 "leave it out")
 
     with tempfile.TemporaryDirectory(prefix="rlplane-bench-") as tmp:
         workdir = Path(tmp)
@@ -322,14 +337,16 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
     cookie = session_cookie()
     connections.close_all()   # the forked senders must not share its socket
     port = free_port()
+    (workdir / "sent").mkdir()
+    os.environ["RLPLANE_BENCH_SENT_DIR"] = str(workdir / "sent")   # bench/ingest_asgi.py
     worker = start_worker(workdir / "celery.log")
     server = start_server(port, args.workers, workdir / "uvicorn.log")
     ws_server, ws_port = server, port
-    (workdir / "sent").mkdir()
-    os.environ["RLPLANE_BENCH_SENT_DIR"] = str(workdir / "sent")   # bench/ingest_asgi.py
     if args.ws_workers:
         ws_port = free_port()
         ws_server = start_server(ws_port, args.ws_workers, workdir / "uvicorn-ws.log")
+        if args.ws_nice:   # its session, so its workers too; a process's nice stops there
+            Path(f"/proc/{ws_server.pid}/autogroup").write_text(str(args.ws_nice))
     ctx = multiprocessing.get_context("fork")
     results, fan_results = ctx.Queue(), ctx.Queue()
     watchers = []
@@ -344,7 +361,7 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
                 ready = ctx.Event()
                 proc = ctx.Process(target=watch, args=(
                     ws_port, cookie, groups, args.slow if i == 0 else 0, one, ready, go,
-                    probed_all, fan_results))
+                    probed_all, fan_results, args.ws_nice))
                 proc.start()
                 watchers.append((proc, ready))
             for run_id, token in watched:
@@ -475,10 +492,12 @@ def report(args, database, workdir, sent, elapsed, probed, fanned, drain_s, load
                  "max_ms": 1000 * max(latencies) if latencies else None,
                  "missed": missed}
         result[f"fanout {name}"] = stats
+        weighed = f", server and clients at autogroup nice {args.ws_nice}" if args.ws_nice else ""
         print(f"fan-out, {name} ({clients} clients"
               f"{f', {args.slow} slow beside them' if name == 'one run' and args.slow else ''}"
-              f"): {len(latencies):,} deliveries, commit -> client p50 {stats['p50_ms']:.1f} ms, "
-              f"p99 {stats['p99_ms']:.1f} ms, max {stats['max_ms']:.1f} ms; {refilled:,} more "
+              f"{weighed}): {len(latencies):,} deliveries, commit -> client p50 "
+              f"{stats['p50_ms']:.1f} ms, p99 {stats['p99_ms']:.1f} ms, max "
+              f"{stats['max_ms']:.1f} ms; {refilled:,} more "
               f"refilled from the database (a dropped message), {missed} of {expected:,} missed")
         handed = sent_latencies(workdir, [run_id for f in fanned
                                           for run_id, _ in f["seen"].get(name, [])])

@@ -32,6 +32,8 @@ def test_the_ingest_bench_runs_at_minimal_sizes_and_prints_its_figures():
                      r"deliveries, commit -> client p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms; "
                      r"[\d,]+ more refilled .*, 0 of [\d,]+ missed", out)
     assert re.search(r"fan-out, 10 runs \(10 clients\): .* 0 of [\d,]+ missed", out)
+    assert len(re.findall(r"server side, commit -> handed to the socket: p50 [\d.]+ ms, "
+                          r"p99 [\d.]+ ms \([1-9][\d,]* sends\)", out)) == 2
 
 
 @pytest.mark.slow

@@ -43,6 +43,15 @@ def test_the_systemd_units_run_the_embedded_stacks_commands():
     assert all(unit in target for unit in [*UNITS.values(), "rlplane-setup.service"])
 
 
+def test_the_websocket_unit_is_the_web_command_on_its_port_weighted_above_the_others():
+    web = service_argv("/opt/rlplane/.venv/bin/python", "${RLPLANE_HOST}",
+                       "${RLPLANE_WS_PORT}", "schedule")["web"]
+    assert exec_start("rlplane-ws.service") == [web]
+    units = {unit.name: unit.read_text() for unit in (DEPLOY / "systemd").glob("*.service")}
+    assert re.findall(r"^CPUWeight=(\d+)$", units.pop("rlplane-ws.service"), re.M) == ["1000"]
+    assert not any("CPUWeight" in text for text in units.values())   # systemd's 100
+
+
 def test_the_web_process_sends_websocket_messages_uncompressed():
     # Compression is per socket: a run's watchers each deflated the same message.
     web = service_argv("python", "127.0.0.1", "8000", "schedule")["web"]
@@ -58,7 +67,7 @@ def test_the_env_template_names_every_variable_the_settings_read():
     named = set(re.findall(r"^#?([A-Z][A-Z0-9_]+)=", template, re.MULTILINE))
     assert read - named == set()
     # and what the units' command lines use
-    assert {"RLPLANE_HOST", "RLPLANE_PORT"} <= named
+    assert {"RLPLANE_HOST", "RLPLANE_PORT", "RLPLANE_WS_PORT"} <= named
 
 
 def test_driver_resources_are_name_amount_pairs_of_custom_resources():
