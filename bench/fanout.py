@@ -48,8 +48,8 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, probed
     backfilled = dict.fromkeys(latencies, 0)
     connected, errors = [], []
 
-    def connect(run_id: int, **kwargs):
-        return websockets.connect(f"ws://127.0.0.1:{port}/ws/runs/{run_id}/",
+    def connect(run_id: int, query: str = "", **kwargs):
+        return websockets.connect(f"ws://127.0.0.1:{port}/ws/runs/{run_id}/{query}",
                                   origin=f"http://127.0.0.1:{port}",
                                   additional_headers={"Cookie": cookie}, max_size=None,
                                   open_timeout=60, **kwargs)
@@ -93,7 +93,8 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, probed
     async def slow_client(stop_at: list) -> None:
         # A small queue and no reads: the library stops reading the socket, the kernel's
         # buffers fill, and the server's sends to it block.
-        async with connect(slow_run, max_queue=1, ping_interval=None) as ws:
+        # ?slow: the server's own figures leave its sends out (bench/ingest_asgi.py).
+        async with connect(slow_run, "?slow", max_queue=1, ping_interval=None) as ws:
             sock = ws.transport.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             await ws.send(json.dumps({"last_seq": 0}))

@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> dict:
                          "server's CPU weight, as its session's autogroup nice: -10 weighs "
                          "it about as deploy/'s rlplane-ws unit does (CPUWeight=1000 "
                          "against the others' 100); the clients get the same in a session "
-                         "of their own, standing in for browsers on other machines")
+                         "of their own, standing in for browsers on other machines (Linux "
+                         "applies it to processes in the root cpu cgroup only)")
     ap.add_argument("--watchers", type=int, default=100, help="clients on the one run")
     ap.add_argument("--spread", type=int, default=10,
                     help=f"clients on each of {SPREAD_RUNS} other runs")
@@ -314,9 +315,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.ws_nice and not args.ws_workers:
         ap.error("--ws-nice weighs the websocket server apart from ingest: give it "
                  "--ws-workers N too")
-    if args.ws_nice and AUTOGROUP.read_text().strip() != "1":
+    if args.ws_nice and (not AUTOGROUP.exists() or AUTOGROUP.read_text().strip() != "1"):
         ap.error(f"--ws-nice needs the kernel's sched_autogroup ({AUTOGROUP} is not 1); "
                  "leave it out")
+    if args.ws_nice < 0 and os.geteuid() != 0:
+        ap.error("--ws-nice below 0 raises a priority, which takes root (CAP_SYS_NICE)")
 
     with tempfile.TemporaryDirectory(prefix="rlplane-bench-") as tmp:
         workdir = Path(tmp)
@@ -345,13 +348,13 @@ def run_bench(args, database: Database, workdir: Path) -> dict:
     if args.ws_workers:
         ws_port = free_port()
         ws_server = start_server(ws_port, args.ws_workers, workdir / "uvicorn-ws.log")
-        if args.ws_nice:   # its session, so its workers too; a process's nice stops there
-            Path(f"/proc/{ws_server.pid}/autogroup").write_text(str(args.ws_nice))
     ctx = multiprocessing.get_context("fork")
     results, fan_results = ctx.Queue(), ctx.Queue()
     watchers = []
     go, probed_all = ctx.Event(), ctx.Event()
     try:
+        if args.ws_nice:   # its session, so its workers too; a process's nice stops there
+            Path(f"/proc/{ws_server.pid}/autogroup").write_text(str(args.ws_nice))
         if args.fanout:
             one, spread = watched[0][0], [r for r, _ in watched[1:]]
             plan = [[("one run", [one], args.watchers // 2)],

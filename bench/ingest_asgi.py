@@ -10,7 +10,8 @@ A client's receipt minus ``committed_at`` is the commit -> client latency the fa
 figures report; the stages between show where it went. With RLPLANE_BENCH_SENT_DIR set,
 each process also appends a line "<run id> <seconds>" to sent-<pid>.txt there for every
 live message a socket was sent: commit -> handed to the socket, the server's side of it
-(the clients share the machine's cores, and their own work is in their receipts).
+(the clients share the machine's cores, and their own work is in their receipts); not for
+the slow clients (?slow), whose sends wait for them.
 Nothing is stored stamped: the stored payloads were written before the commit.
 
     uvicorn bench.ingest_asgi:application
@@ -80,7 +81,8 @@ _sent = (Path(_sent_dir) / f"sent-{os.getpid()}.txt").open("a", buffering=1) if 
 async def send_events_timed(self, events: list[dict]) -> None:
     await _send_events(self, events)
     committed = events[0].get("committed_at")   # live (a backfill's are not stamped)
-    if _sent is not None and committed is not None and events[0]["seq"] > 1:  # 1: warm-up
+    if (_sent is not None and committed is not None and events[0]["seq"] > 1   # 1: warm-up
+            and self.scope["query_string"] != b"slow"):
         _sent.write(f"{self.run_id} {time.time() - committed:.6f}\n")
 
 

@@ -147,9 +147,24 @@ class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
 
+    async def __call__(self, scope, receive, send):
+        """A socket's login leaves the process's checks however the socket ends (a
+        handler that raised never reaches disconnect)."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if hasattr(self, "login"):
+                logins.leave(self.login, self.channel_name)
+
     async def still_logged_in(self) -> bool:
-        """False (and the socket closed) once the session is gone or belongs to no one."""
-        alive = await logins.alive(self.login)
+        """False (and the socket closed) once the session is gone or belongs to no one;
+        False, the socket kept, while the check fails (its next message checks again)."""
+        try:
+            alive = await logins.alive(self.login)
+        except Exception:
+            logger.warning("websocket %s: its login not checked, the message not sent",
+                           self.channel_name, exc_info=True)
+            return False
         if not alive:
             await self.close(code=4401)
         return alive

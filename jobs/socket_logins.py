@@ -8,7 +8,9 @@ admin or clearsessions, expired) is found by a check:
   read on a thread of its own, and tells the sockets of a login that ended (session.ended);
 - no message goes to a socket whose login was last found alive more than SESSION_CHECK_S
   ago (the refresher fell behind, or SESSION_CHECK_S is smaller) before a new check, one
-  per login however many of its sockets wait for it.
+  per login however many of its sockets wait for it (so a message may go on a check that
+  began, one read earlier, before it arrived). A check that fails (the database away)
+  sends nothing: the socket's next message checks again, and fills the gap.
 
 Each socket used to check its own login before a message once its last check was
 SESSION_CHECK_S old, so about one message in ten seconds waited for the read: under ingest
@@ -118,19 +120,21 @@ class Logins:
     async def refresh(self) -> None:
         while True:
             await asyncio.sleep(REFRESH_S)
-            logins = list(self.sockets)
             try:
-                alive = await self.check(logins)
-            except Exception:   # the database away: the next messages check themselves
-                logger.warning("the websockets' logins were not checked", exc_info=True)
-                continue
-            ended = [channel for login in logins if login not in alive
-                     for channel in self.sockets.get(login, ())]
-            for channel in ended:
-                try:
-                    await get_channel_layer().send(channel, {"type": "session.ended"})
-                except (RedisError, OSError):   # its next message checks again
-                    logger.warning("websocket %s not told its login ended", channel)
+                await self.close_ended()
+            except Exception:   # the database away: each message checks for itself
+                logger.exception("the websockets' logins were not checked")
+
+    async def close_ended(self) -> None:
+        logins = list(self.sockets)
+        alive = await self.check(logins)
+        ended = [channel for login in logins if login not in alive
+                 for channel in self.sockets.get(login, ())]
+        for channel in ended:
+            try:
+                await get_channel_layer().send(channel, {"type": "session.ended"})
+            except (RedisError, OSError):   # its next message checks again
+                logger.warning("websocket %s not told its login ended", channel)
 
 
 logins = Logins()
