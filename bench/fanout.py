@@ -94,7 +94,8 @@ async def watch_async(port, cookie, groups, slow, slow_run, ready, start, probed
         # A small queue and no reads: the library stops reading the socket, the kernel's
         # buffers fill, and the server's sends to it block.
         # ?slow: the server's own figures leave its sends out (bench/ingest_asgi.py).
-        async with connect(slow_run, "?slow", max_queue=1, ping_interval=None) as ws:
+        async with connect(slow_run, "?slow", max_queue=1, ping_interval=None,
+                           close_timeout=1) as ws:
             sock = ws.transport.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             await ws.send(json.dumps({"last_seq": 0}))

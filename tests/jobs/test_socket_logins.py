@@ -107,7 +107,7 @@ def test_a_check_that_fails_holds_the_message_and_the_next_one_fills_the_gap(
         await received_until(communicator, 1)
         failing.set()
         await ingest(run, [log(2)])
-        held = await communicator.receive_nothing(timeout=1.0)
+        held = await communicator.receive_nothing(timeout=0.5)
         failing.clear()
         await ingest(run, [log(3)])
         messages = await received_until(communicator, 3)
