@@ -189,8 +189,6 @@ class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
         return True
 
     async def leave_session(self) -> None:
-        if hasattr(self, "login"):
-            logins.leave(self.login, self.channel_name)
         if hasattr(self, "session_group"):
             await self.discard(self.session_group)
 

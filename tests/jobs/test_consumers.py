@@ -481,27 +481,6 @@ def test_a_launched_commands_output_is_appended_to_the_log_panel_outside_the_str
     assert 'data-seq="-1"' in message["logs"]["run-logs"]
 
 
-def test_a_socket_whose_session_row_is_deleted_is_closed_before_the_next_message(
-        run, channel_layer, session_cookie, monkeypatch):
-    from django.contrib.sessions.models import Session
-
-
-    monkeypatch.setattr(socket_logins, "SESSION_CHECK_S", 0.0)
-
-    async def scenario():
-        communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
-        await communicator.send_json_to({"last_seq": 0})
-        await ingest(run, [log(1)])
-        assert seqs(await received_until(communicator, 1)) == [1]  # logged in: streamed
-        await database_sync_to_async(lambda: Session.objects.all().delete())()
-        await ingest(run, [log(2)])
-        return await communicator.receive_output(timeout=10)
-
-    closed = run_async(scenario)
-
-    assert (closed["type"], closed.get("code")) == ("websocket.close", 4401)
-
-
 def test_a_tab_closing_while_redis_times_out_leaves_no_traceback(
         run, channel_layer, session_cookie, monkeypatch, caplog):
     from redis.exceptions import TimeoutError as RedisTimeout

@@ -21,17 +21,37 @@ from .sockets import ingest, open_socket, received_until, run_async, seqs
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+async def streaming_then_session_deleted(run, session_cookie):
+    """A socket streaming the run (seq 1 received), then every session row deleted."""
+    communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
+    await communicator.send_json_to({"last_seq": 0})
+    await ingest(run, [log(1)])
+    assert seqs(await received_until(communicator, 1)) == [1]  # logged in: streamed
+    await database_sync_to_async(lambda: Session.objects.all().delete())()
+    return communicator
+
+
 def test_a_socket_is_closed_when_its_session_row_is_deleted_with_no_message_due(
         run, channel_layer, session_cookie, monkeypatch):
     monkeypatch.setattr(socket_logins, "REFRESH_S", 0.2)
 
     async def scenario():
-        communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
-        await communicator.send_json_to({"last_seq": 0})
-        await ingest(run, [log(1)])
-        await received_until(communicator, 1)
-        await database_sync_to_async(lambda: Session.objects.all().delete())()
+        communicator = await streaming_then_session_deleted(run, session_cookie)
         return await communicator.receive_output(timeout=10)   # nothing else sent
+
+    closed = run_async(scenario)
+
+    assert (closed["type"], closed.get("code")) == ("websocket.close", 4401)
+
+
+def test_a_socket_whose_session_row_is_deleted_is_closed_before_the_next_message(
+        run, channel_layer, session_cookie, monkeypatch):
+    monkeypatch.setattr(socket_logins, "SESSION_CHECK_S", 0.0)
+
+    async def scenario():
+        communicator = await streaming_then_session_deleted(run, session_cookie)
+        await ingest(run, [log(2)])
+        return await communicator.receive_output(timeout=10)
 
     closed = run_async(scenario)
 
