@@ -113,22 +113,26 @@ def aggregate(points: dict[int, float | None], ts: float | None = None) -> Bucke
     """The Bucket of ``{step: value}``: what add() in step order makes of them, in loops
     that run in C (ingest closes a few hundred 10-step buckets a batch)."""
     steps = sorted(points)
-    last_step = steps[-1]
-    bucket = Bucket(last_step=last_step, last=points[last_step], ts=ts)
-    finite = [(s, v) for s in steps if (v := points[s]) is not None and math.isfinite(v)]
-    if finite:
-        values = [v for _, v in finite]
-        bucket.count = len(values)
-        bucket.total = reduce(operator.add, values, 0.0)  # add()'s order, to the last bit
-        # min/max return the first of equal values, and next() its step: the earliest,
-        # as add() keeps ties.
-        bucket.low, bucket.high = min(values), max(values)
-        bucket.low_step = next(s for s, v in finite if v == bucket.low)
-        bucket.high_step = next(s for s, v in finite if v == bucket.high)
+    values = [points[s] for s in steps]
+    bucket = Bucket(last_step=steps[-1], last=values[-1], ts=ts)
+    if None in values or not all(map(math.isfinite, values)):
+        kept = [(s, v) for s, v in zip(steps, values, strict=True)
+                if v is not None and math.isfinite(v)]
+        if not kept:
+            return bucket
+        steps, values = [s for s, _ in kept], [v for _, v in kept]
+    bucket.count = len(values)
+    bucket.total = reduce(operator.add, values, 0.0)  # add()'s order, to the last bit
+    # min/max return the first of equal values, and index() its place: the earliest step,
+    # as add() keeps ties.
+    bucket.low, bucket.high = min(values), max(values)
+    bucket.low_step = steps[values.index(bucket.low)]
+    bucket.high_step = steps[values.index(bucket.high)]
     return bucket
 
 
 Wanted = dict[int, set[tuple[str, int]]]  # width -> {(name, bucket)}
+Series = dict[str, dict[int, float | None]]  # name -> {step: value}
 
 
 def derive_rollups(run: Run, batch: dict[tuple[str, int], float | None],
@@ -139,27 +143,28 @@ def derive_rollups(run: Run, batch: dict[tuple[str, int], float | None],
     laid over the stored points)."""
     if not batch:
         return
-    steps: dict[str, list[int]] = defaultdict(list)
-    for name, step in batch:
-        steps[name].append(step)
+    series: Series = defaultdict(dict)
+    for (name, step), value in batch.items():
+        series[name][step] = value
     wanted: Wanted = {width: set() for width in TIERS}
     forward = True  # every step past its name's highest stored one
-    for name, new in steps.items():
-        before = stored.get(name)
-        forward = forward and (before is None or min(new) > before)
-        top = max(new) if before is None else max(max(new), before)
+    for name, new in series.items():
+        before, low, high = stored.get(name), min(new), max(new)
+        again = before is not None and low <= before  # re-reported steps
+        forward = forward and not again
+        top = high if before is None else max(high, before)
+        start = low if before is None else before
         for width in TIERS:
             closed = top // width  # buckets below it are complete
-            first = min(new) // width if before is None else before // width
-            wanted[width].update((name, b) for b in range(first, closed))
-            if before is not None:  # re-reported steps of closed buckets
+            wanted[width].update(zip(itertools.repeat(name), range(start // width, closed)))
+            if again:  # re-reported steps of closed buckets
                 wanted[width].update((name, s // width) for s in new
                                      if s <= before and s // width < closed)
-    close(run, wanted, batch, stored, ts, new=forward)
+    close(run, wanted, series, stored, ts, new=forward)
 
 
-def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
-          stored: dict[str, int], ts: float | None, new: bool = False) -> None:
+def close(run: Run, wanted: Wanted, batch: Series, stored: dict[str, int],
+          ts: float | None, new: bool = False) -> None:
     """Write the ``wanted`` buckets of every tier, stamped ``ts`` (when they were closed:
     the wall clock the charts use), in one statement. The 10-step ones from their points
     (finest_buckets); each coarser one folded from the finer buckets made here and the
@@ -188,9 +193,8 @@ def close(run: Run, wanted: Wanted, batch: dict[tuple[str, int], float | None],
     upsert(run, made, new=new)
 
 
-def finest_buckets(run: Run, keys: set[tuple[str, int]],
-                   batch: dict[tuple[str, int], float | None], stored: dict[str, int],
-                   ts: float | None) -> dict[tuple[str, int], Bucket]:
+def finest_buckets(run: Run, keys: set[tuple[str, int]], batch: Series,
+                   stored: dict[str, int], ts: float | None) -> dict[tuple[str, int], Bucket]:
     """The 10-step ``keys`` from their stored points (a name's lie at or below ``stored``,
     its highest stored step: only those are read back) with ``batch``'s over them."""
     points: dict[tuple[str, int], dict[int, float | None]] = defaultdict(dict)
@@ -198,11 +202,11 @@ def finest_buckets(run: Run, keys: set[tuple[str, int]],
             (n, b * FINEST, min((b + 1) * FINEST, stored[n] + 1))
             for n, b in keys if n in stored and b * FINEST <= stored[n]}):
         points[n, s // FINEST][s] = v
-    for (n, s), v in batch.items():
-        key = (n, s // FINEST)
-        if key in keys:
-            points[key][s] = v
-    return {key: aggregate(of, ts) for key, of in points.items()}
+    for n, b in keys:
+        if of := batch.get(n):   # a bucket's ten steps looked up, not every point's key made
+            points[n, b].update({s: of[s] for s in range(b * FINEST, (b + 1) * FINEST)
+                                 if s in of})
+    return {key: aggregate(of, ts) for key, of in points.items() if of}
 
 
 ROLLUP_FIELDS = ("name", "width", "bucket", "count", "total", "low", "low_step", "high",
