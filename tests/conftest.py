@@ -140,7 +140,8 @@ def alerts_in_the_ingest_call(settings):
 @pytest.fixture(autouse=True)
 def what_commits_taught_a_process_is_rolled_back_with_the_test():
     """A process remembers what committed: the staging tables its connection made
-    (jobs.ingest.bulk.STAGED) and the alert rules' history per run (jobs.alerts.recent).
+    (jobs.ingest.bulk.STAGED), the alert rules' history per run (jobs.alerts.recent) and
+    runs' own throughput baselines (jobs.alerts.lifecycle.OWN_BASELINES).
     A test that runs its on-commit callbacks (django_capture_on_commit_callbacks) records
     them, and then its transaction rolls back: the next test on the connection would
     COPY into a temp table that is gone, or read a history of events that are."""
@@ -149,6 +150,8 @@ def what_commits_taught_a_process_is_rolled_back_with_the_test():
         bulk.STAGED.clear()
     if (recent := sys.modules.get("jobs.alerts.recent")) is not None:
         recent.forget()
+    if (lifecycle := sys.modules.get("jobs.alerts.lifecycle")) is not None:
+        lifecycle.OWN_BASELINES.clear()
 
 
 @pytest.fixture(autouse=True)

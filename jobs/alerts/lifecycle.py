@@ -64,8 +64,9 @@ logger = logging.getLogger(__name__)
 
 def thresholds_for(run: Run) -> Thresholds:
     """The preset's overrides (the preset named like the run's config), else defaults."""
-    preset = Preset.objects.filter(name=run.config.get("name")).first()
-    return Thresholds(**preset.alert_thresholds) if preset else Thresholds()
+    overrides = (Preset.objects.filter(name=run.config.get("name"))
+                 .values_list("alert_thresholds", flat=True).first())
+    return Thresholds(**overrides) if overrides is not None else Thresholds()
 
 
 def do_evaluate_alerts(run: Run, now: float | None = None) -> list[Alert]:
@@ -95,7 +96,7 @@ def baseline_for(run: Run, t: Thresholds) -> Baseline | None:
             return marked
     if run.parent_id is not None:
         return stored_baseline(run.parent, t, f"run #{run.parent_id}'s")
-    return stored_baseline(run, t, "this run's")
+    return own_baseline(run, t)
 
 
 class BaselineProblem(ValueError):
@@ -138,13 +139,42 @@ def stored_baseline(run: Run, t: Thresholds, whose: str) -> Baseline | None:
     few metrics events from its start: one small query), for the run itself or for its
     forks. The history the rules see holds only the last few thousand events (recent.py):
     on a long run its first steps are long gone, and a baseline taken there would creep."""
-    rows = (RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
-            .values_list("payload", flat=True)[:2 * (t.throughput_baseline_steps + 1)])
+    return baseline_from(first_metrics(run, t), t, whose)
+
+
+def first_metrics(run: Run, t: Thresholds) -> list[dict]:
+    """The payloads of the run's first metrics events that a baseline may read."""
+    return list(RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
+                .values_list("payload", flat=True)[:2 * (t.throughput_baseline_steps + 1)])
+
+
+def baseline_from(rows: list[dict], t: Thresholds, whose: str) -> Baseline | None:
     h = RunHistory.of(rows)
     steps = first_healthy(h, t)
     if not steps:
         return None
     return baseline_of(h, steps, f"{whose} steps {steps[0]}-{steps[-1]}")
+
+
+# Runs' own baselines whose first steps are all stored: {(run, created_at, history_rewrites,
+# thresholds): Baseline or None}. They change no more (a later event comes after them; one
+# stored out of order bumps history_rewrites), so an evaluation, about one a batch, reads
+# and decodes them once per process rather than every time.
+OWN_BASELINES: dict[tuple, Baseline | None] = {}
+OWN_BASELINES_KEPT = 10_000
+
+
+def own_baseline(run: Run, t: Thresholds) -> Baseline | None:
+    key = (run.pk, run.created_at, run.history_rewrites, t)
+    if key in OWN_BASELINES:
+        return OWN_BASELINES[key]
+    rows = first_metrics(run, t)
+    baseline = baseline_from(rows, t, "this run's")
+    if len(rows) == 2 * (t.throughput_baseline_steps + 1):   # all there
+        if len(OWN_BASELINES) >= OWN_BASELINES_KEPT:
+            OWN_BASELINES.clear()
+        OWN_BASELINES[key] = baseline
+    return baseline
 
 
 def with_links(run: Run, evidence: dict) -> dict:

@@ -274,3 +274,38 @@ def test_a_finding_about_samples_links_the_inspector_at_its_step(make_run):
         kind="LengthBlowup", key="LengthBlowup", cause="c", runbook="r", step=4,
         evidence={"samples": {"step": 4, "truncated": True}})])
     assert alert.evidence["samples"]["url"] == f"/runs/{run.pk}/samples?step=4&truncated=true"
+
+
+def test_a_runs_own_baseline_is_read_until_its_first_steps_are_all_stored_then_kept(
+        make_run, monkeypatch):
+    """An evaluation runs about once a batch: once the first steps a baseline may read are
+    all stored, the process keeps it; an event stored out of order (history_rewrites) or
+    other thresholds read it again."""
+    from django.db.models import F
+
+    from jobs.alerts import lifecycle
+    from jobs.models import Run
+
+    reads = []
+    first_metrics = lifecycle.first_metrics
+    monkeypatch.setattr(lifecycle, "first_metrics",
+                        lambda run, t: reads.append(run.pk) or first_metrics(run, t))
+    run, t = make_run(name="own"), Thresholds()
+    rows = 2 * (t.throughput_baseline_steps + 1)
+    for step in range(rows - 1):
+        stored_step(run, step, 1.0)
+    for _ in range(2):
+        lifecycle.own_baseline(run, t)
+    assert len(reads) == 2                          # not all there yet: read each time
+
+    stored_step(run, rows - 1, 2.0)
+    kept = [lifecycle.own_baseline(run, t) for _ in range(3)]
+    assert len(reads) == 3
+    assert kept[0] == kept[2] == lifecycle.baseline_from(first_metrics(run, t), t,
+                                                         "this run's") is not None
+
+    Run.objects.filter(pk=run.pk).update(history_rewrites=F("history_rewrites") + 1)
+    run.refresh_from_db()
+    lifecycle.own_baseline(run, t)
+    lifecycle.own_baseline(run, t.model_copy(update={"throughput_tolerance": 0.5}))
+    assert len(reads) == 5
