@@ -48,6 +48,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from jobs import fastjson
 from jobs.ingest.bulk import copy_rows, copy_then_insert
 from jobs.models import (
     TERMINAL,
@@ -58,7 +59,7 @@ from jobs.models import (
     last_steps,
     stored_metric_names,
 )
-from jobs.models.series import union_all
+from jobs.models.series import json_rows, union_all
 
 # Steps per bucket, finest first; each divides the next (x5, x2), so a chart finds a tier
 # within 2.5x of the buckets it wants at any length.
@@ -237,7 +238,7 @@ def ranges(model, fields: Sequence[str], run: Run, width: int | str | None, fiel
     """``fields`` of ``model``'s rows of the run (and width) with name = n and
     lo <= ``field`` < hi, for each (n, lo, hi) (``width=EACH``: each (n, width, lo, hi)):
     one index range each (with ``limit``, its first ``limit`` rows by ``field``).
-    PostgreSQL: a LATERAL join over unnest(spans), planned once (a UNION ALL arm per span
+    PostgreSQL: a LATERAL join over the spans (json_rows) (a UNION ALL arm per span
     cost ~1 ms of planning each); OFFSET 0 keeps the subquery a parameterized index scan
     per span (pulled up into a join, it was hashed against every point of the run).
     SQLite: a UNION ALL arm per span."""
@@ -254,16 +255,15 @@ def ranges(model, fields: Sequence[str], run: Run, width: int | str | None, fiel
     tail = [] if limit is None else [limit]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            columns = list(zip(*spans, strict=True))
-            types = ["text", *(["integer"] if each else []), "bigint", "bigint"]
+            columns = [("n", "text"), *([("w", "integer")] if each else []),
+                       ("lo", "bigint"), ("hi", "bigint")]
             match = where.replace("width = %s", "width = t.w") if each else where
             cursor.execute(
-                f"SELECT x.* FROM unnest({', '.join(f'%s::{t}[]' for t in types)}) "
-                f"AS t(n, {'w, ' if each else ''}lo, hi) CROSS JOIN LATERAL (SELECT {cols} "
+                f"SELECT x.* FROM {json_rows(columns)} CROSS JOIN LATERAL (SELECT {cols} "
                 f"FROM {table} WHERE {match} "
                 f"AND name = t.n AND {q(field)} >= t.lo AND {q(field)} < t.hi{first} "
                 f"OFFSET 0) AS x",
-                [*map(list, columns), *head, *tail])
+                [fastjson.dumps(spans), *head, *tail])
             yield from cursor.fetchall()
             return
         arm = (f"SELECT * FROM (SELECT {cols} FROM {table} WHERE {where} AND name = %s "

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from django.db import models
+from django.db import connection, models
 from django.utils import timezone
 
 from jobs.models.run import run_directory
@@ -38,8 +38,12 @@ class RunEvent(models.Model):
 
     @classmethod
     def highest_seq(cls, run) -> int:
-        """The highest seq ``run``'s process reported, 0 when none."""
-        return cls.objects.filter(run=run, seq__gt=0).aggregate(m=models.Max("seq"))["m"] or 0
+        """The highest seq ``run``'s process reported, 0 when none. In SQL: ingest asks twice
+        a batch, and the ORM's aggregate cost more to build than the index seek."""
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT MAX(seq) FROM {connection.ops.quote_name(cls._meta.db_table)}"
+                           " WHERE run_id = %s AND seq > 0", [run.pk])
+            return cursor.fetchone()[0] or 0
 
 
 class Checkpoint(models.Model):
