@@ -136,9 +136,10 @@ def do_set_baseline(user, run: Run, baseline_id: int | None) -> None:
 
 def stored_baseline(run: Run, t: Thresholds, whose: str) -> Baseline | None:
     """ThroughputRegression's baseline from ``run``'s first healthy steps as stored (a
-    few metrics events from its start: one small query), for the run itself or for its
-    forks. The history the rules see holds only the last few thousand events (recent.py):
-    on a long run its first steps are long gone, and a baseline taken there would creep."""
+    few metrics events from its start: one small query), for a marked run or a fork's
+    parent (the run itself: own_baseline, which keeps it). The history the rules see holds
+    only the last few thousand events (recent.py): on a long run its first steps are long
+    gone, and a baseline taken there would creep."""
     return baseline_from(first_metrics(run, t), t, whose)
 
 
@@ -156,25 +157,33 @@ def baseline_from(rows: list[dict], t: Thresholds, whose: str) -> Baseline | Non
     return baseline_of(h, steps, f"{whose} steps {steps[0]}-{steps[-1]}")
 
 
-# Runs' own baselines whose first steps are all stored: {(run, created_at, history_rewrites,
-# thresholds): Baseline or None}. They change no more (a later event comes after them; one
-# stored out of order bumps history_rewrites), so an evaluation, about one a batch, reads
-# and decodes them once per process rather than every time.
+# Runs' own baselines once every row a baseline may read (first_metrics) is stored:
+# {(run, created_at, history_rewrites, thresholds): Baseline or None}. Those rows change no
+# more through ingest (a later event comes after them; one stored below the run's highest
+# seq bumps history_rewrites), so an evaluation, about one a batch, reads and decodes them
+# once per process rather than every time. Kept when the evaluation's transaction commits:
+# rows read in one that rolls back may never be stored.
 OWN_BASELINES: dict[tuple, Baseline | None] = {}
 OWN_BASELINES_KEPT = 10_000
+UNKNOWN = object()
 
 
 def own_baseline(run: Run, t: Thresholds) -> Baseline | None:
+    """stored_baseline of the run itself, kept (OWN_BASELINES)."""
     key = (run.pk, run.created_at, run.history_rewrites, t)
-    if key in OWN_BASELINES:
-        return OWN_BASELINES[key]
+    if (kept := OWN_BASELINES.get(key, UNKNOWN)) is not UNKNOWN:
+        return kept
     rows = first_metrics(run, t)
     baseline = baseline_from(rows, t, "this run's")
     if len(rows) == 2 * (t.throughput_baseline_steps + 1):   # all there
-        if len(OWN_BASELINES) >= OWN_BASELINES_KEPT:
-            OWN_BASELINES.clear()
-        OWN_BASELINES[key] = baseline
+        transaction.on_commit(partial(keep_baseline, key, baseline))
     return baseline
+
+
+def keep_baseline(key: tuple, baseline: Baseline | None) -> None:
+    if len(OWN_BASELINES) >= OWN_BASELINES_KEPT:
+        OWN_BASELINES.clear()
+    OWN_BASELINES[key] = baseline
 
 
 def with_links(run: Run, evidence: dict) -> dict:

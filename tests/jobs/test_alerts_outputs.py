@@ -277,10 +277,10 @@ def test_a_finding_about_samples_links_the_inspector_at_its_step(make_run):
 
 
 def test_a_runs_own_baseline_is_read_until_its_first_steps_are_all_stored_then_kept(
-        make_run, monkeypatch):
+        make_run, monkeypatch, django_capture_on_commit_callbacks):
     """An evaluation runs about once a batch: once the first steps a baseline may read are
-    all stored, the process keeps it; an event stored out of order (history_rewrites) or
-    other thresholds read it again."""
+    all stored, the process keeps it when the evaluation commits; an event stored out of
+    order (history_rewrites) or other thresholds read it again."""
     from django.db.models import F
 
     from jobs.alerts import lifecycle
@@ -299,8 +299,13 @@ def test_a_runs_own_baseline_is_read_until_its_first_steps_are_all_stored_then_k
     assert len(reads) == 2                          # not all there yet: read each time
 
     stored_step(run, rows - 1, 2.0)
+    lifecycle.own_baseline(run, t)
+    lifecycle.own_baseline(run, t)                  # that evaluation has not committed
+    assert len(reads) == 4
+    with django_capture_on_commit_callbacks(execute=True):
+        lifecycle.own_baseline(run, t)
     kept = [lifecycle.own_baseline(run, t) for _ in range(3)]
-    assert len(reads) == 3
+    assert len(reads) == 5
     assert kept[0] == kept[2] == lifecycle.baseline_from(first_metrics(run, t), t,
                                                          "this run's") is not None
 
@@ -308,4 +313,4 @@ def test_a_runs_own_baseline_is_read_until_its_first_steps_are_all_stored_then_k
     run.refresh_from_db()
     lifecycle.own_baseline(run, t)
     lifecycle.own_baseline(run, t.model_copy(update={"throughput_tolerance": 0.5}))
-    assert len(reads) == 5
+    assert len(reads) == 7
