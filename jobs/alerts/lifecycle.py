@@ -143,10 +143,15 @@ def stored_baseline(run: Run, t: Thresholds, whose: str) -> Baseline | None:
     return baseline_from(first_metrics(run, t), t, whose)
 
 
+def baseline_rows(t: Thresholds) -> int:
+    """How many of a run's first metrics events a baseline may read."""
+    return 2 * (t.throughput_baseline_steps + 1)
+
+
 def first_metrics(run: Run, t: Thresholds) -> list[dict]:
-    """The payloads of the run's first metrics events that a baseline may read."""
+    """The payloads of the run's first baseline_rows metrics events."""
     return list(RunEvent.objects.filter(run=run, type="metrics.append").order_by("seq")
-                .values_list("payload", flat=True)[:2 * (t.throughput_baseline_steps + 1)])
+                .values_list("payload", flat=True)[:baseline_rows(t)])
 
 
 def baseline_from(rows: list[dict], t: Thresholds, whose: str) -> Baseline | None:
@@ -175,7 +180,7 @@ def own_baseline(run: Run, t: Thresholds) -> Baseline | None:
         return kept
     rows = first_metrics(run, t)
     baseline = baseline_from(rows, t, "this run's")
-    if len(rows) == 2 * (t.throughput_baseline_steps + 1):   # all there
+    if len(rows) == baseline_rows(t):   # all there
         transaction.on_commit(partial(keep_baseline, key, baseline))
     return baseline
 

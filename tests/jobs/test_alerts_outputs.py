@@ -291,7 +291,7 @@ def test_a_runs_own_baseline_is_read_until_its_first_steps_are_all_stored_then_k
     monkeypatch.setattr(lifecycle, "first_metrics",
                         lambda run, t: reads.append(run.pk) or first_metrics(run, t))
     run, t = make_run(name="own"), Thresholds()
-    rows = 2 * (t.throughput_baseline_steps + 1)
+    rows = lifecycle.baseline_rows(t)
     for step in range(rows - 1):
         stored_step(run, step, 1.0)
     for _ in range(2):
