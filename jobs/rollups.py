@@ -157,6 +157,15 @@ def derive_rollups(run: Run, batch: dict[tuple[str, int], float | None],
         start = low if before is None else before
         for width in TIERS:
             closed = top // width  # buckets below it are complete
+            if closed - start // width > len(new):
+                # A gap (a sparse metric, a step far ahead: a run token's steps are
+                # untrusted): the buckets that hold a point, its highest stored one's and
+                # the batch's, not every one between, which hold nothing to write.
+                held = {s // width for s in new}
+                if before is not None:
+                    held.add(before // width)
+                wanted[width].update((name, b) for b in held if b < closed)
+                continue
             wanted[width].update(zip(itertools.repeat(name), range(start // width, closed)))
             if again:  # re-reported steps of closed buckets
                 wanted[width].update((name, s // width) for s in new

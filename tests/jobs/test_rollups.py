@@ -126,6 +126,29 @@ def test_a_batch_closing_buckets_of_every_tier_reads_and_writes_once(run, monkey
     assert_tiers_are_their_points(run)
 
 
+def test_a_step_far_ahead_closes_the_buckets_that_hold_points_not_every_one_between(
+        run, monkeypatch):
+    """A run token is untrusted, and a sparse metric skips steps: a batch at step 10**6
+    after steps 0-2 asks for the buckets its points and the stored ones are in, not the
+    ~10**5 empty ones between (a step at 10**12 made ingest build a set of 10**11)."""
+    asked = []
+
+    def close(run, wanted, *args, **kwargs):
+        asked.append(sum(map(len, wanted.values())))
+        real_close(run, wanted, *args, **kwargs)
+
+    real_close = rollups.close
+    monkeypatch.setattr(rollups, "close", close)
+    seq = ingest(run, [0, 1, 2], 1)
+    seq = ingest(run, [10**6, 10**6 + 1], seq)
+    assert asked[-1] <= 2 * len(TIERS) * 3, asked   # 2 names: the stored bucket, 2 points
+    ingest(run, [10**12], seq)
+    assert asked[-1] <= 2 * len(TIERS) * 2, asked
+    assert_tiers_are_their_points(run)
+    assert set(MetricRollup.objects.filter(run=run, name=REWARD, width=10)
+               .values_list("bucket", flat=True)) == {0, 10**5}
+
+
 def test_a_coarser_bucket_is_stamped_no_earlier_than_the_finer_ones_it_holds(run):
     """A late event (an earlier ts) that re-reports a step of a closed 10-step bucket: that
     row keeps its later ts, and the 50-step bucket the batch closes takes it too."""
