@@ -126,10 +126,11 @@ def forget(key: tuple, future: asyncio.Future) -> None:
 
 class SessionBoundConsumer(AsyncJsonWebsocketConsumer):
     """A socket that lives no longer than the login it was opened with: logging out
-    closes it (4401), as the pages it streams would then redirect to the login. A session
-    that ends without a logout (its row deleted by an admin or clearsessions, expired) is
-    noticed by the process's checks of its sockets' logins (jobs.socket_logins): within
-    their REFRESH_S, and before a message if the last check is SESSION_CHECK_S old.
+    closes it (4401), as the pages it streams would then redirect to the login. A login
+    that ends without a logout (its session row deleted by an admin or clearsessions,
+    expired; the password changed, the user deactivated) is noticed by the process's
+    checks of its sockets' logins (jobs.socket_logins): within their REFRESH_S, and before
+    a message if the last check is SESSION_CHECK_S old.
 
     Leaving the groups is best effort: a tab closing while Redis is slow must not log a
     traceback (the membership expires with the channel layer's group_expiry)."""

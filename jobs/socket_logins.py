@@ -1,8 +1,9 @@
 """The logins this process's websockets were opened with, kept checked in the background.
 
 A socket lives no longer than the login it was opened with. Logging out closes it at once
-(jobs.apps: the session's group). A session that ends otherwise (its row deleted by an
-admin or clearsessions, expired) is found by a check:
+(jobs.apps: the session's group). A login that ends otherwise (its session row deleted by
+an admin or clearsessions, expired; the user's password changed or the user deactivated,
+which Django's own check of a request's session refuses too) is found by a check:
 
 - every REFRESH_S one task per process checks all the logins of its open sockets, in one
   read on a thread of its own, and tells the sockets of a login that ended (session.ended);
@@ -30,8 +31,16 @@ from importlib import import_module
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.contrib.auth import (
+    BACKEND_SESSION_KEY,
+    HASH_SESSION_KEY,
+    SESSION_KEY,
+    get_user_model,
+    load_backend,
+)
 from django.contrib.sessions.backends.db import SessionStore as DbSessionStore
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 from redis.exceptions import RedisError
 
 SESSION_CHECK_S = 10.0  # how stale "the login still exists" may be before a message goes
@@ -44,8 +53,12 @@ checks = ThreadPoolExecutor(1, thread_name_prefix="ws-session-check")
 
 
 def logins_alive(logins: list[Login]) -> set[Login]:
-    """Those of ``logins`` whose session still exists and still belongs to that user: one
-    read for the database's session engines, a load per session for the others."""
+    """Those of ``logins`` whose session still exists, still belongs to that user, and
+    would still log them in: what django.contrib.auth.get_user checks of a request's
+    session (its backend still configured, the user one it lets in: active; the session's
+    hash of the password still the user's, so a password change or a deactivation ends
+    the sockets too). One read for the database's session engines (a load per session
+    for the others), then a user's read per user."""
     store_class = import_module(settings.SESSION_ENGINE).SessionStore
     keys = {key for key, _ in logins}
     if issubclass(store_class, DbSessionStore):   # db and cached_db: the row decides
@@ -54,8 +67,31 @@ def logins_alive(logins: list[Login]) -> set[Login]:
         data = {row.session_key: store_class().decode(row.session_data) for row in rows}
     else:
         data = {key: store_class(session_key=key).load() for key in keys}
-    return {(key, user) for key, user in logins
-            if data.get(key, {}).get("_auth_user_id") == user}
+    users: dict[tuple[str, str], object] = {}
+    alive = set()
+    for key, user in logins:
+        session = data.get(key, {})
+        backend = session.get(BACKEND_SESSION_KEY)
+        if session.get(SESSION_KEY) != user or backend not in settings.AUTHENTICATION_BACKENDS:
+            continue
+        if (backend, user) not in users:   # None: the backend lets that user in no more
+            users[backend, user] = load_backend(backend).get_user(
+                get_user_model()._meta.pk.to_python(user))
+        if logs_in(users[backend, user], session.get(HASH_SESSION_KEY)):
+            alive.add((key, user))
+    return alive
+
+
+def logs_in(user, session_hash: str | None) -> bool:
+    """Whether a session with ``session_hash`` logs ``user`` in (get_user's check, the
+    SECRET_KEY_FALLBACKS' hashes included)."""
+    if user is None:
+        return False
+    if not hasattr(user, "get_session_auth_hash"):
+        return True
+    return bool(session_hash) and any(
+        constant_time_compare(session_hash, known) for known in
+        (user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()))
 
 
 class Logins:

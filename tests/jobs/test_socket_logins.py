@@ -7,9 +7,12 @@ import time
 
 import pytest
 from channels.db import database_sync_to_async
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.auth.models import User
 from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
 from django.db import OperationalError
+from django.test import override_settings
 from django.utils import timezone
 
 from jobs import socket_logins
@@ -19,24 +22,41 @@ from .helpers import log
 from .sockets import ingest, open_socket, received_until, run_async, seqs
 
 pytestmark = pytest.mark.django_db(transaction=True)
+MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 
-async def streaming_then_session_deleted(run, session_cookie):
-    """A socket streaming the run (seq 1 received), then every session row deleted."""
+def delete_sessions():
+    Session.objects.all().delete()
+
+
+def deactivate_viewer():
+    User.objects.filter(username="viewer").update(is_active=False)
+
+
+def change_viewers_password():
+    viewer = User.objects.get(username="viewer")
+    viewer.set_unusable_password()   # a new password: this session's hash no longer matches
+    viewer.save()
+
+
+async def streaming_then_login_ended(run, session_cookie, end=delete_sessions):
+    """A socket streaming the run (seq 1 received), then its login ended (``end``: every
+    session row deleted)."""
     communicator, _, _ = await open_socket(f"/ws/runs/{run.pk}/", session_cookie)
     await communicator.send_json_to({"last_seq": 0})
     await ingest(run, [log(1)])
     assert seqs(await received_until(communicator, 1)) == [1]  # logged in: streamed
-    await database_sync_to_async(lambda: Session.objects.all().delete())()
+    await database_sync_to_async(end)()
     return communicator
 
 
-def test_a_socket_is_closed_when_its_session_row_is_deleted_with_no_message_due(
-        run, channel_layer, session_cookie, monkeypatch):
+@pytest.mark.parametrize("end", [delete_sessions, deactivate_viewer, change_viewers_password])
+def test_a_socket_is_closed_when_its_login_ends_with_no_message_due(
+        run, channel_layer, session_cookie, monkeypatch, end):
     monkeypatch.setattr(socket_logins, "REFRESH_S", 0.2)
 
     async def scenario():
-        communicator = await streaming_then_session_deleted(run, session_cookie)
+        communicator = await streaming_then_login_ended(run, session_cookie, end)
         return await communicator.receive_output(timeout=10)   # nothing else sent
 
     closed = run_async(scenario)
@@ -49,7 +69,7 @@ def test_a_socket_whose_session_row_is_deleted_is_closed_before_the_next_message
     monkeypatch.setattr(socket_logins, "SESSION_CHECK_S", 0.0)
 
     async def scenario():
-        communicator = await streaming_then_session_deleted(run, session_cookie)
+        communicator = await streaming_then_login_ended(run, session_cookie)
         await ingest(run, [log(2)])
         return await communicator.receive_output(timeout=10)
 
@@ -140,22 +160,36 @@ def test_a_check_that_fails_holds_the_message_and_the_next_one_fills_the_gap(
     assert seqs(messages) == [2, 3]
 
 
-def test_a_login_is_alive_while_its_session_row_exists_unexpired_for_that_user(
-        django_user_model):
-    user, other = (django_user_model.objects.create_user(name) for name in ("a", "b"))
+def test_a_login_is_alive_while_its_session_row_exists_unexpired_and_logs_that_user_in(
+        django_user_model, settings):
+    user, other, gone = (django_user_model.objects.create_user(name) for name in "abc")
 
-    def session(user_pk: int, expired: bool = False) -> str:
+    def session(user, expired: bool = False, **overrides) -> str:
+        """A session as login() stores it, with ``overrides`` of its keys."""
         store = SessionStore()
-        store["_auth_user_id"] = str(user_pk)
+        store.update({SESSION_KEY: str(user.pk), BACKEND_SESSION_KEY: MODEL_BACKEND,
+                      HASH_SESSION_KEY: user.get_session_auth_hash(), **overrides})
         store.create()
         if expired:
             Session.objects.filter(session_key=store.session_key).update(
                 expire_date=timezone.now() - timezone.timedelta(seconds=1))
         return store.session_key
 
-    alive, expired, deleted = session(user.pk), session(user.pk, True), session(user.pk)
+    alive, expired, deleted = session(user), session(user, True), session(user)
     Session.objects.filter(session_key=deleted).delete()
+    settings.SECRET_KEY_FALLBACKS = ["an older secret key"]
+    with override_settings(SECRET_KEY="an older secret key"):
+        rotated = session(user)   # hashed under the secret before the rotation: kept
+    unhashed = session(user, **{HASH_SESSION_KEY: ""})
+    elsewhere = session(user, **{BACKEND_SESSION_KEY: "some.backend.NotConfigured"})
+    before_password = session(other)
+    other.set_unusable_password()   # a new password (no hasher's rounds in a test)
+    other.save()
+    deactivated = session(gone)
+    django_user_model.objects.filter(pk=gone.pk).update(is_active=False)
     logins = [(alive, str(user.pk)), (alive, str(other.pk)), (expired, str(user.pk)),
-              (deleted, str(user.pk))]
+              (deleted, str(user.pk)), (rotated, str(user.pk)), (unhashed, str(user.pk)),
+              (elsewhere, str(user.pk)), (before_password, str(other.pk)),
+              (deactivated, str(gone.pk))]
 
-    assert logins_alive(logins) == {(alive, str(user.pk))}
+    assert logins_alive(logins) == {(alive, str(user.pk)), (rotated, str(user.pk))}
