@@ -32,22 +32,38 @@ class RunAdmin(admin.ModelAdmin):
                        "ingest_token_hash"]
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Shown, never written: a run's events are its record (what the engine reported,
+    stored once by seq), and its metric points and spans are derived from them at ingest
+    with its tiers, alert history and kept baselines (jobs.alerts). An edit here changed
+    one table and none of what was derived from it; a run's rows go with the run."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(RunEvent)
-class RunEventAdmin(admin.ModelAdmin):
+class RunEventAdmin(ReadOnlyAdmin):
     list_display = ["run", "seq", "type", "ts"]
     list_filter = ["type"]
     raw_id_fields = ["run"]
 
 
 @admin.register(MetricPoint)
-class MetricPointAdmin(admin.ModelAdmin):
+class MetricPointAdmin(ReadOnlyAdmin):
     list_display = ["run", "step", "name", "value"]
     search_fields = ["name"]
     raw_id_fields = ["run"]
 
 
 @admin.register(PhaseSpan)
-class PhaseSpanAdmin(admin.ModelAdmin):
+class PhaseSpanAdmin(ReadOnlyAdmin):
     list_display = ["run", "step", "device", "phase", "start", "end", "version"]
     raw_id_fields = ["run"]
 
