@@ -121,13 +121,24 @@ def test_env_calls_run_at_once_each_bounded_by_the_timeout_async_ones_too():
     def boom():
         raise RuntimeError("tool down")
 
+    # The timeout on a clock the test moves: with the wall clock and 0.5 s, a loaded CI
+    # machine once let every call time out, the ones that return at once too.
+    now = [100.0]
+    second = threading.Event()       # the first call returns once the second one runs
+    out = call_all([lambda: second.wait(60), lambda: second.set() or "plain", slow_async,
+                    boom], timeout_s=60, clock=lambda: now[0])
+    assert [o.status for o in out] == ["ok", "ok", "ok", "error"]
+    assert out[0].value is True and out[1].value == "plain" and out[2].value == "async"
+    assert out[3].detail == "RuntimeError: tool down"
+
     gate = threading.Event()
-    out = call_all([lambda: "plain", slow_async, boom, gate.wait], timeout_s=0.5)
+    calls = EnvCalls(0.5, clock=lambda: now[0])
+    calls.start(gate.wait)
+    now[0] += 0.5                      # its time is up: waited for no longer
+    (hung,) = calls.wait()
     gate.set()
-    assert [o.status for o in out] == ["ok", "ok", "error", "timeout"]
-    assert out[0].value == "plain" and out[1].value == "async"
-    assert out[2].detail == "RuntimeError: tool down"
-    assert out[3].seconds == pytest.approx(0.5)
+    assert (hung.status, hung.start, hung.seconds) == ("timeout", 100.0, 0.5)
+    assert hung.detail == "still running after 0.5s"
 
 
 def test_env_calls_reuse_idle_threads_and_a_hung_call_keeps_only_its_own():
