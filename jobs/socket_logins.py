@@ -84,7 +84,9 @@ def logins_alive(logins: list[Login]) -> set[Login]:
 
 def logs_in(user, session_hash: str | None) -> bool:
     """Whether a session with ``session_hash`` logs ``user`` in (get_user's check, the
-    SECRET_KEY_FALLBACKS' hashes included)."""
+    SECRET_KEY_FALLBACKS' hashes included). Not get_user itself: it writes to the
+    session it checks (flushes it on a mismatch, cycles its key on a fallback's match),
+    which a background check of other people's sockets must not do."""
     if user is None:
         return False
     if not hasattr(user, "get_session_auth_hash"):
