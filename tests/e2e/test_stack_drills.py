@@ -150,6 +150,19 @@ class Stack:
                      if n["child"] == name and n["pid"] == old_pid), None)
         return note if note and proc.is_alive(note["new_pid"]) else None
 
+    def died_on_its_own(self, notes: list[dict]) -> str:
+        """What the supervisor noted of each restart no drill caused, and the lines the
+        child logged before it died (its log until the restart's marker)."""
+        parts = []
+        for note in notes:
+            text = (self.state / "stack" / "logs" / f"{note['child']}.log").read_text(
+                errors="replace")
+            before = text.split(f"--- rlplane: {note['child']} (pid {note['pid']})")[0]
+            parts.append(f"{note['child']} (pid {note['pid']}) {note['exit']} at "
+                         f"{note['died_at']}, not killed by the drill; its last lines:\n"
+                         + "\n".join(before.splitlines()[-40:]))
+        return "\n\n".join(parts)
+
     def kill_everything(self) -> None:
         """SIGKILL the supervisor's session and every child session its pid file names:
         no one is left to clean up."""
@@ -240,11 +253,12 @@ def test_the_stack_restarts_redis_the_worker_and_the_web_server_killed_mid_run(s
     run_id = stack.launch(CONFIG)
     stored = wait_events(stack, run_id, 20, "the run under way")
 
-    figures = []
+    figures, all_killed = [], []
     for names in OUTAGES:
         back_at_work = [answering(stack, name) for name in names]
         killed_pids = [stack.kill_child(name) for name in names]
         killed = time.monotonic()
+        all_killed += killed_pids
         for name, pid in zip(names, killed_pids, strict=True):
             wait_for(f"{name} restarted", lambda n=name, p=pid: stack.restarted(n, p), 60,
                      stack.log)
@@ -260,7 +274,8 @@ def test_the_stack_restarts_redis_the_worker_and_the_web_server_killed_mid_run(s
     n = stack.assert_every_event_stored_once(run_id)
     killed_names = sorted(name for names in OUTAGES for name in names)
     notes = stack.record().restarts
-    # An extra restart (a child that died on its own) names its exit here
+    assert not (extra := [n for n in notes if n["pid"] not in all_killed]), (
+        stack.died_on_its_own(extra))
     assert sorted(n["child"] for n in notes) == killed_names, notes
     assert {n["exit"] for n in notes} == {"killed by signal 9"}, notes
     cluster = stack.browser.get("/cluster")
