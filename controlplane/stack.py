@@ -343,8 +343,13 @@ def service_argv(python: str, host: str, port: str, beat_schedule: str) -> dict[
     """The control plane's long-running processes, by child name. deploy/systemd's units
     run the same commands (a test holds them to these)."""
     return {
+        # Without gossip and mingle (worker-to-worker events and the startup exchange of
+        # revoked task ids; nothing here revokes a task or reads another worker's state):
+        # mingle cost every (re)start ~0.8 s of waiting for neighbours, and Gossip's
+        # restart after a lost Redis raised inside the consumer's reconnect.
         "celery-worker": [python, "-m", "celery", "-A", "controlplane", "worker",
-                          "--loglevel=INFO", "--concurrency=2", f"--hostname=rlplane-{port}@%h"],
+                          "--loglevel=INFO", "--concurrency=2", f"--hostname=rlplane-{port}@%h",
+                          "--without-gossip", "--without-mingle"],
         "celery-beat": [python, "-m", "celery", "-A", "controlplane", "beat",
                         "--loglevel=INFO", f"--schedule={beat_schedule}"],
         # No permessage-deflate: each socket compressed the same message again (a run's

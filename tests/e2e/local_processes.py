@@ -55,7 +55,7 @@ def redis_argv(port: int, directory: Path) -> list[str]:
 
 def celery_worker_argv(name: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--loglevel=INFO",
-            "--pool=solo", f"--hostname={name}@%h"]
+            "--pool=solo", f"--hostname={name}@%h", "--without-gossip", "--without-mingle"]
 
 
 def manage(env: dict, *args: str, timeout_s: float = 120) -> str:
