@@ -222,6 +222,13 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_IGNORE_RESULT = True  # nothing reads task results; no result backend needed
 CELERY_TASK_ACKS_LATE = False  # a redelivered long task would run twice; ours are short
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A message is fetched only when a pool process is free (Redis brokers; others ignore it).
+# A fetched message waits unacknowledged in the worker until a process takes it, and a
+# Redis that dies meanwhile makes kombu's restore of it crash the worker ("Unrecoverable
+# error: AttributeError" in the channel's close, kombu 5.7): a debounced alert evaluation
+# queued behind a sync was enough. Tasks here are short; a second worker process picks up
+# what the first cannot, without a local queue.
+CELERY_WORKER_DISABLE_PREFETCH = True
 # Celery's Django fixup closes the database connection around every task unless this is
 # set (then every 1,000th): the debounced alert evaluations, about one per ingested batch,
 # each paid a new PostgreSQL backend. Our own task_prerun/task_postrun handlers do what a

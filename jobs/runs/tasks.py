@@ -10,8 +10,17 @@ outlives any worker; submitting it is jobs/runs/submit.py.
                       a run never submitted -> again; the queue
                       (jobs/runs/queue.py) admits what now fits; then a launched
                       command's new output -> its log panel (jobs/runs/job_logs.py)
-    stop_run(id)      running -> stopping + the flag the driver polls; enforce_stop later
+                      and, last, a run still live RLPLANE_STOP_TIMEOUT_S after its stop
+                      request -> enforce_stop
+    stop_run(id)      running -> stopping + the flag the driver polls
     enforce_stop(id)  still not exited after the timeout: stop the Ray job
+
+The stop's deadline is kept by sync_runs (run.stop_requested_at), not by a task queued
+with a countdown: Celery holds such a task unacknowledged in the worker until its ETA,
+and a Redis that dies meanwhile makes kombu's restore of it crash the worker
+("Unrecoverable error: AttributeError" in the channel's close, kombu 5.7; the stack drill
+saw the extra restart); the task was lost with that Redis too, and the run stayed
+"stopping" for good.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ def sync_runs() -> None:
     launched command may report nothing at all: its job's status is its run's."""
     resubmit_stuck_runs()
     follow_ray_jobs()
+    enforce_overdue_stops()
     do_schedule_runs()
     follow_job_logs()  # after follow_ray_jobs: a job that just ended gives its last lines
 
@@ -146,19 +156,30 @@ def follow(run: Run, target: RunStatus, reason: str) -> None:
 
 
 @shared_task
-def stop_run(run_id: int, timeout_s: float | None = None) -> None:
-    """Ask the driver to checkpoint and exit; stop its Ray job if it has not after
-    ``timeout_s`` (RLPLANE_STOP_TIMEOUT_S by default)."""
+def stop_run(run_id: int) -> None:
+    """Ask the driver to checkpoint and exit; sync_runs stops its Ray job if it has not
+    RLPLANE_STOP_TIMEOUT_S after the request (enforce_overdue_stops)."""
     run = Run.objects.get(pk=run_id)
     if run.is_terminal:
         return
     run.request_stop("stop requested")
-    timeout_s = settings.RLPLANE_STOP_TIMEOUT_S if timeout_s is None else timeout_s
-    enforce_stop.apply_async((run.pk,), countdown=timeout_s)
+
+
+def enforce_overdue_stops() -> None:
+    """enforce_stop for each live run whose stop was asked RLPLANE_STOP_TIMEOUT_S ago or
+    more (one that cannot be stopped now is tried again at the next sync)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.RLPLANE_STOP_TIMEOUT_S)
+    overdue = Run.objects.filter(status__in=LIVE, stop_requested_at__lte=cutoff)
+    for run_id in overdue.values_list("pk", flat=True):
+        try:
+            enforce_stop(run_id)
+        except RuntimeError as exc:     # the job client's errors
+            logger.warning("sync_runs: stopping the Ray job of run %s failed: %s", run_id, exc)
 
 
 @shared_task
 def enforce_stop(run_id: int) -> None:
+    """(A task still: what an earlier version queued with a countdown runs once.)"""
     run = Run.objects.get(pk=run_id)
     if run.is_terminal:
         return

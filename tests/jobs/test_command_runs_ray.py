@@ -7,9 +7,11 @@ own hand (what the TRL callback does), and one that never polls by enforce_stop.
 import json
 import sys
 import urllib.request
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 from ray.job_submission import JobStatus
 
 from jobs.models import MetricPoint, Run, RunEvent, RunStatus
@@ -117,9 +119,6 @@ def test_a_command_reports_with_its_token_its_output_is_logged_and_exit_0_succee
 def test_a_command_that_never_polls_is_stopped_with_its_ray_job(commands, live_server,
                                                                  settings, monkeypatch):
     settings.RLPLANE_STOP_TIMEOUT_S = 1
-    later = []
-    monkeypatch.setattr(tasks.enforce_stop, "apply_async",
-                        lambda args, countdown: later.append((tuple(args), countdown)))
     monkeypatch.setattr(tasks.stop_run, "delay", lambda run_id: tasks.stop_run(run_id))
     run = launch("sleep 600")
     sid = run.ray_submission_id
@@ -136,9 +135,12 @@ def test_a_command_that_never_polls_is_stopped_with_its_ray_job(commands, live_s
                                      headers={"Authorization": f"Bearer {token}"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     assert json.loads(opener.open(request, timeout=10).read())["stop"] is True
-    assert later == [((run.pk,), 1)]
 
-    tasks.enforce_stop(run.pk)   # RLPLANE_STOP_TIMEOUT_S later: `sleep` never listened
+    # RLPLANE_STOP_TIMEOUT_S later (the request moved back, not waited for): `sleep` never
+    # listened, the next sync stops its Ray job
+    unlocked(Run.objects.filter(pk=run.pk).update,
+             stop_requested_at=timezone.now() - timedelta(seconds=2))
+    unlocked(tasks.sync_runs)
 
     run.refresh_from_db()
     assert run.status == RunStatus.STOPPED and "was stopped" in run.status_reason
@@ -147,9 +149,6 @@ def test_a_command_that_never_polls_is_stopped_with_its_ray_job(commands, live_s
 
 def test_a_command_that_polls_rlplane_track_stops_by_its_own_hand(commands, tmp_path,
                                                                   settings, monkeypatch):
-    later = []
-    monkeypatch.setattr(tasks.enforce_stop, "apply_async",
-                        lambda args, countdown: later.append((tuple(args), countdown)))
     monkeypatch.setattr(tasks.stop_run, "delay", lambda run_id: tasks.stop_run(run_id))
     # rlplane.track of this checkout, spooling under the test's own folder
     run = launch_script(tmp_path, POLITE, env={"PYTHONPATH": str(settings.BASE_DIR),
@@ -166,5 +165,5 @@ def test_a_command_that_polls_rlplane_track_stops_by_its_own_hand(commands, tmp_
     messages = [(line["level"], line["message"]) for line in recent_logs(run)]
     assert ("info", "waiting for a stop") in messages               # reported by track
     assert ("job", "stopped by its own hand") in messages            # printed
-    tasks.enforce_stop(*later[0][0])   # comes too late: nothing left to stop
+    tasks.enforce_stop(run.pk)   # comes too late: nothing left to stop
     assert Run.objects.get(pk=run.pk).status == RunStatus.STOPPED

@@ -102,7 +102,6 @@ def first_metrics(client, run: Run) -> None:
 def test_a_run_on_a_node_other_than_the_head_checkpoints_stops_and_forks(two_nodes,
                                                                          monkeypatch):
     client, gpu_node = two_nodes
-    monkeypatch.setattr(tasks.enforce_stop, "apply_async", lambda args, countdown: None)
     run = Run.objects.create(name="multinode", config=CONFIG)
     submit.submit_run(run.pk)
     unlocked(run.refresh_from_db)
@@ -112,7 +111,7 @@ def test_a_run_on_a_node_other_than_the_head_checkpoints_stops_and_forks(two_nod
     assert driver == gpu_node
     assert actors == {gpu_node}            # the rollout worker's and the learner's
 
-    unlocked(tasks.stop_run, run.pk, timeout_s=60)
+    unlocked(tasks.stop_run, run.pk)
     run_to_end(client, run)
     assert run.status == RunStatus.STOPPED, (run.status_reason,
                                              job_log(client, run.ray_submission_id))

@@ -63,15 +63,6 @@ def cluster(shared_ray_head, settings, monkeypatch, tmp_path):
     return shared_ray_head.client()
 
 
-@pytest.fixture
-def scheduled(monkeypatch):
-    """Tasks scheduled for later (apply_async with a countdown): recorded, not sent."""
-    calls: list[tuple[str, tuple, float]] = []
-    monkeypatch.setattr(tasks.enforce_stop, "apply_async", lambda args, countdown: calls.append(
-        ("enforce_stop", tuple(args), countdown)))
-    return calls
-
-
 def submit_raw(client, entrypoint: str) -> str:
     """A Ray job that is not the engine's entry (a driver that hangs, one that crashes)."""
     return client.submit_job(entrypoint=entrypoint,
@@ -403,20 +394,24 @@ def test_a_driver_is_not_restarted_after_a_stop_request_or_the_engines_own_failu
 
 
 @pytest.mark.django_db
-def test_stop_run_stops_the_job_of_a_driver_that_does_not_answer(cluster, make_run, scheduled):
+def test_sync_runs_stops_the_job_of_a_driver_that_does_not_answer_its_stop(cluster, make_run,
+                                                                          settings):
     sid = submit_raw(cluster, "sleep 600")
     run = make_run(RunStatus.RUNNING, ray_submission_id=sid)
     wait_for(lambda: cluster.get_job_status(sid) == JobStatus.RUNNING, 60, what="RUNNING")
+    settings.RLPLANE_STOP_TIMEOUT_S = 600
 
-    tasks.stop_run(run.pk, timeout_s=5)
+    tasks.stop_run(run.pk)
 
     run.refresh_from_db()
     assert run.status == RunStatus.STOPPING and run.stop_requested_at is not None
-    assert scheduled == [("enforce_stop", (run.pk,), 5)]
-    tasks.sync_runs()  # the job still runs: nothing to change
+    tasks.sync_runs()  # the job still runs, its stop not yet overdue: nothing to change
     assert Run.objects.get(pk=run.pk).status == RunStatus.STOPPING
 
-    tasks.enforce_stop(run.pk)
+    # The stop timeout passes (the clock moved by the request's time, not waited for).
+    Run.objects.filter(pk=run.pk).update(
+        stop_requested_at=run.stop_requested_at - timedelta(seconds=600))
+    tasks.sync_runs()
 
     run.refresh_from_db()
     assert run.status == RunStatus.STOPPED and "was stopped" in run.status_reason
@@ -500,8 +495,7 @@ def test_a_submitted_run_runs_the_engine_on_ray_and_succeeds(e2e):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_stopped_run_checkpoints_and_its_fork_continues_from_there(e2e, scheduled,
-                                                                     monkeypatch):
+def test_a_stopped_run_checkpoints_and_its_fork_continues_from_there(e2e, monkeypatch):
     run = Run.objects.create(name="e2e-stop", config={**TINY, "steps": 1000})
     submit.submit_run(run.pk)
     try:
@@ -512,7 +506,7 @@ def test_a_stopped_run_checkpoints_and_its_fork_continues_from_there(e2e, schedu
         raise AssertionError(f"{exc}; run {run.status}: {run.status_reason}; its job's log:\n"
                              f"{job_log(e2e, submission_id(run.pk))}") from None
 
-    unlocked(tasks.stop_run, run.pk, timeout_s=60)
+    unlocked(tasks.stop_run, run.pk)
     assert unlocked(Run.objects.get, pk=run.pk).status == RunStatus.STOPPING
     run_to_end(e2e, run)
 
@@ -523,7 +517,6 @@ def test_a_stopped_run_checkpoints_and_its_fork_continues_from_there(e2e, schedu
     assert 1 <= checkpoint.step < 1000
     assert json.loads((Path(checkpoint.path) / "state.json").read_text())["step"] == \
         checkpoint.step
-    assert scheduled == [("enforce_stop", (run.pk,), 60)]
     tasks.enforce_stop(run.pk)  # comes too late: the run is already stopped
     assert Run.objects.get(pk=run.pk).status == RunStatus.STOPPED
 
