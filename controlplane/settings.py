@@ -226,8 +226,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A fetched message waits unacknowledged in the worker until a process takes it, and a
 # Redis that dies meanwhile makes kombu's restore of it crash the worker ("Unrecoverable
 # error: AttributeError" in the channel's close, kombu 5.7): a debounced alert evaluation
-# queued behind a sync was enough. Tasks here are short; a second worker process picks up
-# what the first cannot, without a local queue.
+# queued behind a sync was enough. The tasks here are short: a message that waits in Redis
+# rather than in the worker is taken as soon as a process is free.
 CELERY_WORKER_DISABLE_PREFETCH = True
 # Celery's Django fixup closes the database connection around every task unless this is
 # set (then every 1,000th): the debounced alert evaluations, about one per ingested batch,

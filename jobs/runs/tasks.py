@@ -179,7 +179,8 @@ def enforce_overdue_stops() -> None:
 
 @shared_task
 def enforce_stop(run_id: int) -> None:
-    """(A task still: what an earlier version queued with a countdown runs once.)"""
+    """Stop the Ray job of a run still live after its stop's timeout (sync_runs calls
+    it). A task still, so that one an earlier version queued with a countdown runs."""
     run = Run.objects.get(pk=run_id)
     if run.is_terminal:
         return
