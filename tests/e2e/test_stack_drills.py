@@ -150,13 +150,15 @@ class Stack:
                      if n["child"] == name and n["pid"] == old_pid), None)
         return note if note and proc.is_alive(note["new_pid"]) else None
 
+    def child_log(self, name: str) -> Path:
+        return self.state / "stack" / "logs" / f"{name}.log"
+
     def died_on_its_own(self, notes: list[dict]) -> str:
         """What the supervisor noted of each restart no drill caused, and the lines the
         child logged before it died (its log until the restart's marker)."""
         parts = []
         for note in notes:
-            text = (self.state / "stack" / "logs" / f"{note['child']}.log").read_text(
-                errors="replace")
+            text = self.child_log(note["child"]).read_text(errors="replace")
             before = text.split(f"--- rlplane: {note['child']} (pid {note['pid']})")[0]
             parts.append(f"{note['child']} (pid {note['pid']}) {note['exit']} at "
                          f"{note['died_at']}, not killed by the drill; its last lines:\n"
@@ -225,9 +227,8 @@ def answering(cp: Stack, name: str):
         return lambda: redis_pings(port, password)
     if name == "web":
         return lambda: healthy(cp.url)
-    log, line = {"celery-worker": ("celery-worker.log", " ready."),
-                 "celery-beat": ("celery-beat.log", "beat: Starting...")}[name]
-    path = cp.state / "stack" / "logs" / log
+    line = {"celery-worker": " ready.", "celery-beat": "beat: Starting..."}[name]
+    path = cp.child_log(name)
     before = path.read_text().count(line)
     return lambda: path.read_text().count(line) > before
 
@@ -235,7 +236,7 @@ def answering(cp: Stack, name: str):
 def beat_to_worker(cp: Stack) -> None:
     """Until the beat's sync_runs (every 10 s) goes through Redis to the worker again:
     both reconnected to a restarted Redis (or started after it)."""
-    worker_log = cp.state / "stack" / "logs" / "celery-worker.log"
+    worker_log = cp.child_log("celery-worker")
     seen = len(worker_log.read_text())
     wait_for("the beat's sync_runs done by the worker", lambda: re.search(
         r"jobs\.runs\.tasks\.sync_runs\[[\w-]+\] succeeded", worker_log.read_text()[seen:]),

@@ -7,11 +7,9 @@ own hand (what the TRL callback does), and one that never polls by enforce_stop.
 import json
 import sys
 import urllib.request
-from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
-from django.utils import timezone
 from ray.job_submission import JobStatus
 
 from jobs.models import MetricPoint, Run, RunEvent, RunStatus
@@ -20,7 +18,14 @@ from jobs.runs import submit, tasks
 from jobs.runs.actions import do_create_external_run, do_stop_run
 from jobs.runs.queue import do_schedule_runs
 
-from .test_tasks import TERMINAL_JOB, cluster, job_log, unlocked, wait_for  # noqa: F401
+from .test_tasks import (  # noqa: F401
+    TERMINAL_JOB,
+    cluster,
+    job_log,
+    make_stop_overdue,
+    unlocked,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -136,10 +141,7 @@ def test_a_command_that_never_polls_is_stopped_with_its_ray_job(commands, live_s
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     assert json.loads(opener.open(request, timeout=10).read())["stop"] is True
 
-    # RLPLANE_STOP_TIMEOUT_S later (the request moved back, not waited for): `sleep` never
-    # listened, the next sync stops its Ray job
-    unlocked(Run.objects.filter(pk=run.pk).update,
-             stop_requested_at=timezone.now() - timedelta(seconds=2))
+    make_stop_overdue(run)   # `sleep` never listened: the next sync stops its Ray job
     unlocked(tasks.sync_runs)
 
     run.refresh_from_db()

@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.db import OperationalError
 from django.utils import timezone
@@ -61,6 +62,13 @@ def cluster(shared_ray_head, settings, monkeypatch, tmp_path):
     settings.RAY_AUTH_TOKEN_PATH = str(shared_ray_head.token_path)
     settings.RLPLANE_RUNS_DIR = tmp_path / "runs"
     return shared_ray_head.client()
+
+
+def make_stop_overdue(run: Run) -> None:
+    """RLPLANE_STOP_TIMEOUT_S passes: the run's stop request moved back by it, nothing
+    waited for."""
+    unlocked(Run.objects.filter(pk=run.pk).update, stop_requested_at=timezone.now()
+             - timedelta(seconds=django_settings.RLPLANE_STOP_TIMEOUT_S + 1))
 
 
 def submit_raw(client, entrypoint: str) -> str:
@@ -408,9 +416,7 @@ def test_sync_runs_stops_the_job_of_a_driver_that_does_not_answer_its_stop(clust
     tasks.sync_runs()  # the job still runs, its stop not yet overdue: nothing to change
     assert Run.objects.get(pk=run.pk).status == RunStatus.STOPPING
 
-    # The stop timeout passes (the clock moved by the request's time, not waited for).
-    Run.objects.filter(pk=run.pk).update(
-        stop_requested_at=run.stop_requested_at - timedelta(seconds=600))
+    make_stop_overdue(run)
     tasks.sync_runs()
 
     run.refresh_from_db()
